@@ -1,0 +1,54 @@
+# cryo: containerd-shim-cryo-v2, cryoctl, the guest agent and image.
+#
+#   make demo   set everything up on a fresh machine and run the demo
+#   make test   set everything up and run unit + integration tests
+
+GO        ?= go
+OUT       ?= $(CURDIR)/_output
+BIN       := $(OUT)/bin
+GUEST     := $(OUT)/guest
+CRYO_TOOLS ?= /var/cache/cryo/tools
+export CRYO_TOOLS
+GOFLAGS_BUILD := -trimpath -ldflags "-s -w"
+
+.PHONY: all build binaries guest deps tools test unit integration demo clean
+
+all: build
+
+build: binaries guest
+
+binaries:
+	@mkdir -p $(BIN)
+	CGO_ENABLED=0 $(GO) build $(GOFLAGS_BUILD) -o $(BIN)/containerd-shim-cryo-v2 ./cmd/containerd-shim-cryo-v2
+	CGO_ENABLED=0 $(GO) build $(GOFLAGS_BUILD) -o $(BIN)/cryoctl ./cmd/cryoctl
+	CGO_ENABLED=0 $(GO) build $(GOFLAGS_BUILD) -o $(BIN)/cryo-agent ./cmd/cryo-agent
+
+# The guest kernel (Debian's cloud kernel package) and the initrd with
+# cryo-agent as PID 1.
+guest:
+	packaging/guest/build.sh $(GUEST)
+
+# Debian packages and the Go-built tools (containerd, ctr, crictl, CNI
+# plugins, versitygw, registry), cached by version under $(CRYO_TOOLS).
+deps:
+	hack/deps.sh all
+
+tools: deps
+
+unit:
+	$(GO) test ./...
+
+integration: deps build
+	CRYO_BIN=$(BIN) CRYO_GUEST_DIR=$(GUEST) PATH=$(CRYO_TOOLS)/bin:$$PATH \
+		$(GO) test -tags integration -p 1 -count=1 -timeout 60m ./...
+
+test: deps build
+	$(GO) vet ./...
+	CRYO_BIN=$(BIN) CRYO_GUEST_DIR=$(GUEST) PATH=$(CRYO_TOOLS)/bin:$$PATH \
+		$(GO) test -tags integration -p 1 -count=1 -timeout 75m ./...
+
+demo: deps build
+	CRYO_BIN=$(BIN) CRYO_GUEST_DIR=$(GUEST) PATH=$(CRYO_TOOLS)/bin:$$PATH hack/demo.sh
+
+clean:
+	rm -rf $(OUT)

@@ -1,0 +1,306 @@
+package guest
+
+import (
+	"fmt"
+	"path"
+	"strings"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+)
+
+// helperConfig is what the agent hands the helper (the agent binary re-executed
+// as the container's init or an exec process) on its config pipe.
+type helperConfig struct {
+	// Mode is helperInit (set up a new container, then wait for start) or
+	// helperExec (join a running container through the namespace files passed).
+	Mode string `json:"mode"`
+	// Rootfs is the guest path of the mounted root filesystem (init only).
+	Rootfs        string        `json:"rootfs,omitempty"`
+	ReadonlyRoot  bool          `json:"readonlyRoot,omitempty"`
+	Mounts        []mountEntry  `json:"mounts,omitempty"`
+	Devices       []deviceEntry `json:"devices,omitempty"`
+	Files         []fileEntry   `json:"files,omitempty"`
+	MaskedPaths   []string      `json:"maskedPaths,omitempty"`
+	ReadonlyPaths []string      `json:"readonlyPaths,omitempty"`
+	Hostname      string        `json:"hostname,omitempty"`
+	Domainname    string        `json:"domainname,omitempty"`
+	Process       processConfig `json:"process"`
+}
+
+const (
+	helperInit = "init"
+	helperExec = "exec"
+)
+
+type mountEntry struct {
+	Source string `json:"source"`
+	Target string `json:"target"` // inside the container
+	FSType string `json:"fstype"`
+	Flags  uintptr
+	Data   string `json:"data,omitempty"`
+}
+
+type deviceEntry struct {
+	Path  string `json:"path"`
+	Type  string `json:"type"` // c, b, p
+	Major int64  `json:"major"`
+	Minor int64  `json:"minor"`
+	Mode  uint32 `json:"mode"`
+	UID   uint32 `json:"uid"`
+	GID   uint32 `json:"gid"`
+}
+
+type fileEntry struct {
+	Path    string `json:"path"`
+	Content []byte `json:"content"`
+	Mode    uint32 `json:"mode"`
+}
+
+type rlimit struct {
+	Resource int    `json:"resource"`
+	Soft     uint64 `json:"soft"`
+	Hard     uint64 `json:"hard"`
+}
+
+type processConfig struct {
+	Args            []string `json:"args"`
+	Env             []string `json:"env,omitempty"`
+	Cwd             string   `json:"cwd"`
+	UID             uint32   `json:"uid"`
+	GID             uint32   `json:"gid"`
+	AdditionalGids  []uint32 `json:"additionalGids,omitempty"`
+	Umask           *uint32  `json:"umask,omitempty"`
+	Rlimits         []rlimit `json:"rlimits,omitempty"`
+	NoNewPrivileges bool     `json:"noNewPrivileges,omitempty"`
+	// Capabilities, nil: keep all (root) / none (other users).
+	Capabilities *specs.LinuxCapabilities `json:"capabilities,omitempty"`
+	OOMScoreAdj  *int                     `json:"oomScoreAdj,omitempty"`
+}
+
+// defaultDevices are created in every container's /dev, as runc does.
+var defaultDevices = []deviceEntry{
+	{Path: "/dev/null", Type: "c", Major: 1, Minor: 3, Mode: 0o666},
+	{Path: "/dev/zero", Type: "c", Major: 1, Minor: 5, Mode: 0o666},
+	{Path: "/dev/full", Type: "c", Major: 1, Minor: 7, Mode: 0o666},
+	{Path: "/dev/random", Type: "c", Major: 1, Minor: 8, Mode: 0o666},
+	{Path: "/dev/urandom", Type: "c", Major: 1, Minor: 9, Mode: 0o666},
+	{Path: "/dev/tty", Type: "c", Major: 5, Minor: 0, Mode: 0o666},
+}
+
+// containerNamespaces are the clone flags for a new container's init. Network
+// (and time, user) stay the VM's: the VM is the isolation boundary and owns the
+// pod's interface.
+func containerNamespaces(spec *specs.Spec) (uintptr, error) {
+	flags := uintptr(unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC)
+	if spec.Linux == nil {
+		return flags, nil
+	}
+	for _, ns := range spec.Linux.Namespaces {
+		if ns.Path != "" && ns.Type != specs.NetworkNamespace {
+			return 0, fmt.Errorf("joining namespace %s at %s is not supported in the guest", ns.Type, ns.Path)
+		}
+		if ns.Type == specs.CgroupNamespace {
+			flags |= unix.CLONE_NEWCGROUP
+		}
+	}
+	return flags, nil
+}
+
+// translateSpec turns a container's OCI spec into the helper's config for its
+// init process. files are the host files copied in; a bind mount whose
+// destination is one of them is satisfied by the copy. Mounts that cannot be
+// done in the guest are returned as skipped, for the caller to log.
+func translateSpec(spec *specs.Spec, rootfs string, files []fileEntry) (*helperConfig, []string, error) {
+	if spec.Process == nil {
+		return nil, nil, fmt.Errorf("spec has no process")
+	}
+	proc, err := translateProcess(spec.Process)
+	if err != nil {
+		return nil, nil, err
+	}
+	cfg := &helperConfig{
+		Mode:       helperInit,
+		Rootfs:     rootfs,
+		Files:      files,
+		Hostname:   spec.Hostname,
+		Domainname: spec.Domainname,
+		Process:    *proc,
+		Devices:    append([]deviceEntry(nil), defaultDevices...),
+	}
+	if spec.Root != nil {
+		cfg.ReadonlyRoot = spec.Root.Readonly
+	}
+	provided := map[string]bool{}
+	for _, f := range files {
+		provided[path.Clean(f.Path)] = true
+	}
+	var skipped []string
+	for _, m := range spec.Mounts {
+		e, skip := translateMount(m, provided)
+		if skip != "" {
+			skipped = append(skipped, skip)
+			continue
+		}
+		if e != nil {
+			cfg.Mounts = append(cfg.Mounts, *e)
+		}
+	}
+	if l := spec.Linux; l != nil {
+		cfg.MaskedPaths, cfg.ReadonlyPaths = l.MaskedPaths, l.ReadonlyPaths
+		for _, d := range l.Devices {
+			e := deviceEntry{Path: d.Path, Type: d.Type, Major: d.Major, Minor: d.Minor, Mode: 0o666}
+			if d.FileMode != nil {
+				e.Mode = uint32(*d.FileMode)
+			}
+			if d.UID != nil {
+				e.UID = *d.UID
+			}
+			if d.GID != nil {
+				e.GID = *d.GID
+			}
+			cfg.Devices = append(cfg.Devices, e)
+		}
+	}
+	return cfg, skipped, nil
+}
+
+// translateMount returns the mount to make, or why it is skipped; (nil, "")
+// means the mount is satisfied otherwise (a copied file).
+func translateMount(m specs.Mount, provided map[string]bool) (*mountEntry, string) {
+	dst := path.Clean(m.Destination)
+	if !path.IsAbs(dst) {
+		return nil, fmt.Sprintf("mount %s: destination is not absolute", m.Destination)
+	}
+	flags, data, bind := parseMountOptions(m.Options)
+	typ := m.Type
+	if typ == "bind" || bind {
+		switch {
+		case provided[dst]:
+			return nil, ""
+		case dst == "/dev/shm":
+			// the pod's shared memory: a tmpfs of the VM
+			return &mountEntry{Source: "shm", Target: dst, FSType: "tmpfs", Flags: unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, Data: "mode=1777,size=65536k"}, ""
+		default:
+			return nil, fmt.Sprintf("bind mount %s -> %s: host paths cannot be bind-mounted into the VM", m.Source, dst)
+		}
+	}
+	switch typ {
+	case "proc", "sysfs", "tmpfs", "devpts", "mqueue", "cgroup2", "ramfs":
+	case "cgroup":
+		typ = "cgroup2" // the guest has cgroup v2 only
+		data = ""
+	case "":
+		return nil, fmt.Sprintf("mount %s: no type", dst)
+	default:
+		return nil, fmt.Sprintf("mount %s: type %q is not supported in the guest", dst, typ)
+	}
+	src := m.Source
+	if src == "" {
+		src = typ
+	}
+	return &mountEntry{Source: src, Target: dst, FSType: typ, Flags: flags, Data: data}, ""
+}
+
+var mountFlags = map[string]struct {
+	clear bool
+	flag  uintptr
+}{
+	"ro": {false, unix.MS_RDONLY}, "rw": {true, unix.MS_RDONLY},
+	"nosuid": {false, unix.MS_NOSUID}, "suid": {true, unix.MS_NOSUID},
+	"nodev": {false, unix.MS_NODEV}, "dev": {true, unix.MS_NODEV},
+	"noexec": {false, unix.MS_NOEXEC}, "exec": {true, unix.MS_NOEXEC},
+	"sync": {false, unix.MS_SYNCHRONOUS}, "async": {true, unix.MS_SYNCHRONOUS},
+	"noatime": {false, unix.MS_NOATIME}, "atime": {true, unix.MS_NOATIME},
+	"nodiratime": {false, unix.MS_NODIRATIME}, "diratime": {true, unix.MS_NODIRATIME},
+	"relatime": {false, unix.MS_RELATIME}, "norelatime": {true, unix.MS_RELATIME},
+	"strictatime": {false, unix.MS_STRICTATIME}, "nostrictatime": {true, unix.MS_STRICTATIME},
+	"dirsync": {false, unix.MS_DIRSYNC}, "mand": {false, unix.MS_MANDLOCK}, "nomand": {true, unix.MS_MANDLOCK},
+	"remount": {false, unix.MS_REMOUNT},
+}
+
+// propagation options are not used for the guest's own mounts.
+var propagationOptions = map[string]bool{
+	"private": true, "rprivate": true, "shared": true, "rshared": true,
+	"slave": true, "rslave": true, "unbindable": true, "runbindable": true,
+}
+
+// parseMountOptions splits fstab-style options into flags and filesystem data;
+// bind is set for "bind" and "rbind".
+func parseMountOptions(opts []string) (flags uintptr, data string, bind bool) {
+	var rest []string
+	for _, o := range opts {
+		if f, ok := mountFlags[o]; ok {
+			if f.clear {
+				flags &^= f.flag
+			} else {
+				flags |= f.flag
+			}
+			continue
+		}
+		switch {
+		case o == "bind" || o == "rbind":
+			bind = true
+		case propagationOptions[o]:
+		default:
+			rest = append(rest, o)
+		}
+	}
+	return flags, strings.Join(rest, ","), bind
+}
+
+var rlimitNames = map[string]int{
+	"RLIMIT_AS": unix.RLIMIT_AS, "RLIMIT_CORE": unix.RLIMIT_CORE, "RLIMIT_CPU": unix.RLIMIT_CPU,
+	"RLIMIT_DATA": unix.RLIMIT_DATA, "RLIMIT_FSIZE": unix.RLIMIT_FSIZE, "RLIMIT_LOCKS": unix.RLIMIT_LOCKS,
+	"RLIMIT_MEMLOCK": unix.RLIMIT_MEMLOCK, "RLIMIT_MSGQUEUE": unix.RLIMIT_MSGQUEUE, "RLIMIT_NICE": unix.RLIMIT_NICE,
+	"RLIMIT_NOFILE": unix.RLIMIT_NOFILE, "RLIMIT_NPROC": unix.RLIMIT_NPROC, "RLIMIT_RSS": unix.RLIMIT_RSS,
+	"RLIMIT_RTPRIO": unix.RLIMIT_RTPRIO, "RLIMIT_RTTIME": unix.RLIMIT_RTTIME, "RLIMIT_SIGPENDING": unix.RLIMIT_SIGPENDING,
+	"RLIMIT_STACK": unix.RLIMIT_STACK,
+}
+
+// translateProcess turns an OCI process into the helper's process config.
+func translateProcess(p *specs.Process) (*processConfig, error) {
+	if len(p.Args) == 0 {
+		return nil, fmt.Errorf("process has no args")
+	}
+	cwd := p.Cwd
+	if cwd == "" {
+		cwd = "/"
+	}
+	if !path.IsAbs(cwd) {
+		return nil, fmt.Errorf("process cwd %q is not absolute", cwd)
+	}
+	env := p.Env
+	if !hasEnv(env, "PATH") {
+		env = append(append([]string(nil), env...), "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+	}
+	pc := &processConfig{
+		Args:            p.Args,
+		Env:             env,
+		Cwd:             cwd,
+		UID:             p.User.UID,
+		GID:             p.User.GID,
+		AdditionalGids:  p.User.AdditionalGids,
+		Umask:           p.User.Umask,
+		NoNewPrivileges: p.NoNewPrivileges,
+		Capabilities:    p.Capabilities,
+		OOMScoreAdj:     p.OOMScoreAdj,
+	}
+	for _, r := range p.Rlimits {
+		res, ok := rlimitNames[r.Type]
+		if !ok {
+			return nil, fmt.Errorf("unknown rlimit %q", r.Type)
+		}
+		pc.Rlimits = append(pc.Rlimits, rlimit{Resource: res, Soft: r.Soft, Hard: r.Hard})
+	}
+	return pc, nil
+}
+
+func hasEnv(env []string, name string) bool {
+	for _, e := range env {
+		if strings.HasPrefix(e, name+"=") {
+			return true
+		}
+	}
+	return false
+}

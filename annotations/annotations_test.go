@@ -1,0 +1,54 @@
+package annotations
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/cryo-runtime/cryo/configs"
+)
+
+func TestParse(t *testing.T) {
+	cfg := configs.Default()
+	for _, tc := range []struct {
+		name    string
+		in      map[string]string
+		want    func(Request) bool
+		wantErr string
+	}{
+		{name: "defaults", in: map[string]string{"other/x": "y"},
+			want: func(r Request) bool { return r.VCPUs == 1 && r.MemoryMiB == 512 && r.RestoreFallback == "fail" }},
+		{name: "sizing", in: map[string]string{VCPUs: "2", Memory: "1Gi"},
+			want: func(r Request) bool { return r.VCPUs == 2 && r.MemoryMiB == 1024 }},
+		{name: "memory plain", in: map[string]string{Memory: "768"}, want: func(r Request) bool { return r.MemoryMiB == 768 }},
+		{name: "vcpus too many", in: map[string]string{VCPUs: "64"}, wantErr: "between 1 and 8"},
+		{name: "memory too small", in: map[string]string{Memory: "16Mi"}, wantErr: "between 128"},
+		{name: "unknown key", in: map[string]string{"cryo.dev/kernel": "/tmp/evil"}, wantErr: "unknown cryo annotation"},
+		{name: "fallback", in: map[string]string{RestoreFallback: "retry"}, wantErr: "fail or cold"},
+		{name: "digest", in: map[string]string{RestoreDigest: "md5:x"}, wantErr: "sha256"},
+		{name: "kruise alias", in: map[string]string{KruiseArchiveLocation: "s3://b/x:1"},
+			want: func(r Request) bool { return r.RestoreFrom == "s3://b/x:1" }},
+		{name: "kata alias", in: map[string]string{KataRestoreFrom: "demo:v1"},
+			want: func(r Request) bool { return r.RestoreFrom == "file:///var/lib/cryo/store/demo:v1" }},
+		{name: "kata alias escapes", in: map[string]string{KataRestoreFrom: "../../etc/passwd"}, wantErr: "plain snapshot name"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, err := Parse(tc.in, cfg)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !errors.Is(err, errdefs.ErrInvalidArgument) {
+					t.Fatalf("error = %v, want %q (invalid argument)", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || !tc.want(r) {
+				t.Fatalf("Parse = %+v, %v", r, err)
+			}
+		})
+	}
+	cfg.Annotations.Enabled = []string{VCPUs}
+	if _, err := Parse(map[string]string{Memory: "1Gi"}, cfg); err == nil || !strings.Contains(err.Error(), "not enabled") {
+		t.Fatalf("disabled annotation accepted: %v", err)
+	}
+}

@@ -1,0 +1,287 @@
+// Package configs holds cryo's node configuration: the struct, its defaults,
+// the TOML loader and validation. The file is /etc/cryo/config.toml unless
+// containerd's runtime options name another (ConfigPath).
+package configs
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/pelletier/go-toml/v2"
+)
+
+// DefaultPath is where the shim and cryoctl look for the node configuration.
+const DefaultPath = "/etc/cryo/config.toml"
+
+// Config is the node configuration.
+type Config struct {
+	Hypervisor  Hypervisor  `toml:"hypervisor"`
+	Agent       Agent       `toml:"agent"`
+	Runtime     Runtime     `toml:"runtime"`
+	Snapshot    Snapshot    `toml:"snapshot"`
+	Stores      Stores      `toml:"stores"`
+	Restore     Restore     `toml:"restore"`
+	Annotations Annotations `toml:"annotations"`
+}
+
+// Hypervisor configures QEMU and the guest image.
+type Hypervisor struct {
+	Path        string `toml:"path"`
+	Kernel      string `toml:"kernel"`
+	Initrd      string `toml:"initrd"`
+	KernelArgs  string `toml:"kernel_params"`
+	MachineType string `toml:"machine_type"`
+	CPUModel    string `toml:"cpu_model"`
+	Accel       string `toml:"accel"`
+	VCPUs       int    `toml:"default_vcpus"`
+	MemoryMiB   int    `toml:"default_memory"`
+	MaxVCPUs    int    `toml:"max_vcpus"`
+	MaxMemoryMiB int   `toml:"max_memory"`
+	// MemoryDir is the tmpfs directory that holds guest RAM files.
+	MemoryDir string `toml:"memory_dir"`
+	// HotplugPorts is how many PCIe root ports are created for disks added
+	// after boot (containers of a pod created after the sandbox).
+	HotplugPorts int `toml:"hotplug_ports"`
+}
+
+// Agent configures the host side of the guest agent channel.
+type Agent struct {
+	DialTimeout    Duration `toml:"dial_timeout"`
+	RequestTimeout Duration `toml:"request_timeout"`
+}
+
+// Runtime configures the shim itself.
+type Runtime struct {
+	// StateRoot holds per-sandbox state (sockets, logs, pid files). Unix
+	// socket paths are limited to 108 bytes, so keep it short.
+	StateRoot string `toml:"state_root"`
+	// ImageCache holds the read-only ext4 base images built from overlayfs
+	// layer chains, shared by all sandboxes of the node.
+	ImageCache string `toml:"image_cache"`
+	// WritableDiskMiB is the minimum size of a container's writable disk.
+	WritableDiskMiB int `toml:"writable_disk_size"`
+}
+
+// Snapshot configures the snapshot format.
+type Snapshot struct {
+	ChunkSizeMiB      int    `toml:"chunk_size"`
+	CompressionLevel  int    `toml:"compression_level"`
+	SigningKey        string `toml:"signing_key"`
+	VerifyKey         string `toml:"verify_key"`
+	RequireSignature  bool   `toml:"require_signature"`
+	EncryptionKey     string `toml:"encryption_key"`
+	RequireEncryption bool   `toml:"require_encryption"`
+	CacheDir          string `toml:"cache_dir"`
+	CacheMaxMiB       int64  `toml:"cache_size"`
+	// LocalRoot resolves io.katacontainers.restore-from names.
+	LocalRoot string `toml:"local_root"`
+}
+
+// Stores configures where snapshots may come from and go to.
+type Stores struct {
+	// Allowed lists URL prefixes a restore or checkpoint may name, such as
+	// "file:///var/lib/cryo/store/", "s3://snapshots/", "oci://127.0.0.1:5000/".
+	Allowed              []string `toml:"allowed"`
+	DefaultCheckpointTo  string   `toml:"default_checkpoint_to"`
+	MaxConcurrentFetches int      `toml:"max_concurrent_fetches"`
+	S3                   S3       `toml:"s3"`
+	Registry             Registry `toml:"registry"`
+}
+
+// S3 holds S3 / MinIO credentials; empty fields fall back to STORAGE_S3_*.
+type S3 struct {
+	Endpoint  string `toml:"endpoint"`
+	AccessKey string `toml:"access_key"`
+	SecretKey string `toml:"secret_key"`
+	Region    string `toml:"region"`
+	UseSSL    bool   `toml:"use_ssl"`
+}
+
+// Registry holds OCI registry settings.
+type Registry struct {
+	PlainHTTP []string `toml:"plain_http"`
+	Username  string   `toml:"username"`
+	Password  string   `toml:"password"`
+}
+
+// Restore configures restore behaviour.
+type Restore struct {
+	// Fallback is "fail" or "cold".
+	Fallback string `toml:"fallback"`
+}
+
+// Annotations configures which pod annotations the shim honours.
+type Annotations struct {
+	// Enabled lists the cryo.dev/ annotations a pod may set; the rest are
+	// refused.
+	Enabled []string `toml:"enabled"`
+}
+
+// Duration is a time.Duration that reads "5s" from TOML.
+type Duration struct{ time.Duration }
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (d *Duration) UnmarshalText(b []byte) error {
+	v, err := time.ParseDuration(string(b))
+	if err != nil {
+		return err
+	}
+	d.Duration = v
+	return nil
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (d Duration) MarshalText() ([]byte, error) { return []byte(d.String()), nil }
+
+// Default returns the built-in configuration: Debian's qemu-system-x86 with
+// the guest image that `make guest` installs.
+func Default() Config {
+	return Config{
+		Hypervisor: Hypervisor{
+			Path:         "qemu-system-x86_64",
+			Kernel:       "/usr/share/cryo/vmlinuz",
+			Initrd:       "/usr/share/cryo/initrd.img",
+			MachineType:  "pc-q35-7.2",
+			CPUModel:     "qemu64",
+			Accel:        "tcg",
+			VCPUs:        1,
+			MemoryMiB:    512,
+			MaxVCPUs:     8,
+			MaxMemoryMiB: 16384,
+			MemoryDir:    "/dev/shm",
+			HotplugPorts: 8,
+		},
+		Agent: Agent{
+			DialTimeout:    Duration{60 * time.Second},
+			RequestTimeout: Duration{30 * time.Second},
+		},
+		Runtime: Runtime{
+			StateRoot:       "/run/cryo",
+			ImageCache:      "/var/lib/cryo/images",
+			WritableDiskMiB: 1024,
+		},
+		Snapshot: Snapshot{
+			ChunkSizeMiB:     4,
+			CompressionLevel: 1,
+			CacheDir:         "/var/lib/cryo/cache",
+			CacheMaxMiB:      20480,
+			LocalRoot:        "/var/lib/cryo/store",
+		},
+		Stores: Stores{
+			Allowed:              []string{"file:///var/lib/cryo/store/"},
+			MaxConcurrentFetches: 8,
+		},
+		Restore:     Restore{Fallback: "fail"},
+		Annotations: Annotations{Enabled: []string{"cryo.dev/*"}},
+	}
+}
+
+// Load reads path over the defaults and validates the result. A missing
+// file at DefaultPath yields the defaults; a missing file named explicitly is
+// an error.
+func Load(path string) (Config, error) {
+	cfg := Default()
+	explicit := path != ""
+	if !explicit {
+		path = DefaultPath
+	}
+	b, err := os.ReadFile(path)
+	switch {
+	case err == nil:
+		if err := Decode(b, &cfg); err != nil {
+			return cfg, fmt.Errorf("config %s: %w", path, err)
+		}
+	case errors.Is(err, os.ErrNotExist) && !explicit:
+	default:
+		return cfg, fmt.Errorf("read config: %w", err)
+	}
+	if err := cfg.Validate(); err != nil {
+		return cfg, fmt.Errorf("config %s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+// Decode reads TOML over cfg, refusing unknown keys so a typo is an error
+// rather than a silently ignored setting.
+func Decode(b []byte, cfg *Config) error {
+	dec := toml.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(cfg); err != nil {
+		var sm *toml.StrictMissingError
+		if errors.As(err, &sm) {
+			return fmt.Errorf("unknown setting: %s", strings.TrimSpace(sm.String()))
+		}
+		var de *toml.DecodeError
+		if errors.As(err, &de) {
+			row, col := de.Position()
+			return fmt.Errorf("line %d column %d: %s", row, col, de.Error())
+		}
+		return err
+	}
+	return nil
+}
+
+var versionedMachine = regexp.MustCompile(`^pc-(q35|i440fx)-[0-9]+\.[0-9]+$`)
+
+// Validate checks every value and names the first bad one.
+func (c *Config) Validate() error {
+	h := c.Hypervisor
+	switch {
+	case h.Path == "":
+		return errors.New("hypervisor.path is empty")
+	case !filepath.IsAbs(h.Kernel):
+		return fmt.Errorf("hypervisor.kernel %q: must be an absolute path", h.Kernel)
+	case !filepath.IsAbs(h.Initrd):
+		return fmt.Errorf("hypervisor.initrd %q: must be an absolute path", h.Initrd)
+	case !versionedMachine.MatchString(h.MachineType):
+		return fmt.Errorf("hypervisor.machine_type %q: must be a versioned machine type such as pc-q35-7.2 (an alias like q35 changes meaning between QEMU versions and breaks restore)", h.MachineType)
+	case h.CPUModel == "":
+		return errors.New("hypervisor.cpu_model is empty: name a CPU model (qemu64, host, ...)")
+	case h.Accel != "tcg" && h.Accel != "kvm":
+		return fmt.Errorf("hypervisor.accel %q: must be tcg or kvm", h.Accel)
+	case h.VCPUs < 1 || h.VCPUs > h.MaxVCPUs:
+		return fmt.Errorf("hypervisor.default_vcpus %d: must be between 1 and max_vcpus (%d)", h.VCPUs, h.MaxVCPUs)
+	case h.MemoryMiB < 128 || h.MemoryMiB > h.MaxMemoryMiB:
+		return fmt.Errorf("hypervisor.default_memory %d MiB: must be between 128 and max_memory (%d)", h.MemoryMiB, h.MaxMemoryMiB)
+	case h.HotplugPorts < 0 || h.HotplugPorts > 16:
+		return fmt.Errorf("hypervisor.hotplug_ports %d: must be between 0 and 16", h.HotplugPorts)
+	case !filepath.IsAbs(h.MemoryDir):
+		return fmt.Errorf("hypervisor.memory_dir %q: must be an absolute path", h.MemoryDir)
+	}
+	if c.Agent.DialTimeout.Duration <= 0 || c.Agent.RequestTimeout.Duration <= 0 {
+		return errors.New("agent timeouts must be positive")
+	}
+	if !filepath.IsAbs(c.Runtime.StateRoot) || len(c.Runtime.StateRoot) > 40 {
+		return fmt.Errorf("runtime.state_root %q: must be an absolute path of at most 40 bytes (unix socket paths are limited to 108)", c.Runtime.StateRoot)
+	}
+	if !filepath.IsAbs(c.Runtime.ImageCache) {
+		return fmt.Errorf("runtime.image_cache %q: must be an absolute path", c.Runtime.ImageCache)
+	}
+	if c.Runtime.WritableDiskMiB < 64 {
+		return fmt.Errorf("runtime.writable_disk_size %d MiB: must be at least 64", c.Runtime.WritableDiskMiB)
+	}
+	s := c.Snapshot
+	switch {
+	case s.ChunkSizeMiB < 1 || s.ChunkSizeMiB > 64:
+		return fmt.Errorf("snapshot.chunk_size %d MiB: must be between 1 and 64", s.ChunkSizeMiB)
+	case s.CompressionLevel < 1 || s.CompressionLevel > 4:
+		return fmt.Errorf("snapshot.compression_level %d: must be between 1 (fastest) and 4 (best)", s.CompressionLevel)
+	case !filepath.IsAbs(s.CacheDir):
+		return fmt.Errorf("snapshot.cache_dir %q: must be an absolute path", s.CacheDir)
+	case s.LocalRoot != "" && !filepath.IsAbs(s.LocalRoot):
+		return fmt.Errorf("snapshot.local_root %q: must be an absolute path", s.LocalRoot)
+	}
+	if c.Stores.MaxConcurrentFetches < 1 {
+		return fmt.Errorf("stores.max_concurrent_fetches %d: must be at least 1", c.Stores.MaxConcurrentFetches)
+	}
+	if f := c.Restore.Fallback; f != "fail" && f != "cold" {
+		return fmt.Errorf("restore.fallback %q: must be fail or cold", f)
+	}
+	return nil
+}

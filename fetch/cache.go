@@ -1,0 +1,358 @@
+package fetch
+
+import (
+	"container/list"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+)
+
+// Cache is the node-local content-addressed blob cache:
+//
+//	<dir>/blobs/<alg>/<hex>   verified blobs, 0600
+//	<dir>/tmp/                downloads in progress (removed on open)
+//
+// A blob enters the cache only after its size and digest matched, by rename
+// from tmp/. The cache is bounded by maxBytes: least recently used blobs are
+// evicted, except pinned ones. Recency lives in memory and in the files'
+// mtime, so a restarted process keeps the order.
+type Cache struct {
+	dir string
+	max int64
+
+	mu      sync.Mutex
+	entries map[digest.Digest]*cacheEntry
+	lru     *list.List // of *cacheEntry, front = most recently used
+	size    int64
+	pins    map[digest.Digest]int
+	flights map[digest.Digest]*flight
+
+	hits, misses, downloads, shared, downloaded, evictions atomic.Int64
+}
+
+type cacheEntry struct {
+	d    digest.Digest
+	size int64
+	elem *list.Element
+}
+
+// CacheStats are the cache's counters since NewCache.
+type CacheStats struct {
+	Hits            int64 `json:"hits"`            // blobs served from the cache
+	Misses          int64 `json:"misses"`          // blobs not in the cache when asked for
+	Downloads       int64 `json:"downloads"`       // downloads started
+	SharedDownloads int64 `json:"sharedDownloads"` // callers that joined a download in flight
+	BytesDownloaded int64 `json:"bytesDownloaded"` // bytes read from stores
+	Evictions       int64 `json:"evictions"`
+	Blobs           int64 `json:"blobs"` // blobs in the cache now
+	Bytes           int64 `json:"bytes"` // their total size
+	MaxBytes        int64 `json:"maxBytes"`
+}
+
+// NewCache opens (creating) the cache in dir, bounded by maxBytes (<= 0: no
+// bound). Blobs from earlier runs are kept.
+func NewCache(dir string, maxBytes int64) (*Cache, error) {
+	c := &Cache{
+		dir: dir, max: maxBytes,
+		entries: map[digest.Digest]*cacheEntry{}, lru: list.New(),
+		pins: map[digest.Digest]int{}, flights: map[digest.Digest]*flight{},
+	}
+	if err := os.RemoveAll(filepath.Join(dir, "tmp")); err != nil {
+		return nil, fmt.Errorf("cache %s: %w", dir, err)
+	}
+	for _, d := range []string{filepath.Join(dir, "tmp"), filepath.Join(dir, "blobs", "sha256")} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("cache %s: %w", dir, err)
+		}
+	}
+	if err := c.load(); err != nil {
+		return nil, fmt.Errorf("cache %s: %w", dir, err)
+	}
+	return c, nil
+}
+
+// load indexes the blobs already on disk, oldest mtime last in the LRU.
+func (c *Cache) load() error {
+	type found struct {
+		d     digest.Digest
+		size  int64
+		mtime time.Time
+	}
+	var all []found
+	algs, err := os.ReadDir(filepath.Join(c.dir, "blobs"))
+	if err != nil {
+		return err
+	}
+	for _, a := range algs {
+		ents, err := os.ReadDir(filepath.Join(c.dir, "blobs", a.Name()))
+		if err != nil {
+			return err
+		}
+		for _, e := range ents {
+			d := digest.NewDigestFromEncoded(digest.Algorithm(a.Name()), e.Name())
+			info, err := e.Info()
+			if d.Validate() != nil || err != nil || !info.Mode().IsRegular() {
+				continue
+			}
+			all = append(all, found{d, info.Size(), info.ModTime()})
+		}
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].mtime.After(all[j].mtime) })
+	for _, f := range all {
+		e := &cacheEntry{d: f.d, size: f.size}
+		e.elem = c.lru.PushBack(e)
+		c.entries[f.d] = e
+		c.size += f.size
+	}
+	return nil
+}
+
+// Dir returns the cache directory.
+func (c *Cache) Dir() string { return c.dir }
+
+func (c *Cache) blobPath(d digest.Digest) string {
+	return filepath.Join(c.dir, "blobs", d.Algorithm().String(), d.Encoded())
+}
+
+// Has reports whether d is in the cache (without counting a hit).
+func (c *Cache) Has(d digest.Digest) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.entries[d] != nil
+}
+
+// touch marks d as used now; false when d is not cached.
+func (c *Cache) touch(d digest.Digest) bool {
+	c.mu.Lock()
+	e := c.entries[d]
+	if e != nil {
+		c.lru.MoveToFront(e.elem)
+	}
+	c.mu.Unlock()
+	if e != nil {
+		now := time.Now()
+		_ = os.Chtimes(c.blobPath(d), now, now)
+	}
+	return e != nil
+}
+
+// Open opens a cached blob for reading and marks it used. A reader keeps
+// working if the blob is evicted meanwhile.
+func (c *Cache) Open(d digest.Digest) (*os.File, error) {
+	if !c.touch(d) {
+		return nil, fmt.Errorf("blob %s not in cache: %w", d, errdefs.ErrNotFound)
+	}
+	f, err := os.Open(c.blobPath(d))
+	if errors.Is(err, fs.ErrNotExist) {
+		c.forget(d)
+		return nil, fmt.Errorf("blob %s vanished from cache: %w", d, errdefs.ErrNotFound)
+	}
+	return f, err
+}
+
+// Path returns the file of a cached blob. Pin the blob while using the path.
+func (c *Cache) Path(d digest.Digest) (string, bool) {
+	if !c.touch(d) {
+		return "", false
+	}
+	return c.blobPath(d), true
+}
+
+// Pin keeps d from eviction (also before it is downloaded) until the
+// returned func is called. Pins nest.
+func (c *Cache) Pin(d digest.Digest) (unpin func()) {
+	c.mu.Lock()
+	c.pins[d]++
+	c.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			c.mu.Lock()
+			if c.pins[d]--; c.pins[d] <= 0 {
+				delete(c.pins, d)
+			}
+			c.mu.Unlock()
+		})
+	}
+}
+
+// Add verifies r against desc and stores it. Content that does not match
+// never enters the cache.
+func (c *Cache) Add(ctx context.Context, desc ocispec.Descriptor, r io.Reader) error {
+	tmp, err := c.newTemp()
+	if err != nil {
+		return err
+	}
+	defer tmp.discard()
+	if _, err := copyVerified(ctx, tmp.f, r, desc); err != nil {
+		return err
+	}
+	return c.commit(tmp, desc)
+}
+
+// copyVerified copies r to w, failing on more or fewer bytes than desc.Size
+// or a digest mismatch.
+func copyVerified(ctx context.Context, w io.Writer, r io.Reader, desc ocispec.Descriptor) (int64, error) {
+	if err := desc.Digest.Validate(); err != nil {
+		return 0, fmt.Errorf("digest %q: %w: %w", desc.Digest, err, errdefs.ErrInvalidArgument)
+	}
+	v := desc.Digest.Verifier()
+	n, err := io.Copy(io.MultiWriter(w, v), io.LimitReader(ctxReader{ctx, r}, desc.Size+1))
+	if err != nil {
+		return n, fmt.Errorf("blob %s: %w", desc.Digest, err)
+	}
+	if n != desc.Size {
+		return n, fmt.Errorf("blob %s: got %s bytes, descriptor says %d: %w: %w", desc.Digest, sizeDesc(n, desc.Size), desc.Size, ErrDigestMismatch, errdefs.ErrDataLoss)
+	}
+	if !v.Verified() {
+		return n, fmt.Errorf("blob %s: %w (store content changed or corrupt): %w", desc.Digest, ErrDigestMismatch, errdefs.ErrDataLoss)
+	}
+	return n, nil
+}
+
+func sizeDesc(n, want int64) string {
+	if n > want {
+		return fmt.Sprintf("more than %d", want)
+	}
+	return fmt.Sprint(n)
+}
+
+type cacheTemp struct {
+	f        *os.File
+	finished bool
+}
+
+func (c *Cache) newTemp() (*cacheTemp, error) {
+	f, err := os.CreateTemp(filepath.Join(c.dir, "tmp"), "blob-*")
+	if err != nil {
+		return nil, fmt.Errorf("cache: %w", err)
+	}
+	if err := f.Chmod(0o600); err != nil {
+		f.Close()
+		os.Remove(f.Name())
+		return nil, fmt.Errorf("cache: %w", err)
+	}
+	return &cacheTemp{f: f}, nil
+}
+
+func (t *cacheTemp) discard() {
+	if !t.finished {
+		t.f.Close()
+		os.Remove(t.f.Name())
+	}
+}
+
+// commit renames a verified temp file into the cache and evicts down to
+// the bound.
+func (c *Cache) commit(t *cacheTemp, desc ocispec.Descriptor) error {
+	if err := t.f.Close(); err != nil {
+		return fmt.Errorf("cache %s: %w", desc.Digest, err)
+	}
+	dst := c.blobPath(desc.Digest)
+	if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
+		return fmt.Errorf("cache %s: %w", desc.Digest, err)
+	}
+	if err := os.Rename(t.f.Name(), dst); err != nil {
+		return fmt.Errorf("cache %s: %w", desc.Digest, err)
+	}
+	t.finished = true
+	c.mu.Lock()
+	if e := c.entries[desc.Digest]; e != nil {
+		c.lru.MoveToFront(e.elem)
+	} else {
+		e = &cacheEntry{d: desc.Digest, size: desc.Size}
+		e.elem = c.lru.PushFront(e)
+		c.entries[desc.Digest] = e
+		c.size += desc.Size
+	}
+	c.mu.Unlock()
+	if c.max > 0 {
+		if _, err := c.Prune(c.max); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Prune evicts least recently used, unpinned blobs until the cache holds at
+// most target bytes, and returns the bytes freed. Pinned blobs may keep it
+// above target.
+func (c *Cache) Prune(target int64) (int64, error) {
+	var freed int64
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for el := c.lru.Back(); el != nil && c.size > target; {
+		e := el.Value.(*cacheEntry)
+		el = el.Prev()
+		if c.pins[e.d] > 0 || c.flights[e.d] != nil {
+			continue
+		}
+		if err := os.Remove(c.blobPath(e.d)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return freed, fmt.Errorf("evict %s: %w", e.d, err)
+		}
+		c.dropLocked(e)
+		freed += e.size
+		c.evictions.Add(1)
+	}
+	if c.size > target {
+		log.L.WithField("bytes", c.size).WithField("limit", target).Debug("cache: over its limit, the rest is pinned")
+	}
+	return freed, nil
+}
+
+// Remove deletes one blob from the cache.
+func (c *Cache) Remove(d digest.Digest) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e := c.entries[d]
+	if e == nil {
+		return fmt.Errorf("blob %s not in cache: %w", d, errdefs.ErrNotFound)
+	}
+	if c.pins[d] > 0 {
+		return fmt.Errorf("blob %s is pinned: %w", d, errdefs.ErrFailedPrecondition)
+	}
+	if err := os.Remove(c.blobPath(d)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("remove %s: %w", d, err)
+	}
+	c.dropLocked(e)
+	return nil
+}
+
+func (c *Cache) forget(d digest.Digest) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e := c.entries[d]; e != nil {
+		c.dropLocked(e)
+	}
+}
+
+func (c *Cache) dropLocked(e *cacheEntry) {
+	c.lru.Remove(e.elem)
+	delete(c.entries, e.d)
+	c.size -= e.size
+}
+
+// Stats returns the counters.
+func (c *Cache) Stats() CacheStats {
+	c.mu.Lock()
+	blobs, size := int64(len(c.entries)), c.size
+	c.mu.Unlock()
+	return CacheStats{
+		Hits: c.hits.Load(), Misses: c.misses.Load(), Downloads: c.downloads.Load(),
+		SharedDownloads: c.shared.Load(), BytesDownloaded: c.downloaded.Load(),
+		Evictions: c.evictions.Load(), Blobs: blobs, Bytes: size, MaxBytes: c.max,
+	}
+}

@@ -1,0 +1,239 @@
+package fetch
+
+import (
+	"context"
+	"fmt"
+	"io"
+
+	"github.com/containerd/errdefs"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"golang.org/x/sync/errgroup"
+)
+
+// CachingOptions tune how a CachingStore fills the cache.
+type CachingOptions struct {
+	// PartSize: blobs larger than this download as parallel ranged parts
+	// (default 16 MiB).
+	PartSize int64
+	// Parallel is the number of parts of one blob in flight (default 4);
+	// the store's MaxConcurrent bounds the total.
+	Parallel int
+	// Progress, if set, is called with the bytes each download receives.
+	Progress func(desc ocispec.Descriptor, n int64)
+}
+
+// CachingStore serves blobs from a Cache, downloading missing ones once
+// (single-flight per digest across all CachingStores of the cache) and
+// verifying them before they enter it. References and pushes go to the
+// store underneath.
+type CachingStore struct {
+	s     Store
+	cache *Cache
+	opts  CachingOptions
+}
+
+var _ Store = (*CachingStore)(nil)
+
+// NewCachingStore wraps s with cache c.
+func NewCachingStore(s Store, c *Cache, opts CachingOptions) *CachingStore {
+	if opts.PartSize <= 0 {
+		opts.PartSize = 16 << 20
+	}
+	if opts.Parallel <= 0 {
+		opts.Parallel = 4
+	}
+	return &CachingStore{s: s, cache: c, opts: opts}
+}
+
+// Unwrap returns the store underneath.
+func (cs *CachingStore) Unwrap() Store { return cs.s }
+
+// Cache returns the cache.
+func (cs *CachingStore) Cache() *Cache { return cs.cache }
+
+func (cs *CachingStore) Exists(ctx context.Context, desc ocispec.Descriptor) (bool, error) {
+	if cs.cache.Has(desc.Digest) {
+		return true, nil
+	}
+	return cs.s.Exists(ctx, desc)
+}
+
+// Fetch makes sure the blob is in the cache, then reads the range from it.
+// Unlike the stores underneath, bytes from a CachingStore are verified.
+func (cs *CachingStore) Fetch(ctx context.Context, desc ocispec.Descriptor, offset, length int64) (io.ReadCloser, error) {
+	if err := cs.Ensure(ctx, desc); err != nil {
+		return nil, err
+	}
+	f, err := cs.cache.Open(desc.Digest)
+	if err != nil {
+		return nil, err
+	}
+	if length < 0 {
+		length = desc.Size - offset
+	}
+	if offset < 0 || offset > desc.Size || length < 0 || offset+length > desc.Size {
+		f.Close()
+		return nil, fmt.Errorf("fetch %s: range %d+%d outside %d bytes: %w", desc.Digest, offset, length, desc.Size, errdefs.ErrOutOfRange)
+	}
+	return struct {
+		io.Reader
+		io.Closer
+	}{io.NewSectionReader(f, offset, length), f}, nil
+}
+
+func (cs *CachingStore) Push(ctx context.Context, desc ocispec.Descriptor, r io.Reader) error {
+	return cs.s.Push(ctx, desc, r)
+}
+func (cs *CachingStore) Resolve(ctx context.Context, ref string) (ocispec.Descriptor, error) {
+	return cs.s.Resolve(ctx, ref)
+}
+func (cs *CachingStore) Tag(ctx context.Context, desc ocispec.Descriptor, ref string) error {
+	return cs.s.Tag(ctx, desc, ref)
+}
+func (cs *CachingStore) Tags(ctx context.Context) ([]string, error) { return cs.s.Tags(ctx) }
+func (cs *CachingStore) Untag(ctx context.Context, ref string) error {
+	return cs.s.Untag(ctx, ref)
+}
+
+// Ensure puts the blob in the cache if it is not there. Concurrent callers
+// for one digest share one download; it is cancelled only when every caller
+// waiting for it has gone.
+func (cs *CachingStore) Ensure(ctx context.Context, desc ocispec.Descriptor) error {
+	if err := desc.Digest.Validate(); err != nil {
+		return fmt.Errorf("digest %q: %w: %w", desc.Digest, err, errdefs.ErrInvalidArgument)
+	}
+	if desc.Size < 0 {
+		return fmt.Errorf("blob %s: unknown size: %w", desc.Digest, errdefs.ErrInvalidArgument)
+	}
+	c := cs.cache
+	if c.touch(desc.Digest) {
+		c.hits.Add(1)
+		return nil
+	}
+	c.mu.Lock()
+	if c.entries[desc.Digest] != nil { // landed meanwhile
+		c.mu.Unlock()
+		c.hits.Add(1)
+		return nil
+	}
+	c.misses.Add(1)
+	f := c.flights[desc.Digest]
+	if f != nil {
+		f.waiters++
+		c.shared.Add(1)
+	} else {
+		fctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		f = &flight{done: make(chan struct{}), waiters: 1, cancel: cancel}
+		c.flights[desc.Digest] = f
+		c.downloads.Add(1)
+		go func() {
+			err := cs.download(fctx, desc)
+			c.mu.Lock()
+			delete(c.flights, desc.Digest)
+			c.mu.Unlock()
+			f.err = err
+			cancel()
+			close(f.done)
+		}()
+	}
+	c.mu.Unlock()
+	select {
+	case <-f.done:
+		return f.err
+	case <-ctx.Done():
+		c.mu.Lock()
+		if f.waiters--; f.waiters == 0 {
+			f.cancel()
+		}
+		c.mu.Unlock()
+		return ctx.Err()
+	}
+}
+
+// flight is one download in progress.
+type flight struct {
+	done    chan struct{}
+	err     error
+	waiters int // guarded by Cache.mu
+	cancel  context.CancelFunc
+}
+
+// download fetches desc into a temp file, in parallel ranged parts when it
+// is large, verifies it and commits it to the cache.
+func (cs *CachingStore) download(ctx context.Context, desc ocispec.Descriptor) error {
+	c := cs.cache
+	tmp, err := c.newTemp()
+	if err != nil {
+		return err
+	}
+	defer tmp.discard()
+	count := func(n int64) {
+		c.downloaded.Add(n)
+		if cs.opts.Progress != nil {
+			cs.opts.Progress(desc, n)
+		}
+	}
+	if desc.Size <= cs.opts.PartSize {
+		rc, err := cs.s.Fetch(ctx, desc, 0, -1)
+		if err != nil {
+			return fmt.Errorf("download %s: %w", desc.Digest, err)
+		}
+		defer rc.Close()
+		if _, err := copyVerified(ctx, tmp.f, &progressReader{r: rc, fn: count}, desc); err != nil {
+			return fmt.Errorf("download %s: %w", desc.Digest, err)
+		}
+		return c.commit(tmp, desc)
+	}
+	if err := tmp.f.Truncate(desc.Size); err != nil {
+		return fmt.Errorf("download %s: %w", desc.Digest, err)
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(cs.opts.Parallel)
+	for off := int64(0); off < desc.Size; off += cs.opts.PartSize {
+		n := min(cs.opts.PartSize, desc.Size-off)
+		last := off+n == desc.Size
+		g.Go(func() error { return cs.fetchPart(gctx, tmp, desc, off, n, last, count) })
+	}
+	if err := g.Wait(); err != nil {
+		return fmt.Errorf("download %s: %w", desc.Digest, err)
+	}
+	if _, err := copyVerified(ctx, io.Discard, io.NewSectionReader(tmp.f, 0, desc.Size+1), desc); err != nil {
+		return fmt.Errorf("download %s: %w", desc.Digest, err)
+	}
+	return c.commit(tmp, desc)
+}
+
+// fetchPart writes bytes [off, off+n) into tmp. The last part reads to the
+// end of the object so that extra bytes after the blob are noticed.
+func (cs *CachingStore) fetchPart(ctx context.Context, tmp *cacheTemp, desc ocispec.Descriptor, off, n int64, last bool, count func(int64)) error {
+	length := n
+	if last {
+		length = -1
+	}
+	rc, err := cs.s.Fetch(ctx, desc, off, length)
+	if err != nil {
+		return err
+	}
+	defer rc.Close()
+	got, err := io.Copy(io.NewOffsetWriter(tmp.f, off), io.LimitReader(&progressReader{r: ctxReader{ctx, rc}, fn: count}, n+1))
+	if err != nil {
+		return err
+	}
+	if got != n {
+		return fmt.Errorf("part at %d: got %s bytes, want %d: %w: %w", off, sizeDesc(got, n), n, ErrDigestMismatch, errdefs.ErrDataLoss)
+	}
+	return nil
+}
+
+type progressReader struct {
+	r  io.Reader
+	fn func(int64)
+}
+
+func (p *progressReader) Read(b []byte) (int, error) {
+	n, err := p.r.Read(b)
+	if n > 0 {
+		p.fn(int64(n))
+	}
+	return n, err
+}

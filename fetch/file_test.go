@@ -1,0 +1,93 @@
+package fetch_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/cryo-runtime/cryo/fetch"
+	"github.com/cryo-runtime/cryo/fetch/fetchtest"
+)
+
+func openT(t *testing.T, url string) (fetch.Store, string) {
+	t.Helper()
+	s, ref, err := fetch.Open(context.Background(), url, fetch.Options{Getenv: func(string) string { return "" }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, ref
+}
+
+func TestFileStore(t *testing.T) {
+	dir := t.TempDir()
+	s, ref := openT(t, "file://"+dir+"/app:v1")
+	if ref != "v1" {
+		t.Fatalf("ref = %q", ref)
+	}
+	fetchtest.RunStoreSuite(t, s)
+
+	root := filepath.Join(dir, "app")
+	t.Run("layout-and-permissions", func(t *testing.T) {
+		for _, f := range []string{"oci-layout", "index.json"} {
+			if _, err := os.Stat(filepath.Join(root, f)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		blobs, _ := os.ReadDir(filepath.Join(root, "blobs", "sha256"))
+		if len(blobs) < 4 {
+			t.Fatalf("%d blobs in the layout, want >= 4", len(blobs))
+		}
+		for _, b := range blobs {
+			info, _ := b.Info()
+			if info.Mode().Perm() != 0o600 {
+				t.Errorf("blob %s mode %v, want 0600", b.Name(), info.Mode().Perm())
+			}
+		}
+		if info, _ := os.Stat(filepath.Join(root, "index.json")); info.Mode().Perm() != 0o600 {
+			t.Errorf("index.json mode %v", info.Mode().Perm())
+		}
+		ingest, _ := os.ReadDir(filepath.Join(root, "ingest"))
+		for _, e := range ingest {
+			if !strings.HasPrefix(e.Name(), ".index.lock") {
+				t.Errorf("leftover in ingest/: %s", e.Name())
+			}
+		}
+		entries, _ := os.ReadDir(root)
+		for _, e := range entries {
+			if strings.Contains(e.Name(), ".tmp-") {
+				t.Errorf("leftover temp file %s", e.Name())
+			}
+		}
+	})
+	t.Run("second-open-sees-tags", func(t *testing.T) {
+		s2, _ := openT(t, "file://"+root)
+		if tags, err := s2.Tags(context.Background()); err != nil || len(tags) != 1 || tags[0] != "v1" {
+			t.Fatalf("tags = %v, %v", tags, err)
+		}
+	})
+	t.Run("relative-path-refused", func(t *testing.T) {
+		if _, err := fetch.NewFileStore("rel/dir"); !errdefs.IsInvalidArgument(err) {
+			t.Fatalf("err = %v", err)
+		}
+	})
+}
+
+// TestHTTPStore reads a file store's layout through a real net/http
+// FileServer.
+func TestHTTPStore(t *testing.T) {
+	dir := t.TempDir()
+	w, _ := openT(t, "file://"+dir+"/app")
+	f := fetchtest.NewFixture("v1", 7)
+	fetchtest.Seed(t, w, f)
+	base := fetchtest.ServeDir(t, dir)
+	s, ref := openT(t, base+"/app:v1")
+	if ref != "v1" {
+		t.Fatalf("ref = %q", ref)
+	}
+	fetchtest.CheckRead(t, s, f)
+	fetchtest.CheckReadOnly(t, s, f)
+}

@@ -1,0 +1,88 @@
+package shim
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// Files the shim keeps in a container's bundle so that the delete action can
+// clean up from the bundle alone, after the shim process is gone.
+const (
+	// statePointerFile names the sandbox state directory (QEMU pid, sockets,
+	// logs). Only the sandbox's own bundle has it.
+	statePointerFile = "cryo-state"
+	// exitRecordFile holds the init process's exit, for delete after a crash.
+	exitRecordFile = "cryo-exit.json"
+)
+
+// sandboxStateDir returns a short, unique state directory for a sandbox:
+// unix socket paths are limited to 108 bytes, bundle paths can be longer.
+func sandboxStateDir(root, namespace, id string) string {
+	sum := sha256.Sum256([]byte(namespace + "/" + id))
+	return filepath.Join(root, "vm", hex.EncodeToString(sum[:8]))
+}
+
+func writeStatePointer(bundle, stateDir string) error {
+	return writeFileAtomic(filepath.Join(bundle, statePointerFile), []byte(stateDir+"\n"), 0o600)
+}
+
+func readStatePointer(bundle string) (string, error) {
+	b, err := os.ReadFile(filepath.Join(bundle, statePointerFile))
+	if err != nil {
+		return "", err
+	}
+	dir := strings.TrimSpace(string(b))
+	if !filepath.IsAbs(dir) || filepath.Clean(dir) != dir || !strings.Contains(dir, "/vm/") {
+		return "", fmt.Errorf("bundle %s: bad sandbox state pointer %q", bundle, dir)
+	}
+	return dir, nil
+}
+
+type exitRecord struct {
+	Pid      int       `json:"pid"`
+	Status   int       `json:"status"`
+	ExitedAt time.Time `json:"exited_at"`
+}
+
+func writeExitRecord(bundle string, e exitRecord) error {
+	b, err := json.Marshal(e)
+	if err != nil {
+		return err
+	}
+	return writeFileAtomic(filepath.Join(bundle, exitRecordFile), b, 0o600)
+}
+
+func readExitRecord(bundle string) (exitRecord, error) {
+	var e exitRecord
+	b, err := os.ReadFile(filepath.Join(bundle, exitRecordFile))
+	if err != nil {
+		return e, err
+	}
+	return e, json.Unmarshal(b, &e)
+}
+
+func writeFileAtomic(path string, b []byte, mode os.FileMode) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(b); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Chmod(mode); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}

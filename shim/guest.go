@@ -1,0 +1,186 @@
+package shim
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"time"
+
+	"github.com/containerd/ttrpc"
+	"github.com/containerd/typeurl/v2"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	agentapi "github.com/cryo-runtime/cryo/agent/api/v1"
+)
+
+// agentClient implements guestAgent over the agent's ttrpc API. Short calls
+// get a deadline; long polls (wait, stdio) run until the process ends or the
+// connection closes.
+type agentClient struct {
+	conn    *ttrpc.Client
+	api     agentapi.AgentService
+	timeout time.Duration
+}
+
+var _ guestAgent = (*agentClient)(nil)
+
+func newAgentClient(conn net.Conn, timeout time.Duration) *agentClient {
+	if timeout <= 0 {
+		timeout = 30 * time.Second
+	}
+	c := ttrpc.NewClient(conn)
+	return &agentClient{conn: c, api: agentapi.NewAgentClient(c), timeout: timeout}
+}
+
+func (a *agentClient) short(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, a.timeout)
+}
+
+func (a *agentClient) ping(ctx context.Context) (guestInfo, error) {
+	r, err := a.api.Ping(ctx, &agentapi.PingRequest{})
+	if err != nil {
+		return guestInfo{}, err
+	}
+	return guestInfo{BootID: r.BootId, Kernel: r.KernelRelease}, nil
+}
+
+func (a *agentClient) createContainer(ctx context.Context, r createRequest) error {
+	spec, err := json.Marshal(r.Spec)
+	if err != nil {
+		return err
+	}
+	req := &agentapi.CreateContainerRequest{
+		Id: r.ID, SpecJson: spec, Rootfs: &agentapi.Rootfs{Serial: r.Serial, Fstype: "ext4"},
+		Stdin: r.Stdio.stdin != "", Stdout: r.Stdio.stdout != "", Stderr: r.Stdio.stderr != "", Terminal: r.Stdio.terminal,
+	}
+	for _, f := range r.Files {
+		req.Files = append(req.Files, &agentapi.File{Path: f.Path, Content: f.Content, Mode: uint32(f.Mode)})
+	}
+	ctx, cancel := a.short(ctx)
+	defer cancel()
+	_, err = a.api.CreateContainer(ctx, req)
+	return err
+}
+
+func (a *agentClient) startProcess(ctx context.Context, containerID, execID string) (uint32, error) {
+	ctx, cancel := a.short(ctx)
+	defer cancel()
+	r, err := a.api.StartProcess(ctx, &agentapi.StartProcessRequest{ContainerId: containerID, ExecId: execID})
+	if err != nil {
+		return 0, err
+	}
+	return r.Pid, nil
+}
+
+func (a *agentClient) execProcess(ctx context.Context, containerID, execID string, p *specs.Process, s stdio) error {
+	b, err := json.Marshal(p)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := a.short(ctx)
+	defer cancel()
+	_, err = a.api.ExecProcess(ctx, &agentapi.ExecProcessRequest{
+		ContainerId: containerID, ExecId: execID, ProcessJson: b,
+		Stdin: s.stdin != "", Stdout: s.stdout != "", Stderr: s.stderr != "", Terminal: s.terminal,
+	})
+	return err
+}
+
+func (a *agentClient) signal(ctx context.Context, containerID, execID string, sig uint32, all bool) error {
+	ctx, cancel := a.short(ctx)
+	defer cancel()
+	_, err := a.api.SignalProcess(ctx, &agentapi.SignalProcessRequest{ContainerId: containerID, ExecId: execID, Signal: sig, All: all})
+	return err
+}
+
+func (a *agentClient) wait(ctx context.Context, containerID, execID string) (uint32, time.Time, error) {
+	r, err := a.api.WaitProcess(ctx, &agentapi.WaitProcessRequest{ContainerId: containerID, ExecId: execID})
+	if err != nil {
+		return 0, time.Time{}, err
+	}
+	at := time.Now()
+	if r.ExitedAt != nil {
+		at = r.ExitedAt.AsTime()
+	}
+	return r.ExitStatus, at, nil
+}
+
+func (a *agentClient) readStdio(ctx context.Context, containerID, execID string, stderr bool) ([]byte, error) {
+	stream := agentapi.Stream_STREAM_STDOUT
+	if stderr {
+		stream = agentapi.Stream_STREAM_STDERR
+	}
+	r, err := a.api.ReadStdio(ctx, &agentapi.ReadStdioRequest{ContainerId: containerID, ExecId: execID, Stream: stream})
+	if err != nil {
+		return nil, err
+	}
+	if r.Eof {
+		return r.Data, io.EOF
+	}
+	return r.Data, nil
+}
+
+func (a *agentClient) writeStdin(ctx context.Context, containerID, execID string, data []byte) error {
+	for len(data) > 0 {
+		r, err := a.api.WriteStdin(ctx, &agentapi.WriteStdinRequest{ContainerId: containerID, ExecId: execID, Data: data})
+		if err != nil {
+			return err
+		}
+		if r.Written == 0 {
+			return errors.New("guest accepted no stdin")
+		}
+		data = data[r.Written:]
+	}
+	return nil
+}
+
+func (a *agentClient) closeStdin(ctx context.Context, containerID, execID string) error {
+	ctx, cancel := a.short(ctx)
+	defer cancel()
+	_, err := a.api.CloseStdin(ctx, &agentapi.CloseStdinRequest{ContainerId: containerID, ExecId: execID})
+	return err
+}
+
+func (a *agentClient) resize(ctx context.Context, containerID, execID string, w, h uint32) error {
+	ctx, cancel := a.short(ctx)
+	defer cancel()
+	_, err := a.api.ResizePty(ctx, &agentapi.ResizePtyRequest{ContainerId: containerID, ExecId: execID, Width: w, Height: h})
+	return err
+}
+
+func (a *agentClient) pids(ctx context.Context, containerID string) ([]uint32, error) {
+	ctx, cancel := a.short(ctx)
+	defer cancel()
+	r, err := a.api.ListPids(ctx, &agentapi.ListPidsRequest{ContainerId: containerID})
+	if err != nil {
+		return nil, err
+	}
+	pids := make([]uint32, 0, len(r.Processes))
+	for _, p := range r.Processes {
+		pids = append(pids, p.Pid)
+	}
+	return pids, nil
+}
+
+// stats returns the container's cgroup v2 metrics, decoded so that the task
+// service can hand them to containerd as its own type.
+func (a *agentClient) stats(ctx context.Context, containerID string) (any, error) {
+	ctx, cancel := a.short(ctx)
+	defer cancel()
+	r, err := a.api.Stats(ctx, &agentapi.StatsRequest{ContainerId: containerID})
+	if err != nil {
+		return nil, err
+	}
+	return typeurl.UnmarshalAny(r.Metrics)
+}
+
+func (a *agentClient) removeContainer(ctx context.Context, containerID string) error {
+	ctx, cancel := a.short(ctx)
+	defer cancel()
+	_, err := a.api.RemoveContainer(ctx, &agentapi.RemoveContainerRequest{Id: containerID})
+	return err
+}
+
+func (a *agentClient) close() error { return a.conn.Close() }

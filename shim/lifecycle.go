@@ -1,0 +1,314 @@
+package shim
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"time"
+
+	eventstypes "github.com/containerd/containerd/api/events"
+	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
+	runtimeoptions "github.com/containerd/containerd/api/types/runtimeoptions/v1"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/containerd/v2/pkg/protobuf"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	"github.com/containerd/typeurl/v2"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+
+	"github.com/cryo-runtime/cryo/annotations"
+	"github.com/cryo-runtime/cryo/configs"
+	"github.com/cryo-runtime/cryo/vmm"
+)
+
+// exitKilled is the status of processes that die with their VM.
+const exitKilled = 128 + uint32(unix.SIGKILL)
+
+// createContainer prepares the container's root disk, boots the sandbox VM
+// if this is its first container (hot-plugs the disk otherwise), and creates
+// the container in the guest.
+func (s *service) createContainer(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *container, retErr error) {
+	spec, err := readSpec(r.Bundle)
+	if err != nil {
+		return nil, err
+	}
+	c := &container{id: r.ID, bundle: r.Bundle, spec: spec, workDir: bundleWorkDir(r.Bundle), execs: map[string]*process{}}
+	if err := os.MkdirAll(c.workDir, 0o700); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if retErr != nil {
+			os.RemoveAll(c.workDir)
+		}
+	}()
+
+	s.mu.Lock()
+	sb := s.sandbox
+	s.mu.Unlock()
+	if sb == nil {
+		if sb, err = s.bootFor(ctx, r, c); err != nil {
+			return nil, err
+		}
+		defer func() {
+			if retErr != nil {
+				_ = sb.shutdown(ctx)
+				_ = os.Remove(statePointerPath(r.Bundle))
+				s.mu.Lock()
+				s.sandbox = nil
+				s.mu.Unlock()
+			}
+		}()
+	} else {
+		if c.disk, err = sb.rootfs.disk(ctx, r.ID, r.Bundle, c.workDir, r.Rootfs); err != nil {
+			return nil, err
+		}
+		if err := sb.vm.HotplugDisk(ctx, c.disk); err != nil {
+			return nil, fmt.Errorf("hot-plug root disk of %s: %w", r.ID, err)
+		}
+		c.hotplugged = true
+		defer func() {
+			if retErr != nil {
+				_ = sb.vm.UnplugDisk(context.WithoutCancel(ctx), c.disk.ID)
+			}
+		}()
+	}
+
+	c.init = newProcess(r.ID, "", stdio{stdin: r.Stdin, stdout: r.Stdout, stderr: r.Stderr, terminal: r.Terminal})
+	files := guestFiles(ctx, spec)
+	if err := sb.agent.createContainer(ctx, createRequest{ID: r.ID, Spec: spec, Serial: c.disk.Serial, Files: files, Stdio: c.init.stdio}); err != nil {
+		return nil, fmt.Errorf("create container %s in guest: %w", r.ID, err)
+	}
+	if c.init.io, err = openIO(ctx, c.init.stdio); err != nil {
+		_ = sb.agent.removeContainer(context.WithoutCancel(ctx), r.ID)
+		return nil, err
+	}
+	c.init.io.start(s.ctx, sb.agent, r.ID, "")
+	s.mu.Lock()
+	s.containers[r.ID] = c
+	s.mu.Unlock()
+	return c, nil
+}
+
+// bootFor boots the sandbox VM with c's root disk attached at boot.
+func (s *service) bootFor(ctx context.Context, r *taskAPI.CreateTaskRequest, c *container) (*sandbox, error) {
+	cfg, err := loadConfig(r)
+	if err != nil {
+		return nil, err
+	}
+	req, err := annotations.Parse(c.spec.Annotations, cfg)
+	if err != nil {
+		return nil, err
+	}
+	ns, _ := namespaces.Namespace(ctx)
+	stateDir := sandboxStateDir(cfg.Runtime.StateRoot, ns, r.ID)
+	if err := os.MkdirAll(stateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("create sandbox state dir: %w", err)
+	}
+	if err := writeStatePointer(r.Bundle, stateDir); err != nil {
+		os.RemoveAll(stateDir)
+		return nil, err
+	}
+	rb := &rootfsBuilder{cacheDir: cfg.Runtime.ImageCache, writableMiB: cfg.Runtime.WritableDiskMiB}
+	if c.disk, err = rb.disk(ctx, r.ID, r.Bundle, c.workDir, r.Rootfs); err != nil {
+		os.RemoveAll(stateDir)
+		return nil, err
+	}
+	sb, err := bootSandbox(ctx, r.ID, cfg, stateDir, vmSize{vcpus: req.VCPUs, memoryMiB: req.MemoryMiB}, []vmm.Disk{c.disk})
+	if err != nil {
+		os.RemoveAll(stateDir)
+		_ = os.Remove(statePointerPath(r.Bundle))
+		return nil, err
+	}
+	sb.bundle = r.Bundle
+	s.mu.Lock()
+	s.sandbox = sb
+	s.mu.Unlock()
+	go s.monitor(sb)
+	return sb, nil
+}
+
+// loadConfig reads the node config named by the runtime options' ConfigPath
+// (containerd's per-runtime override), or the default path.
+func loadConfig(r *taskAPI.CreateTaskRequest) (configs.Config, error) {
+	path := ""
+	if r.Options != nil {
+		v, err := typeurl.UnmarshalAny(r.Options)
+		if err != nil {
+			return configs.Config{}, fmt.Errorf("runtime options: %w", err)
+		}
+		if o, ok := v.(*runtimeoptions.Options); ok {
+			path = o.ConfigPath
+		}
+	}
+	return configs.Load(path)
+}
+
+func (s *service) startProcess(ctx context.Context, c *container, p *process) error {
+	if err := p.transition(stateRunning); err != nil {
+		return err
+	}
+	pid, err := s.sandbox.agent.startProcess(ctx, c.id, p.execID)
+	if err != nil {
+		p.mu.Lock()
+		p.state = stateCreated
+		p.mu.Unlock()
+		return fmt.Errorf("start %s: %w", p.name(), err)
+	}
+	p.setPid(pid)
+	return nil
+}
+
+func (s *service) execProcess(ctx context.Context, c *container, r *taskAPI.ExecProcessRequest) (retErr error) {
+	var spec specs.Process
+	if r.Spec == nil {
+		return fmt.Errorf("exec %s: no process spec: %w", r.ExecID, errdefs.ErrInvalidArgument)
+	}
+	if err := json.Unmarshal(r.Spec.Value, &spec); err != nil {
+		return fmt.Errorf("exec %s: parse process spec: %w", r.ExecID, err)
+	}
+	if init := c.init.current(); init != stateRunning {
+		return fmt.Errorf("exec in container %s that is %s: %w", c.id, init, errdefs.ErrFailedPrecondition)
+	}
+	p := newProcess(c.id, r.ExecID, stdio{stdin: r.Stdin, stdout: r.Stdout, stderr: r.Stderr, terminal: r.Terminal})
+	if err := c.addExec(p); err != nil {
+		return err
+	}
+	defer func() {
+		if retErr != nil {
+			c.removeExec(r.ExecID)
+		}
+	}()
+	if err := s.sandbox.agent.execProcess(ctx, c.id, r.ExecID, &spec, p.stdio); err != nil {
+		return fmt.Errorf("exec %s in guest: %w", p.name(), err)
+	}
+	var err error
+	if p.io, err = openIO(ctx, p.stdio); err != nil {
+		return err
+	}
+	p.io.start(s.ctx, s.sandbox.agent, c.id, r.ExecID)
+	return nil
+}
+
+func (s *service) kill(ctx context.Context, c *container, p *process, sig uint32, all bool) error {
+	switch p.current() {
+	case stateStopped, stateDeleted:
+		return fmt.Errorf("process %s already finished: %w", p.name(), errdefs.ErrNotFound)
+	case stateCreated:
+		// Nothing runs yet: the process ends without ever starting.
+		if p.setExited(128+sig, time.Now()) {
+			p.io.close()
+			s.publishExit(c, p)
+		}
+		return nil
+	}
+	return s.sandbox.agent.signal(ctx, c.id, p.execID, sig, all)
+}
+
+// waitExit waits for a started process to exit in the guest, drains its
+// output, and publishes its exit. An init exit is published after the exits
+// of the container's execs, as the runtime-v2 contract requires.
+func (s *service) waitExit(c *container, p *process) {
+	ctx := log.WithLogger(s.ctx, log.G(s.ctx).WithField("process", p.name()))
+	status, at, err := s.sandbox.agent.wait(ctx, c.id, p.execID)
+	if err != nil {
+		log.G(ctx).WithError(err).Debug("wait for process in guest")
+		status, at = exitKilled, time.Now()
+	}
+	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	p.io.wait(dctx)
+	cancel()
+	if p.execID == "" {
+		deadline := time.After(5 * time.Second)
+		for _, e := range c.runningExecs() {
+			select {
+			case <-e.exited:
+			case <-deadline:
+			}
+		}
+		if err := writeExitRecord(c.bundle, exitRecord{Pid: int(p.getPid()), Status: int(status), ExitedAt: at}); err != nil {
+			log.G(ctx).WithError(err).Warn("record exit in bundle")
+		}
+	}
+	if p.setExited(status, at) {
+		s.publishExit(c, p)
+	}
+}
+
+func (s *service) publishExit(c *container, p *process) {
+	status, at := p.exit()
+	s.send(&eventstypes.TaskExit{
+		ContainerID: c.id, ID: processEventID(c, p), Pid: p.getPid(), ExitStatus: status, ExitedAt: protobuf.ToTimestamp(at),
+	})
+}
+
+func processEventID(c *container, p *process) string {
+	if p.execID == "" {
+		return c.id
+	}
+	return p.execID
+}
+
+// monitor ends every process of the sandbox when its VM dies (QEMU killed or
+// crashed): containerd learns of the exits instead of waiting forever.
+func (s *service) monitor(sb *sandbox) {
+	<-sb.vm.Exited()
+	log.G(s.ctx).WithField("stderr", sb.vm.Stderr()).Warn("sandbox vm exited")
+	s.mu.Lock()
+	cs := make([]*container, 0, len(s.containers))
+	for _, c := range s.containers {
+		cs = append(cs, c)
+	}
+	s.mu.Unlock()
+	now := time.Now()
+	for _, c := range cs {
+		for _, e := range c.runningExecs() {
+			if e.setExited(exitKilled, now) {
+				e.io.close()
+				s.publishExit(c, e)
+			}
+		}
+		if st := c.init.current(); st == stateRunning || st == statePaused || st == stateCreated {
+			_ = writeExitRecord(c.bundle, exitRecord{Pid: int(c.init.getPid()), Status: int(exitKilled), ExitedAt: now})
+			if c.init.setExited(exitKilled, now) {
+				c.init.io.close()
+				s.publishExit(c, c.init)
+			}
+		}
+	}
+}
+
+// deleteContainer removes a stopped container from the guest and the host;
+// the last container takes the VM with it.
+func (s *service) deleteContainer(ctx context.Context, c *container) {
+	sb := s.sandbox
+	ctx = context.WithoutCancel(ctx)
+	select {
+	case <-sb.vm.Exited():
+	default:
+		if err := sb.agent.removeContainer(ctx, c.id); err != nil {
+			log.G(ctx).WithError(err).WithField("id", c.id).Warn("remove container in guest")
+		}
+		if c.hotplugged {
+			if err := sb.vm.UnplugDisk(ctx, c.disk.ID); err != nil {
+				log.G(ctx).WithError(err).WithField("id", c.id).Warn("unplug root disk")
+			}
+		}
+	}
+	s.mu.Lock()
+	delete(s.containers, c.id)
+	last := len(s.containers) == 0
+	s.mu.Unlock()
+	if last {
+		if err := sb.shutdown(ctx); err != nil {
+			log.G(ctx).WithError(err).Warn("shut down sandbox vm")
+		}
+		_ = os.Remove(statePointerPath(sb.bundle))
+	}
+	if err := os.RemoveAll(c.workDir); err != nil {
+		log.G(ctx).WithError(err).Warn("remove container work dir")
+	}
+}
+
+func statePointerPath(bundle string) string { return bundle + "/" + statePointerFile }

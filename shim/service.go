@@ -1,0 +1,338 @@
+package shim
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	eventstypes "github.com/containerd/containerd/api/events"
+	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
+	"github.com/containerd/containerd/api/types/task"
+	"github.com/containerd/containerd/v2/core/runtime"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/containerd/v2/pkg/protobuf"
+	ptypes "github.com/containerd/containerd/v2/pkg/protobuf/types"
+	"github.com/containerd/containerd/v2/pkg/shim"
+	"github.com/containerd/containerd/v2/pkg/shutdown"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	"github.com/containerd/ttrpc"
+	"github.com/containerd/typeurl/v2"
+)
+
+var (
+	_     taskAPI.TTRPCTaskService = (*service)(nil)
+	_     shim.TTRPCService        = (*service)(nil)
+	empty                          = &ptypes.Empty{}
+)
+
+// service is the containerd task API of one shim process: one sandbox VM and
+// the containers in it. Handlers look the process up, delegate, and return;
+// errors become gRPC codes once, in the interceptor.
+type service struct {
+	ctx       context.Context
+	shutdown  shutdown.Service
+	events    chan any
+	createMu  sync.Mutex // serializes Create: the first one boots the VM
+	mu        sync.Mutex
+	sandbox   *sandbox
+	containers map[string]*container
+}
+
+// NewTaskService returns the task service and starts forwarding its events
+// to containerd.
+func NewTaskService(ctx context.Context, publisher shim.Publisher, sd shutdown.Service) (taskAPI.TTRPCTaskService, error) {
+	s := &service{
+		ctx:        ctx,
+		shutdown:   sd,
+		events:     make(chan any, 128),
+		containers: map[string]*container{},
+	}
+	go s.forward(ctx, publisher)
+	sd.RegisterCallback(func(ctx context.Context) error {
+		s.mu.Lock()
+		sb := s.sandbox
+		s.mu.Unlock()
+		if sb != nil {
+			return sb.shutdown(ctx)
+		}
+		return nil
+	})
+	return s, nil
+}
+
+// RegisterTTRPC registers the task service.
+func (s *service) RegisterTTRPC(server *ttrpc.Server) error {
+	taskAPI.RegisterTTRPCTaskService(server, s)
+	return nil
+}
+
+func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*taskAPI.CreateTaskResponse, error) {
+	s.createMu.Lock()
+	defer s.createMu.Unlock()
+	if _, err := s.container(r.ID); err == nil {
+		return nil, fmt.Errorf("container %s: %w", r.ID, errdefs.ErrAlreadyExists)
+	}
+	if r.Checkpoint != "" {
+		return nil, fmt.Errorf("create from a containerd checkpoint: %w", errdefs.ErrNotImplemented)
+	}
+	c, err := s.createContainer(ctx, r)
+	if err != nil {
+		return nil, err
+	}
+	s.send(&eventstypes.TaskCreate{
+		ContainerID: r.ID, Bundle: r.Bundle, Rootfs: r.Rootfs, Checkpoint: r.Checkpoint,
+		IO: &eventstypes.TaskIO{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal},
+	})
+	return &taskAPI.CreateTaskResponse{Pid: c.init.getPid()}, nil
+}
+
+func (s *service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.StartResponse, error) {
+	c, p, err := s.process(r.ID, r.ExecID)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.startProcess(ctx, c, p); err != nil {
+		return nil, err
+	}
+	if r.ExecID == "" {
+		s.send(&eventstypes.TaskStart{ContainerID: r.ID, Pid: p.getPid()})
+	} else {
+		s.send(&eventstypes.TaskExecStarted{ContainerID: r.ID, ExecID: r.ExecID, Pid: p.getPid()})
+	}
+	go s.waitExit(c, p)
+	return &taskAPI.StartResponse{Pid: p.getPid()}, nil
+}
+
+func (s *service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAPI.DeleteResponse, error) {
+	c, p, err := s.process(r.ID, r.ExecID)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.transition(stateDeleted); err != nil {
+		return nil, err
+	}
+	p.io.close()
+	status, at := p.exit()
+	if r.ExecID != "" {
+		c.removeExec(r.ExecID)
+	} else {
+		s.deleteContainer(ctx, c)
+		s.send(&eventstypes.TaskDelete{ContainerID: r.ID, Pid: p.getPid(), ExitStatus: status, ExitedAt: protobuf.ToTimestamp(at)})
+	}
+	return &taskAPI.DeleteResponse{Pid: p.getPid(), ExitStatus: status, ExitedAt: protobuf.ToTimestamp(at)}, nil
+}
+
+func (s *service) Exec(ctx context.Context, r *taskAPI.ExecProcessRequest) (*ptypes.Empty, error) {
+	c, err := s.container(r.ID)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.execProcess(ctx, c, r); err != nil {
+		return nil, err
+	}
+	s.send(&eventstypes.TaskExecAdded{ContainerID: r.ID, ExecID: r.ExecID})
+	return empty, nil
+}
+
+func (s *service) ResizePty(ctx context.Context, r *taskAPI.ResizePtyRequest) (*ptypes.Empty, error) {
+	if _, _, err := s.process(r.ID, r.ExecID); err != nil {
+		return nil, err
+	}
+	return empty, s.sandbox.agent.resize(ctx, r.ID, r.ExecID, r.Width, r.Height)
+}
+
+func (s *service) State(ctx context.Context, r *taskAPI.StateRequest) (*taskAPI.StateResponse, error) {
+	c, p, err := s.process(r.ID, r.ExecID)
+	if err != nil {
+		return nil, err
+	}
+	status, at := p.exit()
+	return &taskAPI.StateResponse{
+		ID: r.ID, ExecID: r.ExecID, Bundle: c.bundle, Pid: p.getPid(), Status: p.status(),
+		Stdin: p.stdio.stdin, Stdout: p.stdio.stdout, Stderr: p.stdio.stderr, Terminal: p.stdio.terminal,
+		ExitStatus: status, ExitedAt: protobuf.ToTimestamp(at),
+	}, nil
+}
+
+func (s *service) Pause(ctx context.Context, r *taskAPI.PauseRequest) (*ptypes.Empty, error) {
+	_, p, err := s.process(r.ID, "")
+	if err != nil {
+		return nil, err
+	}
+	if err := p.transition(statePaused); err != nil {
+		return nil, err
+	}
+	if err := s.sandbox.vm.Pause(ctx); err != nil {
+		_ = p.transition(stateRunning)
+		return nil, fmt.Errorf("pause vm: %w", err)
+	}
+	s.send(&eventstypes.TaskPaused{ContainerID: r.ID})
+	return empty, nil
+}
+
+func (s *service) Resume(ctx context.Context, r *taskAPI.ResumeRequest) (*ptypes.Empty, error) {
+	_, p, err := s.process(r.ID, "")
+	if err != nil {
+		return nil, err
+	}
+	if p.current() != statePaused {
+		return nil, fmt.Errorf("container %s is %s, not paused: %w", r.ID, p.current(), errdefs.ErrFailedPrecondition)
+	}
+	if err := s.sandbox.vm.Resume(ctx); err != nil {
+		return nil, fmt.Errorf("resume vm: %w", err)
+	}
+	_ = p.transition(stateRunning)
+	s.send(&eventstypes.TaskResumed{ContainerID: r.ID})
+	return empty, nil
+}
+
+func (s *service) Kill(ctx context.Context, r *taskAPI.KillRequest) (*ptypes.Empty, error) {
+	c, p, err := s.process(r.ID, r.ExecID)
+	if err != nil {
+		return nil, err
+	}
+	return empty, s.kill(ctx, c, p, r.Signal, r.All)
+}
+
+func (s *service) Pids(ctx context.Context, r *taskAPI.PidsRequest) (*taskAPI.PidsResponse, error) {
+	if _, err := s.container(r.ID); err != nil {
+		return nil, err
+	}
+	pids, err := s.sandbox.agent.pids(ctx, r.ID)
+	if err != nil {
+		return nil, err
+	}
+	resp := &taskAPI.PidsResponse{}
+	for _, pid := range pids {
+		resp.Processes = append(resp.Processes, &task.ProcessInfo{Pid: pid})
+	}
+	return resp, nil
+}
+
+func (s *service) CloseIO(ctx context.Context, r *taskAPI.CloseIORequest) (*ptypes.Empty, error) {
+	_, p, err := s.process(r.ID, r.ExecID)
+	if err != nil {
+		return nil, err
+	}
+	if r.Stdin && p.io != nil {
+		p.io.closeStdin()
+	}
+	return empty, nil
+}
+
+func (s *service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskRequest) (*ptypes.Empty, error) {
+	return nil, fmt.Errorf("checkpoint: %w", errdefs.ErrNotImplemented)
+}
+
+func (s *service) Update(ctx context.Context, r *taskAPI.UpdateTaskRequest) (*ptypes.Empty, error) {
+	if _, err := s.container(r.ID); err != nil {
+		return nil, err
+	}
+	return nil, fmt.Errorf("update resources of a vm sandbox: %w", errdefs.ErrNotImplemented)
+}
+
+func (s *service) Wait(ctx context.Context, r *taskAPI.WaitRequest) (*taskAPI.WaitResponse, error) {
+	_, p, err := s.process(r.ID, r.ExecID)
+	if err != nil {
+		return nil, err
+	}
+	select {
+	case <-p.exited:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	status, at := p.exit()
+	return &taskAPI.WaitResponse{ExitStatus: status, ExitedAt: protobuf.ToTimestamp(at)}, nil
+}
+
+func (s *service) Stats(ctx context.Context, r *taskAPI.StatsRequest) (*taskAPI.StatsResponse, error) {
+	if _, err := s.container(r.ID); err != nil {
+		return nil, err
+	}
+	st, err := s.sandbox.agent.stats(ctx, r.ID)
+	if err != nil {
+		return nil, err
+	}
+	a, err := typeurl.MarshalAny(st)
+	if err != nil {
+		return nil, err
+	}
+	return &taskAPI.StatsResponse{Stats: typeurl.MarshalProto(a)}, nil
+}
+
+func (s *service) Connect(ctx context.Context, r *taskAPI.ConnectRequest) (*taskAPI.ConnectResponse, error) {
+	resp := &taskAPI.ConnectResponse{ShimPid: uint32(os.Getpid())}
+	if c, err := s.container(r.ID); err == nil {
+		resp.TaskPid = c.init.getPid()
+	}
+	return resp, nil
+}
+
+func (s *service) Shutdown(ctx context.Context, r *taskAPI.ShutdownRequest) (*ptypes.Empty, error) {
+	s.mu.Lock()
+	n := len(s.containers)
+	s.mu.Unlock()
+	if n == 0 {
+		s.shutdown.Shutdown()
+	}
+	return empty, nil
+}
+
+func (s *service) container(id string) (*container, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c, ok := s.containers[id]
+	if !ok {
+		return nil, fmt.Errorf("container %s: %w", id, errdefs.ErrNotFound)
+	}
+	return c, nil
+}
+
+func (s *service) process(id, execID string) (*container, *process, error) {
+	c, err := s.container(id)
+	if err != nil {
+		return nil, nil, err
+	}
+	p, err := c.process(execID)
+	return c, p, err
+}
+
+func (s *service) send(e any) {
+	select {
+	case s.events <- e:
+	case <-s.shutdown.Done():
+	}
+}
+
+func (s *service) forward(ctx context.Context, publisher shim.Publisher) {
+	ns, _ := namespaces.Namespace(ctx)
+	ctx = namespaces.WithNamespace(context.WithoutCancel(ctx), ns)
+	defer publisher.Close()
+	publish := func(e any) {
+		if err := publisher.Publish(ctx, runtime.GetTopic(e), e); err != nil {
+			log.G(ctx).WithError(err).Error("post event")
+		}
+	}
+	for {
+		select {
+		case e := <-s.events:
+			publish(e)
+		case <-s.shutdown.Done():
+			for {
+				select {
+				case e := <-s.events:
+					publish(e)
+				case <-time.After(100 * time.Millisecond):
+					return
+				}
+			}
+		}
+	}
+}
+
+// bundleWorkDir is where a container's writable overlay lives.
+func bundleWorkDir(bundle string) string { return filepath.Join(bundle, "cryo") }

@@ -1,0 +1,114 @@
+package snapshot
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+
+	"github.com/containerd/errdefs"
+	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/cryo-runtime/cryo/fetch"
+)
+
+// readFull reads until b is full or the reader ends.
+func readFull(r io.Reader, b []byte) (int, error) {
+	n, err := io.ReadFull(r, b)
+	if err == io.EOF || err == io.ErrUnexpectedEOF {
+		err = nil
+	}
+	return n, err
+}
+
+// checkDigest refuses anything but a well-formed sha256 digest.
+func checkDigest(d digest.Digest) error {
+	if d.Algorithm() != digest.SHA256 {
+		return fmt.Errorf("digest %q: only sha256 is accepted: %w", d, errdefs.ErrInvalidArgument)
+	}
+	if err := d.Validate(); err != nil {
+		return fmt.Errorf("digest %q: %v: %w", d, err, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// sha256Digest is digest.FromBytes without the algorithm indirection.
+func sha256Digest(b []byte) digest.Digest {
+	h := sha256.Sum256(b)
+	return digest.Digest("sha256:" + hex.EncodeToString(h[:]))
+}
+
+// fetchVerified reads the whole blob desc into buf (grown when too small)
+// and returns it only when its size and sha256 match desc. The blob is read
+// in ranges of at most rangeSize bytes (<= 0: one read); a store that hands
+// out more or fewer bytes than asked, or that changes the object between two
+// ranges, is caught here. limit bounds desc.Size before anything is read.
+func fetchVerified(ctx context.Context, store fetch.Store, desc ocispec.Descriptor, limit, rangeSize int64, buf []byte) ([]byte, error) {
+	if err := checkDigest(desc.Digest); err != nil {
+		return nil, err
+	}
+	if desc.Size < 0 || desc.Size > limit {
+		return nil, fmt.Errorf("blob %s: size %d outside [0, %d]: %w", desc.Digest, desc.Size, limit, errdefs.ErrInvalidArgument)
+	}
+	if int64(cap(buf)) < desc.Size+1 {
+		buf = make([]byte, desc.Size+1)
+	}
+	buf = buf[:desc.Size+1]
+	if rangeSize <= 0 {
+		rangeSize = max(desc.Size, 1)
+	}
+	for off := int64(0); ; off += rangeSize {
+		n := min(rangeSize, desc.Size-off)
+		if err := fetchRange(ctx, store, desc, off, n, buf[off:off+n+1]); err != nil {
+			return nil, err
+		}
+		if off+n >= desc.Size {
+			break
+		}
+	}
+	b := buf[:desc.Size]
+	if got := sha256Digest(b); got != desc.Digest {
+		return nil, fmt.Errorf("blob %s: content has digest %s: %w", desc.Digest, got, errdefs.ErrDataLoss)
+	}
+	return b, nil
+}
+
+// fetchRange reads exactly n bytes at off into b[:n]; b has one byte more to
+// notice a store that returns more than it was asked for.
+func fetchRange(ctx context.Context, store fetch.Store, desc ocispec.Descriptor, off, n int64, b []byte) error {
+	rc, err := store.Fetch(ctx, desc, off, n)
+	if err != nil {
+		return fmt.Errorf("fetch %s [%d,+%d): %w", desc.Digest, off, n, err)
+	}
+	defer rc.Close()
+	got, err := readFull(rc, b)
+	if err != nil {
+		return fmt.Errorf("fetch %s [%d,+%d): %w", desc.Digest, off, n, err)
+	}
+	switch {
+	case int64(got) < n:
+		return fmt.Errorf("fetch %s [%d,+%d): truncated after %d bytes: %w", desc.Digest, off, n, got, errdefs.ErrDataLoss)
+	case int64(got) > n:
+		return fmt.Errorf("fetch %s [%d,+%d): store returned extra bytes: %w", desc.Digest, off, n, errdefs.ErrDataLoss)
+	}
+	return nil
+}
+
+// pushIfMissing pushes b as desc unless the store has it; it reports whether
+// it uploaded.
+func pushIfMissing(ctx context.Context, store fetch.Store, desc ocispec.Descriptor, b []byte) (bool, error) {
+	ok, err := store.Exists(ctx, desc)
+	if err != nil {
+		return false, fmt.Errorf("exists %s: %w", desc.Digest, err)
+	}
+	if ok {
+		return false, nil
+	}
+	if err := store.Push(ctx, desc, bytes.NewReader(b)); err != nil && !errdefs.IsAlreadyExists(err) {
+		return false, fmt.Errorf("push %s: %w", desc.Digest, err)
+	}
+	return true, nil
+}

@@ -1,0 +1,188 @@
+// Package snapshot is the cryo checkpoint format: a sandbox's guest RAM,
+// writable disks, QEMU device state and specs stored as a content-addressed,
+// chunked, compressed, optionally encrypted and signed OCI artifact.
+//
+// Layout of one snapshot (see DESIGN.md, "Snapshot format"):
+//
+//   - an OCI image manifest with artifactType [ArtifactType];
+//   - a config blob ([MediaTypeConfig]) holding [Metadata];
+//   - one layer per stored chunk. Every file of the snapshot ("ram",
+//     "disk:<name>", "devstate", "spec") is cut at fixed ChunkSize offsets;
+//     chunks that are holes or all zeros are left out; every other chunk is an
+//     independent zstd frame (then AES-256-GCM sealed when encrypted) whose
+//     digest is the sha256 of the stored bytes. The layer annotations
+//     [AnnotationFile], [AnnotationOffset] and [AnnotationSize] say where the
+//     chunk's raw bytes go; the logical size of every file is in the config.
+//
+// Publishing ([Write]) pushes chunks, then the config, then the manifest, then
+// (when signing) the signature, and tags the reference last. Reading ([Open])
+// verifies the manifest and config and validates every field before anything
+// is used; [Snapshot.Materialize] verifies every chunk before writing it.
+package snapshot
+
+import (
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/opencontainers/go-digest"
+)
+
+// Media types and annotation keys of the format.
+const (
+	// ArtifactType is the manifest's artifactType.
+	ArtifactType = "application/vnd.cryo.checkpoint.v1"
+	// MediaTypeConfig is the media type of the config blob ([Metadata], JSON).
+	MediaTypeConfig = "application/vnd.cryo.checkpoint.config.v1+json"
+	// MediaTypeChunk is a chunk stored as one zstd frame.
+	MediaTypeChunk = "application/vnd.cryo.chunk.v1+zstd"
+	// MediaTypeChunkEncrypted is a zstd frame sealed with AES-256-GCM: the
+	// stored bytes are nonce (12 bytes) || ciphertext || tag (16 bytes).
+	MediaTypeChunkEncrypted = "application/vnd.cryo.chunk.v1+zstd+aes256gcm"
+
+	// AnnotationFile names the file a chunk belongs to ("ram", "disk:<name>",
+	// "devstate", "spec").
+	AnnotationFile = "dev.cryo.chunk.file"
+	// AnnotationOffset is the chunk's raw offset in its file (decimal).
+	AnnotationOffset = "dev.cryo.chunk.offset"
+	// AnnotationSize is the chunk's raw (decompressed) size (decimal).
+	AnnotationSize = "dev.cryo.chunk.size"
+
+	// FormatVersion is the only format version this package writes and reads.
+	FormatVersion = 1
+	// DefaultChunkSize is the chunk size used when WriteOptions leave it 0.
+	DefaultChunkSize = 4 << 20
+	// MinChunkSize and MaxChunkSize bound the chunk size; it must also be a
+	// power of two.
+	MinChunkSize = 64 << 10
+	MaxChunkSize = 64 << 20
+)
+
+// File names inside a snapshot.
+const (
+	FileRAM      = "ram"
+	FileDevState = "devstate"
+	FileSpec     = "spec"
+	diskPrefix   = "disk:"
+)
+
+// DiskFile returns the snapshot file name of the writable disk called name.
+func DiskFile(name string) string { return diskPrefix + name }
+
+var diskNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
+
+// validFileName reports whether name is a file name the format allows. Disk
+// names never contain '/' or "..", so they are safe to use as path elements.
+func validFileName(name string) error {
+	switch name {
+	case FileRAM, FileDevState, FileSpec:
+		return nil
+	}
+	if d, ok := strings.CutPrefix(name, diskPrefix); ok && diskNameRE.MatchString(d) {
+		return nil
+	}
+	return fmt.Errorf("file name %q: %w", name, errdefs.ErrInvalidArgument)
+}
+
+// Metadata is the config blob of a snapshot.
+type Metadata struct {
+	// FormatVersion is set by Write to [FormatVersion].
+	FormatVersion int `json:"formatVersion"`
+	// Created is set by Write when zero.
+	Created time.Time `json:"created"`
+	// Expires is when the snapshot may be garbage collected (zero: never).
+	Expires     time.Time   `json:"expires,omitzero"`
+	Source      SourceInfo  `json:"source"`
+	Fingerprint Fingerprint `json:"fingerprint"`
+	Containers  []Container `json:"containers,omitempty"`
+	Network     Network     `json:"network"`
+	// Annotations are free-form labels of the caller.
+	Annotations map[string]string `json:"annotations,omitempty"`
+
+	// The fields below are set by Write.
+
+	// ChunkSize is the raw size of every chunk but a file's last one.
+	ChunkSize int64 `json:"chunkSize"`
+	// Compression is always "zstd".
+	Compression string `json:"compression"`
+	// Encryption is nil for a plaintext snapshot.
+	Encryption *Encryption `json:"encryption,omitempty"`
+	// Files lists every file of the snapshot with its logical size.
+	Files  []FileInfo `json:"files"`
+	Totals Totals     `json:"totals"`
+}
+
+// SourceInfo names the sandbox a snapshot was taken from.
+type SourceInfo struct {
+	SandboxID   string `json:"sandboxID,omitempty"`
+	PodName     string `json:"podName,omitempty"`
+	Namespace   string `json:"namespace,omitempty"`
+	PodUID      string `json:"podUID,omitempty"`
+	Node        string `json:"node,omitempty"`
+	RuntimeType string `json:"runtimeType,omitempty"`
+}
+
+// Container records one container of the sandbox.
+type Container struct {
+	ID string `json:"id"`
+	// Image is the image reference the container was created from.
+	Image string `json:"image,omitempty"`
+	// LayerChain is the chain of the image's layer digests (bottom first).
+	LayerChain []digest.Digest `json:"layerChain,omitempty"`
+	// Spec is the container's OCI runtime spec. It is stored in clear in the
+	// config, so Write refuses it in an encrypted snapshot: put specs in the
+	// "spec" file instead, which is encrypted with the chunks.
+	Spec json.RawMessage `json:"spec,omitempty"`
+}
+
+// Network is the guest's network identity at checkpoint time.
+type Network struct {
+	Hostname   string      `json:"hostname,omitempty"`
+	Interfaces []Interface `json:"interfaces,omitempty"`
+	DNS        []string    `json:"dns,omitempty"`
+}
+
+// Interface is one guest network interface.
+type Interface struct {
+	Name      string   `json:"name"`
+	MAC       string   `json:"mac,omitempty"`
+	Addresses []string `json:"addresses,omitempty"` // CIDR notation
+	Gateway   string   `json:"gateway,omitempty"`
+}
+
+// Encryption describes how the chunks are encrypted.
+type Encryption struct {
+	// Algorithm is "AES-256-GCM".
+	Algorithm string `json:"algorithm"`
+	// KeyID identifies the key (see [KeyID]) without revealing it.
+	KeyID string `json:"keyID"`
+}
+
+// FileInfo is one file of a snapshot.
+type FileInfo struct {
+	Name string `json:"name"`
+	// Size is the logical size of the file once materialized.
+	Size int64 `json:"size"`
+	// Chunks is the number of stored chunks of the file.
+	Chunks int `json:"chunks"`
+}
+
+// Totals sums up a snapshot.
+type Totals struct {
+	// RawBytes is the sum of the files' logical sizes.
+	RawBytes int64 `json:"rawBytes"`
+	// DataBytes is the raw size of the stored chunks.
+	DataBytes int64 `json:"dataBytes"`
+	// StoredBytes is the size of the stored chunks.
+	StoredBytes int64 `json:"storedBytes"`
+	Chunks      int   `json:"chunks"`
+}
+
+// Algorithm names used in Metadata.
+const (
+	compressionZstd = "zstd"
+	algAES256GCM    = "AES-256-GCM"
+)

@@ -1,0 +1,154 @@
+package snapshot
+
+import (
+	"bytes"
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/pem"
+	"fmt"
+	"os"
+
+	"github.com/containerd/errdefs"
+)
+
+// maxKeyFile bounds what a key loader reads.
+const maxKeyFile = 64 << 10
+
+func readKeyFile(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b := make([]byte, maxKeyFile+1)
+	n, err := readFull(f, b)
+	if err != nil {
+		return nil, err
+	}
+	if n > maxKeyFile {
+		return nil, fmt.Errorf("key file over %d bytes: %w", maxKeyFile, errdefs.ErrInvalidArgument)
+	}
+	return b[:n], nil
+}
+
+// LoadEncryptionKey reads a 32-byte AES-256 key from path: either 32 raw
+// bytes or 64 hex digits (a trailing newline is allowed).
+func LoadEncryptionKey(path string) ([]byte, error) {
+	b, err := readKeyFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("load encryption key: %w", err)
+	}
+	if len(b) == 32 {
+		return b, nil
+	}
+	if t := bytes.TrimSpace(b); len(t) == 64 {
+		if k, err := hex.DecodeString(string(t)); err == nil {
+			return k, nil
+		}
+	}
+	return nil, fmt.Errorf("load encryption key %s: want 32 raw bytes or 64 hex digits: %w", path, errdefs.ErrInvalidArgument)
+}
+
+// KeyID identifies an encryption key in Metadata without revealing it.
+func KeyID(key []byte) string {
+	h := sha256.Sum256(append([]byte("cryo key id v1\x00"), key...))
+	return "sha256:" + hex.EncodeToString(h[:16])
+}
+
+// LoadSigningKey reads an Ed25519 private key from a PEM file ("PRIVATE KEY",
+// PKCS #8, as written by `openssl genpkey -algorithm ed25519` and by
+// GenerateSigningKey).
+func LoadSigningKey(path string) (ed25519.PrivateKey, error) {
+	b, err := readKeyFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("load signing key: %w", err)
+	}
+	blk, _ := pem.Decode(b)
+	if blk == nil || blk.Type != "PRIVATE KEY" {
+		return nil, fmt.Errorf("load signing key %s: no PEM PRIVATE KEY block: %w", path, errdefs.ErrInvalidArgument)
+	}
+	k, err := x509.ParsePKCS8PrivateKey(blk.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("load signing key %s: %w", path, err)
+	}
+	priv, ok := k.(ed25519.PrivateKey)
+	if !ok {
+		return nil, fmt.Errorf("load signing key %s: %T is not Ed25519: %w", path, k, errdefs.ErrInvalidArgument)
+	}
+	return priv, nil
+}
+
+// LoadPublicKey reads an Ed25519 public key from a PEM file ("PUBLIC KEY",
+// PKIX).
+func LoadPublicKey(path string) (ed25519.PublicKey, error) {
+	b, err := readKeyFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("load public key: %w", err)
+	}
+	blk, _ := pem.Decode(b)
+	if blk == nil || blk.Type != "PUBLIC KEY" {
+		return nil, fmt.Errorf("load public key %s: no PEM PUBLIC KEY block: %w", path, errdefs.ErrInvalidArgument)
+	}
+	k, err := x509.ParsePKIXPublicKey(blk.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("load public key %s: %w", path, err)
+	}
+	pub, ok := k.(ed25519.PublicKey)
+	if !ok {
+		return nil, fmt.Errorf("load public key %s: %T is not Ed25519: %w", path, k, errdefs.ErrInvalidArgument)
+	}
+	return pub, nil
+}
+
+// GenerateSigningKey writes a new Ed25519 key pair as PEM: the private key
+// to privPath (0600) and the public key to pubPath (0644). Existing files
+// are not overwritten.
+func GenerateSigningKey(privPath, pubPath string) error {
+	pub, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return err
+	}
+	p8, err := x509.MarshalPKCS8PrivateKey(priv)
+	if err != nil {
+		return err
+	}
+	pk, err := x509.MarshalPKIXPublicKey(pub)
+	if err != nil {
+		return err
+	}
+	if err := writeNew(privPath, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: p8}), 0o600); err != nil {
+		return fmt.Errorf("generate signing key: %w", err)
+	}
+	if err := writeNew(pubPath, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pk}), 0o644); err != nil {
+		return fmt.Errorf("generate signing key: %w", err)
+	}
+	return nil
+}
+
+// GenerateEncryptionKey writes a new random 32-byte key to path (0600).
+func GenerateEncryptionKey(path string) error {
+	k := make([]byte, 32)
+	if _, err := rand.Read(k); err != nil {
+		return err
+	}
+	if err := writeNew(path, k, 0o600); err != nil {
+		return fmt.Errorf("generate encryption key: %w", err)
+	}
+	return nil
+}
+
+func writeNew(path string, b []byte, mode os.FileMode) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		os.Remove(path)
+		return err
+	}
+	return f.Close()
+}

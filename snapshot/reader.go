@@ -1,0 +1,345 @@
+package snapshot
+
+import (
+	"context"
+	"crypto/ed25519"
+	"encoding/json"
+	"fmt"
+	"runtime"
+	"strings"
+
+	"github.com/containerd/errdefs"
+	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/cryo-runtime/cryo/fetch"
+)
+
+// ReadOptions are the reader's policy and limits. Zero limits mean the
+// defaults in parentheses.
+type ReadOptions struct {
+	// PublicKey verifies the signature when there is one; a bad signature
+	// is always refused.
+	PublicKey ed25519.PublicKey
+	// RequireSignature refuses a snapshot without a valid signature by
+	// PublicKey (which must be set).
+	RequireSignature bool
+	// DecryptionKey (32 bytes) decrypts an encrypted snapshot. Open works
+	// without it (to inspect metadata); Verify and Materialize need it.
+	DecryptionKey []byte
+	// RequireEncryption refuses a plaintext snapshot.
+	RequireEncryption bool
+
+	MaxManifestSize int64 // (16 MiB)
+	MaxConfigSize   int64 // (4 MiB)
+	MaxLayers       int   // (262144)
+	MaxFileSize     int64 // per file (4 TiB)
+	MaxChunkSize    int64 // (MaxChunkSize)
+
+	// Workers fetch, verify and decompress chunks in parallel (2 x
+	// GOMAXPROCS, fewer when MaxMemory asks for it).
+	Workers int
+	// MaxMemory bounds the chunk buffers of Verify and Materialize
+	// (192 MiB).
+	MaxMemory int64
+	// RangeSize splits a chunk fetch into ranged reads of at most this
+	// many bytes (0: one read per chunk).
+	RangeSize int64
+}
+
+func (o *ReadOptions) defaults() {
+	if o.MaxManifestSize <= 0 {
+		o.MaxManifestSize = 16 << 20
+	}
+	if o.MaxConfigSize <= 0 {
+		o.MaxConfigSize = 4 << 20
+	}
+	if o.MaxLayers <= 0 {
+		o.MaxLayers = 1 << 18
+	}
+	if o.MaxFileSize <= 0 {
+		o.MaxFileSize = 4 << 40
+	}
+	if o.MaxChunkSize <= 0 || o.MaxChunkSize > MaxChunkSize {
+		o.MaxChunkSize = MaxChunkSize
+	}
+	if o.Workers <= 0 {
+		o.Workers = 2 * runtime.GOMAXPROCS(0)
+	}
+	if o.MaxMemory <= 0 {
+		o.MaxMemory = 192 << 20
+	}
+}
+
+// Snapshot is an opened, validated snapshot. Its Metadata and Manifest are
+// verified against the manifest digest; its chunks are verified as they are
+// read.
+type Snapshot struct {
+	// Ref is the reference it was opened by.
+	Ref string
+	// Descriptor is the manifest's descriptor; Descriptor.Digest pins the
+	// whole snapshot.
+	Descriptor ocispec.Descriptor
+	Manifest   ocispec.Manifest
+	Metadata   Metadata
+	// Signed is true when a signature by ReadOptions.PublicKey verified.
+	Signed bool
+
+	store  fetch.Store
+	opts   ReadOptions
+	chunks []chunkRef
+	// writeAt writes materialized bytes; tests inject failures here.
+	writeAt func(f writerAt, b []byte, off int64) (int, error)
+}
+
+// chunkRef is one validated chunk layer.
+type chunkRef struct {
+	file      string
+	off, size int64
+	desc      ocispec.Descriptor
+}
+
+// ParseRef splits "tag", "tag@sha256:<hex>" or "sha256:<hex>" into a tag
+// and a pinned manifest digest (either may be empty).
+func ParseRef(ref string) (tag string, pin digest.Digest, err error) {
+	tag = ref
+	if i := strings.LastIndex(ref, "@"); i >= 0 {
+		tag, pin = ref[:i], digest.Digest(ref[i+1:])
+	} else if strings.HasPrefix(ref, "sha256:") {
+		tag, pin = "", digest.Digest(ref)
+	}
+	if pin != "" {
+		if err := checkDigest(pin); err != nil {
+			return "", "", fmt.Errorf("ref %q: %w", ref, err)
+		}
+	}
+	if tag == "" && pin == "" {
+		return "", "", fmt.Errorf("empty ref: %w", errdefs.ErrInvalidArgument)
+	}
+	return tag, pin, nil
+}
+
+// Open resolves ref in store ("tag", "tag@sha256:...", or "sha256:..."; a
+// pinned digest wins over the tag), fetches the manifest and config,
+// verifies their digests, the signature and the encryption policy, and
+// validates every field before returning. Nothing is written.
+func Open(ctx context.Context, store fetch.Store, ref string, opts ReadOptions) (*Snapshot, error) {
+	opts.defaults()
+	s := &Snapshot{Ref: ref, store: store, opts: opts}
+	if err := s.open(ctx); err != nil {
+		return nil, fmt.Errorf("open snapshot %s: %w", ref, err)
+	}
+	return s, nil
+}
+
+func (s *Snapshot) open(ctx context.Context) error {
+	if s.opts.RequireSignature && s.opts.PublicKey == nil {
+		return fmt.Errorf("signature required but no public key configured: %w", errdefs.ErrInvalidArgument)
+	}
+	if k := s.opts.DecryptionKey; k != nil && len(k) != 32 {
+		return fmt.Errorf("decryption key is %d bytes, want 32: %w", len(k), errdefs.ErrInvalidArgument)
+	}
+	desc, err := resolve(ctx, s.store, s.Ref)
+	if err != nil {
+		return err
+	}
+	desc.MediaType = ocispec.MediaTypeImageManifest
+	mb, err := fetchVerified(ctx, s.store, desc, s.opts.MaxManifestSize, 0, nil)
+	if err != nil {
+		return fmt.Errorf("manifest: %w", err)
+	}
+	s.Descriptor = desc
+	// The signature is checked before the manifest is even parsed.
+	if s.opts.PublicKey != nil {
+		switch err := verifySignature(ctx, s.store, desc, s.opts.PublicKey); {
+		case err == nil:
+			s.Signed = true
+		case errdefs.IsNotFound(err) && !s.opts.RequireSignature:
+		case errdefs.IsNotFound(err):
+			return fmt.Errorf("unsigned, a signature is required: %w", errdefs.ErrUnauthenticated)
+		default:
+			return err
+		}
+	}
+	if err := json.Unmarshal(mb, &s.Manifest); err != nil {
+		return fmt.Errorf("manifest: %v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	m := &s.Manifest
+	if m.SchemaVersion != 2 || m.MediaType != ocispec.MediaTypeImageManifest || m.ArtifactType != ArtifactType {
+		return fmt.Errorf("not a cryo snapshot (schemaVersion %d, mediaType %q, artifactType %q): %w",
+			m.SchemaVersion, m.MediaType, m.ArtifactType, errdefs.ErrInvalidArgument)
+	}
+	if m.Config.MediaType != MediaTypeConfig {
+		return fmt.Errorf("config media type %q: %w", m.Config.MediaType, errdefs.ErrInvalidArgument)
+	}
+	if len(m.Layers) > s.opts.MaxLayers {
+		return fmt.Errorf("%d layers, limit %d: %w", len(m.Layers), s.opts.MaxLayers, errdefs.ErrInvalidArgument)
+	}
+	cb, err := fetchVerified(ctx, s.store, m.Config, s.opts.MaxConfigSize, 0, nil)
+	if err != nil {
+		return fmt.Errorf("config: %w", err)
+	}
+	if err := json.Unmarshal(cb, &s.Metadata); err != nil {
+		return fmt.Errorf("config: %v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	if err := s.validateMetadata(); err != nil {
+		return err
+	}
+	return s.validateLayers()
+}
+
+// resolve finds the manifest descriptor of ref. A pinned digest is resolved
+// by digest (stores resolve digests like oras does) or, failing that,
+// through the tag, which must then name the pinned manifest.
+func resolve(ctx context.Context, store fetch.Store, ref string) (ocispec.Descriptor, error) {
+	tag, pin, err := ParseRef(ref)
+	if err != nil {
+		return ocispec.Descriptor{}, err
+	}
+	if pin != "" {
+		desc, err := store.Resolve(ctx, pin.String())
+		if err == nil && desc.Digest == pin {
+			return desc, nil
+		}
+		if tag == "" {
+			if err == nil {
+				err = fmt.Errorf("store resolved %s to %s: %w", pin, desc.Digest, errdefs.ErrDataLoss)
+			}
+			return ocispec.Descriptor{}, fmt.Errorf("resolve %s: %w", pin, err)
+		}
+	}
+	desc, err := store.Resolve(ctx, tag)
+	if err != nil {
+		return ocispec.Descriptor{}, fmt.Errorf("resolve %s: %w", tag, err)
+	}
+	if pin != "" && desc.Digest != pin {
+		return ocispec.Descriptor{}, fmt.Errorf("%s names %s, not the pinned %s: %w", tag, desc.Digest, pin, errdefs.ErrFailedPrecondition)
+	}
+	return desc, nil
+}
+
+func (s *Snapshot) validateMetadata() error {
+	md := &s.Metadata
+	if md.FormatVersion != FormatVersion {
+		return fmt.Errorf("format version %d, this cryo reads %d: %w", md.FormatVersion, FormatVersion, errdefs.ErrNotImplemented)
+	}
+	if md.Compression != compressionZstd {
+		return fmt.Errorf("compression %q: %w", md.Compression, errdefs.ErrNotImplemented)
+	}
+	if err := checkChunkSize(md.ChunkSize); err != nil {
+		return err
+	}
+	if md.ChunkSize > s.opts.MaxChunkSize {
+		return fmt.Errorf("chunk size %d over limit %d: %w", md.ChunkSize, s.opts.MaxChunkSize, errdefs.ErrInvalidArgument)
+	}
+	if e := md.Encryption; e != nil {
+		if e.Algorithm != algAES256GCM {
+			return fmt.Errorf("encryption %q: %w", e.Algorithm, errdefs.ErrNotImplemented)
+		}
+		if k := s.opts.DecryptionKey; k != nil && KeyID(k) != e.KeyID {
+			return fmt.Errorf("encrypted with key %s, configured key is %s: %w", e.KeyID, KeyID(k), errdefs.ErrFailedPrecondition)
+		}
+	} else if s.opts.RequireEncryption {
+		return fmt.Errorf("snapshot is not encrypted, encryption is required: %w", errdefs.ErrFailedPrecondition)
+	}
+	seen := map[string]bool{}
+	for _, f := range md.Files {
+		if err := validFileName(f.Name); err != nil {
+			return err
+		}
+		if seen[f.Name] {
+			return fmt.Errorf("file %s listed twice: %w", f.Name, errdefs.ErrInvalidArgument)
+		}
+		seen[f.Name] = true
+		if f.Size < 0 || f.Size > s.opts.MaxFileSize {
+			return fmt.Errorf("file %s: size %d outside [0, %d]: %w", f.Name, f.Size, s.opts.MaxFileSize, errdefs.ErrInvalidArgument)
+		}
+	}
+	return nil
+}
+
+// validateLayers turns layers into chunks: every chunk of a known file, at
+// a chunk-aligned offset inside the file, exactly as long as the chunk there
+// is, at most once per offset, with the media type the encryption implies.
+func (s *Snapshot) validateLayers() error {
+	md := &s.Metadata
+	sizes := map[string]int64{}
+	counts := map[string]int{}
+	for _, f := range md.Files {
+		sizes[f.Name] = f.Size
+	}
+	wantType := MediaTypeChunk
+	if md.Encryption != nil {
+		wantType = MediaTypeChunkEncrypted
+	}
+	cs := md.ChunkSize
+	used := map[string]map[int64]bool{}
+	s.chunks = make([]chunkRef, 0, len(s.Manifest.Layers))
+	for i, l := range s.Manifest.Layers {
+		bad := func(format string, a ...any) error {
+			return fmt.Errorf("layer %d (%s): %s: %w", i, l.Digest, fmt.Sprintf(format, a...), errdefs.ErrInvalidArgument)
+		}
+		if l.MediaType != wantType {
+			return bad("media type %q, want %q", l.MediaType, wantType)
+		}
+		if err := checkDigest(l.Digest); err != nil {
+			return bad("%v", err)
+		}
+		if l.Size <= 0 || l.Size > maxStoredSize(cs) {
+			return bad("stored size %d outside [1, %d]", l.Size, maxStoredSize(cs))
+		}
+		name := l.Annotations[AnnotationFile]
+		fsize, ok := sizes[name]
+		if !ok {
+			return bad("file %q not in the config", name)
+		}
+		off, err1 := parseDec(l.Annotations[AnnotationOffset])
+		size, err2 := parseDec(l.Annotations[AnnotationSize])
+		if err1 != nil || err2 != nil {
+			return bad("offset %q or size %q not a decimal", l.Annotations[AnnotationOffset], l.Annotations[AnnotationSize])
+		}
+		if off%cs != 0 || off >= fsize {
+			return bad("offset %d not a multiple of %d inside %s (%d bytes)", off, cs, name, fsize)
+		}
+		if want := min(cs, fsize-off); size != want {
+			return bad("raw size %d at offset %d of %s, want %d", size, off, name, want)
+		}
+		if used[name] == nil {
+			used[name] = map[int64]bool{}
+		}
+		if used[name][off] {
+			return bad("second chunk at offset %d of %s (overlap)", off, name)
+		}
+		used[name][off] = true
+		counts[name]++
+		s.chunks = append(s.chunks, chunkRef{file: name, off: off, size: size, desc: l})
+	}
+	for _, f := range md.Files {
+		if counts[f.Name] != f.Chunks {
+			return fmt.Errorf("file %s: %d chunks, config says %d: %w", f.Name, counts[f.Name], f.Chunks, errdefs.ErrInvalidArgument)
+		}
+	}
+	return nil
+}
+
+// parseDec parses a canonical non-negative decimal (no sign, no leading
+// zeros, at most 18 digits).
+func parseDec(s string) (int64, error) {
+	if s == "" || len(s) > 18 || (len(s) > 1 && s[0] == '0') {
+		return 0, errdefs.ErrInvalidArgument
+	}
+	var n int64
+	for _, c := range []byte(s) {
+		if c < '0' || c > '9' {
+			return 0, errdefs.ErrInvalidArgument
+		}
+		n = n*10 + int64(c-'0')
+	}
+	return n, nil
+}
+
+// Encrypted reports whether the chunks are encrypted.
+func (s *Snapshot) Encrypted() bool { return s.Metadata.Encryption != nil }
+
+// Chunks returns the number of stored chunks.
+func (s *Snapshot) Chunks() int { return len(s.chunks) }

@@ -1,0 +1,445 @@
+package snapshot
+
+import (
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"encoding/json"
+	"fmt"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	"github.com/klauspost/compress/zstd"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/cryo-runtime/cryo/fetch"
+)
+
+// WriteOptions tune Write. The zero value writes a plaintext, unsigned
+// snapshot with 4 MiB chunks using every core.
+type WriteOptions struct {
+	// ChunkSize is the raw chunk size: a power of two in [MinChunkSize,
+	// MaxChunkSize]; 0 means DefaultChunkSize.
+	ChunkSize int64
+	// Level is the zstd level (1-22, as the zstd CLI); 0 means 3.
+	Level int
+	// Workers compress and hash chunks; 0 means GOMAXPROCS.
+	Workers int
+	// Uploads is the number of concurrent pushes; 0 means 4.
+	Uploads int
+	// MaxMemory bounds the chunk buffers in flight; 0 means 192 MiB. The
+	// zstd encoders add a few MiB per worker on top.
+	MaxMemory int64
+	// EncryptionKey, when set (32 bytes), encrypts every chunk with
+	// AES-256-GCM.
+	EncryptionKey []byte
+	// SigningKey, when set, signs the manifest digest (see Sign).
+	SigningKey ed25519.PrivateKey
+	// Annotations are added to the manifest.
+	Annotations map[string]string
+}
+
+// WriteStats reports what Write did.
+type WriteStats struct {
+	// RawBytes is the logical size of all files.
+	RawBytes int64
+	// ReadBytes is what was read from the files (holes are not read).
+	ReadBytes int64
+	// DataBytes is the raw size of the stored (non-zero) chunks.
+	DataBytes int64
+	// StoredBytes is the size of the snapshot in the store: chunks,
+	// config and manifest.
+	StoredBytes int64
+	// UploadedBytes were pushed; SkippedBytes were already in the store
+	// (or earlier in this snapshot).
+	UploadedBytes int64
+	SkippedBytes  int64
+	// Chunks were stored; ZeroChunks were read and all zero; HoleChunks
+	// were holes and never read.
+	Chunks, ZeroChunks, HoleChunks int
+	// UploadedChunks were pushed, SkippedChunks were already there.
+	UploadedChunks, SkippedChunks int
+	Duration                      time.Duration
+}
+
+// chunkJob is one chunk moving through the pipeline.
+type chunkJob struct {
+	fileIdx int
+	file    string
+	off     int64
+	raw     *[]byte
+	stored  *[]byte
+	desc    ocispec.Descriptor
+}
+
+type writer struct {
+	store fetch.Store
+	src   *Source
+	opts  WriteOptions
+	codec *chunkCodec
+
+	rawPool, storedPool sync.Pool
+	tokens              chan struct{}
+
+	mu      sync.Mutex
+	claimed map[string]bool // digests pushed (or being pushed) by this write
+	layers  []chunkJob
+	perFile []int
+
+	readBytes, dataBytes, storedBytes, uploadedBytes, skippedBytes atomic.Int64
+	zero, uploadedN, skippedN                                      atomic.Int64
+}
+
+// Write snapshots src into store under ref and returns the manifest
+// descriptor. It streams: at most opts.MaxMemory of chunk buffers are in
+// flight whatever the size of the files, chunks are compressed and hashed by
+// opts.Workers goroutines and pushed by opts.Uploads. Chunks the store
+// already has are not pushed again. The chunks, config, manifest and
+// signature are pushed first and ref is tagged last, so a reader never sees a
+// partial snapshot. On error nothing is tagged (pushed blobs stay for GC).
+func Write(ctx context.Context, store fetch.Store, ref string, src *Source, opts WriteOptions) (ocispec.Descriptor, WriteStats, error) {
+	start := time.Now()
+	w, err := newWriter(store, src, opts)
+	if err != nil {
+		return ocispec.Descriptor{}, WriteStats{}, fmt.Errorf("write snapshot %s: %w", ref, err)
+	}
+	defer w.codec.Close()
+	if ref == "" || strings.Contains(ref, "@") {
+		return ocispec.Descriptor{}, WriteStats{}, fmt.Errorf("write snapshot %q: ref must be a tag: %w", ref, errdefs.ErrInvalidArgument)
+	}
+	if err := w.chunks(ctx); err != nil {
+		return ocispec.Descriptor{}, WriteStats{}, fmt.Errorf("write snapshot %s: %w", ref, err)
+	}
+	desc, err := w.publish(ctx, ref)
+	if err != nil {
+		return ocispec.Descriptor{}, WriteStats{}, fmt.Errorf("write snapshot %s: %w", ref, err)
+	}
+	st := w.stats()
+	st.Duration = time.Since(start)
+	log.G(ctx).WithFields(log.Fields{"ref": ref, "digest": desc.Digest, "raw": st.RawBytes,
+		"stored": st.StoredBytes, "uploaded": st.UploadedBytes, "chunks": st.Chunks,
+		"duration": st.Duration}).Debug("snapshot written")
+	return desc, st, nil
+}
+
+func newWriter(store fetch.Store, src *Source, opts WriteOptions) (*writer, error) {
+	if opts.ChunkSize == 0 {
+		opts.ChunkSize = DefaultChunkSize
+	}
+	if err := checkChunkSize(opts.ChunkSize); err != nil {
+		return nil, err
+	}
+	if opts.Workers <= 0 {
+		opts.Workers = runtime.GOMAXPROCS(0)
+	}
+	if opts.Uploads <= 0 {
+		opts.Uploads = 4
+	}
+	if opts.MaxMemory <= 0 {
+		opts.MaxMemory = 192 << 20
+	}
+	level := zstd.SpeedDefault
+	if opts.Level > 0 {
+		level = zstd.EncoderLevelFromZstd(opts.Level)
+	}
+	seen := map[string]bool{}
+	for _, f := range src.Files {
+		if err := validFileName(f.Name); err != nil {
+			return nil, err
+		}
+		if seen[f.Name] {
+			return nil, fmt.Errorf("file %s twice: %w", f.Name, errdefs.ErrInvalidArgument)
+		}
+		seen[f.Name] = true
+		if f.Size < 0 || f.ReaderAt == nil {
+			return nil, fmt.Errorf("file %s: no reader or negative size: %w", f.Name, errdefs.ErrInvalidArgument)
+		}
+	}
+	if opts.EncryptionKey != nil {
+		for _, c := range src.Metadata.Containers {
+			if len(c.Spec) > 0 {
+				return nil, fmt.Errorf("container %s: spec would be stored in clear in an encrypted snapshot, put it in the spec file: %w", c.ID, errdefs.ErrInvalidArgument)
+			}
+		}
+	}
+	codec, err := newChunkCodec(opts.ChunkSize, opts.EncryptionKey, level, opts.Workers, true)
+	if err != nil {
+		return nil, err
+	}
+	perJob := 2*opts.ChunkSize + maxStoredSize(opts.ChunkSize)
+	inflight := max(int(opts.MaxMemory/perJob), 1)
+	w := &writer{store: store, src: src, opts: opts, codec: codec,
+		tokens: make(chan struct{}, inflight), claimed: map[string]bool{}, perFile: make([]int, len(src.Files))}
+	cs, ms := opts.ChunkSize, maxStoredSize(opts.ChunkSize)
+	w.rawPool.New = func() any { b := make([]byte, cs); return &b }
+	w.storedPool.New = func() any { b := make([]byte, ms); return &b }
+	return w, nil
+}
+
+func checkChunkSize(cs int64) error {
+	if cs < MinChunkSize || cs > MaxChunkSize || cs&(cs-1) != 0 {
+		return fmt.Errorf("chunk size %d: want a power of two in [%d, %d]: %w", cs, MinChunkSize, MaxChunkSize, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// chunks runs the pipeline: read -> compress/encrypt/hash -> push.
+func (w *writer) chunks(ctx context.Context) error {
+	g, ctx := errgroup.WithContext(ctx)
+	jobs := make(chan *chunkJob)
+	pushes := make(chan *chunkJob)
+	g.Go(func() error {
+		defer close(jobs)
+		return w.read(ctx, jobs)
+	})
+	var workers sync.WaitGroup
+	for range w.opts.Workers {
+		workers.Add(1)
+		g.Go(func() error {
+			defer workers.Done()
+			return w.compress(ctx, jobs, pushes)
+		})
+	}
+	go func() { workers.Wait(); close(pushes) }()
+	for range w.opts.Uploads {
+		g.Go(func() error { return w.push(ctx, pushes) })
+	}
+	return g.Wait()
+}
+
+func (w *writer) read(ctx context.Context, jobs chan<- *chunkJob) error {
+	cs := w.opts.ChunkSize
+	for i, f := range w.src.Files {
+		err := f.chunkIndexes(cs, func(idx int64) error {
+			select {
+			case w.tokens <- struct{}{}:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			off := idx * cs
+			raw := w.rawPool.Get().(*[]byte)
+			n := min(cs, f.Size-off)
+			got, err := f.ReaderAt.ReadAt((*raw)[:n], off)
+			if int64(got) == n {
+				err = nil
+			}
+			if err != nil {
+				w.release(raw, nil)
+				return fmt.Errorf("read %s at %d: %w", f.Name, off, err)
+			}
+			w.readBytes.Add(n)
+			if isZero((*raw)[:n]) {
+				w.zero.Add(1)
+				w.release(raw, nil)
+				return nil
+			}
+			*raw = (*raw)[:n]
+			select {
+			case jobs <- &chunkJob{fileIdx: i, file: f.Name, off: off, raw: raw}:
+				return nil
+			case <-ctx.Done():
+				w.release(raw, nil)
+				return ctx.Err()
+			}
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// release returns buffers to their pools and frees one in-flight slot.
+func (w *writer) release(raw, stored *[]byte) {
+	if raw != nil {
+		*raw = (*raw)[:cap(*raw)]
+		w.rawPool.Put(raw)
+	}
+	if stored != nil {
+		*stored = (*stored)[:cap(*stored)]
+		w.storedPool.Put(stored)
+	}
+	<-w.tokens
+}
+
+func (w *writer) compress(ctx context.Context, jobs <-chan *chunkJob, pushes chan<- *chunkJob) error {
+	var scratch []byte
+	if w.codec.aead != nil {
+		scratch = make([]byte, maxStoredSize(w.opts.ChunkSize))
+	}
+	for j := range jobs {
+		j.stored = w.storedPool.Get().(*[]byte)
+		out := w.codec.seal(j.file, j.off, *j.raw, scratch, *j.stored)
+		*j.stored = out
+		rawLen := int64(len(*j.raw))
+		*j.raw = (*j.raw)[:cap(*j.raw)]
+		w.rawPool.Put(j.raw)
+		j.raw = nil
+		j.desc = ocispec.Descriptor{
+			MediaType: w.codec.mediaType(),
+			Digest:    sha256Digest(out),
+			Size:      int64(len(out)),
+			Annotations: map[string]string{
+				AnnotationFile:   j.file,
+				AnnotationOffset: strconv.FormatInt(j.off, 10),
+				AnnotationSize:   strconv.FormatInt(rawLen, 10),
+			},
+		}
+		w.dataBytes.Add(rawLen)
+		select {
+		case pushes <- j:
+		case <-ctx.Done():
+			w.release(nil, j.stored)
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+func (w *writer) push(ctx context.Context, pushes <-chan *chunkJob) error {
+	for j := range pushes {
+		err := w.pushChunk(ctx, j)
+		w.release(nil, j.stored)
+		j.stored = nil
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (w *writer) pushChunk(ctx context.Context, j *chunkJob) error {
+	d := j.desc.Digest.String()
+	w.mu.Lock()
+	dup := w.claimed[d]
+	w.claimed[d] = true
+	w.layers = append(w.layers, chunkJob{fileIdx: j.fileIdx, off: j.off, desc: j.desc})
+	w.perFile[j.fileIdx]++
+	w.mu.Unlock()
+	w.storedBytes.Add(j.desc.Size)
+	uploaded := false
+	if !dup {
+		var err error
+		if uploaded, err = pushIfMissing(ctx, w.store, j.desc, *j.stored); err != nil {
+			return fmt.Errorf("chunk %s at %d: %w", j.file, j.off, err)
+		}
+	}
+	if uploaded {
+		w.uploadedBytes.Add(j.desc.Size)
+		w.uploadedN.Add(1)
+	} else {
+		w.skippedBytes.Add(j.desc.Size)
+		w.skippedN.Add(1)
+	}
+	return nil
+}
+
+// publish pushes the config, the manifest and the signature, then tags ref.
+func (w *writer) publish(ctx context.Context, ref string) (ocispec.Descriptor, error) {
+	sort.Slice(w.layers, func(a, b int) bool {
+		la, lb := w.layers[a], w.layers[b]
+		if la.fileIdx != lb.fileIdx {
+			return la.fileIdx < lb.fileIdx
+		}
+		return la.off < lb.off
+	})
+	md := w.src.Metadata
+	md.FormatVersion = FormatVersion
+	if md.Created.IsZero() {
+		md.Created = time.Now().UTC().Truncate(time.Second)
+	}
+	md.ChunkSize = w.opts.ChunkSize
+	md.Compression = compressionZstd
+	md.Encryption = nil
+	if w.opts.EncryptionKey != nil {
+		md.Encryption = &Encryption{Algorithm: algAES256GCM, KeyID: KeyID(w.opts.EncryptionKey)}
+	}
+	md.Files = make([]FileInfo, len(w.src.Files))
+	md.Totals = Totals{DataBytes: w.dataBytes.Load(), StoredBytes: w.storedBytes.Load(), Chunks: len(w.layers)}
+	for i, f := range w.src.Files {
+		md.Files[i] = FileInfo{Name: f.Name, Size: f.Size, Chunks: w.perFile[i]}
+		md.Totals.RawBytes += f.Size
+	}
+	cfg, err := json.Marshal(md)
+	if err != nil {
+		return ocispec.Descriptor{}, err
+	}
+	cfgDesc := ocispec.Descriptor{MediaType: MediaTypeConfig, Digest: sha256Digest(cfg), Size: int64(len(cfg))}
+	layers := make([]ocispec.Descriptor, len(w.layers))
+	for i, l := range w.layers {
+		layers[i] = l.desc
+	}
+	ann := map[string]string{ocispec.AnnotationCreated: md.Created.Format(time.RFC3339)}
+	for k, v := range w.opts.Annotations {
+		ann[k] = v
+	}
+	m := ocispec.Manifest{MediaType: ocispec.MediaTypeImageManifest, ArtifactType: ArtifactType,
+		Config: cfgDesc, Layers: layers, Annotations: ann}
+	m.SchemaVersion = 2
+	mb, err := json.Marshal(m)
+	if err != nil {
+		return ocispec.Descriptor{}, err
+	}
+	desc := ocispec.Descriptor{MediaType: ocispec.MediaTypeImageManifest, ArtifactType: ArtifactType,
+		Digest: sha256Digest(mb), Size: int64(len(mb))}
+	for _, b := range []struct {
+		d ocispec.Descriptor
+		b []byte
+	}{{cfgDesc, cfg}, {desc, mb}} {
+		up, err := pushIfMissing(ctx, w.store, b.d, b.b)
+		if err != nil {
+			return ocispec.Descriptor{}, err
+		}
+		w.storedBytes.Add(b.d.Size)
+		if up {
+			w.uploadedBytes.Add(b.d.Size)
+		} else {
+			w.skippedBytes.Add(b.d.Size)
+		}
+	}
+	if w.opts.SigningKey != nil {
+		if err := Sign(ctx, w.store, desc, w.opts.SigningKey); err != nil {
+			return ocispec.Descriptor{}, err
+		}
+	}
+	if err := w.store.Tag(ctx, desc, ref); err != nil {
+		return ocispec.Descriptor{}, fmt.Errorf("tag: %w", err)
+	}
+	return desc, nil
+}
+
+func (w *writer) stats() WriteStats {
+	var raw int64
+	slots := 0
+	for _, f := range w.src.Files {
+		raw += f.Size
+		slots += int((f.Size + w.opts.ChunkSize - 1) / w.opts.ChunkSize)
+	}
+	zero := int(w.zero.Load())
+	return WriteStats{RawBytes: raw, ReadBytes: w.readBytes.Load(), DataBytes: w.dataBytes.Load(),
+		StoredBytes: w.storedBytes.Load(), UploadedBytes: w.uploadedBytes.Load(), SkippedBytes: w.skippedBytes.Load(),
+		Chunks: len(w.layers), ZeroChunks: zero, HoleChunks: slots - len(w.layers) - zero,
+		UploadedChunks: int(w.uploadedN.Load()), SkippedChunks: int(w.skippedN.Load())}
+}
+
+var zeroBlock [64 << 10]byte
+
+// isZero reports whether b is all zeros (memcmp against a zero block).
+func isZero(b []byte) bool {
+	for len(b) > 0 {
+		n := min(len(b), len(zeroBlock))
+		if !bytes.Equal(b[:n], zeroBlock[:n]) {
+			return false
+		}
+		b = b[n:]
+	}
+	return true
+}

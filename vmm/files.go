@@ -1,0 +1,247 @@
+package vmm
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/containerd/errdefs"
+)
+
+// record is what the state directory keeps for Cleanup besides qemu.pid.
+type record struct {
+	ID         string `json:"id"`
+	Pid        int    `json:"pid"`
+	MemoryPath string `json:"memory_path"`
+	OwnsMemory bool   `json:"owns_memory"` // Cleanup removes MemoryPath
+}
+
+// prepareFiles creates the state directory, removes stale sockets and, for
+// an owned RAM file, creates it 0600 (QEMU would create it world-readable,
+// and guest RAM holds the guest's secrets).
+func (m *Machine) prepareFiles() error {
+	if err := os.MkdirAll(m.cfg.StateDir, 0o700); err != nil {
+		return err
+	}
+	for _, n := range []string{QMPSocketName, AgentSocketName, PidFileName} {
+		if err := os.Remove(m.path(n)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+	}
+	if m.cfg.ownsMemory() {
+		// A leftover file of this sandbox would hand the new guest stale RAM.
+		if err := os.Remove(m.cfg.MemoryPath); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("remove stale ram file: %w", err)
+		}
+		f, err := os.OpenFile(m.cfg.MemoryPath, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+		if err != nil {
+			return fmt.Errorf("create ram file: %w", err)
+		}
+		f.Close()
+	} else if _, err := os.Stat(m.cfg.MemoryPath); err != nil {
+		return fmt.Errorf("ram file: %w", err)
+	}
+	return nil
+}
+
+// writeRecords writes qemu.pid and vmm.json.
+func (m *Machine) writeRecords(pid int) error {
+	b, _ := json.Marshal(record{ID: m.cfg.ID, Pid: pid, MemoryPath: m.cfg.MemoryPath, OwnsMemory: m.cfg.ownsMemory()})
+	if err := writeFileAtomic(m.path(metaFileName), b); err != nil {
+		return err
+	}
+	return writeFileAtomic(m.path(PidFileName), []byte(strconv.Itoa(pid)))
+}
+
+func writeFileAtomic(path string, b []byte) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// removeFiles removes what the machine made in its state directory (logs
+// stay) and an owned RAM file.
+func (m *Machine) removeFiles() error {
+	return removeStateFiles(m.cfg.StateDir, m.cfg.MemoryPath, m.cfg.ownsMemory())
+}
+
+func removeStateFiles(dir, memPath string, ownsMemory bool) error {
+	var errs []error
+	names := []string{QMPSocketName, AgentSocketName, PidFileName, metaFileName}
+	for _, n := range names {
+		if err := os.Remove(filepath.Join(dir, n)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	if ownsMemory && memPath != "" {
+		if err := os.Remove(memPath); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Stderr returns the last lines (at most 2 KiB) of QEMU's output.
+func (m *Machine) Stderr() string { return tail(m.path(QEMULogName), 2048) }
+
+func tail(path string, max int64) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return ""
+	}
+	off := st.Size() - max
+	if off < 0 {
+		off = 0
+	}
+	b, _ := io.ReadAll(io.NewSectionReader(f, off, max))
+	if off > 0 {
+		if i := bytes.IndexByte(b, '\n'); i >= 0 {
+			b = b[i+1:] // drop the cut line
+		}
+	}
+	return strings.TrimSpace(string(b))
+}
+
+func stderrSuffix(s string) string {
+	if s == "" {
+		return ""
+	}
+	return ": " + s
+}
+
+func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
+
+// AgentSocketPath is the unix socket of the virtio-serial port "agent.0".
+func (m *Machine) AgentSocketPath() string { return m.path(AgentSocketName) }
+
+// QMPSocketPath is the unix socket of the QMP monitor (used by the machine;
+// a second client can connect, e.g. for debugging).
+func (m *Machine) QMPSocketPath() string { return m.path(QMPSocketName) }
+
+// ConsolePath is the file receiving the guest's serial console.
+func (m *Machine) ConsolePath() string { return m.path(ConsoleLogName) }
+
+// DialAgent connects to the agent port's socket, retrying until ctx ends.
+// QEMU accepts one connection at a time on it; the guest sees the host
+// connect and disconnect.
+func (m *Machine) DialAgent(ctx context.Context) (net.Conn, error) {
+	var d net.Dialer
+	for {
+		c, err := d.DialContext(ctx, "unix", m.AgentSocketPath())
+		if err == nil {
+			return c, nil
+		}
+		select {
+		case <-m.exited:
+			return nil, fmt.Errorf("dial agent of vm %s: qemu exited", m.cfg.ID)
+		case <-ctx.Done():
+			return nil, fmt.Errorf("dial agent of vm %s: %w (last error: %v)", m.cfg.ID, ctx.Err(), err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// Cleanup removes what a machine left in stateDir, from the files alone (for
+// `shim delete` after a crash): it kills the QEMU recorded in qemu.pid after
+// checking, through /proc/<pid>/cmdline, that the process is a QEMU serving
+// this state directory, waits for it to die, then removes the sockets, the
+// pid file and an owned RAM file. Logs stay. A missing or empty stateDir is
+// not an error.
+func Cleanup(stateDir string) error {
+	var rec record
+	if b, err := os.ReadFile(filepath.Join(stateDir, metaFileName)); err == nil {
+		if err := json.Unmarshal(b, &rec); err != nil {
+			return fmt.Errorf("cleanup %s: %w: %v", stateDir, errdefs.ErrDataLoss, err)
+		}
+	}
+	if b, err := os.ReadFile(filepath.Join(stateDir, PidFileName)); err == nil {
+		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil || pid <= 1 {
+			return fmt.Errorf("cleanup %s: bad pid file %q", stateDir, b)
+		}
+		if err := killQEMU(pid, stateDir); err != nil {
+			return fmt.Errorf("cleanup %s: %w", stateDir, err)
+		}
+	}
+	if err := removeStateFiles(stateDir, rec.MemoryPath, rec.OwnsMemory); err != nil {
+		return fmt.Errorf("cleanup %s: %w", stateDir, err)
+	}
+	return nil
+}
+
+// killQEMU kills pid if it is a QEMU of stateDir and waits until it is gone.
+func killQEMU(pid int, stateDir string) error {
+	// os.FindProcess holds a pidfd: once it is open, the checks below and the
+	// signal concern the same process even if the pid is reused meanwhile.
+	p, err := os.FindProcess(pid)
+	if err != nil {
+		return nil
+	}
+	defer p.Release()
+	if !isOurQEMU(pid, stateDir) {
+		return nil // gone, or the pid now belongs to someone else
+	}
+	if err := p.Signal(syscall.SIGKILL); err != nil {
+		if errors.Is(err, os.ErrProcessDone) {
+			return nil
+		}
+		return fmt.Errorf("kill qemu %d: %w", pid, err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if !alive(pid) {
+			return nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return fmt.Errorf("qemu %d still alive after SIGKILL", pid)
+}
+
+// isOurQEMU reports whether /proc/<pid>/cmdline is a qemu program whose QMP
+// socket is in stateDir.
+func isOurQEMU(pid int, stateDir string) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil || len(b) == 0 {
+		return false
+	}
+	argv := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+	if !strings.Contains(filepath.Base(argv[0]), "qemu") {
+		return false
+	}
+	want := "path=" + optEscape(filepath.Join(stateDir, QMPSocketName))
+	for _, a := range argv[1:] {
+		if strings.HasPrefix(a, "socket,id=qmp,") && strings.HasSuffix(a, want) {
+			return true
+		}
+	}
+	return false
+}
+
+// alive reports whether pid exists and is not a zombie.
+func alive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// The state follows the command name in parentheses, which may contain spaces.
+	i := bytes.LastIndexByte(b, ')')
+	return i < 0 || i+2 >= len(b) || b[i+2] != 'Z'
+}

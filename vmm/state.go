@@ -1,0 +1,143 @@
+package vmm
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+)
+
+// DefaultMigrationTimeout bounds SaveState and LoadState when the caller's
+// context has no deadline. With RAM kept out of the stream the device state
+// is a few hundred KB and takes well under a second.
+const DefaultMigrationTimeout = 2 * time.Minute
+
+// SaveState pauses the guest and writes its device state to w through a
+// passed file descriptor (QMP getfd and migrate "fd:NAME"; no shell). With
+// x-ignore-shared, guest RAM is not in the stream: it stays in MemoryPath,
+// which the caller captures while the VM is paused (or after Shutdown, by
+// hard-linking the file first). The machine remains paused (state
+// "postmigrate") and its disk images are inactive until Resume; take disk
+// snapshots (SnapshotDisk) before SaveState.
+//
+// A machine restored with MemoryShared=false maps its RAM privately, so
+// x-ignore-shared does not apply to it and the stream carries the whole RAM.
+func (m *Machine) SaveState(ctx context.Context, w *os.File) error {
+	ctx, cancel := withDefaultTimeout(ctx, DefaultMigrationTimeout)
+	defer cancel()
+	start := time.Now()
+	if err := m.migrate(ctx, w, "migrate", true); err != nil {
+		return fmt.Errorf("save vm %s: %w", m.cfg.ID, err)
+	}
+	log.G(ctx).WithFields(log.Fields{"id": m.cfg.ID, "duration": time.Since(start)}).Debug("vm state saved")
+	return nil
+}
+
+// LoadState loads device state saved by SaveState from r into a machine
+// started with Incoming. RAM comes from MemoryPath. The guest stays paused
+// until Resume. If the stream does not fit this machine, QEMU exits and the
+// error carries its message (e.g. "Unknown ramblock", "Length mismatch").
+func (m *Machine) LoadState(ctx context.Context, r *os.File) error {
+	if !m.cfg.Incoming {
+		return fmt.Errorf("load vm %s: %w: machine was not started with Incoming", m.cfg.ID, errdefs.ErrFailedPrecondition)
+	}
+	ctx, cancel := withDefaultTimeout(ctx, DefaultMigrationTimeout)
+	defer cancel()
+	start := time.Now()
+	if err := m.migrate(ctx, r, "migrate-incoming", false); err != nil {
+		return fmt.Errorf("load vm %s: %w", m.cfg.ID, err)
+	}
+	log.G(ctx).WithFields(log.Fields{"id": m.cfg.ID, "duration": time.Since(start)}).Debug("vm state loaded")
+	return nil
+}
+
+// migrate runs an outgoing ("migrate") or incoming ("migrate-incoming")
+// migration through f and waits for it to complete.
+func (m *Machine) migrate(ctx context.Context, f *os.File, cmd string, outgoing bool) error {
+	if outgoing {
+		if err := m.execute(ctx, "stop", nil, nil); err != nil {
+			return err
+		}
+	}
+	caps := map[string]any{"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": true}}}
+	if err := m.execute(ctx, "migrate-set-capabilities", caps, nil); err != nil {
+		return err
+	}
+	if outgoing {
+		// The default bandwidth limit (32 MiB/s) would throttle a local file.
+		params := map[string]any{"max-bandwidth": int64(1) << 40}
+		if err := m.execute(ctx, "migrate-set-parameters", params, nil); err != nil {
+			return err
+		}
+	}
+	name, err := m.passFD(ctx, f)
+	if err != nil {
+		return err
+	}
+	if err := m.execute(ctx, cmd, map[string]any{"uri": "fd:" + name}, nil); err != nil {
+		m.execute(context.WithoutCancel(ctx), "closefd", map[string]any{"fdname": name}, nil)
+		return err
+	}
+	if err := m.waitMigration(ctx); err != nil {
+		if outgoing {
+			cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			m.execute(cctx, "migrate_cancel", nil, nil)
+			ccancel()
+		}
+		return err
+	}
+	return nil
+}
+
+// passFD hands f to QEMU under a fresh name (QMP getfd).
+func (m *Machine) passFD(ctx context.Context, f *os.File) (string, error) {
+	mon, err := m.monitor()
+	if err != nil {
+		return "", err
+	}
+	m.mu.Lock()
+	m.fdSeq++
+	name := "cryo-fd" + strconv.Itoa(m.fdSeq)
+	m.mu.Unlock()
+	ctx, cancel := withDefaultTimeout(ctx, DefaultCommandTimeout)
+	defer cancel()
+	if _, err := mon.ExecuteWithFile(ctx, "getfd", map[string]any{"fdname": name}, f); err != nil {
+		return "", m.explain(err)
+	}
+	return name, nil
+}
+
+// waitMigration polls query-migrate until the migration completed, failed,
+// QEMU exited (a failed incoming migration ends QEMU) or ctx ended.
+func (m *Machine) waitMigration(ctx context.Context) error {
+	delay := 2 * time.Millisecond
+	for {
+		var st struct {
+			Status    string `json:"status"`
+			ErrorDesc string `json:"error-desc"`
+		}
+		if err := m.execute(ctx, "query-migrate", nil, &st); err != nil {
+			return err
+		}
+		switch st.Status {
+		case "completed":
+			return nil
+		case "failed", "cancelled":
+			return fmt.Errorf("migration %s: %s%s", st.Status, st.ErrorDesc, stderrSuffix(m.Stderr()))
+		}
+		select {
+		case <-m.exited:
+			return fmt.Errorf("qemu exited during migration%s", stderrSuffix(m.Stderr()))
+		case <-ctx.Done():
+			return fmt.Errorf("migration still %q: %w", st.Status, ctx.Err())
+		case <-time.After(delay):
+		}
+		if delay < 50*time.Millisecond {
+			delay *= 2
+		}
+	}
+}
