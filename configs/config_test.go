@@ -60,3 +60,17 @@ func TestLoad(t *testing.T) {
 		t.Fatal("explicitly named missing config must be an error")
 	}
 }
+
+// TestShippedProfiles: every TOML file shipped in configs/ loads and
+// validates.
+func TestShippedProfiles(t *testing.T) {
+	files, err := filepath.Glob("*.toml")
+	if err != nil || len(files) < 2 {
+		t.Fatalf("shipped profiles: %v %v", files, err)
+	}
+	for _, f := range files {
+		if _, err := Load(f); err != nil {
+			t.Errorf("%s: %v", f, err)
+		}
+	}
+}

@@ -23,12 +23,16 @@ import (
 // Cache is the node-local content-addressed blob cache:
 //
 //	<dir>/blobs/<alg>/<hex>   verified blobs, 0600
-//	<dir>/tmp/                downloads in progress (removed on open)
+//	<dir>/tmp/                downloads in progress (stale ones removed on open)
 //
 // A blob enters the cache only after its size and digest matched, by rename
 // from tmp/. The cache is bounded by maxBytes: least recently used blobs are
 // evicted, except pinned ones. Recency lives in memory and in the files'
-// mtime, so a restarted process keeps the order.
+// mtime, so a restarted process keeps the order. Several processes may share
+// a directory (the shim, cryoctl pull): blobs are immutable and renamed into
+// place, so they never see partial content; but each process enforces the
+// limit and its pins on its own view, and a blob another process evicted is
+// downloaded again.
 type Cache struct {
 	dir string
 	max int64
@@ -70,9 +74,6 @@ func NewCache(dir string, maxBytes int64) (*Cache, error) {
 		entries: map[digest.Digest]*cacheEntry{}, lru: list.New(),
 		pins: map[digest.Digest]int{}, flights: map[digest.Digest]*flight{},
 	}
-	if err := os.RemoveAll(filepath.Join(dir, "tmp")); err != nil {
-		return nil, fmt.Errorf("cache %s: %w", dir, err)
-	}
 	for _, d := range []string{filepath.Join(dir, "tmp"), filepath.Join(dir, "blobs", "sha256")} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("cache %s: %w", dir, err)
@@ -81,7 +82,19 @@ func NewCache(dir string, maxBytes int64) (*Cache, error) {
 	if err := c.load(); err != nil {
 		return nil, fmt.Errorf("cache %s: %w", dir, err)
 	}
+	c.removeStaleTemps(time.Hour)
 	return c, nil
+}
+
+// removeStaleTemps deletes downloads that crashed processes left behind.
+// Recent temp files may belong to another process using the same cache.
+func (c *Cache) removeStaleTemps(age time.Duration) {
+	ents, _ := os.ReadDir(filepath.Join(c.dir, "tmp"))
+	for _, e := range ents {
+		if info, err := e.Info(); err == nil && time.Since(info.ModTime()) > age {
+			os.Remove(filepath.Join(c.dir, "tmp", e.Name()))
+		}
+	}
 }
 
 // load indexes the blobs already on disk, oldest mtime last in the LRU.

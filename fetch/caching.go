@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 
 	"github.com/containerd/errdefs"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -61,19 +62,25 @@ func (cs *CachingStore) Exists(ctx context.Context, desc ocispec.Descriptor) (bo
 // Fetch makes sure the blob is in the cache, then reads the range from it.
 // Unlike the stores underneath, bytes from a CachingStore are verified.
 func (cs *CachingStore) Fetch(ctx context.Context, desc ocispec.Descriptor, offset, length int64) (io.ReadCloser, error) {
-	if err := cs.Ensure(ctx, desc); err != nil {
-		return nil, err
-	}
-	f, err := cs.cache.Open(desc.Digest)
-	if err != nil {
-		return nil, err
-	}
 	if length < 0 {
 		length = desc.Size - offset
 	}
 	if offset < 0 || offset > desc.Size || length < 0 || offset+length > desc.Size {
-		f.Close()
 		return nil, fmt.Errorf("fetch %s: range %d+%d outside %d bytes: %w", desc.Digest, offset, length, desc.Size, errdefs.ErrOutOfRange)
+	}
+	var f *os.File
+	for try := 0; ; try++ {
+		if err := cs.Ensure(ctx, desc); err != nil {
+			return nil, err
+		}
+		var err error
+		if f, err = cs.cache.Open(desc.Digest); err == nil {
+			break
+		}
+		if !errdefs.IsNotFound(err) || try > 0 {
+			return nil, err
+		}
+		// Evicted between Ensure and Open (by us or another process): once more.
 	}
 	return struct {
 		io.Reader
@@ -129,7 +136,9 @@ func (cs *CachingStore) Ensure(ctx context.Context, desc ocispec.Descriptor) err
 		go func() {
 			err := cs.download(fctx, desc)
 			c.mu.Lock()
-			delete(c.flights, desc.Digest)
+			if c.flights[desc.Digest] == f {
+				delete(c.flights, desc.Digest)
+			}
 			c.mu.Unlock()
 			f.err = err
 			cancel()
@@ -143,7 +152,12 @@ func (cs *CachingStore) Ensure(ctx context.Context, desc ocispec.Descriptor) err
 	case <-ctx.Done():
 		c.mu.Lock()
 		if f.waiters--; f.waiters == 0 {
+			// Nobody wants it any more: stop it, and let a later caller
+			// start afresh rather than join a cancelled download.
 			f.cancel()
+			if c.flights[desc.Digest] == f {
+				delete(c.flights, desc.Digest)
+			}
 		}
 		c.mu.Unlock()
 		return ctx.Err()

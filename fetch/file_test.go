@@ -91,3 +91,36 @@ func TestHTTPStore(t *testing.T) {
 	fetchtest.CheckRead(t, s, f)
 	fetchtest.CheckReadOnly(t, s, f)
 }
+
+func TestFileStoreGC(t *testing.T) {
+	dir := t.TempDir()
+	s, _ := openT(t, "file://"+dir+"/app")
+	f, g := fetchtest.NewFixture("v1", 1), fetchtest.NewFixture("v2", 2)
+	fetchtest.Seed(t, s, f)
+	fetchtest.Seed(t, s, g)
+	ctx := context.Background()
+	if err := s.Untag(ctx, "v2"); err != nil {
+		t.Fatal(err)
+	}
+	res, err := fetch.GC(ctx, s, fetch.GCOptions{})
+	if err != nil || res.Deleted != 0 || res.Kept != 4 {
+		t.Fatalf("gc within grace = %+v, %v", res, err)
+	}
+	res, err = fetch.GC(ctx, s, fetch.GCOptions{Grace: -1, DryRun: true})
+	if err != nil || res.Deleted != 4 {
+		t.Fatalf("dry run = %+v, %v", res, err)
+	}
+	if ok, _ := s.Exists(ctx, g.Manifest.Desc); !ok {
+		t.Fatal("dry run deleted")
+	}
+	res, err = fetch.GC(ctx, s, fetch.GCOptions{Grace: -1})
+	if err != nil || res.Deleted != 4 || res.Reachable != 4 {
+		t.Fatalf("gc = %+v, %v", res, err)
+	}
+	for _, b := range g.All() {
+		if ok, _ := s.Exists(ctx, b.Desc); ok {
+			t.Fatalf("unreferenced %s survived", b.Desc.Digest)
+		}
+	}
+	fetchtest.CheckRead(t, s, f)
+}

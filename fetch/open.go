@@ -58,11 +58,13 @@ type S3Options struct {
 
 // RegistryOptions are the settings of an oci:// store.
 type RegistryOptions struct {
-	// PlainHTTP talks http instead of https. It is implied for localhost and
-	// 127.0.0.1.
+	// PlainHTTP talks http instead of https to every registry. It is
+	// implied for localhost and 127.0.0.1.
 	PlainHTTP bool
-	Username  string
-	Password  string
+	// PlainHTTPHosts lists registries (host or host:port) reached over http.
+	PlainHTTPHosts []string
+	Username       string
+	Password       string
 }
 
 func (o Options) withDefaults() Options {

@@ -44,7 +44,8 @@ func NewRegistryStore(ref registry.Reference, opts Options) (Store, error) {
 		return nil, fmt.Errorf("oci store %s/%s: %w", ref.Registry, ref.Repository, err)
 	}
 	host := ref.Host()
-	r.PlainHTTP = opts.Registry.PlainHTTP || isLoopbackHost(host)
+	r.PlainHTTP = opts.Registry.PlainHTTP || isLoopbackHost(host) ||
+		slices.Contains(opts.Registry.PlainHTTPHosts, host) || slices.Contains(opts.Registry.PlainHTTPHosts, ref.Registry)
 	hc := *opts.HTTPClient
 	if hc.Transport == nil {
 		hc.Transport = http.DefaultTransport
@@ -57,6 +58,10 @@ func NewRegistryStore(ref registry.Reference, opts Options) (Store, error) {
 	}
 	client.SetUserAgent("cryo")
 	r.Client = client
+	// cryo finds signatures by tag (snapshot.SignatureTag), not through the
+	// referrers API: claiming the capability keeps oras from maintaining a
+	// "sha256-<subject>" referrers index tag for every signature it pushes.
+	_ = r.SetReferrersCapability(true)
 	return &registryStore{repo: r, client: client, ref: ref}, nil
 }
 
@@ -100,6 +105,9 @@ func (s *registryStore) isManifest(desc ocispec.Descriptor) bool {
 
 func (s *registryStore) Fetch(ctx context.Context, desc ocispec.Descriptor, offset, length int64) (io.ReadCloser, error) {
 	op := "fetch " + desc.Digest.String()
+	if length == 0 {
+		return io.NopCloser(strings.NewReader("")), nil
+	}
 	if (offset == 0 && length < 0) || s.isManifest(desc) {
 		rc, err := s.repo.Fetch(ctx, desc)
 		if err != nil {
@@ -212,7 +220,10 @@ func (s *registryStore) Tags(ctx context.Context) ([]string, error) {
 		return nil
 	})
 	if err != nil {
-		return nil, regErr("list tags of "+s.ref.Repository, err)
+		if err = regErr("list tags of "+s.ref.Repository, err); errdefs.IsNotFound(err) {
+			return []string{}, nil // a repository nothing was pushed to yet
+		}
+		return nil, err
 	}
 	slices.Sort(tags)
 	return tags, nil

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sync/semaphore"
@@ -120,6 +122,9 @@ func (r *reliableStore) Fetch(ctx context.Context, desc ocispec.Descriptor, offs
 	if offset < 0 || (desc.Size > 0 && offset > desc.Size) {
 		return nil, fmt.Errorf("fetch %s: offset %d out of range", desc.Digest, offset)
 	}
+	if length == 0 {
+		return io.NopCloser(strings.NewReader("")), nil
+	}
 	rr := &resumingReader{r: r, ctx: ctx, desc: desc, pos: offset, end: -1}
 	if length >= 0 {
 		rr.end = offset + length
@@ -131,6 +136,10 @@ func (r *reliableStore) Fetch(ctx context.Context, desc ocispec.Descriptor, offs
 	}
 	return rr, nil
 }
+
+// maxRetriesPerBlob bounds the reconnects of one download that keeps
+// making a little progress between failures.
+const maxRetriesPerBlob = 100
 
 // resumingReader is one logical download made of one or more requests.
 type resumingReader struct {
@@ -145,7 +154,8 @@ type resumingReader struct {
 	actx     context.Context // context of the current request
 	cancel   context.CancelCauseFunc
 	watchdog *time.Timer
-	attempt  int
+	attempt  int // retries since the last byte received
+	retries  int // retries in all, bounded by maxRetriesPerBlob
 	held     bool
 	closed   bool
 	mu       sync.Mutex
@@ -165,6 +175,7 @@ func (rr *resumingReader) open() error {
 		length = rr.end - rr.pos
 	}
 	body, err := rr.r.s.Fetch(actx, rr.desc, rr.pos, length)
+	rr.watchdog.Stop() // re-armed around each Read: a slow consumer is not a stall
 	if err != nil {
 		err = rr.causeOf(actx, err)
 		rr.release()
@@ -209,6 +220,9 @@ func (rr *resumingReader) release() {
 func (rr *resumingReader) reopen() error {
 	for {
 		err := rr.open()
+		if errdefs.IsOutOfRange(err) && rr.pos > 0 && rr.pos < max(rr.end, rr.want) {
+			return fmt.Errorf("fetch %s: store object ends at %d, before %d: %w: %w", rr.desc.Digest, rr.pos, max(rr.end, rr.want), io.ErrUnexpectedEOF, err)
+		}
 		if err == nil || !isTransient(err) || rr.ctx.Err() != nil {
 			return err
 		}
@@ -223,6 +237,10 @@ func (rr *resumingReader) retryWait(err error) error {
 	if rr.attempt >= rr.r.opts.Retries {
 		return fmt.Errorf("%s: giving up after %d attempts: %w", what, rr.attempt+1, err)
 	}
+	if rr.retries >= maxRetriesPerBlob {
+		return fmt.Errorf("%s: giving up after %d interruptions: %w", what, rr.retries, err)
+	}
+	rr.retries++
 	if werr := rr.r.backoff(rr.ctx, what, rr.attempt, err); werr != nil {
 		return err
 	}
@@ -245,11 +263,10 @@ func (rr *resumingReader) Read(p []byte) (int, error) {
 				return 0, err
 			}
 		}
+		rr.watchdog.Reset(rr.r.opts.StallTimeout)
 		n, err := rr.body.Read(p)
-		if n > 0 {
-			rr.pos += int64(n)
-			rr.watchdog.Reset(rr.r.opts.StallTimeout)
-		}
+		rr.watchdog.Stop()
+		rr.pos += int64(n)
 		if err == io.EOF {
 			short := (rr.end >= 0 && rr.pos < rr.end) || (rr.want > 0 && rr.pos < rr.want)
 			if !short {
@@ -258,6 +275,9 @@ func (rr *resumingReader) Read(p []byte) (int, error) {
 			err = fmt.Errorf("fetch %s: stream ended at offset %d: %w", rr.desc.Digest, rr.pos, io.ErrUnexpectedEOF)
 		}
 		if err == nil {
+			if n > 0 {
+				rr.attempt = 0 // progress: the retry budget is per interruption
+			}
 			return n, nil
 		}
 		err = rr.causeOf(rr.actx, err)

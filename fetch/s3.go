@@ -109,7 +109,8 @@ func newS3FromURL(ctx context.Context, scheme, bucket, p string, opts Options) (
 
 // NewS3Store returns the store for name under bucket/prefix on an S3 or
 // MinIO endpoint. Transport and retries come from opts (minio-go's own
-// retries are turned off; the caller's store wrapper retries).
+// retries are turned off; the caller's store wrapper retries). Without keys
+// requests are anonymous: no cloud metadata endpoint is ever asked.
 func NewS3Store(o S3Options, bucket, prefix, name string, opts Options) (Store, error) {
 	if o.UseSSL == nil {
 		t := true
@@ -125,9 +126,6 @@ func NewS3Store(o S3Options, bucket, prefix, name string, opts Options) (Store, 
 		Region:     o.Region,
 		MaxRetries: 1,
 		Transport:  opts.HTTPClient.Transport,
-	}
-	if o.AccessKeyID == "" {
-		mo.Creds = credentials.NewIAM("")
 	}
 	c, err := minio.New(o.Endpoint, mo)
 	if err != nil {
@@ -154,7 +152,9 @@ func (s *s3Store) s3Err(op, key string, err error) error {
 	}
 	r := minio.ToErrorResponse(err)
 	switch {
-	case r.Code == minio.NoSuchKey || r.Code == minio.NoSuchBucket || r.StatusCode == 404:
+	case r.Code == minio.NoSuchBucket:
+		return fmt.Errorf("%s s3://%s/%s: bucket %s does not exist: %w", op, s.bucket, key, s.bucket, errdefs.ErrNotFound)
+	case r.Code == minio.NoSuchKey || r.StatusCode == 404:
 		return fmt.Errorf("%s s3://%s/%s: %w", op, s.bucket, key, errdefs.ErrNotFound)
 	case r.StatusCode != 0:
 		return fmt.Errorf("%s s3://%s/%s: %w", op, s.bucket, key, &StatusError{Op: r.Code + " " + r.Message, StatusCode: r.StatusCode})
@@ -369,4 +369,3 @@ func (s *s3Store) Delete(ctx context.Context, d digest.Digest) error {
 	}
 	return nil
 }
-

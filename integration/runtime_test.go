@@ -65,10 +65,10 @@ func TestDetachedLifecycle(t *testing.T) {
 	if _, _, err := e.Ctr("task", "exec", "--exec-id", "e3", id, "sh", "-c", "exit 7"); harness.ExitCode(err) != 7 {
 		t.Fatalf("exec exit = %v, want 7", err)
 	}
-	// tty exec: stdin from ctr is not a terminal here, so use script-less check
-	out, errs, err := e.Ctr("task", "exec", "-t", "--exec-id", "e4", id, "tty")
-	if err != nil || !strings.HasPrefix(strings.TrimSpace(out), "/dev/pts/") {
-		t.Fatalf("tty exec = %q %q %v", out, errs, err)
+	// tty exec: ctr at a terminal; the guest process gets a pty of its own.
+	out, err := e.CtrTTY("task", "exec", "-t", "--exec-id", "e4", id, "sh", "-c", "tty; stty size")
+	if err != nil || !strings.Contains(out, "/dev/pts/") {
+		t.Fatalf("tty exec = %q %v", out, err)
 	}
 	// ps lists the guest processes of the container.
 	ps := e.MustCtr("task", "ps", id)
@@ -147,7 +147,15 @@ func TestKillShim(t *testing.T) {
 	if err := syscall.Kill(shims[0], syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	waitStopped(t, e, id)
+	// containerd notices the dead shim, runs its delete action and removes
+	// the task.
+	if !harness.WaitFor(30*time.Second, func() bool {
+		out, _, err := e.Ctr("task", "ls")
+		return err == nil && (!strings.Contains(out, id) || strings.Contains(out, "STOPPED"))
+	}) {
+		out, _, _ := e.Ctr("task", "ls")
+		t.Fatalf("task %s still listed as running after its shim died: %s", id, out)
+	}
 	_, _, _ = e.Ctr("task", "delete", id)
 	e.MustCtr("c", "rm", id)
 	noLeftovers(t, e)

@@ -8,10 +8,10 @@ import (
 	"net"
 	"time"
 
-	"github.com/containerd/ttrpc"
-	"github.com/containerd/typeurl/v2"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/cryo-runtime/cryo/agent"
 	agentapi "github.com/cryo-runtime/cryo/agent/api/v1"
 )
 
@@ -19,8 +19,7 @@ import (
 // get a deadline; long polls (wait, stdio) run until the process ends or the
 // connection closes.
 type agentClient struct {
-	conn    *ttrpc.Client
-	api     agentapi.AgentService
+	api     *agent.Client
 	timeout time.Duration
 }
 
@@ -30,8 +29,7 @@ func newAgentClient(conn net.Conn, timeout time.Duration) *agentClient {
 	if timeout <= 0 {
 		timeout = 30 * time.Second
 	}
-	c := ttrpc.NewClient(conn)
-	return &agentClient{conn: c, api: agentapi.NewAgentClient(c), timeout: timeout}
+	return &agentClient{api: agent.NewClient(conn), timeout: timeout}
 }
 
 func (a *agentClient) short(ctx context.Context) (context.Context, context.CancelFunc) {
@@ -164,16 +162,16 @@ func (a *agentClient) pids(ctx context.Context, containerID string) ([]uint32, e
 	return pids, nil
 }
 
-// stats returns the container's cgroup v2 metrics, decoded so that the task
-// service can hand them to containerd as its own type.
-func (a *agentClient) stats(ctx context.Context, containerID string) (any, error) {
+// stats returns the container's cgroup v2 metrics (io.containerd.cgroups.v2.Metrics)
+// as the guest encoded them; containerd decodes them.
+func (a *agentClient) stats(ctx context.Context, containerID string) (*anypb.Any, error) {
 	ctx, cancel := a.short(ctx)
 	defer cancel()
 	r, err := a.api.Stats(ctx, &agentapi.StatsRequest{ContainerId: containerID})
 	if err != nil {
 		return nil, err
 	}
-	return typeurl.UnmarshalAny(r.Metrics)
+	return r.Metrics, nil
 }
 
 func (a *agentClient) removeContainer(ctx context.Context, containerID string) error {
@@ -183,4 +181,4 @@ func (a *agentClient) removeContainer(ctx context.Context, containerID string) e
 	return err
 }
 
-func (a *agentClient) close() error { return a.conn.Close() }
+func (a *agentClient) close() error { return a.api.Close() }

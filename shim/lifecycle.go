@@ -216,9 +216,12 @@ func (s *service) waitExit(c *container, p *process) {
 		log.G(ctx).WithError(err).Debug("wait for process in guest")
 		status, at = exitKilled, time.Now()
 	}
+	// Drain the output, then close containerd's side of the streams: clients
+	// such as `ctr task exec` wait for EOF on them before they delete.
 	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	p.io.wait(dctx)
 	cancel()
+	p.io.close()
 	if p.execID == "" {
 		deadline := time.After(5 * time.Second)
 		for _, e := range c.runningExecs() {

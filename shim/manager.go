@@ -194,4 +194,3 @@ func readBundleAnnotations(bundle string) (map[string]string, error) {
 	}
 	return s.Annotations, nil
 }
-

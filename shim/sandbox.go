@@ -11,6 +11,7 @@ import (
 
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/cryo-runtime/cryo/configs"
 	"github.com/cryo-runtime/cryo/vmm"
@@ -28,7 +29,7 @@ type guestAgent interface {
 	wait(ctx context.Context, containerID, execID string) (uint32, time.Time, error)
 	resize(ctx context.Context, containerID, execID string, w, h uint32) error
 	pids(ctx context.Context, containerID string) ([]uint32, error)
-	stats(ctx context.Context, containerID string) (any, error)
+	stats(ctx context.Context, containerID string) (*anypb.Any, error)
 	removeContainer(ctx context.Context, containerID string) error
 	close() error
 }
@@ -39,11 +40,11 @@ type guestInfo struct {
 
 // createRequest describes a container for the guest.
 type createRequest struct {
-	ID       string
-	Spec     *specs.Spec
-	Serial   string // virtio-blk serial of the root disk
-	Files    []guestFile
-	Stdio    stdio
+	ID     string
+	Spec   *specs.Spec
+	Serial string // virtio-blk serial of the root disk
+	Files  []guestFile
+	Stdio  stdio
 }
 
 // guestFile is a small host file copied into the container: a VM cannot

@@ -20,7 +20,6 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	"github.com/containerd/ttrpc"
-	"github.com/containerd/typeurl/v2"
 )
 
 var (
@@ -33,12 +32,12 @@ var (
 // the containers in it. Handlers look the process up, delegate, and return;
 // errors become gRPC codes once, in the interceptor.
 type service struct {
-	ctx       context.Context
-	shutdown  shutdown.Service
-	events    chan any
-	createMu  sync.Mutex // serializes Create: the first one boots the VM
-	mu        sync.Mutex
-	sandbox   *sandbox
+	ctx        context.Context
+	shutdown   shutdown.Service
+	events     chan any
+	createMu   sync.Mutex // serializes Create: the first one boots the VM
+	mu         sync.Mutex
+	sandbox    *sandbox
 	containers map[string]*container
 }
 
@@ -257,11 +256,7 @@ func (s *service) Stats(ctx context.Context, r *taskAPI.StatsRequest) (*taskAPI.
 	if err != nil {
 		return nil, err
 	}
-	a, err := typeurl.MarshalAny(st)
-	if err != nil {
-		return nil, err
-	}
-	return &taskAPI.StatsResponse{Stats: typeurl.MarshalProto(a)}, nil
+	return &taskAPI.StatsResponse{Stats: st}, nil
 }
 
 func (s *service) Connect(ctx context.Context, r *taskAPI.ConnectRequest) (*taskAPI.ConnectResponse, error) {

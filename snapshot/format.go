@@ -115,6 +115,11 @@ type Metadata struct {
 	Totals Totals     `json:"totals"`
 }
 
+// Expired reports whether the snapshot has an expiry time before now.
+func (md *Metadata) Expired(now time.Time) bool {
+	return !md.Expires.IsZero() && md.Expires.Before(now)
+}
+
 // SourceInfo names the sandbox a snapshot was taken from.
 type SourceInfo struct {
 	SandboxID   string `json:"sandboxID,omitempty"`

@@ -2,11 +2,13 @@ package snapshot
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
@@ -259,3 +261,25 @@ func CachePath(cacheDir string, d digest.Digest) string {
 	return filepath.Join(cacheDir, d.Encoded())
 }
 
+// PruneTemp removes the temporary directories that materializations
+// interrupted by a crash left in cacheDir, when older than olderThan (pick
+// more than the longest materialization, e.g. an hour).
+func PruneTemp(cacheDir string, olderThan time.Duration) error {
+	ents, err := os.ReadDir(cacheDir)
+	if err != nil {
+		if os.IsNotExist(err) {
+			return nil
+		}
+		return fmt.Errorf("prune %s: %w", cacheDir, err)
+	}
+	var errs []error
+	for _, e := range ents {
+		if !e.IsDir() || !strings.HasPrefix(e.Name(), ".tmp-") {
+			continue
+		}
+		if info, err := e.Info(); err == nil && time.Since(info.ModTime()) > olderThan {
+			errs = append(errs, os.RemoveAll(filepath.Join(cacheDir, e.Name())))
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -27,9 +27,9 @@ type memStore struct {
 	// fetchHook, when set, may replace the bytes a Fetch returns.
 	fetchHook func(desc ocispec.Descriptor, off, length int64, b []byte) []byte
 
-	fetches, pushes       atomic.Int64
-	pushedBytes           atomic.Int64
-	verifyPushes          bool
+	fetches, pushes atomic.Int64
+	pushedBytes     atomic.Int64
+	verifyPushes    bool
 }
 
 var _ fetch.Store = (*memStore)(nil)
@@ -61,9 +61,9 @@ func (m *memStore) Fetch(_ context.Context, desc ocispec.Descriptor, off, length
 	if length >= 0 && off+length < end {
 		end = off + length
 	}
-	out := append([]byte(nil), b[off:end]...)
+	out := b[off:end:end] // blobs are never modified in place (see corrupt)
 	if hook != nil {
-		out = hook(desc, off, length, out)
+		out = hook(desc, off, length, append([]byte(nil), out...))
 	}
 	return io.NopCloser(bytes.NewReader(out)), nil
 }
@@ -75,9 +75,12 @@ func (m *memStore) Push(_ context.Context, desc ocispec.Descriptor, r io.Reader)
 	if ok {
 		return nil
 	}
-	b, err := io.ReadAll(r)
-	if err != nil {
+	b := make([]byte, desc.Size)
+	if _, err := io.ReadFull(r, b); err != nil {
 		return err
+	}
+	if n, _ := r.Read(make([]byte, 1)); n > 0 {
+		return fmt.Errorf("push %s: more than %d bytes: %w", desc.Digest, desc.Size, errdefs.ErrInvalidArgument)
 	}
 	if m.verifyPushes && (digest.FromBytes(b) != desc.Digest || int64(len(b)) != desc.Size) {
 		return fmt.Errorf("push %s: content mismatch: %w", desc.Digest, errdefs.ErrInvalidArgument)

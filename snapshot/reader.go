@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"runtime"
 	"strings"
+	"time"
 
 	"github.com/containerd/errdefs"
 	"github.com/opencontainers/go-digest"
@@ -29,6 +30,9 @@ type ReadOptions struct {
 	DecryptionKey []byte
 	// RequireEncryption refuses a plaintext snapshot.
 	RequireEncryption bool
+	// RefuseExpired refuses a snapshot past its Expires time (garbage
+	// collection may remove its blobs at any moment).
+	RefuseExpired bool
 
 	MaxManifestSize int64 // (16 MiB)
 	MaxConfigSize   int64 // (4 MiB)
@@ -222,6 +226,9 @@ func (s *Snapshot) validateMetadata() error {
 	md := &s.Metadata
 	if md.FormatVersion != FormatVersion {
 		return fmt.Errorf("format version %d, this cryo reads %d: %w", md.FormatVersion, FormatVersion, errdefs.ErrNotImplemented)
+	}
+	if s.opts.RefuseExpired && md.Expired(time.Now()) {
+		return fmt.Errorf("expired at %s: %w", md.Expires.Format(time.RFC3339), errdefs.ErrFailedPrecondition)
 	}
 	if md.Compression != compressionZstd {
 		return fmt.Errorf("compression %q: %w", md.Compression, errdefs.ErrNotImplemented)

@@ -3,6 +3,7 @@ package snapshot
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"math/rand/v2"
 	"os"
@@ -11,6 +12,8 @@ import (
 	"testing"
 
 	"github.com/containerd/errdefs"
+	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 )
 
 const testCS = MinChunkSize // 64 KiB chunks keep unit tests small
@@ -361,6 +364,22 @@ func TestSignature(t *testing.T) {
 	if _, err := Open(ctx, store, "signed", ReadOptions{RequireSignature: true}); !errdefs.IsInvalidArgument(err) {
 		t.Errorf("required without key: %v", err)
 	}
+	// A flipped bit in the signature manifest or payload is refused.
+	sigDesc, _ := store.Resolve(ctx, SignatureTag(s.Descriptor.Digest))
+	var sm ocispec.Manifest
+	if err := json.Unmarshal(store.get(sigDesc.Digest), &sm); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []digest.Digest{sigDesc.Digest, sm.Layers[0].Digest} {
+		good := append([]byte(nil), store.get(d)...)
+		store.corrupt(d, func(b []byte) []byte { b[len(b)/2] ^= 1; return b })
+		if _, err := Open(ctx, store, "signed", ReadOptions{PublicKey: pk}); !errdefs.IsDataLoss(err) {
+			t.Errorf("corrupt signature blob %s: %v", d, err)
+		}
+		store.corrupt(d, func([]byte) []byte { return good })
+	}
+	open(t, store, "signed", ReadOptions{PublicKey: pk, RequireSignature: true})
+
 	// Point the signature tag of the unsigned snapshot at the signature of
 	// the signed one: the subject does not match.
 	u, _ := store.Resolve(ctx, "unsigned")
@@ -380,4 +399,16 @@ func readDirNames(dir string) ([]string, error) {
 		out = append(out, e.Name())
 	}
 	return out, err
+}
+
+func writeAtPath(t testing.TB, path string, b []byte, off int64) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteAt(b, off); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -1,7 +1,6 @@
 package snapshot
 
 import (
-	"bytes"
 	"context"
 	"crypto/ed25519"
 	"encoding/json"
@@ -35,7 +34,7 @@ type WriteOptions struct {
 	Workers int
 	// Uploads is the number of concurrent pushes; 0 means 4.
 	Uploads int
-	// MaxMemory bounds the chunk buffers in flight; 0 means 192 MiB. The
+	// MaxMemory bounds the chunk buffers in flight; 0 means 128 MiB. The
 	// zstd encoders add a few MiB per worker on top.
 	MaxMemory int64
 	// EncryptionKey, when set (32 bytes), encrypts every chunk with
@@ -86,7 +85,7 @@ type writer struct {
 	opts  WriteOptions
 	codec *chunkCodec
 
-	rawPool, storedPool sync.Pool
+	rawPool, storedPool *bufPool
 	tokens              chan struct{}
 
 	mu      sync.Mutex
@@ -107,14 +106,14 @@ type writer struct {
 // partial snapshot. On error nothing is tagged (pushed blobs stay for GC).
 func Write(ctx context.Context, store fetch.Store, ref string, src *Source, opts WriteOptions) (ocispec.Descriptor, WriteStats, error) {
 	start := time.Now()
+	if ref == "" || strings.Contains(ref, "@") {
+		return ocispec.Descriptor{}, WriteStats{}, fmt.Errorf("write snapshot %q: ref must be a tag: %w", ref, errdefs.ErrInvalidArgument)
+	}
 	w, err := newWriter(store, src, opts)
 	if err != nil {
 		return ocispec.Descriptor{}, WriteStats{}, fmt.Errorf("write snapshot %s: %w", ref, err)
 	}
 	defer w.codec.Close()
-	if ref == "" || strings.Contains(ref, "@") {
-		return ocispec.Descriptor{}, WriteStats{}, fmt.Errorf("write snapshot %q: ref must be a tag: %w", ref, errdefs.ErrInvalidArgument)
-	}
 	if err := w.chunks(ctx); err != nil {
 		return ocispec.Descriptor{}, WriteStats{}, fmt.Errorf("write snapshot %s: %w", ref, err)
 	}
@@ -144,7 +143,7 @@ func newWriter(store fetch.Store, src *Source, opts WriteOptions) (*writer, erro
 		opts.Uploads = 4
 	}
 	if opts.MaxMemory <= 0 {
-		opts.MaxMemory = 192 << 20
+		opts.MaxMemory = 128 << 20
 	}
 	level := zstd.SpeedDefault
 	if opts.Level > 0 {
@@ -174,13 +173,17 @@ func newWriter(store fetch.Store, src *Source, opts WriteOptions) (*writer, erro
 	if err != nil {
 		return nil, err
 	}
-	perJob := 2*opts.ChunkSize + maxStoredSize(opts.ChunkSize)
-	inflight := max(int(opts.MaxMemory/perJob), 1)
+	// A job holds a raw and a stored buffer; encrypting workers also hold a
+	// scratch buffer each.
+	perJob := opts.ChunkSize + maxStoredSize(opts.ChunkSize)
+	budget := opts.MaxMemory
+	if opts.EncryptionKey != nil {
+		budget -= int64(opts.Workers) * maxStoredSize(opts.ChunkSize)
+	}
+	inflight := max(int(budget/perJob), 1)
 	w := &writer{store: store, src: src, opts: opts, codec: codec,
-		tokens: make(chan struct{}, inflight), claimed: map[string]bool{}, perFile: make([]int, len(src.Files))}
-	cs, ms := opts.ChunkSize, maxStoredSize(opts.ChunkSize)
-	w.rawPool.New = func() any { b := make([]byte, cs); return &b }
-	w.storedPool.New = func() any { b := make([]byte, ms); return &b }
+		tokens: make(chan struct{}, inflight), claimed: map[string]bool{}, perFile: make([]int, len(src.Files)),
+		rawPool: newBufPool(inflight, opts.ChunkSize), storedPool: newBufPool(inflight, maxStoredSize(opts.ChunkSize))}
 	return w, nil
 }
 
@@ -225,7 +228,7 @@ func (w *writer) read(ctx context.Context, jobs chan<- *chunkJob) error {
 				return ctx.Err()
 			}
 			off := idx * cs
-			raw := w.rawPool.Get().(*[]byte)
+			raw := w.rawPool.get()
 			n := min(cs, f.Size-off)
 			got, err := f.ReaderAt.ReadAt((*raw)[:n], off)
 			if int64(got) == n {
@@ -260,12 +263,10 @@ func (w *writer) read(ctx context.Context, jobs chan<- *chunkJob) error {
 // release returns buffers to their pools and frees one in-flight slot.
 func (w *writer) release(raw, stored *[]byte) {
 	if raw != nil {
-		*raw = (*raw)[:cap(*raw)]
-		w.rawPool.Put(raw)
+		w.rawPool.put(raw)
 	}
 	if stored != nil {
-		*stored = (*stored)[:cap(*stored)]
-		w.storedPool.Put(stored)
+		w.storedPool.put(stored)
 	}
 	<-w.tokens
 }
@@ -276,12 +277,11 @@ func (w *writer) compress(ctx context.Context, jobs <-chan *chunkJob, pushes cha
 		scratch = make([]byte, maxStoredSize(w.opts.ChunkSize))
 	}
 	for j := range jobs {
-		j.stored = w.storedPool.Get().(*[]byte)
+		j.stored = w.storedPool.get()
 		out := w.codec.seal(j.file, j.off, *j.raw, scratch, *j.stored)
 		*j.stored = out
 		rawLen := int64(len(*j.raw))
-		*j.raw = (*j.raw)[:cap(*j.raw)]
-		w.rawPool.Put(j.raw)
+		w.rawPool.put(j.raw)
 		j.raw = nil
 		j.desc = ocispec.Descriptor{
 			MediaType: w.codec.mediaType(),
@@ -428,18 +428,4 @@ func (w *writer) stats() WriteStats {
 		StoredBytes: w.storedBytes.Load(), UploadedBytes: w.uploadedBytes.Load(), SkippedBytes: w.skippedBytes.Load(),
 		Chunks: len(w.layers), ZeroChunks: zero, HoleChunks: slots - len(w.layers) - zero,
 		UploadedChunks: int(w.uploadedN.Load()), SkippedChunks: int(w.skippedN.Load())}
-}
-
-var zeroBlock [64 << 10]byte
-
-// isZero reports whether b is all zeros (memcmp against a zero block).
-func isZero(b []byte) bool {
-	for len(b) > 0 {
-		n := min(len(b), len(zeroBlock))
-		if !bytes.Equal(b[:n], zeroBlock[:n]) {
-			return false
-		}
-		b = b[n:]
-	}
-	return true
 }

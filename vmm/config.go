@@ -1,12 +1,3 @@
-// Package vmm drives QEMU (7.2) for one sandbox VM: it builds the command line
-// from a typed Config with an explicit PCI address for every device, runs and
-// supervises the QEMU process, and saves and loads the VM's device state
-// through QMP.
-//
-// Lifecycle: New validates a Config; Start spawns QEMU and connects QMP; then
-// Pause/Resume, HotplugDisk/UnplugDisk, SaveState (checkpoint) and, for a
-// machine started with Incoming, LoadState (restore); Shutdown ends it. Cleanup
-// removes what a dead machine left in its state directory, from files alone.
 package vmm
 
 import (

@@ -37,6 +37,7 @@ type Machine struct {
 	nodes    map[string]string // disk id -> top block node
 	nodeSeq  int
 	fdSeq    int
+	running  bool // Start succeeded
 	stopping bool // Shutdown asked QEMU to exit
 
 	shutdownMu sync.Mutex // serializes Shutdown
@@ -104,7 +105,11 @@ func (m *Machine) path(name string) string { return filepath.Join(m.cfg.StateDir
 // Start spawns QEMU, records its pid in the state directory and connects
 // QMP, all before ctx's deadline (DefaultStartTimeout without one). On any
 // failure QEMU is killed, the files it made are removed and the error carries
-// QEMU's stderr. Start runs once.
+// QEMU's stderr. Start runs once. qemu.log is truncated; console.log is
+// appended to (a restored guest continues the same console).
+//
+// A cold boot runs the guest at once; an Incoming machine waits, paused, for
+// LoadState.
 func (m *Machine) Start(ctx context.Context) (retErr error) {
 	m.mu.Lock()
 	if m.started {
@@ -142,6 +147,7 @@ func (m *Machine) Start(ctx context.Context) (retErr error) {
 	}
 	m.mu.Lock()
 	m.cmd = cmd
+	stopping := m.stopping
 	m.mu.Unlock()
 	go m.reap(cmd)
 
@@ -161,6 +167,9 @@ func (m *Machine) Start(ctx context.Context) (retErr error) {
 			l.WithError(retErr).Warn("qemu start failed")
 		}
 	}()
+	if stopping {
+		return errors.New("shut down while starting")
+	}
 	if err := m.writeRecords(cmd.Process.Pid); err != nil {
 		return err
 	}
@@ -179,6 +188,7 @@ func (m *Machine) Start(ctx context.Context) (retErr error) {
 	}
 	m.mu.Lock()
 	m.version = fmt.Sprintf("%d.%d.%d", v.QEMU.Major, v.QEMU.Minor, v.QEMU.Micro)
+	m.running = true
 	m.mu.Unlock()
 	l.WithField("incoming", m.cfg.Incoming).Debug("qemu started")
 	return nil
@@ -190,7 +200,7 @@ func (m *Machine) connect(ctx context.Context) (*qmp.Client, error) {
 	for {
 		select {
 		case <-m.exited:
-			return nil, errors.New("qemu exited")
+			return nil, m.exitedDuringStart()
 		default:
 		}
 		if _, err := os.Stat(sock); err == nil {
@@ -200,7 +210,7 @@ func (m *Machine) connect(ctx context.Context) (*qmp.Client, error) {
 			}
 			select {
 			case <-m.exited:
-				return nil, errors.New("qemu exited")
+				return nil, m.exitedDuringStart()
 			default:
 			}
 			if ctx.Err() != nil {
@@ -209,7 +219,7 @@ func (m *Machine) connect(ctx context.Context) (*qmp.Client, error) {
 		}
 		select {
 		case <-m.exited:
-			return nil, errors.New("qemu exited")
+			return nil, m.exitedDuringStart()
 		case <-ctx.Done():
 			return nil, fmt.Errorf("connect qmp %s: %w", sock, ctx.Err())
 		case <-time.After(10 * time.Millisecond):
@@ -217,15 +227,27 @@ func (m *Machine) connect(ctx context.Context) (*qmp.Client, error) {
 	}
 }
 
+// exitedDuringStart explains why QEMU is gone before Start finished.
+func (m *Machine) exitedDuringStart() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.stopping {
+		return errors.New("shut down while starting")
+	}
+	return errors.New("qemu exited")
+}
+
 // reap waits for QEMU and publishes how it ended.
 func (m *Machine) reap(cmd *exec.Cmd) {
 	err := cmd.Wait()
 	m.mu.Lock()
-	stopping := m.stopping
+	stopping, running := m.stopping, m.running
 	m.mu.Unlock()
 	if err != nil && !stopping {
 		err = fmt.Errorf("qemu for vm %s exited: %w%s", m.cfg.ID, err, stderrSuffix(m.Stderr()))
-		log.L.WithFields(log.Fields{"id": m.cfg.ID, "qemu_pid": cmd.Process.Pid}).WithError(err).Warn("qemu exited")
+		if running { // a failing Start reports for itself
+			log.L.WithFields(log.Fields{"id": m.cfg.ID, "qemu_pid": cmd.Process.Pid}).WithError(err).Warn("qemu exited unexpectedly")
+		}
 	} else {
 		err = nil
 	}
@@ -279,6 +301,10 @@ func (m *Machine) Status(ctx context.Context) (string, error) {
 // deadline (DefaultShutdownTimeout without one); then it removes the
 // sockets, the pid file and an owned RAM file. It is idempotent and safe to
 // call on a machine that never started or already exited.
+//
+// quit is a hard stop for the guest (QEMU flushes its own block caches, the
+// guest's page cache is lost): ask the guest agent to sync or power off
+// first for a clean stop.
 func (m *Machine) Shutdown(ctx context.Context) error {
 	m.shutdownMu.Lock()
 	defer m.shutdownMu.Unlock()
@@ -294,7 +320,9 @@ func (m *Machine) Shutdown(ctx context.Context) error {
 	select {
 	case <-m.exited:
 	default:
-		if mon != nil {
+		if mon == nil { // still starting: nothing to ask politely
+			m.kill()
+		} else {
 			qctx, qcancel := context.WithTimeout(ctx, 2*time.Second)
 			// quit may answer or just close the socket; the exit is what counts.
 			mon.Execute(qctx, "quit", nil)
@@ -332,7 +360,7 @@ func (m *Machine) execute(ctx context.Context, cmd string, args, out any) error 
 	defer cancel()
 	ret, err := mon.Execute(ctx, cmd, args)
 	if err != nil {
-		return m.explain(err)
+		return m.explain(cmd, err)
 	}
 	if out != nil {
 		if err := jsonUnmarshal(ret, out); err != nil {
@@ -340,6 +368,16 @@ func (m *Machine) execute(ctx context.Context, cmd string, args, out any) error 
 		}
 	}
 	return nil
+}
+
+// QMP returns the machine's QMP client for commands this package does not
+// wrap (diagnostics, queries). Do not Close it; Shutdown does.
+func (m *Machine) QMP() (*qmp.Client, error) {
+	mon, err := m.monitor()
+	if err != nil {
+		return nil, fmt.Errorf("qmp of vm %s: %w", m.cfg.ID, err)
+	}
+	return mon, nil
 }
 
 // monitor returns the QMP client of a running machine.
@@ -353,11 +391,11 @@ func (m *Machine) monitor() (*qmp.Client, error) {
 }
 
 // explain adds QEMU's stderr to err when QEMU died under the command.
-func (m *Machine) explain(err error) error {
+func (m *Machine) explain(cmd string, err error) error {
 	if errors.Is(err, qmp.ErrClosed) {
 		select {
-		case <-m.exited:
-			return fmt.Errorf("%w: qemu exited%s", err, stderrSuffix(m.Stderr()))
+		case <-m.exited: // the socket error itself says nothing useful
+			return fmt.Errorf("%s: %w: qemu exited%s", cmd, qmp.ErrClosed, stderrSuffix(m.Stderr()))
 		case <-time.After(time.Second):
 		}
 	}

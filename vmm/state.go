@@ -106,7 +106,7 @@ func (m *Machine) passFD(ctx context.Context, f *os.File) (string, error) {
 	ctx, cancel := withDefaultTimeout(ctx, DefaultCommandTimeout)
 	defer cancel()
 	if _, err := mon.ExecuteWithFile(ctx, "getfd", map[string]any{"fdname": name}, f); err != nil {
-		return "", m.explain(err)
+		return "", m.explain("getfd", err)
 	}
 	return name, nil
 }

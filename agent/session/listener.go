@@ -129,7 +129,7 @@ func (l *Listener) sleep() {
 // startEpoch acknowledges a hello and hands the new connection to Accept.
 func (l *Listener) startEpoch(n nonce) (*epochConn, bool) {
 	pr, pw := io.Pipe()
-	ep := &epochConn{l: l, pr: pr, pw: pw, closed: make(chan struct{})}
+	ep := &epochConn{l: l, pr: pr, pw: pw}
 	l.wmu.Lock()
 	// A write of the previous epoch may have held wmu until now: its bytes reach
 	// the host before the ack, and the host drops them.

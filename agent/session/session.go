@@ -128,13 +128,11 @@ var errClosed = errors.New("session epoch closed")
 // epochConn is the guest end of one host connection: reads come from the
 // listener's reader through a pipe, writes go to the port unless the epoch ended.
 type epochConn struct {
-	l      *Listener
-	pr     *io.PipeReader
-	pw     *io.PipeWriter
-	mu     sync.Mutex // guards dead
-	dead   bool
-	closed chan struct{}
-	once   sync.Once
+	l    *Listener
+	pr   *io.PipeReader
+	pw   *io.PipeWriter
+	mu   sync.Mutex // guards dead
+	dead bool
 }
 
 func (e *epochConn) Read(b []byte) (int, error) { return e.pr.Read(b) }
@@ -156,7 +154,6 @@ func (e *epochConn) end() {
 }
 
 func (e *epochConn) Close() error {
-	e.once.Do(func() { close(e.closed) })
 	e.end()
 	e.pr.CloseWithError(net.ErrClosed)
 	return nil

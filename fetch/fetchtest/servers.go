@@ -67,6 +67,7 @@ func startProcess(t testing.TB, name, bin string, args ...string) *exec.Cmd {
 	}
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Env = append(os.Environ(), "OTEL_TRACES_EXPORTER=none", "OTEL_SDK_DISABLED=true")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		logf.Close()
@@ -208,4 +209,12 @@ func ServeDir(t testing.TB, dir string) string {
 	srv := httptest.NewServer(http.FileServer(http.Dir(dir)))
 	t.Cleanup(srv.Close)
 	return strings.TrimRight(srv.URL, "/")
+}
+
+// ServeHandler serves h on 127.0.0.1 and returns its base URL.
+func ServeHandler(t testing.TB, h http.Handler) string {
+	t.Helper()
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return srv.URL
 }

@@ -167,7 +167,10 @@ func CheckRead(t *testing.T, s fetch.Store, f Fixture) {
 // failReader fails the test's expectations when read.
 type failReader struct{ read *bool }
 
-func (f failReader) Read([]byte) (int, error) { *f.read = true; return 0, errors.New("must not be read") }
+func (f failReader) Read([]byte) (int, error) {
+	*f.read = true
+	return 0, errors.New("must not be read")
+}
 
 // RunStoreSuite runs the conformance checks of a writable store; s must be
 // empty for the tag "v1".

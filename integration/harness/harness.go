@@ -228,6 +228,21 @@ func (e *Env) ctr(timeout time.Duration, args ...string) (string, string, error)
 	return out.String(), errb.String(), err
 }
 
+// CtrTTY runs ctr with a pseudo-terminal as its stdin and stdout (through
+// util-linux's script), as a user at a terminal would: `ctr ... -t` needs one.
+func (e *Env) CtrTTY(args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	q := []string{"ctr", "-a", e.Socket, "-n", e.Namespace}
+	for _, a := range args {
+		q = append(q, "'"+strings.ReplaceAll(a, "'", `'\''`)+"'")
+	}
+	cmd := exec.CommandContext(ctx, "script", "-qec", strings.Join(q, " "), "/dev/null")
+	cmd.Env = append(os.Environ(), "PATH="+e.path)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
 // MustCtr runs ctr and fails the test on error.
 func (e *Env) MustCtr(args ...string) string {
 	e.t.Helper()

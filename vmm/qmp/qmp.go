@@ -121,8 +121,8 @@ func NewClient(ctx context.Context, conn *net.UnixConn) (*Client, error) {
 		subs:    make(map[int]chan Event),
 		done:    make(chan struct{}),
 	}
-	// The greeting is read synchronously under the context's deadline; a
-	// watcher closes the connection if ctx is cancelled without a deadline.
+	// The greeting is read synchronously under ctx's deadline; cancelling ctx
+	// moves the read deadline into the past, which ends the read at once.
 	stop := context.AfterFunc(ctx, func() { conn.SetReadDeadline(time.Unix(1, 0)) })
 	if dl, ok := ctx.Deadline(); ok {
 		conn.SetReadDeadline(dl)
@@ -133,8 +133,11 @@ func NewClient(ctx context.Context, conn *net.UnixConn) (*Client, error) {
 	conn.SetReadDeadline(time.Time{})
 	if err != nil {
 		conn.Close()
-		if ctx.Err() != nil {
+		switch {
+		case ctx.Err() != nil:
 			err = ctx.Err()
+		case errors.Is(err, os.ErrDeadlineExceeded): // fired just before ctx's own timer
+			err = context.DeadlineExceeded
 		}
 		return nil, fmt.Errorf("qmp: read greeting: %w", err)
 	}
@@ -206,7 +209,15 @@ func (c *Client) execute(ctx context.Context, cmd string, args any, f *os.File) 
 	}
 	b = append(b, '\n')
 	if err := c.write(ctx, b, f); err != nil {
-		return nil, fmt.Errorf("qmp: %s: %w", cmd, err)
+		// A failed or partial write leaves the stream unusable.
+		c.conn.Close()
+		switch {
+		case ctx.Err() != nil:
+			err = ctx.Err()
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			err = context.DeadlineExceeded
+		}
+		return nil, fmt.Errorf("qmp: %s: %w: write: %w", cmd, ErrClosed, err)
 	}
 
 	select {

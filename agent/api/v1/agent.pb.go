@@ -1501,6 +1501,203 @@ func (x *RemoveContainerRequest) GetId() string {
 	return ""
 }
 
+type UpdateInterfaceRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// hardware address of the NIC (the virtio-net device's mac=), e.g.
+	// "52:54:00:12:34:56".
+	Mac string `protobuf:"bytes,1,opt,name=mac,proto3" json:"mac,omitempty"`
+	// name in the guest (e.g. "eth0"); unchanged when empty.
+	Name string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// addresses in CIDR form ("10.88.0.5/16", "fd00::5/64").
+	Addresses []string `protobuf:"bytes,3,rep,name=addresses,proto3" json:"addresses,omitempty"`
+	// unchanged when 0.
+	Mtu           uint32 `protobuf:"varint,4,opt,name=mtu,proto3" json:"mtu,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateInterfaceRequest) Reset() {
+	*x = UpdateInterfaceRequest{}
+	mi := &file_agent_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateInterfaceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateInterfaceRequest) ProtoMessage() {}
+
+func (x *UpdateInterfaceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateInterfaceRequest.ProtoReflect.Descriptor instead.
+func (*UpdateInterfaceRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *UpdateInterfaceRequest) GetMac() string {
+	if x != nil {
+		return x.Mac
+	}
+	return ""
+}
+
+func (x *UpdateInterfaceRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *UpdateInterfaceRequest) GetAddresses() []string {
+	if x != nil {
+		return x.Addresses
+	}
+	return nil
+}
+
+func (x *UpdateInterfaceRequest) GetMtu() uint32 {
+	if x != nil {
+		return x.Mtu
+	}
+	return 0
+}
+
+type Route struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// CIDR; empty means the default route (of the gateway's family).
+	Destination string `protobuf:"bytes,1,opt,name=destination,proto3" json:"destination,omitempty"`
+	// empty for a link route.
+	Gateway string `protobuf:"bytes,2,opt,name=gateway,proto3" json:"gateway,omitempty"`
+	// interface name; required for link routes.
+	Device string `protobuf:"bytes,3,opt,name=device,proto3" json:"device,omitempty"`
+	// preferred source address, optional.
+	Source        string `protobuf:"bytes,4,opt,name=source,proto3" json:"source,omitempty"`
+	Metric        uint32 `protobuf:"varint,5,opt,name=metric,proto3" json:"metric,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Route) Reset() {
+	*x = Route{}
+	mi := &file_agent_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Route) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Route) ProtoMessage() {}
+
+func (x *Route) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Route.ProtoReflect.Descriptor instead.
+func (*Route) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *Route) GetDestination() string {
+	if x != nil {
+		return x.Destination
+	}
+	return ""
+}
+
+func (x *Route) GetGateway() string {
+	if x != nil {
+		return x.Gateway
+	}
+	return ""
+}
+
+func (x *Route) GetDevice() string {
+	if x != nil {
+		return x.Device
+	}
+	return ""
+}
+
+func (x *Route) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *Route) GetMetric() uint32 {
+	if x != nil {
+		return x.Metric
+	}
+	return 0
+}
+
+type UpdateRoutesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Routes        []*Route               `protobuf:"bytes,1,rep,name=routes,proto3" json:"routes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateRoutesRequest) Reset() {
+	*x = UpdateRoutesRequest{}
+	mi := &file_agent_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateRoutesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateRoutesRequest) ProtoMessage() {}
+
+func (x *UpdateRoutesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateRoutesRequest.ProtoReflect.Descriptor instead.
+func (*UpdateRoutesRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *UpdateRoutesRequest) GetRoutes() []*Route {
+	if x != nil {
+		return x.Routes
+	}
+	return nil
+}
+
 type SetTimeRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	UnixNanos     int64                  `protobuf:"varint,1,opt,name=unix_nanos,json=unixNanos,proto3" json:"unix_nanos,omitempty"`
@@ -1510,7 +1707,7 @@ type SetTimeRequest struct {
 
 func (x *SetTimeRequest) Reset() {
 	*x = SetTimeRequest{}
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1522,7 +1719,7 @@ func (x *SetTimeRequest) String() string {
 func (*SetTimeRequest) ProtoMessage() {}
 
 func (x *SetTimeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1535,7 +1732,7 @@ func (x *SetTimeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTimeRequest.ProtoReflect.Descriptor instead.
 func (*SetTimeRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{25}
+	return file_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *SetTimeRequest) GetUnixNanos() int64 {
@@ -1543,6 +1740,51 @@ func (x *SetTimeRequest) GetUnixNanos() int64 {
 		return x.UnixNanos
 	}
 	return 0
+}
+
+type ReseedRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// at least 32 random bytes from the host, credited as entropy.
+	Entropy       []byte `protobuf:"bytes,1,opt,name=entropy,proto3" json:"entropy,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReseedRequest) Reset() {
+	*x = ReseedRequest{}
+	mi := &file_agent_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReseedRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReseedRequest) ProtoMessage() {}
+
+func (x *ReseedRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReseedRequest.ProtoReflect.Descriptor instead.
+func (*ReseedRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *ReseedRequest) GetEntropy() []byte {
+	if x != nil {
+		return x.Entropy
+	}
+	return nil
 }
 
 type RunHookRequest struct {
@@ -1560,7 +1802,7 @@ type RunHookRequest struct {
 
 func (x *RunHookRequest) Reset() {
 	*x = RunHookRequest{}
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1572,7 +1814,7 @@ func (x *RunHookRequest) String() string {
 func (*RunHookRequest) ProtoMessage() {}
 
 func (x *RunHookRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1585,7 +1827,7 @@ func (x *RunHookRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunHookRequest.ProtoReflect.Descriptor instead.
 func (*RunHookRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{26}
+	return file_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *RunHookRequest) GetArgv() []string {
@@ -1628,7 +1870,7 @@ type RunHookResponse struct {
 
 func (x *RunHookResponse) Reset() {
 	*x = RunHookResponse{}
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1640,7 +1882,7 @@ func (x *RunHookResponse) String() string {
 func (*RunHookResponse) ProtoMessage() {}
 
 func (x *RunHookResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1653,7 +1895,7 @@ func (x *RunHookResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunHookResponse.ProtoReflect.Descriptor instead.
 func (*RunHookResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{27}
+	return file_agent_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RunHookResponse) GetOutput() []byte {
@@ -1678,7 +1920,7 @@ type SyncRequest struct {
 
 func (x *SyncRequest) Reset() {
 	*x = SyncRequest{}
-	mi := &file_agent_proto_msgTypes[28]
+	mi := &file_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1690,7 +1932,7 @@ func (x *SyncRequest) String() string {
 func (*SyncRequest) ProtoMessage() {}
 
 func (x *SyncRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[28]
+	mi := &file_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1703,7 +1945,7 @@ func (x *SyncRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncRequest.ProtoReflect.Descriptor instead.
 func (*SyncRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{28}
+	return file_agent_proto_rawDescGZIP(), []int{32}
 }
 
 type ShutdownRequest struct {
@@ -1714,7 +1956,7 @@ type ShutdownRequest struct {
 
 func (x *ShutdownRequest) Reset() {
 	*x = ShutdownRequest{}
-	mi := &file_agent_proto_msgTypes[29]
+	mi := &file_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1726,7 +1968,7 @@ func (x *ShutdownRequest) String() string {
 func (*ShutdownRequest) ProtoMessage() {}
 
 func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[29]
+	mi := &file_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1739,7 +1981,7 @@ func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownRequest.ProtoReflect.Descriptor instead.
 func (*ShutdownRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{29}
+	return file_agent_proto_rawDescGZIP(), []int{33}
 }
 
 var File_agent_proto protoreflect.FileDescriptor
@@ -1834,10 +2076,25 @@ const file_agent_proto_rawDesc = "" +
 	"\rStatsResponse\x12.\n" +
 	"\ametrics\x18\x01 \x01(\v2\x14.google.protobuf.AnyR\ametrics\"(\n" +
 	"\x16RemoveContainerRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\"/\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"n\n" +
+	"\x16UpdateInterfaceRequest\x12\x10\n" +
+	"\x03mac\x18\x01 \x01(\tR\x03mac\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1c\n" +
+	"\taddresses\x18\x03 \x03(\tR\taddresses\x12\x10\n" +
+	"\x03mtu\x18\x04 \x01(\rR\x03mtu\"\x8b\x01\n" +
+	"\x05Route\x12 \n" +
+	"\vdestination\x18\x01 \x01(\tR\vdestination\x12\x18\n" +
+	"\agateway\x18\x02 \x01(\tR\agateway\x12\x16\n" +
+	"\x06device\x18\x03 \x01(\tR\x06device\x12\x16\n" +
+	"\x06source\x18\x04 \x01(\tR\x06source\x12\x16\n" +
+	"\x06metric\x18\x05 \x01(\rR\x06metric\"C\n" +
+	"\x13UpdateRoutesRequest\x12,\n" +
+	"\x06routes\x18\x01 \x03(\v2\x14.cryo.agent.v1.RouteR\x06routes\"/\n" +
 	"\x0eSetTimeRequest\x12\x1d\n" +
 	"\n" +
-	"unix_nanos\x18\x01 \x01(\x03R\tunixNanos\"\x8e\x01\n" +
+	"unix_nanos\x18\x01 \x01(\x03R\tunixNanos\")\n" +
+	"\rReseedRequest\x12\x18\n" +
+	"\aentropy\x18\x01 \x01(\fR\aentropy\"\x8e\x01\n" +
 	"\x0eRunHookRequest\x12\x12\n" +
 	"\x04argv\x18\x01 \x03(\tR\x04argv\x12\x10\n" +
 	"\x03env\x18\x02 \x03(\tR\x03env\x123\n" +
@@ -1852,8 +2109,7 @@ const file_agent_proto_rawDesc = "" +
 	"\x06Stream\x12\x16\n" +
 	"\x12STREAM_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rSTREAM_STDOUT\x10\x01\x12\x11\n" +
-	"\rSTREAM_STDERR\x10\x022\xdf\n" +
-	"\n" +
+	"\rSTREAM_STDERR\x10\x022\xbd\f\n" +
 	"\x05Agent\x12?\n" +
 	"\x04Ping\x12\x1a.cryo.agent.v1.PingRequest\x1a\x1b.cryo.agent.v1.PingResponse\x12`\n" +
 	"\x0fCreateContainer\x12%.cryo.agent.v1.CreateContainerRequest\x1a&.cryo.agent.v1.CreateContainerResponse\x12W\n" +
@@ -1870,8 +2126,11 @@ const file_agent_proto_rawDesc = "" +
 	"\tResizePty\x12\x1f.cryo.agent.v1.ResizePtyRequest\x1a\x16.google.protobuf.Empty\x12K\n" +
 	"\bListPids\x12\x1e.cryo.agent.v1.ListPidsRequest\x1a\x1f.cryo.agent.v1.ListPidsResponse\x12B\n" +
 	"\x05Stats\x12\x1b.cryo.agent.v1.StatsRequest\x1a\x1c.cryo.agent.v1.StatsResponse\x12P\n" +
-	"\x0fRemoveContainer\x12%.cryo.agent.v1.RemoveContainerRequest\x1a\x16.google.protobuf.Empty\x12@\n" +
-	"\aSetTime\x12\x1d.cryo.agent.v1.SetTimeRequest\x1a\x16.google.protobuf.Empty\x12H\n" +
+	"\x0fRemoveContainer\x12%.cryo.agent.v1.RemoveContainerRequest\x1a\x16.google.protobuf.Empty\x12P\n" +
+	"\x0fUpdateInterface\x12%.cryo.agent.v1.UpdateInterfaceRequest\x1a\x16.google.protobuf.Empty\x12J\n" +
+	"\fUpdateRoutes\x12\".cryo.agent.v1.UpdateRoutesRequest\x1a\x16.google.protobuf.Empty\x12@\n" +
+	"\aSetTime\x12\x1d.cryo.agent.v1.SetTimeRequest\x1a\x16.google.protobuf.Empty\x12>\n" +
+	"\x06Reseed\x12\x1c.cryo.agent.v1.ReseedRequest\x1a\x16.google.protobuf.Empty\x12H\n" +
 	"\aRunHook\x12\x1d.cryo.agent.v1.RunHookRequest\x1a\x1e.cryo.agent.v1.RunHookResponse\x12:\n" +
 	"\x04Sync\x12\x1a.cryo.agent.v1.SyncRequest\x1a\x16.google.protobuf.Empty\x12B\n" +
 	"\bShutdown\x12\x1e.cryo.agent.v1.ShutdownRequest\x1a\x16.google.protobuf.EmptyB4Z2github.com/cryo-runtime/cryo/agent/api/v1;agentapib\x06proto3"
@@ -1889,7 +2148,7 @@ func file_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
 var file_agent_proto_goTypes = []any{
 	(Stream)(0),                     // 0: cryo.agent.v1.Stream
 	(*PingRequest)(nil),             // 1: cryo.agent.v1.PingRequest
@@ -1917,66 +2176,77 @@ var file_agent_proto_goTypes = []any{
 	(*StatsRequest)(nil),            // 23: cryo.agent.v1.StatsRequest
 	(*StatsResponse)(nil),           // 24: cryo.agent.v1.StatsResponse
 	(*RemoveContainerRequest)(nil),  // 25: cryo.agent.v1.RemoveContainerRequest
-	(*SetTimeRequest)(nil),          // 26: cryo.agent.v1.SetTimeRequest
-	(*RunHookRequest)(nil),          // 27: cryo.agent.v1.RunHookRequest
-	(*RunHookResponse)(nil),         // 28: cryo.agent.v1.RunHookResponse
-	(*SyncRequest)(nil),             // 29: cryo.agent.v1.SyncRequest
-	(*ShutdownRequest)(nil),         // 30: cryo.agent.v1.ShutdownRequest
-	(*durationpb.Duration)(nil),     // 31: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),   // 32: google.protobuf.Timestamp
-	(*anypb.Any)(nil),               // 33: google.protobuf.Any
-	(*emptypb.Empty)(nil),           // 34: google.protobuf.Empty
+	(*UpdateInterfaceRequest)(nil),  // 26: cryo.agent.v1.UpdateInterfaceRequest
+	(*Route)(nil),                   // 27: cryo.agent.v1.Route
+	(*UpdateRoutesRequest)(nil),     // 28: cryo.agent.v1.UpdateRoutesRequest
+	(*SetTimeRequest)(nil),          // 29: cryo.agent.v1.SetTimeRequest
+	(*ReseedRequest)(nil),           // 30: cryo.agent.v1.ReseedRequest
+	(*RunHookRequest)(nil),          // 31: cryo.agent.v1.RunHookRequest
+	(*RunHookResponse)(nil),         // 32: cryo.agent.v1.RunHookResponse
+	(*SyncRequest)(nil),             // 33: cryo.agent.v1.SyncRequest
+	(*ShutdownRequest)(nil),         // 34: cryo.agent.v1.ShutdownRequest
+	(*durationpb.Duration)(nil),     // 35: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),   // 36: google.protobuf.Timestamp
+	(*anypb.Any)(nil),               // 37: google.protobuf.Any
+	(*emptypb.Empty)(nil),           // 38: google.protobuf.Empty
 }
 var file_agent_proto_depIdxs = []int32{
-	31, // 0: cryo.agent.v1.PingResponse.uptime:type_name -> google.protobuf.Duration
+	35, // 0: cryo.agent.v1.PingResponse.uptime:type_name -> google.protobuf.Duration
 	3,  // 1: cryo.agent.v1.CreateContainerRequest.rootfs:type_name -> cryo.agent.v1.Rootfs
 	4,  // 2: cryo.agent.v1.CreateContainerRequest.files:type_name -> cryo.agent.v1.File
-	32, // 3: cryo.agent.v1.WaitProcessResponse.exited_at:type_name -> google.protobuf.Timestamp
+	36, // 3: cryo.agent.v1.WaitProcessResponse.exited_at:type_name -> google.protobuf.Timestamp
 	0,  // 4: cryo.agent.v1.ReadStdioRequest.stream:type_name -> cryo.agent.v1.Stream
 	21, // 5: cryo.agent.v1.ListPidsResponse.processes:type_name -> cryo.agent.v1.ProcessInfo
-	33, // 6: cryo.agent.v1.StatsResponse.metrics:type_name -> google.protobuf.Any
-	31, // 7: cryo.agent.v1.RunHookRequest.timeout:type_name -> google.protobuf.Duration
-	1,  // 8: cryo.agent.v1.Agent.Ping:input_type -> cryo.agent.v1.PingRequest
-	5,  // 9: cryo.agent.v1.Agent.CreateContainer:input_type -> cryo.agent.v1.CreateContainerRequest
-	7,  // 10: cryo.agent.v1.Agent.StartProcess:input_type -> cryo.agent.v1.StartProcessRequest
-	9,  // 11: cryo.agent.v1.Agent.ExecProcess:input_type -> cryo.agent.v1.ExecProcessRequest
-	10, // 12: cryo.agent.v1.Agent.SignalProcess:input_type -> cryo.agent.v1.SignalProcessRequest
-	11, // 13: cryo.agent.v1.Agent.WaitProcess:input_type -> cryo.agent.v1.WaitProcessRequest
-	13, // 14: cryo.agent.v1.Agent.DeleteProcess:input_type -> cryo.agent.v1.DeleteProcessRequest
-	14, // 15: cryo.agent.v1.Agent.ReadStdio:input_type -> cryo.agent.v1.ReadStdioRequest
-	16, // 16: cryo.agent.v1.Agent.WriteStdin:input_type -> cryo.agent.v1.WriteStdinRequest
-	18, // 17: cryo.agent.v1.Agent.CloseStdin:input_type -> cryo.agent.v1.CloseStdinRequest
-	19, // 18: cryo.agent.v1.Agent.ResizePty:input_type -> cryo.agent.v1.ResizePtyRequest
-	20, // 19: cryo.agent.v1.Agent.ListPids:input_type -> cryo.agent.v1.ListPidsRequest
-	23, // 20: cryo.agent.v1.Agent.Stats:input_type -> cryo.agent.v1.StatsRequest
-	25, // 21: cryo.agent.v1.Agent.RemoveContainer:input_type -> cryo.agent.v1.RemoveContainerRequest
-	26, // 22: cryo.agent.v1.Agent.SetTime:input_type -> cryo.agent.v1.SetTimeRequest
-	27, // 23: cryo.agent.v1.Agent.RunHook:input_type -> cryo.agent.v1.RunHookRequest
-	29, // 24: cryo.agent.v1.Agent.Sync:input_type -> cryo.agent.v1.SyncRequest
-	30, // 25: cryo.agent.v1.Agent.Shutdown:input_type -> cryo.agent.v1.ShutdownRequest
-	2,  // 26: cryo.agent.v1.Agent.Ping:output_type -> cryo.agent.v1.PingResponse
-	6,  // 27: cryo.agent.v1.Agent.CreateContainer:output_type -> cryo.agent.v1.CreateContainerResponse
-	8,  // 28: cryo.agent.v1.Agent.StartProcess:output_type -> cryo.agent.v1.StartProcessResponse
-	34, // 29: cryo.agent.v1.Agent.ExecProcess:output_type -> google.protobuf.Empty
-	34, // 30: cryo.agent.v1.Agent.SignalProcess:output_type -> google.protobuf.Empty
-	12, // 31: cryo.agent.v1.Agent.WaitProcess:output_type -> cryo.agent.v1.WaitProcessResponse
-	34, // 32: cryo.agent.v1.Agent.DeleteProcess:output_type -> google.protobuf.Empty
-	15, // 33: cryo.agent.v1.Agent.ReadStdio:output_type -> cryo.agent.v1.ReadStdioResponse
-	17, // 34: cryo.agent.v1.Agent.WriteStdin:output_type -> cryo.agent.v1.WriteStdinResponse
-	34, // 35: cryo.agent.v1.Agent.CloseStdin:output_type -> google.protobuf.Empty
-	34, // 36: cryo.agent.v1.Agent.ResizePty:output_type -> google.protobuf.Empty
-	22, // 37: cryo.agent.v1.Agent.ListPids:output_type -> cryo.agent.v1.ListPidsResponse
-	24, // 38: cryo.agent.v1.Agent.Stats:output_type -> cryo.agent.v1.StatsResponse
-	34, // 39: cryo.agent.v1.Agent.RemoveContainer:output_type -> google.protobuf.Empty
-	34, // 40: cryo.agent.v1.Agent.SetTime:output_type -> google.protobuf.Empty
-	28, // 41: cryo.agent.v1.Agent.RunHook:output_type -> cryo.agent.v1.RunHookResponse
-	34, // 42: cryo.agent.v1.Agent.Sync:output_type -> google.protobuf.Empty
-	34, // 43: cryo.agent.v1.Agent.Shutdown:output_type -> google.protobuf.Empty
-	26, // [26:44] is the sub-list for method output_type
-	8,  // [8:26] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	37, // 6: cryo.agent.v1.StatsResponse.metrics:type_name -> google.protobuf.Any
+	27, // 7: cryo.agent.v1.UpdateRoutesRequest.routes:type_name -> cryo.agent.v1.Route
+	35, // 8: cryo.agent.v1.RunHookRequest.timeout:type_name -> google.protobuf.Duration
+	1,  // 9: cryo.agent.v1.Agent.Ping:input_type -> cryo.agent.v1.PingRequest
+	5,  // 10: cryo.agent.v1.Agent.CreateContainer:input_type -> cryo.agent.v1.CreateContainerRequest
+	7,  // 11: cryo.agent.v1.Agent.StartProcess:input_type -> cryo.agent.v1.StartProcessRequest
+	9,  // 12: cryo.agent.v1.Agent.ExecProcess:input_type -> cryo.agent.v1.ExecProcessRequest
+	10, // 13: cryo.agent.v1.Agent.SignalProcess:input_type -> cryo.agent.v1.SignalProcessRequest
+	11, // 14: cryo.agent.v1.Agent.WaitProcess:input_type -> cryo.agent.v1.WaitProcessRequest
+	13, // 15: cryo.agent.v1.Agent.DeleteProcess:input_type -> cryo.agent.v1.DeleteProcessRequest
+	14, // 16: cryo.agent.v1.Agent.ReadStdio:input_type -> cryo.agent.v1.ReadStdioRequest
+	16, // 17: cryo.agent.v1.Agent.WriteStdin:input_type -> cryo.agent.v1.WriteStdinRequest
+	18, // 18: cryo.agent.v1.Agent.CloseStdin:input_type -> cryo.agent.v1.CloseStdinRequest
+	19, // 19: cryo.agent.v1.Agent.ResizePty:input_type -> cryo.agent.v1.ResizePtyRequest
+	20, // 20: cryo.agent.v1.Agent.ListPids:input_type -> cryo.agent.v1.ListPidsRequest
+	23, // 21: cryo.agent.v1.Agent.Stats:input_type -> cryo.agent.v1.StatsRequest
+	25, // 22: cryo.agent.v1.Agent.RemoveContainer:input_type -> cryo.agent.v1.RemoveContainerRequest
+	26, // 23: cryo.agent.v1.Agent.UpdateInterface:input_type -> cryo.agent.v1.UpdateInterfaceRequest
+	28, // 24: cryo.agent.v1.Agent.UpdateRoutes:input_type -> cryo.agent.v1.UpdateRoutesRequest
+	29, // 25: cryo.agent.v1.Agent.SetTime:input_type -> cryo.agent.v1.SetTimeRequest
+	30, // 26: cryo.agent.v1.Agent.Reseed:input_type -> cryo.agent.v1.ReseedRequest
+	31, // 27: cryo.agent.v1.Agent.RunHook:input_type -> cryo.agent.v1.RunHookRequest
+	33, // 28: cryo.agent.v1.Agent.Sync:input_type -> cryo.agent.v1.SyncRequest
+	34, // 29: cryo.agent.v1.Agent.Shutdown:input_type -> cryo.agent.v1.ShutdownRequest
+	2,  // 30: cryo.agent.v1.Agent.Ping:output_type -> cryo.agent.v1.PingResponse
+	6,  // 31: cryo.agent.v1.Agent.CreateContainer:output_type -> cryo.agent.v1.CreateContainerResponse
+	8,  // 32: cryo.agent.v1.Agent.StartProcess:output_type -> cryo.agent.v1.StartProcessResponse
+	38, // 33: cryo.agent.v1.Agent.ExecProcess:output_type -> google.protobuf.Empty
+	38, // 34: cryo.agent.v1.Agent.SignalProcess:output_type -> google.protobuf.Empty
+	12, // 35: cryo.agent.v1.Agent.WaitProcess:output_type -> cryo.agent.v1.WaitProcessResponse
+	38, // 36: cryo.agent.v1.Agent.DeleteProcess:output_type -> google.protobuf.Empty
+	15, // 37: cryo.agent.v1.Agent.ReadStdio:output_type -> cryo.agent.v1.ReadStdioResponse
+	17, // 38: cryo.agent.v1.Agent.WriteStdin:output_type -> cryo.agent.v1.WriteStdinResponse
+	38, // 39: cryo.agent.v1.Agent.CloseStdin:output_type -> google.protobuf.Empty
+	38, // 40: cryo.agent.v1.Agent.ResizePty:output_type -> google.protobuf.Empty
+	22, // 41: cryo.agent.v1.Agent.ListPids:output_type -> cryo.agent.v1.ListPidsResponse
+	24, // 42: cryo.agent.v1.Agent.Stats:output_type -> cryo.agent.v1.StatsResponse
+	38, // 43: cryo.agent.v1.Agent.RemoveContainer:output_type -> google.protobuf.Empty
+	38, // 44: cryo.agent.v1.Agent.UpdateInterface:output_type -> google.protobuf.Empty
+	38, // 45: cryo.agent.v1.Agent.UpdateRoutes:output_type -> google.protobuf.Empty
+	38, // 46: cryo.agent.v1.Agent.SetTime:output_type -> google.protobuf.Empty
+	38, // 47: cryo.agent.v1.Agent.Reseed:output_type -> google.protobuf.Empty
+	32, // 48: cryo.agent.v1.Agent.RunHook:output_type -> cryo.agent.v1.RunHookResponse
+	38, // 49: cryo.agent.v1.Agent.Sync:output_type -> google.protobuf.Empty
+	38, // 50: cryo.agent.v1.Agent.Shutdown:output_type -> google.protobuf.Empty
+	30, // [30:51] is the sub-list for method output_type
+	9,  // [9:30] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -1990,7 +2260,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   30,
+			NumMessages:   34,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

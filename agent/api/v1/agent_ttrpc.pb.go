@@ -23,7 +23,10 @@ type AgentService interface {
 	ListPids(context.Context, *ListPidsRequest) (*ListPidsResponse, error)
 	Stats(context.Context, *StatsRequest) (*StatsResponse, error)
 	RemoveContainer(context.Context, *RemoveContainerRequest) (*emptypb.Empty, error)
+	UpdateInterface(context.Context, *UpdateInterfaceRequest) (*emptypb.Empty, error)
+	UpdateRoutes(context.Context, *UpdateRoutesRequest) (*emptypb.Empty, error)
 	SetTime(context.Context, *SetTimeRequest) (*emptypb.Empty, error)
+	Reseed(context.Context, *ReseedRequest) (*emptypb.Empty, error)
 	RunHook(context.Context, *RunHookRequest) (*RunHookResponse, error)
 	Sync(context.Context, *SyncRequest) (*emptypb.Empty, error)
 	Shutdown(context.Context, *ShutdownRequest) (*emptypb.Empty, error)
@@ -130,12 +133,33 @@ func RegisterAgentService(srv *ttrpc.Server, svc AgentService) {
 				}
 				return svc.RemoveContainer(ctx, &req)
 			},
+			"UpdateInterface": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req UpdateInterfaceRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.UpdateInterface(ctx, &req)
+			},
+			"UpdateRoutes": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req UpdateRoutesRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.UpdateRoutes(ctx, &req)
+			},
 			"SetTime": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
 				var req SetTimeRequest
 				if err := unmarshal(&req); err != nil {
 					return nil, err
 				}
 				return svc.SetTime(ctx, &req)
+			},
+			"Reseed": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req ReseedRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.Reseed(ctx, &req)
 			},
 			"RunHook": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
 				var req RunHookRequest
@@ -284,9 +308,33 @@ func (c *agentClient) RemoveContainer(ctx context.Context, req *RemoveContainerR
 	return &resp, nil
 }
 
+func (c *agentClient) UpdateInterface(ctx context.Context, req *UpdateInterfaceRequest) (*emptypb.Empty, error) {
+	var resp emptypb.Empty
+	if err := c.client.Call(ctx, "cryo.agent.v1.Agent", "UpdateInterface", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) UpdateRoutes(ctx context.Context, req *UpdateRoutesRequest) (*emptypb.Empty, error) {
+	var resp emptypb.Empty
+	if err := c.client.Call(ctx, "cryo.agent.v1.Agent", "UpdateRoutes", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
 func (c *agentClient) SetTime(ctx context.Context, req *SetTimeRequest) (*emptypb.Empty, error) {
 	var resp emptypb.Empty
 	if err := c.client.Call(ctx, "cryo.agent.v1.Agent", "SetTime", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) Reseed(ctx context.Context, req *ReseedRequest) (*emptypb.Empty, error) {
+	var resp emptypb.Empty
+	if err := c.client.Call(ctx, "cryo.agent.v1.Agent", "Reseed", req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil

@@ -1,0 +1,55 @@
+// Package guest is the guest side of the agent API: cryo-agent, PID 1 of every
+// sandbox VM, built from cmd/cryo-agent.
+//
+// # Boot and transport
+//
+// Run mounts devtmpfs, /proc, /sys, cgroup2, devpts, /run (shared, see below)
+// and /tmp, loads the modules listed in /modules.load with finit_module, brings
+// lo up, finds the virtio-serial port named "agent.0" in
+// /sys/class/virtio-ports and serves ttrpc on it. The port outlives every host
+// connection: package session splits it into one ttrpc connection per host
+// session (a hello with a nonce starts one; EOF on the port, which is what a
+// read returns while no host is connected, ends one, and the reader backs off
+// 10 ms). That makes a reconnecting shim, and a new QEMU process after a
+// restore, safe even when the guest never saw the old host go.
+//
+// # Containers
+//
+// CreateContainer finds the root disk by its virtio-blk serial
+// (/sys/block/*/serial), mounts it at /run/cryo/c/<id>/rootfs, creates the
+// cgroup /sys/fs/cgroup/cryo/<id> and starts a helper: the agent binary again
+// (/proc/self/exe container-helper), cloned with new mount, pid, uts and ipc
+// namespaces straight into the cgroup (CLONE_INTO_CGROUP). The helper mounts
+// what the spec asks for (bind mounts of host paths cannot exist in a VM: they
+// are skipped with a log line, or satisfied by the files the host sends),
+// creates devices, copies the files, masks paths, sets the hostname, moves the
+// root disk onto / and chroots into it (pivot_root does not work from an
+// initramfs), reports ready and waits. StartProcess sends it one byte: it
+// applies rlimits, capabilities, uid/gids and no_new_privs, and execs the
+// container's process, which stays PID 1 of the container.
+//
+// Exec cannot setns into a mount namespace from the multithreaded agent, so
+// the agent enters only the init's pid namespace, on a locked thread that is
+// thrown away afterwards, and starts the helper from there (again straight into
+// the cgroup). The helper, on one locked thread, unshares its filesystem
+// context, setns into the init's uts, ipc and mount namespaces, chroots into
+// the init's root (an fd of /proc/<pid>/root opened by the agent) and execs
+// from that same thread: namespaces, credentials and no_new_privs are per
+// thread, and execve keeps the calling thread's.
+//
+// Errors of the helper come back on a status pipe that execve closes
+// (O_CLOEXEC), so the agent knows whether the exec happened.
+//
+// # Processes
+//
+// One Reaper reaps every child of PID 1 (wait4(-1) on SIGCHLD) and hands exits
+// to the process that registered the pid; registration happens under the same
+// lock as reaping, so an exit cannot be lost, and nothing else waits. Output
+// goes through pipes (or a pty: Setsid+Setctty, TIOCSWINSZ) into a bounded
+// buffer per stream; ReadStdio long-polls it and a full buffer blocks the
+// writing process.
+//
+// The mounts of /run are shared and each container's copy is a slave: when
+// the agent unmounts one container's disk, the unmount reaches the other
+// containers' mount namespaces and the device is not kept busy.
+package guest

@@ -1,0 +1,408 @@
+package guest
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// HelperArg, as os.Args[1], makes the agent binary run as a container helper
+// (see RunHelper) instead of the guest's PID 1.
+const HelperArg = "container-helper"
+
+// File descriptors of the helper (0-2 are the process's stdio).
+const (
+	fdConfig = 3 // helperConfig JSON, read to EOF
+	fdStatus = 4 // helper -> agent: statusMsg lines; closed by execve
+	fdStart  = 5 // init: one byte from the agent starts the process
+	// exec: namespace files of the container's init, and its root directory
+	fdMntNS = 5
+	fdUTSNS = 6
+	fdIPCNS = 7
+	fdRoot  = 8
+)
+
+type statusMsg struct {
+	Ready bool   `json:"ready,omitempty"`
+	Error string `json:"error,omitempty"`
+}
+
+// RunHelper is the helper's main: it sets the container up (init) or enters a
+// running one (exec), then becomes the container's process with execve. Go
+// cannot enter a mount namespace from a multithreaded process, except on a
+// thread that has its own filesystem context (unshare(CLONE_FS)); so everything
+// happens on one locked thread, which is the one that calls execve: namespaces,
+// credentials, capabilities and no_new_privs are all per thread.
+func RunHelper() {
+	runtime.LockOSThread()
+	for fd := fdConfig; fd <= fdRoot; fd++ {
+		unix.CloseOnExec(fd)
+	}
+	status := os.NewFile(fdStatus, "status")
+	err := runHelper(status)
+	msg, _ := json.Marshal(statusMsg{Error: err.Error()})
+	status.Write(append(msg, '\n'))
+	os.Exit(127)
+}
+
+func runHelper(status *os.File) error {
+	var cfg helperConfig
+	cf := os.NewFile(fdConfig, "config")
+	if err := json.NewDecoder(cf).Decode(&cfg); err != nil {
+		return fmt.Errorf("read helper config: %w", err)
+	}
+	cf.Close()
+	p := cfg.Process
+	if p.OOMScoreAdj != nil {
+		if err := os.WriteFile("/proc/self/oom_score_adj", []byte(strconv.Itoa(*p.OOMScoreAdj)), 0); err != nil {
+			return fmt.Errorf("set oom_score_adj: %w", err)
+		}
+	}
+	switch cfg.Mode {
+	case helperInit:
+		if err := setupContainer(&cfg); err != nil {
+			return err
+		}
+		msg, _ := json.Marshal(statusMsg{Ready: true})
+		if _, err := status.Write(append(msg, '\n')); err != nil {
+			return err
+		}
+		start := os.NewFile(fdStart, "start")
+		if n, _ := start.Read(make([]byte, 1)); n != 1 {
+			os.Exit(1) // the agent went away or removed the container before start
+		}
+		start.Close()
+	case helperExec:
+		if err := enterContainer(); err != nil {
+			return err
+		}
+	default:
+		return fmt.Errorf("unknown helper mode %q", cfg.Mode)
+	}
+	return execProcess(&p)
+}
+
+// setupContainer runs in the new mount, pid, uts and ipc namespaces of a new
+// container: mounts, devices, files, then the root is moved onto / and
+// chrooted into. pivot_root is not possible: the guest root is the initramfs.
+func setupContainer(cfg *helperConfig) error {
+	// slave, not private: unmounts of other containers' disks by the agent
+	// propagate into this namespace, so their devices do not stay busy.
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SLAVE, ""); err != nil {
+		return fmt.Errorf("make / rslave: %w", err)
+	}
+	root := cfg.Rootfs
+	for _, m := range cfg.Mounts {
+		if err := mountInto(root, m); err != nil {
+			return err
+		}
+	}
+	for _, d := range cfg.Devices {
+		if err := makeDevice(root, d); err != nil {
+			return err
+		}
+	}
+	for _, l := range [][2]string{{"/proc/self/fd", "/dev/fd"}, {"/proc/self/fd/0", "/dev/stdin"}, {"/proc/self/fd/1", "/dev/stdout"}, {"/proc/self/fd/2", "/dev/stderr"}, {"pts/ptmx", "/dev/ptmx"}} {
+		if dst, err := securePath(root, l[1]); err == nil {
+			os.Symlink(l[0], dst) // best effort: the image may have its own
+		}
+	}
+	for _, f := range cfg.Files {
+		if err := writeFileInto(root, f); err != nil {
+			return err
+		}
+	}
+	for _, p := range cfg.MaskedPaths {
+		if err := maskPath(root, p); err != nil {
+			return err
+		}
+	}
+	for _, p := range cfg.ReadonlyPaths {
+		if err := readonlyPath(root, p); err != nil {
+			return err
+		}
+	}
+	// like runc: a missing working directory is created
+	if cwd, err := securePath(root, cfg.Process.Cwd); err == nil {
+		os.MkdirAll(cwd, 0o755)
+	}
+	if cfg.ReadonlyRoot {
+		if err := unix.Mount("", root, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY, ""); err != nil {
+			return fmt.Errorf("remount root read-only: %w", err)
+		}
+	}
+	if cfg.Hostname != "" {
+		if err := unix.Sethostname([]byte(cfg.Hostname)); err != nil {
+			return fmt.Errorf("set hostname: %w", err)
+		}
+	}
+	if cfg.Domainname != "" {
+		if err := unix.Setdomainname([]byte(cfg.Domainname)); err != nil {
+			return fmt.Errorf("set domainname: %w", err)
+		}
+	}
+	if err := unix.Chdir(root); err != nil {
+		return err
+	}
+	if err := unix.Mount(root, "/", "", unix.MS_MOVE, ""); err != nil {
+		return fmt.Errorf("move root: %w", err)
+	}
+	if err := unix.Chroot("."); err != nil {
+		return fmt.Errorf("chroot: %w", err)
+	}
+	return unix.Chdir("/")
+}
+
+func mountInto(root string, m mountEntry) error {
+	dst, err := securePath(root, m.Target)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		return fmt.Errorf("mount %s: %w", m.Target, err)
+	}
+	if m.FSType == "devpts" {
+		// The agent allocates terminals from the guest's devpts instance
+		// before the process enters the container, so the container sees
+		// that instance: a new one would not hold its /dev/pts/N, and
+		// ttyname() would fail. The VM, not the devpts instance, is the
+		// isolation boundary.
+		if err := unix.Mount("/dev/pts", dst, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			return fmt.Errorf("mount %s (devpts): %w", m.Target, err)
+		}
+		return nil
+	}
+	if err := unix.Mount(m.Source, dst, m.FSType, m.Flags, m.Data); err != nil {
+		return fmt.Errorf("mount %s (%s): %w", m.Target, m.FSType, err)
+	}
+	return nil
+}
+
+func makeDevice(root string, d deviceEntry) error {
+	dst, err := securePath(root, d.Path)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return err
+	}
+	mode := d.Mode & 0o7777
+	switch d.Type {
+	case "c", "u":
+		mode |= unix.S_IFCHR
+	case "b":
+		mode |= unix.S_IFBLK
+	case "p":
+		mode |= unix.S_IFIFO
+	default:
+		return fmt.Errorf("device %s: unknown type %q", d.Path, d.Type)
+	}
+	os.Remove(dst)
+	if err := unix.Mknod(dst, mode, int(unix.Mkdev(uint32(d.Major), uint32(d.Minor)))); err != nil {
+		return fmt.Errorf("mknod %s: %w", d.Path, err)
+	}
+	unix.Chmod(dst, d.Mode&0o7777) // mknod applies the umask
+	return os.Lchown(dst, int(d.UID), int(d.GID))
+}
+
+func writeFileInto(root string, f fileEntry) error {
+	dst, err := securePath(root, f.Path)
+	if err != nil {
+		return err
+	}
+	mode := os.FileMode(f.Mode & 0o7777)
+	if mode == 0 {
+		mode = 0o644
+	}
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return fmt.Errorf("copy %s: %w", f.Path, err)
+	}
+	if err := os.WriteFile(dst, f.Content, mode); err != nil {
+		return fmt.Errorf("copy %s: %w", f.Path, err)
+	}
+	return os.Chmod(dst, mode)
+}
+
+func maskPath(root, p string) error {
+	dst, err := securePath(root, p)
+	if err != nil {
+		return err
+	}
+	fi, err := os.Stat(dst)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if fi.IsDir() {
+		err = unix.Mount("tmpfs", dst, "tmpfs", unix.MS_RDONLY, "")
+	} else {
+		err = unix.Mount("/dev/null", dst, "", unix.MS_BIND, "")
+	}
+	if err != nil {
+		return fmt.Errorf("mask %s: %w", p, err)
+	}
+	return nil
+}
+
+func readonlyPath(root, p string) error {
+	dst, err := securePath(root, p)
+	if err != nil {
+		return err
+	}
+	if err := unix.Mount(dst, dst, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		return fmt.Errorf("readonly %s: %w", p, err)
+	}
+	if err := unix.Mount("", dst, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
+		return fmt.Errorf("readonly %s: %w", p, err)
+	}
+	return nil
+}
+
+// enterContainer joins the mount, uts and ipc namespaces and the root of a
+// running container on this thread (the pid namespace and cgroup were set by
+// the agent when it started this process).
+func enterContainer() error {
+	if err := unix.Unshare(unix.CLONE_FS); err != nil {
+		return fmt.Errorf("unshare fs: %w", err)
+	}
+	for _, ns := range []struct {
+		fd   int
+		kind int
+	}{{fdUTSNS, unix.CLONE_NEWUTS}, {fdIPCNS, unix.CLONE_NEWIPC}, {fdMntNS, unix.CLONE_NEWNS}} {
+		if err := unix.Setns(ns.fd, ns.kind); err != nil {
+			return fmt.Errorf("setns %#x: %w", ns.kind, err)
+		}
+	}
+	if err := unix.Fchdir(fdRoot); err != nil {
+		return fmt.Errorf("enter container root: %w", err)
+	}
+	if err := unix.Chroot("."); err != nil {
+		return fmt.Errorf("chroot: %w", err)
+	}
+	return nil
+}
+
+// execProcess applies the process's limits and credentials on this thread and
+// executes it.
+func execProcess(p *processConfig) error {
+	for _, r := range p.Rlimits {
+		// syscall.Setrlimit, not unix: Go restores its own RLIMIT_NOFILE on
+		// exec unless it was set through package syscall.
+		if err := syscall.Setrlimit(r.Resource, &syscall.Rlimit{Cur: r.Soft, Max: r.Hard}); err != nil {
+			return fmt.Errorf("setrlimit %d: %w", r.Resource, err)
+		}
+	}
+	if p.Umask != nil {
+		unix.Umask(int(*p.Umask))
+	}
+	if p.Capabilities != nil {
+		if err := dropBounding(p.Capabilities); err != nil {
+			return err
+		}
+		if err := unix.Prctl(unix.PR_SET_KEEPCAPS, 1, 0, 0, 0); err != nil {
+			return fmt.Errorf("keepcaps: %w", err)
+		}
+	}
+	if err := setCredentials(p); err != nil {
+		return err
+	}
+	if p.Capabilities != nil {
+		if err := applyCaps(p.Capabilities); err != nil {
+			return err
+		}
+	}
+	if p.NoNewPrivileges {
+		if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+			return fmt.Errorf("no_new_privs: %w", err)
+		}
+	}
+	if err := unix.Chdir(p.Cwd); err != nil {
+		return fmt.Errorf("chdir %s: %w", p.Cwd, err)
+	}
+	env := p.Env
+	if !hasEnv(env, "HOME") {
+		env = append(env, "HOME="+homeDir("/etc/passwd", p.UID))
+	}
+	bin, err := lookPath(p.Args[0], env)
+	if err != nil {
+		return err
+	}
+	if err := unix.Exec(bin, p.Args, env); err != nil {
+		return fmt.Errorf("exec %s: %w", p.Args[0], err)
+	}
+	return nil
+}
+
+// setCredentials changes groups, gid and uid of this thread only (raw
+// syscalls: Go's Setuid would change every thread; only this one execs).
+func setCredentials(p *processConfig) error {
+	gids := p.AdditionalGids
+	var gp unsafe.Pointer
+	if len(gids) > 0 {
+		gp = unsafe.Pointer(&gids[0])
+	}
+	if _, _, e := unix.RawSyscall(unix.SYS_SETGROUPS, uintptr(len(gids)), uintptr(gp), 0); e != 0 {
+		return fmt.Errorf("setgroups: %w", e)
+	}
+	if _, _, e := unix.RawSyscall(unix.SYS_SETRESGID, uintptr(p.GID), uintptr(p.GID), uintptr(p.GID)); e != 0 {
+		return fmt.Errorf("setgid %d: %w", p.GID, e)
+	}
+	if _, _, e := unix.RawSyscall(unix.SYS_SETRESUID, uintptr(p.UID), uintptr(p.UID), uintptr(p.UID)); e != 0 {
+		return fmt.Errorf("setuid %d: %w", p.UID, e)
+	}
+	return nil
+}
+
+// homeDir looks uid up in the container's passwd file, like runc does when
+// the spec sets no HOME; "/" when it is not there.
+func homeDir(passwd string, uid uint32) string {
+	b, err := os.ReadFile(passwd)
+	if err != nil {
+		return "/"
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Split(line, ":")
+		if len(f) >= 6 && f[2] == strconv.FormatUint(uint64(uid), 10) && f[5] != "" {
+			return f[5]
+		}
+	}
+	return "/"
+}
+
+// lookPath finds name in the PATH of env, in the container's root.
+func lookPath(name string, env []string) (string, error) {
+	if strings.Contains(name, "/") {
+		return name, nil
+	}
+	pathEnv := ""
+	for _, e := range env {
+		if v, ok := strings.CutPrefix(e, "PATH="); ok {
+			pathEnv = v
+		}
+	}
+	for _, dir := range filepath.SplitList(pathEnv) {
+		if dir == "" {
+			dir = "."
+		}
+		p := path.Join(dir, name)
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("exec %s: executable file not found in $PATH", name)
+}

@@ -1,0 +1,52 @@
+// Command cryoctl is cryo's node CLI: it inspects, verifies, moves and
+// garbage-collects snapshots and their stores, and warms the node cache.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := newRootCommand(&App{Stdout: os.Stdout, Stderr: os.Stderr}).ExecuteContext(ctx)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "cryoctl:", err)
+		os.Exit(1)
+	}
+}
+
+// newRootCommand builds the command tree. Add subcommands here.
+func newRootCommand(a *App) *cobra.Command {
+	root := &cobra.Command{
+		Use:           "cryoctl",
+		Short:         "Manage cryo snapshots, stores and the node cache",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
+			return a.load(cmd)
+		},
+	}
+	root.SetOut(a.Stdout)
+	root.SetErr(a.Stderr)
+	a.addGlobalFlags(root.PersistentFlags())
+	root.AddCommand(
+		// store layer (cmd/cryoctl/store.go, snapshot.go, archive.go)
+		newInspectCommand(a),
+		newVerifyCommand(a),
+		newLsCommand(a),
+		newRmCommand(a),
+		newGCCommand(a),
+		newPullCommand(a),
+		newExportCommand(a),
+		newImportCommand(a),
+		// checkpoint, restore, bench, guest: added by their owners.
+	)
+	return root
+}

@@ -1,0 +1,356 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/dustin/go-humanize"
+	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"github.com/spf13/cobra"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/cryo-runtime/cryo/fetch"
+	"github.com/cryo-runtime/cryo/snapshot"
+)
+
+// isSignatureTag reports whether tag names a signature (see
+// snapshot.SignatureTag) rather than a snapshot.
+func isSignatureTag(tag string) bool {
+	return strings.HasSuffix(tag, ".sig") && strings.HasPrefix(tag, "sha256-")
+}
+
+type lsEntry struct {
+	Tag         string        `json:"tag"`
+	Digest      digest.Digest `json:"digest"`
+	Created     *time.Time    `json:"created,omitempty"`
+	Expires     *time.Time    `json:"expires,omitempty"`
+	StoredBytes int64         `json:"storedBytes,omitempty"`
+	Error       string        `json:"error,omitempty"`
+}
+
+func newLsCommand(a *App) *cobra.Command {
+	var long, all bool
+	cmd := &cobra.Command{
+		Use:   "ls <store-url>",
+		Short: "List the snapshots (tags) in a store",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			store, _, err := a.openStore(ctx, args[0], false)
+			if err != nil {
+				return err
+			}
+			tags, err := store.Tags(ctx)
+			if err != nil {
+				return err
+			}
+			entries := []lsEntry{}
+			for _, t := range tags {
+				if isSignatureTag(t) && !all {
+					continue
+				}
+				e := lsEntry{Tag: t}
+				d, err := store.Resolve(ctx, t)
+				if err != nil {
+					e.Error = err.Error()
+				}
+				e.Digest = d.Digest
+				if long && err == nil && !isSignatureTag(t) {
+					if s, err := snapshot.Open(ctx, store, d.Digest.String(), snapshot.ReadOptions{}); err != nil {
+						e.Error = err.Error()
+					} else {
+						md := s.Metadata
+						e.Created, e.StoredBytes = &md.Created, md.Totals.StoredBytes
+						if !md.Expires.IsZero() {
+							e.Expires = &md.Expires
+						}
+					}
+				}
+				entries = append(entries, e)
+			}
+			return a.print(entries, func(w io.Writer) {
+				tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+				defer tw.Flush()
+				for _, e := range entries {
+					fmt.Fprintf(tw, "%s\t%s", e.Tag, e.Digest)
+					if long {
+						created, expires := "-", "never"
+						if e.Created != nil {
+							created = e.Created.Format(time.RFC3339)
+						}
+						if e.Expires != nil {
+							expires = e.Expires.Format(time.RFC3339)
+						}
+						fmt.Fprintf(tw, "\t%s\t%s\t%s", created, expires, humanize.IBytes(uint64(e.StoredBytes)))
+					}
+					if e.Error != "" {
+						fmt.Fprintf(tw, "\terror: %s", e.Error)
+					}
+					fmt.Fprintln(tw)
+				}
+			})
+		},
+	}
+	cmd.Flags().BoolVarP(&long, "long", "l", false, "open each snapshot: created, expires, stored size")
+	cmd.Flags().BoolVarP(&all, "all", "a", false, "also list signature tags")
+	return cmd
+}
+
+func newRmCommand(a *App) *cobra.Command {
+	return &cobra.Command{
+		Use:   "rm <store-url:tag>",
+		Short: "Remove a snapshot's tag (and its signature when no other tag needs it); blobs go at gc",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			store, ref, err := a.openStore(ctx, args[0], true)
+			if err != nil {
+				return err
+			}
+			d, err := removeSnapshot(ctx, store, ref)
+			if err != nil {
+				return err
+			}
+			return a.print(map[string]any{"removed": args[0], "digest": d}, func(w io.Writer) {
+				fmt.Fprintf(w, "removed %s (%s)\n", args[0], d)
+			})
+		},
+	}
+}
+
+// removeSnapshot untags tag and, unless another tag names the same
+// manifest, its signature.
+func removeSnapshot(ctx context.Context, store fetch.Store, tag string) (digest.Digest, error) {
+	desc, err := store.Resolve(ctx, tag)
+	if err != nil {
+		return "", err
+	}
+	if err := store.Untag(ctx, tag); err != nil {
+		return "", err
+	}
+	tags, err := store.Tags(ctx)
+	if err != nil {
+		return desc.Digest, err
+	}
+	for _, t := range tags {
+		if isSignatureTag(t) {
+			continue
+		}
+		if d, err := store.Resolve(ctx, t); err == nil && d.Digest == desc.Digest {
+			return desc.Digest, nil // still named: keep the signature
+		}
+	}
+	if err := store.Untag(ctx, snapshot.SignatureTag(desc.Digest)); err != nil && !errdefs.IsNotFound(err) {
+		return desc.Digest, fmt.Errorf("remove signature of %s: %w", desc.Digest, err)
+	}
+	return desc.Digest, nil
+}
+
+type gcStoreResult struct {
+	Store   string         `json:"store"`
+	Expired []string       `json:"expired"`
+	Blobs   fetch.GCResult `json:"blobs"`
+	Skipped []string       `json:"skipped,omitempty"` // tags that could not be read
+}
+
+type gcResult struct {
+	Stores     []gcStoreResult  `json:"stores"`
+	CacheFreed int64            `json:"cacheFreedBytes"`
+	Cache      fetch.CacheStats `json:"cache"`
+}
+
+func newGCCommand(a *App) *cobra.Command {
+	var dryRun, noCache bool
+	var grace time.Duration
+	cmd := &cobra.Command{
+		Use:   "gc [store-url...]",
+		Short: "Remove expired snapshots and unreferenced blobs from stores, and trim the node cache to its limit",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			res := gcResult{Stores: []gcStoreResult{}}
+			for _, url := range args {
+				r, err := a.gcStore(ctx, url, dryRun, grace)
+				if err != nil {
+					return err
+				}
+				res.Stores = append(res.Stores, r)
+			}
+			if !noCache {
+				c, err := a.cache()
+				if err != nil {
+					return err
+				}
+				if !dryRun {
+					limit := c.Stats().MaxBytes
+					if limit > 0 {
+						if res.CacheFreed, err = c.Prune(limit); err != nil {
+							return err
+						}
+					}
+				}
+				res.Cache = c.Stats()
+			}
+			return a.print(res, func(w io.Writer) {
+				for _, r := range res.Stores {
+					fmt.Fprintf(w, "%s: %d expired snapshots removed, %d blobs (%s) deleted, %d reachable, %d young kept\n",
+						r.Store, len(r.Expired), r.Blobs.Deleted, humanize.IBytes(uint64(r.Blobs.DeletedBytes)), r.Blobs.Reachable, r.Blobs.Kept)
+					for _, s := range r.Skipped {
+						fmt.Fprintf(w, "  skipped %s\n", s)
+					}
+				}
+				if !noCache {
+					fmt.Fprintf(w, "cache: %s freed, %s in %d blobs (limit %s)\n", humanize.IBytes(uint64(res.CacheFreed)),
+						humanize.IBytes(uint64(res.Cache.Bytes)), res.Cache.Blobs, humanize.IBytes(uint64(res.Cache.MaxBytes)))
+				}
+			})
+		},
+	}
+	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "report without deleting")
+	cmd.Flags().BoolVar(&noCache, "no-cache", false, "leave the node cache alone")
+	cmd.Flags().DurationVar(&grace, "grace", time.Hour, "keep unreferenced blobs younger than this (a publish may be in progress)")
+	return cmd
+}
+
+func (a *App) gcStore(ctx context.Context, url string, dryRun bool, grace time.Duration) (gcStoreResult, error) {
+	r := gcStoreResult{Store: url, Expired: []string{}}
+	store, _, err := a.openStore(ctx, url, false)
+	if err != nil {
+		return r, err
+	}
+	tags, err := store.Tags(ctx)
+	if err != nil {
+		return r, err
+	}
+	for _, t := range tags {
+		if isSignatureTag(t) {
+			continue
+		}
+		s, err := snapshot.Open(ctx, store, t, snapshot.ReadOptions{})
+		if err != nil {
+			r.Skipped = append(r.Skipped, t+": "+err.Error())
+			continue
+		}
+		if !expired(s.Metadata) {
+			continue
+		}
+		r.Expired = append(r.Expired, t)
+		if !dryRun {
+			if _, err := removeSnapshot(ctx, store, t); err != nil {
+				return r, fmt.Errorf("gc %s: remove expired %s: %w", url, t, err)
+			}
+		}
+	}
+	if grace == 0 {
+		grace = -1 // fetch.GC treats 0 as its default
+	}
+	r.Blobs, err = fetch.GC(ctx, store, fetch.GCOptions{Grace: grace, DryRun: dryRun})
+	if errdefs.IsNotImplemented(err) {
+		r.Skipped = append(r.Skipped, "blobs: the store collects its own garbage")
+		err = nil
+	}
+	return r, err
+}
+
+type pullResult struct {
+	Ref        string           `json:"ref"`
+	Manifest   digest.Digest    `json:"manifest"`
+	Blobs      int              `json:"blobs"`
+	Bytes      int64            `json:"bytes"`
+	Downloaded int64            `json:"downloadedBytes"`
+	Cache      fetch.CacheStats `json:"cache"`
+}
+
+func newPullCommand(a *App) *cobra.Command {
+	return &cobra.Command{
+		Use:   "pull <store-url:tag|@digest>",
+		Short: "Download a snapshot into the node cache (verified), so a restore finds it local",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			store, ref, err := a.openStore(ctx, args[0], true)
+			if err != nil {
+				return err
+			}
+			c, err := a.cache()
+			if err != nil {
+				return err
+			}
+			res, err := a.pull(ctx, store, c, ref)
+			if err != nil {
+				return fmt.Errorf("pull %s: %w", args[0], err)
+			}
+			res.Ref = args[0]
+			return a.print(res, func(w io.Writer) {
+				fmt.Fprintf(w, "pulled %s (%s): %d blobs, %s, %s downloaded\n", res.Ref, res.Manifest, res.Blobs,
+					humanize.IBytes(uint64(res.Bytes)), humanize.IBytes(uint64(res.Downloaded)))
+			})
+		},
+	}
+}
+
+// pull fetches every blob of the snapshot (and its signature) into c.
+func (a *App) pull(ctx context.Context, store fetch.Store, c *fetch.Cache, ref string) (pullResult, error) {
+	var res pullResult
+	var bar *progress
+	cs := fetch.NewCachingStore(store, c, fetch.CachingOptions{Progress: func(_ ocispec.Descriptor, n int64) { bar.Add(n) }})
+	o, err := a.readOptions()
+	if err != nil {
+		return res, err
+	}
+	before := c.Stats().BytesDownloaded
+	// Open checks the signature policy and validates the manifest and
+	// config (which land in the cache on the way).
+	s, err := snapshot.Open(ctx, cs, ref, o)
+	if err != nil {
+		return res, err
+	}
+	res.Manifest = s.Descriptor.Digest
+	var blobs []ocispec.Descriptor
+	seen := map[digest.Digest]bool{}
+	collect := func(d ocispec.Descriptor) error {
+		if !seen[d.Digest] {
+			seen[d.Digest] = true
+			blobs = append(blobs, d)
+		}
+		return nil
+	}
+	if err := fetch.Walk(ctx, cs, s.Descriptor, collect); err != nil {
+		return res, err
+	}
+	if sd, err := store.Resolve(ctx, snapshot.SignatureTag(s.Descriptor.Digest)); err == nil {
+		if err := fetch.Walk(ctx, cs, sd, collect); err != nil {
+			return res, err
+		}
+	} else if !errdefs.IsNotFound(err) {
+		return res, err
+	}
+	var missing int64
+	for _, b := range blobs {
+		res.Blobs++
+		res.Bytes += b.Size
+		if !c.Has(b.Digest) {
+			missing += b.Size
+		}
+	}
+	bar = a.newProgress(missing, "pull")
+	defer bar.Done()
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(max(a.Config.Stores.MaxConcurrentFetches, 1))
+	for _, b := range blobs {
+		unpin := c.Pin(b.Digest)
+		defer unpin()
+		g.Go(func() error { return cs.Ensure(gctx, b) })
+	}
+	if err := g.Wait(); err != nil {
+		return res, err
+	}
+	res.Cache = c.Stats()
+	res.Downloaded = res.Cache.BytesDownloaded - before
+	return res, nil
+}

@@ -1,0 +1,7 @@
+//go:build integration
+
+package fetch_test
+
+import "github.com/minio/minio-go/v7"
+
+func minioStat() minio.StatObjectOptions { return minio.StatObjectOptions{} }

@@ -1,0 +1,417 @@
+package snapshot
+
+import (
+	"context"
+	"crypto/sha256"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/klauspost/compress/zstd"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/cryo-runtime/cryo/fetch"
+)
+
+// discardStore hashes and drops pushed blobs: the Write benchmark measures
+// the pipeline, not an in-memory store's allocations.
+type discardStore struct{ *memStore }
+
+func (d discardStore) Push(_ context.Context, desc ocispec.Descriptor, r io.Reader) error {
+	h := sha256.New()
+	n, err := io.Copy(h, r)
+	if err == nil && n != desc.Size {
+		err = fmt.Errorf("push %s: %d bytes", desc.Digest, n)
+	}
+	d.pushes.Add(1)
+	d.pushedBytes.Add(n)
+	return err
+}
+
+// Tag accepts manifests the store never kept.
+func (d discardStore) Tag(context.Context, ocispec.Descriptor, string) error { return nil }
+
+// Benchmarks run on a generated RAM-like file: 20% random chunks, 30%
+// text-like chunks, 50% zeros (half holes, half written zeros), 4 MiB
+// chunks. Its size is 1 GiB unless -benchsize or CRYO_BENCH_SIZE (e.g.
+// "64MiB") says otherwise:
+//
+//	CRYO_BENCH_SIZE=64MiB go test -run '^$' -bench . ./snapshot/
+//	go test -run '^$' -bench . -benchtime 1x ./snapshot/    # 1 GiB
+var benchSizeFlag = flag.String("benchsize", "", "size of the benchmark file (e.g. 64MiB, 1GiB); default $CRYO_BENCH_SIZE or 1GiB")
+
+var bench struct {
+	once  sync.Once
+	dir   string
+	path  string
+	size  int64
+	err   error
+	store *memStore // holds the snapshot "v1" of path
+	first WriteStats
+}
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	code := m.Run()
+	if bench.dir != "" {
+		os.RemoveAll(bench.dir)
+	}
+	os.Exit(code)
+}
+
+func parseSize(s string) (int64, error) {
+	mult := int64(1)
+	for suf, m := range map[string]int64{"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30} {
+		if v, ok := strings.CutSuffix(s, suf); ok {
+			s, mult = v, m
+		}
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	return n * mult, err
+}
+
+// benchFile creates the benchmark file once.
+func benchFile(b *testing.B) (string, int64) {
+	bench.once.Do(func() {
+		s := *benchSizeFlag
+		if s == "" {
+			s = os.Getenv("CRYO_BENCH_SIZE")
+		}
+		if s == "" {
+			s = "1GiB"
+		}
+		if bench.size, bench.err = parseSize(s); bench.err != nil {
+			return
+		}
+		if bench.dir, bench.err = os.MkdirTemp("", "cryo-bench-"); bench.err != nil {
+			return
+		}
+		bench.path = filepath.Join(bench.dir, "ram")
+		bench.err = writeBenchFile(bench.path, bench.size)
+	})
+	if bench.err != nil {
+		b.Fatalf("benchmark file: %v", bench.err)
+	}
+	return bench.path, bench.size
+}
+
+// benchKind returns what chunk i of the benchmark file holds: 0 random,
+// 1 text, 2 hole, 3 zeros. Chunks are shuffled deterministically.
+func benchKind(i int64) int {
+	r := rand.New(rand.NewPCG(uint64(i), 99)).IntN(100)
+	switch {
+	case r < 20:
+		return 0
+	case r < 50:
+		return 1
+	case r < 75:
+		return 2
+	}
+	return 3
+}
+
+func writeBenchFile(path string, size int64) error {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := f.Truncate(size); err != nil {
+		return err
+	}
+	const cs = DefaultChunkSize
+	buf := make([]byte, cs)
+	r := rand.New(rand.NewPCG(1, 2))
+	for i := int64(0); i*cs < size; i++ {
+		b := buf[:min(cs, size-i*cs)]
+		switch benchKind(i) {
+		case 0:
+			fillRandom(r, b)
+		case 1:
+			textLike(r, b)
+		case 2:
+			continue
+		case 3:
+			clear(b)
+		}
+		if _, err := f.WriteAt(b, i*cs); err != nil {
+			return err
+		}
+	}
+	return f.Sync()
+}
+
+// peakHeap samples the heap in use until stop is called and returns the
+// peak in MiB above the live heap at the start (the benchmark's in-memory
+// store), garbage not yet collected included.
+func peakHeap() (stop func() float64) {
+	var peak atomic.Uint64
+	var base runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&base)
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		t := time.NewTicker(20 * time.Millisecond)
+		defer t.Stop()
+		var ms runtime.MemStats
+		for {
+			runtime.ReadMemStats(&ms)
+			if ms.HeapInuse > peak.Load() {
+				peak.Store(ms.HeapInuse)
+			}
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return func() float64 {
+		close(done)
+		<-finished
+		return float64(peak.Load()-min(peak.Load(), base.HeapInuse)) / (1 << 20)
+	}
+}
+
+func writeBench(b *testing.B, store fetch.Store, ref, path string) WriteStats {
+	return writeBenchOpts(b, store, ref, path, WriteOptions{})
+}
+
+func writeBenchOpts(b *testing.B, store fetch.Store, ref, path string, opts WriteOptions) WriteStats {
+	src, err := NewSource(Metadata{}, SourcePaths{RAM: path})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer src.Close()
+	_, st, err := Write(context.Background(), store, ref, src, opts)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return st
+}
+
+// benchStore returns a store holding the snapshot "v1" of the bench file.
+func benchStore(b *testing.B) *memStore {
+	path, _ := benchFile(b)
+	if bench.store == nil {
+		bench.store = newMemStore()
+		bench.first = writeBench(b, bench.store, "v1", path)
+	}
+	return bench.store
+}
+
+func BenchmarkWrite(b *testing.B) {
+	path, size := benchFile(b)
+	b.SetBytes(size)
+	stop := peakHeap()
+	var st WriteStats
+	for b.Loop() {
+		st = writeBench(b, discardStore{newMemStore()}, "v1", path)
+	}
+	b.ReportMetric(stop(), "peak-heap-MiB")
+	b.ReportMetric(float64(st.StoredBytes)/float64(st.RawBytes), "stored/raw")
+	b.ReportMetric(float64(st.StoredBytes)/float64(st.DataBytes), "stored/nonzero")
+}
+
+// BenchmarkWriteEncrypted is BenchmarkWrite with AES-256-GCM chunks.
+func BenchmarkWriteEncrypted(b *testing.B) {
+	path, size := benchFile(b)
+	b.SetBytes(size)
+	stop := peakHeap()
+	opts := WriteOptions{EncryptionKey: make([]byte, 32)}
+	for b.Loop() {
+		writeBenchOpts(b, discardStore{newMemStore()}, "v1", path, opts)
+	}
+	b.ReportMetric(stop(), "peak-heap-MiB")
+}
+
+// forDataChunks calls fn for each non-zero chunk of the bench file, in
+// parallel on GOMAXPROCS goroutines, as Write reads them.
+func forDataChunks(b *testing.B, fn func(raw, scratch []byte)) {
+	path, size := benchFile(b)
+	sf, err := OpenSourceFile(FileRAM, path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer sf.ReaderAt.(*os.File).Close()
+	var g errgroup.Group
+	idx := make(chan int64)
+	for range runtime.GOMAXPROCS(0) {
+		g.Go(func() error {
+			buf := make([]byte, DefaultChunkSize)
+			scratch := make([]byte, maxStoredSize(DefaultChunkSize))
+			for i := range idx {
+				n, err := sf.ReaderAt.ReadAt(buf[:min(DefaultChunkSize, size-i*DefaultChunkSize)], i*DefaultChunkSize)
+				if err != nil && n == 0 {
+					return err
+				}
+				if !isZero(buf[:n]) {
+					fn(buf[:n], scratch)
+				}
+			}
+			return nil
+		})
+	}
+	sf.chunkIndexes(DefaultChunkSize, func(i int64) error { idx <- i; return nil })
+	close(idx)
+	if err := g.Wait(); err != nil {
+		b.Fatal(err)
+	}
+}
+
+func BenchmarkRawSHA256(b *testing.B) {
+	_, size := benchFile(b)
+	b.SetBytes(size)
+	for b.Loop() {
+		forDataChunks(b, func(raw, _ []byte) { sha256.Sum256(raw) })
+	}
+}
+
+func BenchmarkRawZstdEncode(b *testing.B) {
+	_, size := benchFile(b)
+	enc, _ := zstd.NewWriter(nil, zstd.WithEncoderConcurrency(runtime.GOMAXPROCS(0)))
+	defer enc.Close()
+	b.SetBytes(size)
+	for b.Loop() {
+		forDataChunks(b, func(raw, dst []byte) { enc.EncodeAll(raw, dst[:0]) })
+	}
+}
+
+// benchCacheDir is where BenchmarkMaterialize writes: $CRYO_BENCH_CACHE
+// (e.g. /dev/shm, to leave the disk out) or the benchmark's temp dir.
+func benchCacheDir(b *testing.B) string {
+	d := os.Getenv("CRYO_BENCH_CACHE")
+	if d == "" {
+		return bench.dir
+	}
+	d, err := os.MkdirTemp(d, "cryo-bench-")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { os.RemoveAll(d) })
+	return d
+}
+
+func BenchmarkMaterialize(b *testing.B) {
+	store := benchStore(b)
+	_, size := benchFile(b)
+	s, err := Open(context.Background(), store, "v1", ReadOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(size)
+	stop := peakHeap()
+	for b.Loop() {
+		cache := filepath.Join(benchCacheDir(b), "cache")
+		if _, err := s.Materialize(context.Background(), cache); err != nil {
+			b.Fatal(err)
+		}
+		b.StopTimer()
+		os.RemoveAll(cache)
+		b.StartTimer()
+	}
+	b.ReportMetric(stop(), "peak-heap-MiB")
+}
+
+func BenchmarkRawZstdDecode(b *testing.B) {
+	store := benchStore(b)
+	s, err := Open(context.Background(), store, "v1", ReadOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	_, size := benchFile(b)
+	workers := runtime.GOMAXPROCS(0)
+	dec, _ := zstd.NewReader(nil, zstd.WithDecoderConcurrency(workers))
+	defer dec.Close()
+	b.SetBytes(size)
+	for b.Loop() {
+		var g errgroup.Group
+		jobs := make(chan chunkRef)
+		for range workers {
+			g.Go(func() error {
+				dst := make([]byte, 0, DefaultChunkSize)
+				for c := range jobs {
+					if _, err := dec.DecodeAll(store.get(c.desc.Digest), dst[:0]); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+		}
+		for _, c := range s.chunks {
+			jobs <- c
+		}
+		close(jobs)
+		if err := g.Wait(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkIncremental snapshots the bench file into an empty store,
+// changes every 20th stored chunk (5%), and snapshots it again (timed):
+// only the changed chunks are uploaded.
+func BenchmarkIncremental(b *testing.B) {
+	path, _ := benchFile(b)
+	var first, second WriteStats
+	changed := 0
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		store := newMemStore()
+		first = writeBench(b, store, "v1", path)
+		s, err := Open(context.Background(), store, "v1", ReadOptions{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		changed = changeChunks(b, path, s, 20, i)
+		b.StartTimer()
+		second = writeBench(b, store, "v2", path)
+	}
+	bench.store = nil // the file changed
+	ratio := float64(second.UploadedBytes) / float64(first.UploadedBytes)
+	b.ReportMetric(ratio, "uploaded/first")
+	b.ReportMetric(float64(second.UploadedChunks), "chunks-uploaded")
+	b.ReportMetric(float64(changed), "chunks-changed")
+	b.ReportMetric(float64(first.Chunks), "chunks")
+	if second.UploadedChunks != changed {
+		b.Fatalf("second snapshot uploaded %d chunks, %d changed", second.UploadedChunks, changed)
+	}
+	// With few chunks, which ones changed (random or text) decides the
+	// ratio; the 10% target is checked on files of 100 chunks and more.
+	if ratio > 0.10 && first.Chunks >= 100 {
+		b.Fatalf("second snapshot uploaded %.1f%% of the first's bytes, want <= 10%%", 100*ratio)
+	}
+}
+
+// changeChunks writes a few bytes into every stride-th stored chunk of the
+// snapshot s of path and returns how many chunks changed.
+func changeChunks(b *testing.B, path string, s *Snapshot, stride, gen int) int {
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	n := 0
+	for i, c := range s.chunks {
+		if i%stride == 0 {
+			n++
+			if _, err := f.WriteAt([]byte(fmt.Sprintf("changed page %d/%d", i, gen)), c.off+4096); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	return n
+}

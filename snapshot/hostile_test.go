@@ -1,0 +1,268 @@
+package snapshot
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"runtime"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+
+	"github.com/containerd/errdefs"
+	"github.com/klauspost/compress/zstd"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+)
+
+// rewrite re-publishes ref after fn edited its manifest and metadata, with
+// correct digests: what a hostile publisher (not a corrupting store) does.
+func rewrite(t *testing.T, store *memStore, ref string, fn func(m *ocispec.Manifest, md *Metadata)) {
+	t.Helper()
+	ctx := context.Background()
+	desc, err := store.Resolve(ctx, ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m ocispec.Manifest
+	if err := json.Unmarshal(store.get(desc.Digest), &m); err != nil {
+		t.Fatal(err)
+	}
+	var md Metadata
+	if err := json.Unmarshal(store.get(m.Config.Digest), &md); err != nil {
+		t.Fatal(err)
+	}
+	fn(&m, &md)
+	cfg, _ := json.Marshal(md)
+	m.Config = store.put(cfg)
+	m.Config.MediaType = MediaTypeConfig
+	mb, _ := json.Marshal(m)
+	nd := store.put(mb)
+	nd.MediaType = ocispec.MediaTypeImageManifest
+	if err := store.Tag(ctx, nd, ref); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// firstLayer returns the index of the first layer of file.
+func firstLayer(t *testing.T, m *ocispec.Manifest, file string) int {
+	for i, l := range m.Layers {
+		if l.Annotations[AnnotationFile] == file {
+			return i
+		}
+	}
+	t.Fatalf("no layer of %s", file)
+	return -1
+}
+
+// zstdFrame encodes raw with the streaming encoder (no content size in the
+// header) and the given window.
+func zstdFrame(t *testing.T, raw []byte, window int) []byte {
+	var buf bytes.Buffer
+	enc, err := zstd.NewWriter(&buf, zstd.WithWindowSize(window), zstd.WithEncoderConcurrency(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	enc.Write(raw)
+	enc.Close()
+	return buf.Bytes()
+}
+
+// replaceChunk makes layer i of file point at a crafted, correctly digested
+// blob.
+func replaceChunk(t *testing.T, store *memStore, file string, stored []byte) func(*ocispec.Manifest, *Metadata) {
+	return func(m *ocispec.Manifest, _ *Metadata) {
+		i := firstLayer(t, m, file)
+		d := store.put(stored)
+		m.Layers[i].Digest, m.Layers[i].Size = d.Digest, d.Size
+	}
+}
+
+func TestHostile(t *testing.T) {
+	type phase int
+	const (
+		atOpen phase = iota
+		atMaterialize
+	)
+	big := make([]byte, 64<<20) // decompresses from a few KiB
+	cases := []struct {
+		name  string
+		setup func(t *testing.T, store *memStore, s *Snapshot)
+		opts  ReadOptions
+		phase phase
+		want  func(error) bool
+	}{
+		{"flipped bit in chunk", func(t *testing.T, st *memStore, s *Snapshot) {
+			st.corrupt(s.chunks[3].desc.Digest, func(b []byte) []byte { b[len(b)/2] ^= 1; return b })
+		}, ReadOptions{}, atMaterialize, errdefs.IsDataLoss},
+		{"flipped bit in manifest", func(t *testing.T, st *memStore, s *Snapshot) {
+			st.corrupt(s.Descriptor.Digest, func(b []byte) []byte { b[100] ^= 1; return b })
+		}, ReadOptions{}, atOpen, errdefs.IsDataLoss},
+		{"flipped bit in config", func(t *testing.T, st *memStore, s *Snapshot) {
+			st.corrupt(s.Manifest.Config.Digest, func(b []byte) []byte { b[10] ^= 4; return b })
+		}, ReadOptions{}, atOpen, errdefs.IsDataLoss},
+		{"truncated chunk", func(t *testing.T, st *memStore, s *Snapshot) {
+			st.corrupt(s.chunks[0].desc.Digest, func(b []byte) []byte { return b[:len(b)-1] })
+		}, ReadOptions{}, atMaterialize, errdefs.IsDataLoss},
+		{"extra bytes after chunk", func(t *testing.T, st *memStore, s *Snapshot) {
+			d := s.chunks[0].desc.Digest
+			st.fetchHook = func(desc ocispec.Descriptor, off, n int64, b []byte) []byte {
+				if desc.Digest == d {
+					return append(b, 0)
+				}
+				return b
+			}
+		}, ReadOptions{}, atMaterialize, errdefs.IsDataLoss},
+		{"extra bytes after manifest", func(t *testing.T, st *memStore, s *Snapshot) {
+			st.fetchHook = func(desc ocispec.Descriptor, off, n int64, b []byte) []byte {
+				if desc.Digest == s.Descriptor.Digest {
+					return append(b, ' ')
+				}
+				return b
+			}
+		}, ReadOptions{}, atOpen, errdefs.IsDataLoss},
+		{"zstd bomb, tiny input huge output", func(t *testing.T, st *memStore, s *Snapshot) {
+			rewrite(t, st, "v1", replaceChunk(t, st, FileDevState, zstdFrame(t, big, 32<<10)))
+		}, ReadOptions{}, atMaterialize, errdefs.IsDataLoss},
+		{"zstd bomb, content size in header", func(t *testing.T, st *memStore, s *Snapshot) {
+			enc, _ := zstd.NewWriter(nil, zstd.WithWindowSize(32<<10), zstd.WithSingleSegment(false))
+			rewrite(t, st, "v1", replaceChunk(t, st, FileDevState, enc.EncodeAll(big, nil)))
+		}, ReadOptions{}, atMaterialize, errdefs.IsDataLoss},
+		{"zstd huge window", func(t *testing.T, st *memStore, s *Snapshot) {
+			rewrite(t, st, "v1", replaceChunk(t, st, FileDevState, zstdFrame(t, bytes.Repeat([]byte("ab"), testCS), 256<<20)))
+		}, ReadOptions{}, atMaterialize, errdefs.IsDataLoss},
+		{"decompressed size smaller than manifest", func(t *testing.T, st *memStore, s *Snapshot) {
+			enc, _ := zstd.NewWriter(nil)
+			rewrite(t, st, "v1", replaceChunk(t, st, FileDevState, enc.EncodeAll(bytes.Repeat([]byte{1}, testCS-1), nil)))
+		}, ReadOptions{}, atMaterialize, errdefs.IsDataLoss},
+		{"chunk offset outside the file", func(t *testing.T, st *memStore, s *Snapshot) {
+			rewrite(t, st, "v1", func(m *ocispec.Manifest, md *Metadata) {
+				m.Layers[firstLayer(t, m, "disk:root")].Annotations[AnnotationOffset] = strconv.Itoa(10 * testCS)
+			})
+		}, ReadOptions{}, atOpen, errdefs.IsInvalidArgument},
+		{"chunk offsets overlap", func(t *testing.T, st *memStore, s *Snapshot) {
+			rewrite(t, st, "v1", func(m *ocispec.Manifest, md *Metadata) {
+				i := firstLayer(t, m, "disk:root")
+				m.Layers[i+1].Annotations = m.Layers[i].Annotations
+			})
+		}, ReadOptions{}, atOpen, errdefs.IsInvalidArgument},
+		{"chunk offset unaligned", func(t *testing.T, st *memStore, s *Snapshot) {
+			rewrite(t, st, "v1", func(m *ocispec.Manifest, md *Metadata) {
+				m.Layers[firstLayer(t, m, "disk:root")].Annotations[AnnotationOffset] = "4096"
+			})
+		}, ReadOptions{}, atOpen, errdefs.IsInvalidArgument},
+		{"raw size over chunk size", func(t *testing.T, st *memStore, s *Snapshot) {
+			rewrite(t, st, "v1", func(m *ocispec.Manifest, md *Metadata) {
+				m.Layers[firstLayer(t, m, "disk:root")].Annotations[AnnotationSize] = strconv.Itoa(testCS + 1)
+			})
+		}, ReadOptions{}, atOpen, errdefs.IsInvalidArgument},
+		{"negative offset", func(t *testing.T, st *memStore, s *Snapshot) {
+			rewrite(t, st, "v1", func(m *ocispec.Manifest, md *Metadata) {
+				m.Layers[0].Annotations[AnnotationOffset] = "-65536"
+			})
+		}, ReadOptions{}, atOpen, errdefs.IsInvalidArgument},
+		{"file name escapes the cache", func(t *testing.T, st *memStore, s *Snapshot) {
+			rewrite(t, st, "v1", func(m *ocispec.Manifest, md *Metadata) {
+				md.Files[1].Name = "disk:../../etc"
+			})
+		}, ReadOptions{}, atOpen, errdefs.IsInvalidArgument},
+		{"chunk of an unknown file", func(t *testing.T, st *memStore, s *Snapshot) {
+			rewrite(t, st, "v1", func(m *ocispec.Manifest, md *Metadata) {
+				m.Layers[0].Annotations[AnnotationFile] = "disk:other"
+			})
+		}, ReadOptions{}, atOpen, errdefs.IsInvalidArgument},
+		{"unknown format version", func(t *testing.T, st *memStore, s *Snapshot) {
+			rewrite(t, st, "v1", func(m *ocispec.Manifest, md *Metadata) { md.FormatVersion = 2 })
+		}, ReadOptions{}, atOpen, errdefs.IsNotImplemented},
+		{"wrong artifact type", func(t *testing.T, st *memStore, s *Snapshot) {
+			rewrite(t, st, "v1", func(m *ocispec.Manifest, md *Metadata) { m.ArtifactType = "application/vnd.other" })
+		}, ReadOptions{}, atOpen, errdefs.IsInvalidArgument},
+		{"plaintext chunk in encrypted snapshot", func(t *testing.T, st *memStore, s *Snapshot) {
+			rewrite(t, st, "v1", func(m *ocispec.Manifest, md *Metadata) {
+				md.Encryption = &Encryption{Algorithm: algAES256GCM, KeyID: "x"}
+			})
+		}, ReadOptions{}, atOpen, errdefs.IsInvalidArgument},
+		{"too many layers", nil, ReadOptions{MaxLayers: 10}, atOpen, errdefs.IsInvalidArgument},
+		{"config over the limit", nil, ReadOptions{MaxConfigSize: 100}, atOpen, errdefs.IsInvalidArgument},
+		{"chunk changes between two ranged reads", func(t *testing.T, st *memStore, s *Snapshot) {
+			d := s.chunks[0].desc.Digest
+			var once sync.Once
+			st.fetchHook = func(desc ocispec.Descriptor, off, n int64, b []byte) []byte {
+				if desc.Digest == d && off > 0 {
+					once.Do(func() { st.corrupt(d, func(b []byte) []byte { b[len(b)-1] ^= 1; return b }) })
+				}
+				return b
+			}
+		}, ReadOptions{RangeSize: 4096}, atMaterialize, errdefs.IsDataLoss},
+		{"disk full", func(t *testing.T, st *memStore, s *Snapshot) {}, ReadOptions{}, atMaterialize,
+			func(err error) bool { return errors.Is(err, syscall.ENOSPC) }},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ts := newTestSnap(t)
+			store := newMemStore()
+			ts.write(t, store, "v1", WriteOptions{})
+			s := open(t, store, "v1", ReadOptions{})
+			if tc.setup != nil {
+				tc.setup(t, store, s)
+			}
+			parent := t.TempDir()
+			cache := parent + "/cache"
+			s, err := Open(context.Background(), store, "v1", tc.opts)
+			if tc.phase == atOpen {
+				if err == nil || !tc.want(err) {
+					t.Fatalf("open: got %v", err)
+				}
+				t.Logf("refused: %v", err)
+				return
+			}
+			if err != nil {
+				t.Fatalf("open: %v", err)
+			}
+			if tc.name == "disk full" {
+				var n int
+				var mu sync.Mutex
+				s.writeAt = func(f writerAt, b []byte, off int64) (int, error) {
+					mu.Lock()
+					defer mu.Unlock()
+					if n++; n > 5 {
+						return 0, syscall.ENOSPC
+					}
+					return f.WriteAt(b, off)
+				}
+			}
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			m, err := s.Materialize(context.Background(), cache)
+			runtime.ReadMemStats(&after)
+			if err == nil || !tc.want(err) {
+				t.Fatalf("materialize: got %+v, %v", m, err)
+			}
+			// A bomb must not be decoded: 64 MiB would show here.
+			if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 16<<20 {
+				t.Errorf("materialize allocated %d MiB", alloc>>20)
+			}
+			t.Logf("refused: %v", err)
+			assertEmptyCache(t, cache)
+			assertOnly(t, parent, "cache")
+		})
+	}
+}
+
+// assertOnly fails unless dir holds exactly the named entries.
+func assertOnly(t *testing.T, dir string, names ...string) {
+	t.Helper()
+	ents, err := readDirNames(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ents) != len(names) {
+		t.Fatalf("%s holds %v, want %v", dir, ents, names)
+	}
+	for i := range names {
+		if ents[i] != names[i] {
+			t.Fatalf("%s holds %v, want %v", dir, ents, names)
+		}
+	}
+}

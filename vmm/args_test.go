@@ -1,0 +1,265 @@
+package vmm
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/containerd/errdefs"
+)
+
+// unitConfig returns a valid config with real (empty) kernel, initrd and
+// disk files in a temp dir.
+func unitConfig(t *testing.T) Config {
+	t.Helper()
+	dir := t.TempDir()
+	touch := func(name string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(name), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	return Config{
+		ID:           "sb1",
+		StateDir:     filepath.Join(dir, "state"),
+		Kernel:       touch("vmlinuz"),
+		Initrd:       touch("initrd"),
+		MemoryMiB:    256,
+		MemoryPath:   "/dev/shm/cryo-sb1.ram",
+		MemoryShared: true,
+		Disks: []Disk{
+			{ID: "rootfs", Path: touch("root,fs.img"), Format: "raw", ReadOnly: true, Serial: "cryo-rootfs"},
+			{ID: "c1", Path: touch("c1.qcow2"), Format: "qcow2", Serial: "c1"},
+		},
+	}
+}
+
+// argAfter returns the values following each occurrence of flag.
+func argsAfter(args []string, flag string) []string {
+	var out []string
+	for i := 0; i+1 < len(args); i++ {
+		if args[i] == flag {
+			out = append(out, args[i+1])
+		}
+	}
+	return out
+}
+
+func mustNew(t *testing.T, cfg Config) *Machine {
+	t.Helper()
+	m, err := New(cfg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	return m
+}
+
+func TestArgsLayoutAndDefaults(t *testing.T) {
+	cfg := unitConfig(t)
+	cfg.KernelArgs = "cryo.debug=1"
+	cfg.VMGenID = true
+	tap, err := os.Open(os.DevNull)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tap.Close()
+	cfg.NICs = []NIC{{ID: "eth0", Tap: tap, MAC: "52:54:00:12:34:56"}}
+	a := mustNew(t, cfg).Args()
+
+	for _, flag := range []string{"-nodefaults", "-no-user-config", "-no-reboot"} {
+		if !slices.Contains(a, flag) {
+			t.Errorf("missing %s", flag)
+		}
+	}
+	checks := map[string]string{
+		"-machine": "pc-q35-7.2,memory-backend=ram0",
+		"-accel":   "tcg",
+		"-cpu":     "qemu64",
+		"-smp":     "1",
+		"-m":       "256M",
+		"-display": "none",
+		"-append":  "console=ttyS0 panic=-1 reboot=k quiet cryo.debug=1",
+		"-kernel":  cfg.Kernel,
+		"-initrd":  cfg.Initrd,
+		"-netdev":  "tap,id=net-eth0,fd=3",
+	}
+	for flag, want := range checks {
+		if got := argsAfter(a, flag); len(got) != 1 || got[0] != want {
+			t.Errorf("%s = %q, want %q", flag, got, want)
+		}
+	}
+	var mem map[string]any
+	if err := json.Unmarshal([]byte(argsAfter(a, "-object")[0]), &mem); err != nil {
+		t.Fatal(err)
+	}
+	if mem["qom-type"] != "memory-backend-file" || mem["share"] != true || mem["size"] != float64(256<<20) || mem["mem-path"] != cfg.MemoryPath {
+		t.Errorf("memory backend = %v", mem)
+	}
+
+	wantDevices := []string{
+		"virtio-serial-pci,id=vser0,bus=pcie.0,addr=0x2",
+		"virtserialport,id=agent0,bus=vser0.0,nr=1,chardev=agent,name=agent.0",
+		"pcie-root-port,id=rp0,bus=pcie.0,addr=0x10,chassis=1",
+		"pcie-root-port,id=rp7,bus=pcie.0,addr=0x17,chassis=8",
+		"virtio-net-pci,id=eth0,netdev=net-eth0,mac=52:54:00:12:34:56,bus=pcie.0,addr=0x3",
+		"virtio-blk-pci,id=rootfs,drive=nrootfs,bus=pcie.0,addr=0x6,serial=cryo-rootfs",
+		"virtio-blk-pci,id=c1,drive=nc1,bus=pcie.0,addr=0x7,serial=c1",
+		"vmgenid,id=vmgenid0,guid=auto",
+	}
+	devs := argsAfter(a, "-device")
+	for _, w := range wantDevices {
+		if !slices.Contains(devs, w) {
+			t.Errorf("no -device %s in\n%s", w, strings.Join(devs, "\n"))
+		}
+	}
+	if len(devs) != 2+8+1+2+1 {
+		t.Errorf("%d devices, want 14", len(devs))
+	}
+	for _, d := range devs {
+		// virtserialport's address on its bus is its port number, nr=.
+		if !strings.Contains(d, "addr=") && !strings.Contains(d, ",nr=") && !strings.HasPrefix(d, "vmgenid") {
+			t.Errorf("device without explicit addr: %s", d)
+		}
+	}
+	var bd map[string]any
+	bds := argsAfter(a, "-blockdev")
+	if len(bds) != 2 {
+		t.Fatalf("blockdevs = %q", bds)
+	}
+	if err := json.Unmarshal([]byte(bds[0]), &bd); err != nil {
+		t.Fatal(err)
+	}
+	file := bd["file"].(map[string]any)
+	if bd["node-name"] != "nrootfs" || bd["read-only"] != true || bd["driver"] != "raw" || file["filename"] != cfg.Disks[0].Path {
+		t.Errorf("blockdev = %v (a comma in the path must survive)", bd)
+	}
+	chardevs := argsAfter(a, "-chardev")
+	wantQMP := "socket,id=qmp,server=on,wait=off,path=" + filepath.Join(cfg.StateDir, QMPSocketName)
+	if !slices.Contains(chardevs, wantQMP) {
+		t.Errorf("chardevs %q lack %q", chardevs, wantQMP)
+	}
+	if slices.Contains(a, "-incoming") || slices.Contains(a, "-S") {
+		t.Error("cold boot has -incoming or -S")
+	}
+}
+
+func TestArgsIncomingSharedOff(t *testing.T) {
+	cfg := unitConfig(t)
+	cfg.Incoming, cfg.MemoryShared = true, false
+	cfg.Accel, cfg.VCPUs, cfg.HotplugPorts = "kvm", 2, -1
+	cfg.Disks[1].Port = "rp3" // hot-plugged at checkpoint time
+	cfg.HotplugPorts = 4
+	a := mustNew(t, cfg).Args()
+	n := len(a)
+	if a[n-3] != "-S" || a[n-2] != "-incoming" || a[n-1] != "defer" {
+		t.Errorf("argv ends with %q", a[n-3:])
+	}
+	if !strings.Contains(argsAfter(a, "-object")[0], `"share":false`) {
+		t.Errorf("memory backend %s is not share=false", argsAfter(a, "-object")[0])
+	}
+	if got := argsAfter(a, "-cpu"); got[0] != "host" {
+		t.Errorf("kvm default cpu = %q", got)
+	}
+	devs := argsAfter(a, "-device")
+	port := slices.Index(devs, "pcie-root-port,id=rp3,bus=pcie.0,addr=0x13,chassis=4")
+	disk := slices.Index(devs, "virtio-blk-pci,id=c1,drive=nc1,bus=rp3,addr=0x0,serial=c1")
+	if port < 0 || disk < 0 || disk < port {
+		t.Errorf("port at %d, disk on it at %d in\n%s", port, disk, strings.Join(devs, "\n"))
+	}
+}
+
+func TestArgsNoHotplugPorts(t *testing.T) {
+	cfg := unitConfig(t)
+	cfg.HotplugPorts = -1
+	for _, d := range mustNew(t, cfg).Args() {
+		if strings.HasPrefix(d, "pcie-root-port") {
+			t.Errorf("HotplugPorts=-1 still has %s", d)
+		}
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	cases := []struct {
+		name   string
+		mutate func(*Config)
+		want   string
+	}{
+		{"no id", func(c *Config) { c.ID = "" }, "id is empty"},
+		{"id with comma", func(c *Config) { c.ID = "a,b" }, "contains"},
+		{"relative state dir", func(c *Config) { c.StateDir = "state" }, "not an absolute path"},
+		{"state dir too long", func(c *Config) { c.StateDir = "/" + strings.Repeat("x", 100) }, "too long for unix sockets"},
+		{"missing kernel", func(c *Config) { c.Kernel = "/nonexistent/vmlinuz" }, "kernel: stat /nonexistent/vmlinuz: no such file"},
+		{"no kernel", func(c *Config) { c.Kernel = "" }, "no kernel"},
+		{"initrd is a dir", func(c *Config) { c.Initrd = "/" }, "not a regular file"},
+		{"unversioned q35", func(c *Config) { c.MachineType = "q35" }, "not versioned"},
+		{"i440fx", func(c *Config) { c.MachineType = "pc-i440fx-7.2" }, "only pc-q35"},
+		{"bad accel", func(c *Config) { c.Accel = "hvf" }, "accel"},
+		{"bad cpu", func(c *Config) { c.CPUModel = "max,+vmx" }, "cpu model"},
+		{"too little memory", func(c *Config) { c.MemoryMiB = 32 }, "at least 64"},
+		{"relative memory path", func(c *Config) { c.MemoryPath = "ram" }, "memory path"},
+		{"share off cold boot", func(c *Config) { c.MemoryShared = false }, "only for restores"},
+		{"too many vcpus", func(c *Config) { c.VCPUs = 65 }, "vcpus"},
+		{"too many ports", func(c *Config) { c.HotplugPorts = 16 }, "hotplug ports"},
+		{"duplicate disk", func(c *Config) { c.Disks[1].ID = "rootfs" }, "duplicate device id"},
+		{"bad disk id", func(c *Config) { c.Disks[0].ID = "root fs" }, "disk id"},
+		{"missing disk", func(c *Config) { c.Disks[0].Path = "/nonexistent.img" }, "no such file"},
+		{"bad format", func(c *Config) { c.Disks[0].Format = "vmdk" }, "format"},
+		{"long serial", func(c *Config) { c.Disks[0].Serial = strings.Repeat("s", 21) }, "serial"},
+		{"bad port", func(c *Config) { c.Disks[0].Port = "pcie.0" }, "port"},
+		{"port beyond count", func(c *Config) { c.Disks[0].Port = "rp9" }, "does not exist"},
+		{"port twice", func(c *Config) { c.Disks[0].Port, c.Disks[1].Port = "rp1", "rp1" }, "already used"},
+		{"nic without tap", func(c *Config) { c.NICs = []NIC{{ID: "eth0", MAC: "52:54:00:00:00:01"}} }, "no tap"},
+		{"nic bad mac", func(c *Config) { c.NICs = []NIC{{ID: "eth0", Tap: os.Stdin, MAC: "nope"}} }, "mac"},
+		{"nic clashes with disk", func(c *Config) { c.NICs = []NIC{{ID: "c1", Tap: os.Stdin, MAC: "52:54:00:00:00:01"}} }, "duplicate device id"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := unitConfig(t)
+			tc.mutate(&cfg)
+			_, err := New(cfg)
+			if err == nil {
+				t.Fatal("New accepted the config")
+			}
+			if !errdefs.IsInvalidArgument(err) {
+				t.Errorf("error %v is not ErrInvalidArgument", err)
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %q does not contain %q", err, tc.want)
+			}
+		})
+	}
+	if _, err := New(unitConfig(t)); err != nil {
+		t.Errorf("valid config refused: %v", err)
+	}
+}
+
+func TestCheckRestore(t *testing.T) {
+	cfg := unitConfig(t)
+	m := mustNew(t, cfg)
+	saved := m.Fingerprint()
+	saved.QEMUVersion = "7.2.19"
+	if len(saved.KernelSHA256) != 64 {
+		t.Errorf("kernel digest %q", saved.KernelSHA256)
+	}
+	if err := m.Fingerprint().CheckRestore(saved); err != nil {
+		t.Errorf("same machine: %v", err)
+	}
+	cfg.MemoryMiB, cfg.CPUModel = 512, "max"
+	cfg.Disks = cfg.Disks[:1]
+	cfg.VMGenID = true
+	other := mustNew(t, cfg).Fingerprint()
+	other.QEMUVersion = "8.0.0"
+	err := other.CheckRestore(saved)
+	if !errdefs.IsFailedPrecondition(err) {
+		t.Fatalf("err = %v", err)
+	}
+	for _, want := range []string{"qemu version: snapshot 7.2, here 8.0", "memory MiB: snapshot 256, here 512", "cpu model", "device c1 (virtio-blk-pci at pcie.0/0x7): missing here", "device vmgenid0 (vmgenid at /): not in snapshot"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q lacks %q", err, want)
+		}
+	}
+}

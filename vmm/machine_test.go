@@ -1,0 +1,277 @@
+package vmm
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/cryo-runtime/cryo/vmm/qmp"
+	"github.com/cryo-runtime/cryo/vmm/qmp/qmptest"
+)
+
+// fakeMachine returns a machine whose QMP monitor is a fake server.
+func fakeMachine(t *testing.T, cfg Config, h qmptest.Handler) (*Machine, *qmptest.Server) {
+	t.Helper()
+	m := mustNew(t, cfg)
+	c, s := qmptest.NewClient(t, h)
+	m.started, m.running, m.mon = true, true, c
+	return m, s
+}
+
+func args(t *testing.T, r qmptest.Request) map[string]any {
+	t.Helper()
+	var a map[string]any
+	if len(r.Arguments) > 0 {
+		if err := json.Unmarshal(r.Arguments, &a); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return a
+}
+
+// migrationServer fakes an outgoing or incoming migration: getfd keeps the
+// file, migrate writes payload to it, query-migrate reports statuses in turn
+// (the last one repeats).
+func migrationServer(payload string, statuses ...map[string]any) qmptest.Handler {
+	var mu sync.Mutex
+	var f *os.File
+	n := 0
+	return func(r qmptest.Request) (any, *qmp.Error) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch r.Execute {
+		case "getfd":
+			if len(r.Files) != 1 {
+				return nil, &qmp.Error{Class: "GenericError", Desc: "No file descriptor supplied via SCM_RIGHTS"}
+			}
+			f = r.Files[0]
+		case "migrate", "migrate-incoming":
+			if f != nil {
+				f.WriteString(payload)
+				f.Close()
+			}
+		case "query-migrate":
+			st := statuses[min(n, len(statuses)-1)]
+			n++
+			return st, nil
+		}
+		return nil, nil
+	}
+}
+
+func TestSaveStateSequence(t *testing.T) {
+	m, srv := fakeMachine(t, unitConfig(t), migrationServer("DEVSTATE",
+		map[string]any{"status": "active"}, map[string]any{"status": "completed"}))
+	out := filepath.Join(t.TempDir(), "state")
+	w, err := os.Create(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if err := m.SaveState(context.Background(), w); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"stop", "migrate-set-capabilities", "migrate-set-parameters", "getfd", "migrate", "query-migrate", "query-migrate"}
+	if got := srv.Commands(); !slices.Equal(got, want) {
+		t.Errorf("commands = %v, want %v", got, want)
+	}
+	reqs := srv.Requests()
+	if s := string(reqs[1].Arguments); !strings.Contains(s, `"capability":"x-ignore-shared","state":true`) {
+		t.Errorf("capabilities = %s", s)
+	}
+	if a := args(t, reqs[4]); a["uri"] != "fd:"+args(t, reqs[3])["fdname"].(string) {
+		t.Errorf("migrate uri %v does not name the passed fd %v", a["uri"], args(t, reqs[3]))
+	}
+	if b, _ := os.ReadFile(out); string(b) != "DEVSTATE" {
+		t.Errorf("state file = %q", b)
+	}
+}
+
+func TestSaveStateFailureCancels(t *testing.T) {
+	m, srv := fakeMachine(t, unitConfig(t), migrationServer("",
+		map[string]any{"status": "failed", "error-desc": "Unable to write to file: No space left on device"}))
+	w, _ := os.Create(filepath.Join(t.TempDir(), "state"))
+	defer w.Close()
+	err := m.SaveState(context.Background(), w)
+	if err == nil || !strings.Contains(err.Error(), "No space left on device") || !strings.HasPrefix(err.Error(), "save vm sb1: ") {
+		t.Fatalf("err = %v", err)
+	}
+	if !slices.Contains(srv.Commands(), "migrate_cancel") {
+		t.Errorf("no migrate_cancel after a failure: %v", srv.Commands())
+	}
+}
+
+func TestSaveStateTimeout(t *testing.T) {
+	m, srv := fakeMachine(t, unitConfig(t), migrationServer("", map[string]any{"status": "active"}))
+	w, _ := os.Create(filepath.Join(t.TempDir(), "state"))
+	defer w.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	err := m.SaveState(ctx, w)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("err = %v, want deadline exceeded", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("took %v", d)
+	}
+	if !slices.Contains(srv.Commands(), "migrate_cancel") {
+		t.Errorf("no migrate_cancel after a timeout: %v", srv.Commands())
+	}
+}
+
+func TestLoadState(t *testing.T) {
+	cfg := unitConfig(t)
+	m, _ := fakeMachine(t, cfg, migrationServer("", map[string]any{"status": "completed"}))
+	r, _ := os.Open(os.DevNull)
+	defer r.Close()
+	if err := m.LoadState(context.Background(), r); !errdefs.IsFailedPrecondition(err) {
+		t.Errorf("LoadState without Incoming: %v", err)
+	}
+	cfg.Incoming = true
+	m, srv := fakeMachine(t, cfg, migrationServer("", map[string]any{"status": "active"}, map[string]any{"status": "completed"}))
+	if err := m.LoadState(context.Background(), r); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"migrate-set-capabilities", "getfd", "migrate-incoming", "query-migrate", "query-migrate"}
+	if got := srv.Commands(); !slices.Equal(got, want) {
+		t.Errorf("commands = %v, want %v", got, want)
+	}
+}
+
+func TestHotplugRollsBackAndReusesPorts(t *testing.T) {
+	cfg := unitConfig(t)
+	cfg.Disks, cfg.HotplugPorts = nil, 2
+	failNext := true
+	m, srv := fakeMachine(t, cfg, func(r qmptest.Request) (any, *qmp.Error) {
+		if r.Execute == "device_add" && failNext {
+			failNext = false
+			return nil, &qmp.Error{Class: "GenericError", Desc: "Bus 'rp0' does not support hotplugging"}
+		}
+		return nil, nil
+	})
+	disk := unitConfig(t).Disks[1]
+	ctx := context.Background()
+	err := m.HotplugDisk(ctx, disk)
+	var qe *qmp.Error
+	if !errors.As(err, &qe) || !strings.Contains(err.Error(), "does not support hotplugging") {
+		t.Fatalf("err = %v", err)
+	}
+	if got := srv.Commands(); !slices.Equal(got, []string{"blockdev-add", "device_add", "blockdev-del"}) {
+		t.Errorf("commands = %v", got)
+	}
+	if len(m.Disks()) != 0 {
+		t.Errorf("failed disk still listed: %+v", m.Disks())
+	}
+	if err := m.HotplugDisk(ctx, disk); err != nil {
+		t.Fatal(err)
+	}
+	dev := args(t, srv.Requests()[4])
+	if dev["bus"] != "rp0" || dev["addr"] != "0x0" || dev["driver"] != "virtio-blk-pci" || dev["serial"] != "c1" || dev["drive"] != "nc1" {
+		t.Errorf("device_add %v", dev)
+	}
+	second := disk
+	second.ID = "c2"
+	if err := m.HotplugDisk(ctx, second); err != nil {
+		t.Fatal(err)
+	}
+	third := disk
+	third.ID = "c3"
+	if err := m.HotplugDisk(ctx, third); !errdefs.IsResourceExhausted(err) {
+		t.Errorf("third disk on 2 ports: %v", err)
+	}
+	if got := m.Devices(); got[len(got)-1].Bus != "rp1" || got[len(got)-1].ID != "c2" {
+		t.Errorf("devices = %+v", got)
+	}
+}
+
+func TestUnplugWaitsForDeviceDeleted(t *testing.T) {
+	cfg := unitConfig(t)
+	cfg.Disks[1].Port = "rp2"
+	srvCh := make(chan *qmptest.Server, 1)
+	var mu sync.Mutex
+	deleted := false
+	m, srv := fakeMachine(t, cfg, func(r qmptest.Request) (any, *qmp.Error) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch r.Execute {
+		case "device_del":
+			go func() {
+				time.Sleep(100 * time.Millisecond)
+				mu.Lock()
+				deleted = true
+				mu.Unlock()
+				(<-srvCh).Event("DEVICE_DELETED", map[string]string{"device": "c1", "path": "/machine/peripheral/c1"})
+			}()
+		case "qom-list":
+			if deleted {
+				return []map[string]string{{"name": "rootfs"}}, nil
+			}
+			return []map[string]string{{"name": "rootfs"}, {"name": "c1"}}, nil
+		}
+		return nil, nil
+	})
+	srvCh <- srv
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := m.UnplugDisk(ctx, "rootfs"); !errdefs.IsFailedPrecondition(err) {
+		t.Errorf("unplugging a root-bus disk: %v", err)
+	}
+	if err := m.UnplugDisk(ctx, "c1"); err != nil {
+		t.Fatal(err)
+	}
+	cmds := srv.Commands()
+	if cmds[0] != "device_del" || cmds[len(cmds)-1] != "blockdev-del" {
+		t.Errorf("commands = %v", cmds)
+	}
+	if d := m.Disks(); len(d) != 1 || d[0].ID != "rootfs" {
+		t.Errorf("disks = %+v", d)
+	}
+}
+
+func TestSnapshotDiskNodeNames(t *testing.T) {
+	m, srv := fakeMachine(t, unitConfig(t), func(qmptest.Request) (any, *qmp.Error) { return nil, nil })
+	dir := t.TempDir()
+	for i, overlay := range []string{filepath.Join(dir, "a.qcow2"), filepath.Join(dir, "b.qcow2")} {
+		if err := m.SnapshotDisk(context.Background(), "c1", overlay); err != nil {
+			t.Fatal(err)
+		}
+		a := args(t, srv.Requests()[i])
+		wantNode := []string{"nc1", "nc1-1"}[i]
+		if a["node-name"] != wantNode || a["snapshot-file"] != overlay || a["format"] != "qcow2" {
+			t.Errorf("snapshot %d args %v", i, a)
+		}
+		if st, err := os.Stat(overlay); err != nil || st.Mode().Perm() != 0o600 {
+			t.Errorf("overlay %s: %v %v", overlay, st, err)
+		}
+	}
+	if err := m.SnapshotDisk(context.Background(), "nope", filepath.Join(dir, "c.qcow2")); !errdefs.IsNotFound(err) {
+		t.Errorf("unknown disk: %v", err)
+	}
+}
+
+func TestMonitorGoneIsClear(t *testing.T) {
+	m := mustNew(t, unitConfig(t))
+	if err := m.Pause(context.Background()); !errdefs.IsFailedPrecondition(err) {
+		t.Errorf("Pause before Start: %v", err)
+	}
+	if err := m.Shutdown(context.Background()); err != nil {
+		t.Errorf("Shutdown before Start: %v", err)
+	}
+	m2, srv := fakeMachine(t, unitConfig(t), func(qmptest.Request) (any, *qmp.Error) { return nil, nil })
+	srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := m2.Resume(ctx); !errors.Is(err, qmp.ErrClosed) {
+		t.Errorf("Resume on a closed monitor: %v", err)
+	}
+}
