@@ -6,13 +6,16 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/containerd/log"
+	"github.com/containerd/ttrpc"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	agentapi "github.com/cryo-runtime/cryo/agent/api/v1"
+	"github.com/cryo-runtime/cryo/annotations"
 	"github.com/cryo-runtime/cryo/configs"
 	"github.com/cryo-runtime/cryo/vmm"
 )
@@ -31,6 +34,10 @@ type guestAgent interface {
 	pids(ctx context.Context, containerID string) ([]uint32, error)
 	stats(ctx context.Context, containerID string) (*anypb.Any, error)
 	removeContainer(ctx context.Context, containerID string) error
+	sync(ctx context.Context) error
+	runHook(ctx context.Context, containerID string, argv []string, timeout time.Duration) (string, int, error)
+	fixUpRestored(ctx context.Context) error
+	listContainers(ctx context.Context) ([]*agentapi.ContainerInfo, error)
 	close() error
 }
 
@@ -65,9 +72,19 @@ type sandbox struct {
 	agent    guestAgent
 	info     guestInfo
 	rootfs   *rootfsBuilder
+	// diskDir holds the sandbox's writable disks (qcow2 overlays) on disk,
+	// not on the tmpfs that holds bundles and state.
+	diskDir string
+	// req is what the sandbox's annotations asked for; annotations are the
+	// sandbox container's.
+	req         annotations.Request
+	annotations map[string]string
+	// restoredFrom is the snapshot the sandbox was restored from, if any.
+	restoredFrom string
 
-	mu     sync.Mutex
-	paused bool
+	checkpointing atomic.Bool
+	// ext serves the shim's own API (cryoctl) on the state dir.
+	ext *ttrpc.Server
 }
 
 // bootSandbox starts the VM with the first container's root disk attached
@@ -177,14 +194,22 @@ func consoleTail(path string) string {
 
 // shutdown stops the VM and removes the sandbox state. It is idempotent.
 func (s *sandbox) shutdown(ctx context.Context) error {
+	if s.ext != nil {
+		s.ext.Close()
+	}
 	if s.agent != nil {
 		s.agent.close()
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
 	defer cancel()
 	err := s.vm.Shutdown(ctx)
-	if rerr := os.RemoveAll(s.stateDir); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
-		err = errors.Join(err, rerr)
+	for _, dir := range []string{s.stateDir, s.diskDir} {
+		if dir == "" {
+			continue
+		}
+		if rerr := os.RemoveAll(dir); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+			err = errors.Join(err, rerr)
+		}
 	}
 	return err
 }

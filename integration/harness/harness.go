@@ -141,6 +141,9 @@ func Start(t testing.TB, opts ...Option) *Env {
 	e.Cfg.Runtime.ImageCache = filepath.Join(dir, "images")
 	e.Cfg.Runtime.WritableDiskMiB = 256
 	e.Cfg.Snapshot.CacheDir = filepath.Join(dir, "cache")
+	e.Cfg.Runtime.DiskRoot = filepath.Join(dir, "disks")
+	e.Cfg.Snapshot.LocalRoot = filepath.Join(dir, "store")
+	e.Cfg.Stores.Allowed = []string{"file://" + filepath.Join(dir, "store") + "/"}
 	e.Cfg.Hypervisor.MemoryMiB = 256
 	for _, o := range opts {
 		o(&e.Cfg)
@@ -164,7 +167,7 @@ func Start(t testing.TB, opts ...Option) *Env {
 		t.Fatal(err)
 	}
 	defer logf.Close()
-	e.cmd = exec.Command("containerd", "--config", filepath.Join(dir, "containerd.toml"))
+	e.cmd = exec.Command(e.bin("containerd"), "--config", filepath.Join(dir, "containerd.toml"))
 	e.cmd.Env = append(os.Environ(), "PATH="+e.path)
 	e.cmd.Stdout, e.cmd.Stderr = logf, logf
 	e.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
@@ -198,6 +201,15 @@ func createEmpty(t testing.TB, p string) string {
 	return p
 }
 
+// bin resolves a binary on the Env's PATH (exec.Command would search the
+// test process's PATH instead).
+func (e *Env) bin(name string) string {
+	if p, err := lookPath(name, e.path); err == nil {
+		return p
+	}
+	return name
+}
+
 // WriteConfig writes a cryo config file.
 func (e *Env) WriteConfig(path string, c configs.Config) {
 	b, err := toml.Marshal(c)
@@ -217,7 +229,7 @@ func (e *Env) Ctr(args ...string) (stdout, stderr string, err error) {
 func (e *Env) ctr(timeout time.Duration, args ...string) (string, string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "ctr", append([]string{"-a", e.Socket, "-n", e.Namespace}, args...)...)
+	cmd := exec.CommandContext(ctx, e.bin("ctr"), append([]string{"-a", e.Socket, "-n", e.Namespace}, args...)...)
 	cmd.Env = append(os.Environ(), "PATH="+e.path)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
@@ -242,6 +254,21 @@ func (e *Env) CtrTTY(args ...string) (string, error) {
 	out, err := cmd.CombinedOutput()
 	return string(out), err
 }
+
+// Cryoctl runs cryoctl with this Env's cryo config and namespace.
+func (e *Env) Cryoctl(args ...string) (string, string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, e.bin("cryoctl"), append([]string{"--config", e.ConfigPath}, args...)...)
+	cmd.Env = append(os.Environ(), "PATH="+e.path)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	return out.String(), errb.String(), err
+}
+
+// StoreURL is a file:// store reference under this Env's allowed store root.
+func (e *Env) StoreURL(name string) string { return "file://" + filepath.Join(e.Dir, "store", name) }
 
 // MustCtr runs ctr and fails the test on error.
 func (e *Env) MustCtr(args ...string) string {
