@@ -32,17 +32,17 @@ type Config struct {
 
 // Hypervisor configures QEMU and the guest image.
 type Hypervisor struct {
-	Path        string `toml:"path"`
-	Kernel      string `toml:"kernel"`
-	Initrd      string `toml:"initrd"`
-	KernelArgs  string `toml:"kernel_params"`
-	MachineType string `toml:"machine_type"`
-	CPUModel    string `toml:"cpu_model"`
-	Accel       string `toml:"accel"`
-	VCPUs       int    `toml:"default_vcpus"`
-	MemoryMiB   int    `toml:"default_memory"`
-	MaxVCPUs    int    `toml:"max_vcpus"`
-	MaxMemoryMiB int   `toml:"max_memory"`
+	Path         string `toml:"path"`
+	Kernel       string `toml:"kernel"`
+	Initrd       string `toml:"initrd"`
+	KernelArgs   string `toml:"kernel_params"`
+	MachineType  string `toml:"machine_type"`
+	CPUModel     string `toml:"cpu_model"`
+	Accel        string `toml:"accel"`
+	VCPUs        int    `toml:"default_vcpus"`
+	MemoryMiB    int    `toml:"default_memory"`
+	MaxVCPUs     int    `toml:"max_vcpus"`
+	MaxMemoryMiB int    `toml:"max_memory"`
 	// MemoryDir is the tmpfs directory that holds guest RAM files.
 	MemoryDir string `toml:"memory_dir"`
 	// HotplugPorts is how many PCIe root ports are created for disks added
