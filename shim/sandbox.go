@@ -2,6 +2,8 @@ package shim
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -107,7 +109,7 @@ func bootSandbox(ctx context.Context, id string, cfg configs.Config, stateDir st
 		Accel:        h.Accel,
 		VCPUs:        sz.vcpus,
 		MemoryMiB:    sz.memoryMiB,
-		MemoryPath:   filepath.Join(h.MemoryDir, "cryo-"+filepath.Base(stateDir)+".ram"),
+		MemoryPath:   ramPath(h.MemoryDir, stateDir),
 		MemoryShared: true,
 		Disks:        disks,
 		HotplugPorts: h.HotplugPorts,
@@ -216,4 +218,13 @@ func (s *sandbox) shutdown(ctx context.Context) error {
 
 type vmSize struct {
 	vcpus, memoryMiB int
+}
+
+// ramPath names the guest RAM file of the sandbox whose state is in
+// stateDir. The name hashes the whole state dir path: sandboxes of
+// different containerd instances (and state roots) on one host must never
+// share a RAM file.
+func ramPath(memoryDir, stateDir string) string {
+	sum := sha256.Sum256([]byte(stateDir))
+	return filepath.Join(memoryDir, "cryo-"+hex.EncodeToString(sum[:8])+".ram")
 }
