@@ -198,7 +198,9 @@ func (s *service) newSandbox(ctx context.Context, r *taskAPI.CreateTaskRequest, 
 	}
 	sb.bundle, sb.req, sb.annotations = r.Bundle, req, c.spec.Annotations
 	if s.restored != nil {
-		if err := s.runHook(ctx, sb, req.PostRestore, "post-restore"); err != nil {
+		// The hook runs in the sandbox's own container (in a pod, the one
+		// that booted the VM) before any task is handed over.
+		if err := runHook(ctx, sb, s.restored.record.SandboxID, req.PostRestore, "post-restore"); err != nil {
 			_ = sb.shutdown(ctx)
 			cleanup()
 			return nil, err

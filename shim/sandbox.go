@@ -36,6 +36,7 @@ type guestAgent interface {
 	pids(ctx context.Context, containerID string) ([]uint32, error)
 	stats(ctx context.Context, containerID string) (*anypb.Any, error)
 	removeContainer(ctx context.Context, containerID string) error
+	deleteProcess(ctx context.Context, containerID, execID string) error
 	sync(ctx context.Context) error
 	runHook(ctx context.Context, containerID string, argv []string, timeout time.Duration) (string, int, error)
 	fixUpRestored(ctx context.Context) error

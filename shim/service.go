@@ -78,9 +78,6 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*ta
 	if _, err := s.container(r.ID); err == nil {
 		return nil, fmt.Errorf("container %s: %w", r.ID, errdefs.ErrAlreadyExists)
 	}
-	if r.Checkpoint != "" {
-		return nil, fmt.Errorf("create from a containerd checkpoint: %w", errdefs.ErrNotImplemented)
-	}
 	c, err := s.createContainer(ctx, r)
 	if err != nil {
 		return nil, err
@@ -121,6 +118,9 @@ func (s *service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 	status, at := p.exit()
 	if r.ExecID != "" {
 		c.removeExec(r.ExecID)
+		if err := s.sandbox.agent.deleteProcess(ctx, c.guestID, r.ExecID); err != nil && !errdefs.IsNotFound(err) {
+			log.G(ctx).WithError(err).WithField("exec", r.ExecID).Warn("forget exec in guest")
+		}
 	} else {
 		s.deleteContainer(ctx, c)
 		s.send(&eventstypes.TaskDelete{ContainerID: r.ID, Pid: p.getPid(), ExitStatus: status, ExitedAt: protobuf.ToTimestamp(at)})
