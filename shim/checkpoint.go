@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -228,5 +227,3 @@ func (s *service) firstContainer() *container {
 	}
 	return nil
 }
-
-func checkpointDir(work, name string) string { return filepath.Join(work, name) }

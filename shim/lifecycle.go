@@ -166,7 +166,8 @@ func (s *service) newSandbox(ctx context.Context, r *taskAPI.CreateTaskRequest, 
 		os.RemoveAll(diskDir)
 		_ = os.Remove(statePointerPath(r.Bundle))
 	}
-	if err := writeStatePointer(r.Bundle, stateDir); err == nil {
+	err = writeStatePointer(r.Bundle, stateDir)
+	if err == nil {
 		err = writeFileAtomic(filepath.Join(stateDir, diskPointerFile), []byte(diskDir+"\n"), 0o600)
 	}
 	if err != nil {
@@ -183,8 +184,8 @@ func (s *service) newSandbox(ctx context.Context, r *taskAPI.CreateTaskRequest, 
 			s.restored = rs
 		case req.RestoreFallback == "cold" && r.Checkpoint == "":
 			log.G(ctx).WithError(err).Warn("restore failed; booting cold (restore-fallback: cold)")
+			// Drop the restore's overlays; coldBoot makes the disk dirs anew.
 			os.RemoveAll(diskDir)
-			err = os.MkdirAll(diskDir, 0o700)
 		default:
 			cleanup()
 			return nil, err

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"sync"
 	"time"
 
@@ -353,6 +352,3 @@ func (s *service) forward(ctx context.Context, publisher shim.Publisher) {
 		}
 	}
 }
-
-// bundleWorkDir is where a container's writable overlay lives.
-func bundleWorkDir(bundle string) string { return filepath.Join(bundle, "cryo") }

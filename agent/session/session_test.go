@@ -22,7 +22,6 @@ type fakePort struct {
 	cur    net.Conn
 	data   []byte
 	gen    int
-	eofGen int // generation for which an EOF is still to be reported
 }
 
 func newFakePort() *fakePort {
