@@ -400,4 +400,3 @@ func readDirNames(dir string) ([]string, error) {
 	}
 	return out, err
 }
-
