@@ -201,8 +201,10 @@ func createEmpty(t testing.TB, p string) string {
 	return p
 }
 
-// bin resolves a binary on the Env's PATH (exec.Command would search the
+// Bin resolves a binary on the Env's PATH (exec.Command would search the
 // test process's PATH instead).
+func (e *Env) Bin(name string) string { return e.bin(name) }
+
 func (e *Env) bin(name string) string {
 	if p, err := lookPath(name, e.path); err == nil {
 		return p
