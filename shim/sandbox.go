@@ -156,6 +156,7 @@ func connectAgent(ctx context.Context, vm *vmm.Machine, timeout time.Duration) (
 		}
 	}()
 	var lastErr error
+	start, attempts := time.Now(), 0
 	for ctx.Err() == nil {
 		conn, err := vm.DialAgent(ctx)
 		if err != nil {
@@ -167,9 +168,11 @@ func connectAgent(ctx context.Context, vm *vmm.Machine, timeout time.Duration) (
 		info, err := ag.ping(pctx)
 		pcancel()
 		if err == nil {
+			log.G(ctx).WithFields(log.Fields{"attempts": attempts + 1, "duration": time.Since(start)}).Debug("guest agent answered")
 			return ag, info, nil
 		}
 		ag.close()
+		attempts++
 		lastErr = err
 		time.Sleep(100 * time.Millisecond)
 	}

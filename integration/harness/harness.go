@@ -346,6 +346,12 @@ func WaitFor(timeout time.Duration, cond func() bool) bool {
 }
 
 func (e *Env) cleanup() {
+	if keep := os.Getenv("CRYO_KEEP_LOG"); keep != "" {
+		// for debugging: keep containerd's (and the shims') log
+		if b, err := os.ReadFile(e.LogPath); err == nil {
+			_ = os.WriteFile(keep, b, 0o600)
+		}
+	}
 	if e.cmd != nil && e.cmd.Process != nil {
 		// Remove what is left through containerd first, so shims clean up.
 		if out, _, err := e.ctr(20*time.Second, "task", "ls", "-q"); err == nil {
