@@ -34,6 +34,7 @@ func (s *service) createContainer(ctx context.Context, r *taskAPI.CreateTaskRequ
 	if err != nil {
 		return nil, err
 	}
+	dropHostNamespacePaths(spec)
 	c := &container{id: r.ID, bundle: r.Bundle, spec: spec, workDir: bundleWorkDir(r.Bundle), execs: map[string]*process{}}
 	if err := os.MkdirAll(c.workDir, 0o700); err != nil {
 		return nil, err
@@ -115,8 +116,14 @@ func (s *service) bootFor(ctx context.Context, r *taskAPI.CreateTaskRequest, c *
 		os.RemoveAll(stateDir)
 		return nil, err
 	}
-	sb, err := bootSandbox(ctx, r.ID, cfg, stateDir, vmSize{vcpus: req.VCPUs, memoryMiB: req.MemoryMiB}, []vmm.Disk{c.disk})
+	pn, err := setupNetwork(ctx, c.spec)
 	if err != nil {
+		os.RemoveAll(stateDir)
+		return nil, err
+	}
+	sb, err := bootSandbox(ctx, r.ID, cfg, stateDir, vmSize{vcpus: req.VCPUs, memoryMiB: req.MemoryMiB}, []vmm.Disk{c.disk}, pn)
+	if err != nil {
+		pn.teardown(ctx)
 		os.RemoveAll(stateDir)
 		_ = os.Remove(statePointerPath(r.Bundle))
 		return nil, err

@@ -65,6 +65,7 @@ type sandbox struct {
 	agent    guestAgent
 	info     guestInfo
 	rootfs   *rootfsBuilder
+	net      *podNetwork // nil without a pod network
 
 	mu     sync.Mutex
 	paused bool
@@ -72,7 +73,7 @@ type sandbox struct {
 
 // bootSandbox starts the VM with the first container's root disk attached
 // and connects to its agent. On failure nothing is left running.
-func bootSandbox(ctx context.Context, id string, cfg configs.Config, stateDir string, sz vmSize, disks []vmm.Disk) (_ *sandbox, retErr error) {
+func bootSandbox(ctx context.Context, id string, cfg configs.Config, stateDir string, sz vmSize, disks []vmm.Disk, pn *podNetwork) (_ *sandbox, retErr error) {
 	start := time.Now()
 	if err := os.MkdirAll(stateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("create sandbox state dir: %w", err)
@@ -93,6 +94,7 @@ func bootSandbox(ctx context.Context, id string, cfg configs.Config, stateDir st
 		MemoryPath:   filepath.Join(h.MemoryDir, "cryo-"+filepath.Base(stateDir)+".ram"),
 		MemoryShared: true,
 		Disks:        disks,
+		NICs:         pn.nics(),
 		HotplugPorts: h.HotplugPorts,
 		VMGenID:      true,
 	})
@@ -113,11 +115,15 @@ func bootSandbox(ctx context.Context, id string, cfg configs.Config, stateDir st
 	if err != nil {
 		return nil, err
 	}
+	if err := pn.configureGuest(ctx, ag); err != nil {
+		ag.close()
+		return nil, err
+	}
 	log.G(ctx).WithFields(log.Fields{
 		"qemu_pid": vm.Pid(), "boot_id": info.BootID, "kernel": info.Kernel, "duration": time.Since(start),
 	}).Info("sandbox vm booted")
 	return &sandbox{
-		id: id, cfg: cfg, stateDir: stateDir, vm: vm, agent: ag, info: info,
+		id: id, cfg: cfg, stateDir: stateDir, vm: vm, agent: ag, info: info, net: pn,
 		rootfs: &rootfsBuilder{cacheDir: cfg.Runtime.ImageCache, writableMiB: cfg.Runtime.WritableDiskMiB},
 	}, nil
 }
@@ -183,6 +189,7 @@ func (s *sandbox) shutdown(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
 	defer cancel()
 	err := s.vm.Shutdown(ctx)
+	s.net.teardown(ctx)
 	if rerr := os.RemoveAll(s.stateDir); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
 		err = errors.Join(err, rerr)
 	}
