@@ -191,3 +191,105 @@ func attach(t *testing.T, c *harness.CRI, id string) {
 		}
 	}
 }
+
+// TestCRIPodNetwork: pods reach each other over the CNI bridge (ping and a
+// TCP echo between guests) and the host end of the bridge reaches them.
+func TestCRIPodNetwork(t *testing.T) {
+	c := harness.StartCRI(t)
+	srvCfg := c.PodConfig("srv", nil)
+	srv := c.RunPod(srvCfg)
+	srvIP := podIP(t, c, srv)
+	listen := "while true; do echo pong-from-srv | nc -l -p 7000; done"
+	c.StartContainer(srv, c.ContainerConfig("listener", []string{"sh", "-c", listen}, nil), srvCfg)
+
+	cliCfg := c.PodConfig("cli", nil)
+	cli := c.RunPod(cliCfg)
+	cliIP := podIP(t, c, cli)
+	if cliIP == srvIP {
+		t.Fatalf("both pods have ip %s", cliIP)
+	}
+	cl := c.StartContainer(cli, c.ContainerConfig("client", []string{"sleep", "inf"}, nil), cliCfg)
+	if n := len(c.QEMUPids()); n != 2 {
+		t.Fatalf("%d QEMU processes for two pods, want 2", n)
+	}
+
+	// guest to guest
+	if out, errs, err := c.Crictl("exec", cl, "ping", "-c", "3", "-W", "5", srvIP); err != nil || !strings.Contains(out, "3 packets received") {
+		t.Fatalf("ping %s from the other pod: %v\n%s%s", srvIP, err, out, errs)
+	}
+	var out string
+	if !harness.WaitFor(30*time.Second, func() bool {
+		o, _, _ := c.Crictl("exec", cl, "sh", "-c", "echo hi | nc -w 3 "+srvIP+" 7000")
+		out = o
+		return strings.Contains(o, "pong-from-srv")
+	}) {
+		t.Fatalf("tcp from pod %s to pod %s:7000: %q", cliIP, srvIP, out)
+	}
+	// guest to the host end of the bridge, and back
+	if out, errs, err := c.Crictl("exec", cl, "ping", "-c", "2", "-W", "5", c.Gateway); err != nil || !strings.Contains(out, "2 packets received") {
+		t.Fatalf("ping the bridge %s from a pod: %v\n%s%s", c.Gateway, err, out, errs)
+	}
+	if out, err := c.InNetNS("busybox", "ping", "-c", "2", "-W", "5", srvIP); err != nil || !strings.Contains(out, "2 packets received") {
+		t.Fatalf("ping pod %s from the host end of the bridge: %v\n%s", srvIP, err, out)
+	}
+	if !harness.WaitFor(30*time.Second, func() bool {
+		o, _ := c.InNetNS("busybox", "sh", "-c", "echo hi | busybox nc -w 3 "+srvIP+" 7000")
+		out = o
+		return strings.Contains(o, "pong-from-srv")
+	}) {
+		t.Fatalf("tcp from the bridge to pod %s:7000: %q", srvIP, out)
+	}
+	// the pod's DNS config reaches the guest
+	if got := execOut(t, c, cl, "cat", "/etc/resolv.conf"); got == "" {
+		t.Fatal("no /etc/resolv.conf in the container")
+	}
+	for _, p := range []string{srv, cli} {
+		c.MustCrictl("stopp", p)
+		c.MustCrictl("rmp", p)
+	}
+	if !harness.WaitFor(20*time.Second, func() bool { return len(c.QEMUPids()) == 0 }) {
+		t.Fatalf("QEMU left after rmp: %v", c.QEMUPids())
+	}
+}
+
+// TestCRIPodSizing: cryo.dev/vcpus and cryo.dev/memory size the pod's VM;
+// values out of bounds and unknown cryo.dev/ keys are refused with an error
+// naming the annotation, and leave nothing running.
+func TestCRIPodSizing(t *testing.T) {
+	c := harness.StartCRI(t)
+	pcfg := c.PodConfig("big", map[string]string{"cryo.dev/vcpus": "2", "cryo.dev/memory": "384Mi"})
+	pod := c.RunPod(pcfg)
+	id := c.StartContainer(pod, c.ContainerConfig("probe", []string{"sleep", "inf"}, nil), pcfg)
+	if n := execOut(t, c, id, "sh", "-c", "grep -c ^processor /proc/cpuinfo"); n != "2" {
+		t.Fatalf("guest cpus = %q, want 2", n)
+	}
+	mem := execOut(t, c, id, "sh", "-c", "grep MemTotal /proc/meminfo | tr -s ' ' | cut -d' ' -f2")
+	kb, err := strconv.Atoi(mem)
+	if err != nil || kb < 300*1024 || kb > 384*1024 {
+		t.Fatalf("guest MemTotal = %q kB, want about 384 MiB", mem)
+	}
+	c.MustCrictl("stopp", pod)
+	c.MustCrictl("rmp", pod)
+
+	for _, tc := range []struct {
+		name, key, value, want string
+	}{
+		{"too many vcpus", "cryo.dev/vcpus", "99", "between 1 and"},
+		{"too much memory", "cryo.dev/memory", "1000Gi", "MiB"},
+		{"unknown key", "cryo.dev/bogus", "1", "unknown cryo annotation"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := c.PodConfig("bad", map[string]string{tc.key: tc.value})
+			out, errs, err := c.Crictl("runp", "--runtime", harness.RuntimeHandler, cfg)
+			if err == nil {
+				t.Fatalf("runp with %s=%s succeeded: %s", tc.key, tc.value, out)
+			}
+			if !strings.Contains(errs, tc.key) || !strings.Contains(errs, tc.want) {
+				t.Fatalf("runp error does not name %s and %q:\n%s", tc.key, tc.want, errs)
+			}
+			if !harness.WaitFor(15*time.Second, func() bool { return len(c.QEMUPids()) == 0 }) {
+				t.Fatalf("QEMU left after a refused pod: %v", c.QEMUPids())
+			}
+		})
+	}
+}
