@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -291,5 +292,40 @@ func TestCRIPodSizing(t *testing.T) {
 				t.Fatalf("QEMU left after a refused pod: %v", c.QEMUPids())
 			}
 		})
+	}
+}
+
+// TestCRIColdStartTime measures `crictl runp` + `create` + `start` until
+// the container's first log line, cold (a new VM each time), five times,
+// and reports the median.
+func TestCRIColdStartTime(t *testing.T) {
+	c := harness.StartCRI(t)
+	var ds []time.Duration
+	for i := 0; i < 5; i++ {
+		name := "t" + strconv.Itoa(i)
+		pcfg := c.PodConfig(name, nil)
+		ccfg := c.ContainerConfig("hello", []string{"sh", "-c", "echo first-line; sleep inf"}, nil)
+		logPath := filepath.Join(c.Dir, "logs", name, "hello.log")
+		start := time.Now()
+		pod := c.RunPod(pcfg)
+		c.StartContainer(pod, ccfg, pcfg)
+		for {
+			if b, _ := os.ReadFile(logPath); strings.Contains(string(b), "first-line") {
+				break
+			}
+			if time.Since(start) > 2*time.Minute {
+				t.Fatalf("no first log line in %s", logPath)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		ds = append(ds, time.Since(start))
+		c.MustCrictl("stopp", pod)
+		c.MustCrictl("rmp", pod)
+	}
+	sorted := append([]time.Duration(nil), ds...)
+	sort.Slice(sorted, func(i, j int) bool { return sorted[i] < sorted[j] })
+	t.Logf("crictl runp+create+start to first log line, cold: median %s (runs %v)", sorted[2].Round(time.Millisecond), ds)
+	if sorted[2] > time.Minute {
+		t.Fatalf("median cold start %s is over a minute", sorted[2])
 	}
 }
