@@ -20,6 +20,7 @@ import (
 
 	"github.com/cryo-runtime/cryo/annotations"
 	"github.com/cryo-runtime/cryo/configs"
+	"github.com/cryo-runtime/cryo/network"
 	"github.com/cryo-runtime/cryo/vmm"
 )
 
@@ -116,7 +117,7 @@ func (s *service) bootFor(ctx context.Context, r *taskAPI.CreateTaskRequest, c *
 		os.RemoveAll(stateDir)
 		return nil, err
 	}
-	pn, err := setupNetwork(ctx, c.spec)
+	pn, err := setupNetwork(ctx, c.spec, network.Options{})
 	if err != nil {
 		os.RemoveAll(stateDir)
 		return nil, err

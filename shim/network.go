@@ -42,13 +42,16 @@ func podNetNS(spec *specs.Spec) string {
 // setupNetwork bridges the pod netns named in the sandbox container's spec
 // (CRI sets it to the netns CNI configured) to a tap. It returns nil for a
 // spec without a netns path and for a netns without interfaces besides
-// loopback.
-func setupNetwork(ctx context.Context, spec *specs.Spec) (*podNetwork, error) {
+// loopback. A restore passes the MAC the guest NIC had at checkpoint time in
+// opts.MAC: the new pod's veth takes it over, and UpdateInterface (which
+// finds the guest NIC by MAC) then gives the guest the new pod's addresses
+// and routes.
+func setupNetwork(ctx context.Context, spec *specs.Spec, opts network.Options) (*podNetwork, error) {
 	path := podNetNS(spec)
 	if path == "" {
 		return nil, nil
 	}
-	ep, err := network.Setup(ctx, path, network.Options{})
+	ep, err := network.Setup(ctx, path, opts)
 	if errors.Is(err, errdefs.ErrNotFound) {
 		log.G(ctx).WithError(err).WithField("netns", path).Info("pod has no network interface: vm gets no nic")
 		return nil, nil

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -324,5 +325,64 @@ func (c *CRI) removePods() {
 	for _, id := range strings.Fields(out) {
 		_, _, _ = c.Crictl("stopp", id)
 		_, _, _ = c.Crictl("rmp", "-f", id)
+	}
+}
+
+// RegistryAddr is where StartRegistry serves, inside the CRI Env's network
+// namespace (which is the test's own, so the port is free).
+const RegistryAddr = "127.0.0.1:5000"
+
+// RegistryHostsDir writes a containerd hosts directory (config_path) that
+// pulls from RegistryAddr over plain HTTP, for StartCRIWith.
+func RegistryHostsDir(t testing.TB) string {
+	dir := t.TempDir()
+	d := filepath.Join(dir, RegistryAddr)
+	if err := os.MkdirAll(d, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	hosts := fmt.Sprintf("server = \"http://%s\"\n\n[host.\"http://%s\"]\n  capabilities = [\"pull\", \"resolve\", \"push\"]\n", RegistryAddr, RegistryAddr)
+	if err := os.WriteFile(filepath.Join(d, "hosts.toml"), []byte(hosts), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// StartRegistry runs a distribution registry on RegistryAddr in the Env's
+// network namespace (CRI pulls, e.g. critest's, need one) and pushes the
+// test image to it as each of refs (repository paths under the registry).
+func (c *CRI) StartRegistry(refs ...string) {
+	c.t.Helper()
+	Need(c.t, c.path, "registry")
+	cfg := filepath.Join(c.Dir, "registry.yml")
+	y := fmt.Sprintf("version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: %s\nhttp:\n  addr: %s\n", filepath.Join(c.Dir, "registry"), RegistryAddr)
+	if err := os.WriteFile(cfg, []byte(y), 0o644); err != nil {
+		c.t.Fatal(err)
+	}
+	logf, err := os.Create(filepath.Join(c.Dir, "registry.log"))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer logf.Close()
+	cmd := exec.Command("nsenter", "--net="+c.NetNS, "registry", "serve", cfg)
+	cmd.Env = append(os.Environ(), "PATH="+c.path)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		c.t.Fatalf("start registry: %v", err)
+	}
+	c.t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	if !WaitFor(20*time.Second, func() bool {
+		out, _ := c.InNetNS("busybox", "wget", "-q", "-O", "-", "http://"+RegistryAddr+"/v2/")
+		return strings.Contains(out, "{}")
+	}) {
+		b, _ := os.ReadFile(filepath.Join(c.Dir, "registry.log"))
+		c.t.Fatalf("registry did not come up on %s:\n%s", RegistryAddr, b)
+	}
+	for _, ref := range refs {
+		full := RegistryAddr + "/" + ref
+		c.MustCtr("image", "tag", "--force", Image, full)
+		if out, err := c.InNetNS("ctr", "-a", c.Socket, "-n", c.Namespace, "image", "push", "--plain-http", full); err != nil {
+			c.t.Fatalf("push %s: %v\n%s", full, err, out)
+		}
 	}
 }
