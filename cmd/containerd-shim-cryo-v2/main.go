@@ -12,5 +12,8 @@ import (
 )
 
 func main() {
-	shim.RunShim(context.Background(), cryoshim.NewManager(cryoshim.RuntimeName))
+	// NoReaper: the shim's children (QEMU, qemu-img, mkfs) are waited for by
+	// exec.Cmd; a SIGCHLD reaper would steal their exit statuses
+	// ("qemu-img: waitid: no child processes").
+	shim.RunShim(context.Background(), cryoshim.NewManager(cryoshim.RuntimeName), func(c *shim.Config) { c.NoReaper = true })
 }

@@ -23,7 +23,7 @@ const Busybox = "/bin/busybox"
 
 var applets = []string{"sh", "ls", "cat", "echo", "sleep", "mount", "ps", "id", "hostname", "env", "uname",
 	"df", "touch", "tty", "stty", "head", "od", "tr", "date", "sync", "kill", "wc", "grep", "seq", "true", "false",
-	"dd", "rm", "mkdir", "stat", "nc", "ip", "ping", "wget", "pwd", "whoami", "top", "free", "md5sum", "sha256sum", "pgrep"}
+	"dd", "rm", "mkdir", "stat", "nc", "ip", "ping", "wget", "pwd", "whoami", "top", "free", "md5sum", "sha256sum"}
 
 var epoch = time.Date(2020, 1, 1, 0, 0, 0, 0, time.UTC)
 
