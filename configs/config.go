@@ -32,17 +32,17 @@ type Config struct {
 
 // Hypervisor configures QEMU and the guest image.
 type Hypervisor struct {
-	Path        string `toml:"path"`
-	Kernel      string `toml:"kernel"`
-	Initrd      string `toml:"initrd"`
-	KernelArgs  string `toml:"kernel_params"`
-	MachineType string `toml:"machine_type"`
-	CPUModel    string `toml:"cpu_model"`
-	Accel       string `toml:"accel"`
-	VCPUs       int    `toml:"default_vcpus"`
-	MemoryMiB   int    `toml:"default_memory"`
-	MaxVCPUs    int    `toml:"max_vcpus"`
-	MaxMemoryMiB int   `toml:"max_memory"`
+	Path         string `toml:"path"`
+	Kernel       string `toml:"kernel"`
+	Initrd       string `toml:"initrd"`
+	KernelArgs   string `toml:"kernel_params"`
+	MachineType  string `toml:"machine_type"`
+	CPUModel     string `toml:"cpu_model"`
+	Accel        string `toml:"accel"`
+	VCPUs        int    `toml:"default_vcpus"`
+	MemoryMiB    int    `toml:"default_memory"`
+	MaxVCPUs     int    `toml:"max_vcpus"`
+	MaxMemoryMiB int    `toml:"max_memory"`
 	// MemoryDir is the tmpfs directory that holds guest RAM files.
 	MemoryDir string `toml:"memory_dir"`
 	// HotplugPorts is how many PCIe root ports are created for disks added
@@ -64,6 +64,9 @@ type Runtime struct {
 	// ImageCache holds the read-only ext4 base images built from overlayfs
 	// layer chains, shared by all sandboxes of the node.
 	ImageCache string `toml:"image_cache"`
+	// DiskRoot holds the sandboxes' writable disks (qcow2 overlays). It is
+	// on disk: bundles and StateRoot are usually tmpfs.
+	DiskRoot string `toml:"disk_root"`
 	// WritableDiskMiB is the minimum size of a container's writable disk.
 	WritableDiskMiB int `toml:"writable_disk_size"`
 }
@@ -164,6 +167,7 @@ func Default() Config {
 		Runtime: Runtime{
 			StateRoot:       "/run/cryo",
 			ImageCache:      "/var/lib/cryo/images",
+			DiskRoot:        "/var/lib/cryo/disks",
 			WritableDiskMiB: 1024,
 		},
 		Snapshot: Snapshot{
@@ -263,6 +267,9 @@ func (c *Config) Validate() error {
 	if !filepath.IsAbs(c.Runtime.ImageCache) {
 		return fmt.Errorf("runtime.image_cache %q: must be an absolute path", c.Runtime.ImageCache)
 	}
+	if !filepath.IsAbs(c.Runtime.DiskRoot) {
+		return fmt.Errorf("runtime.disk_root %q: must be an absolute path", c.Runtime.DiskRoot)
+	}
 	if c.Runtime.WritableDiskMiB < 64 {
 		return fmt.Errorf("runtime.writable_disk_size %d MiB: must be at least 64", c.Runtime.WritableDiskMiB)
 	}
@@ -270,8 +277,8 @@ func (c *Config) Validate() error {
 	switch {
 	case s.ChunkSizeMiB < 1 || s.ChunkSizeMiB > 64:
 		return fmt.Errorf("snapshot.chunk_size %d MiB: must be between 1 and 64", s.ChunkSizeMiB)
-	case s.CompressionLevel < 1 || s.CompressionLevel > 4:
-		return fmt.Errorf("snapshot.compression_level %d: must be between 1 (fastest) and 4 (best)", s.CompressionLevel)
+	case s.CompressionLevel < 1 || s.CompressionLevel > 22:
+		return fmt.Errorf("snapshot.compression_level %d: must be a zstd level between 1 (fastest) and 22", s.CompressionLevel)
 	case !filepath.IsAbs(s.CacheDir):
 		return fmt.Errorf("snapshot.cache_dir %q: must be an absolute path", s.CacheDir)
 	case s.LocalRoot != "" && !filepath.IsAbs(s.LocalRoot):

@@ -19,6 +19,9 @@ const (
 	statePointerFile = "cryo-state"
 	// exitRecordFile holds the init process's exit, for delete after a crash.
 	exitRecordFile = "cryo-exit.json"
+	// diskPointerFile, in the sandbox state dir, names the directory of
+	// the sandbox's writable disks.
+	diskPointerFile = "disks"
 )
 
 // sandboxStateDir returns a short, unique state directory for a sandbox:
@@ -40,6 +43,20 @@ func readStatePointer(bundle string) (string, error) {
 	dir := strings.TrimSpace(string(b))
 	if !filepath.IsAbs(dir) || filepath.Clean(dir) != dir || !strings.Contains(dir, "/vm/") {
 		return "", fmt.Errorf("bundle %s: bad sandbox state pointer %q", bundle, dir)
+	}
+	return dir, nil
+}
+
+// readDiskPointer returns the disk directory recorded in a sandbox state
+// dir.
+func readDiskPointer(stateDir string) (string, error) {
+	b, err := os.ReadFile(filepath.Join(stateDir, diskPointerFile))
+	if err != nil {
+		return "", err
+	}
+	dir := strings.TrimSpace(string(b))
+	if !filepath.IsAbs(dir) || filepath.Clean(dir) != dir || filepath.Base(dir) != filepath.Base(stateDir) {
+		return "", fmt.Errorf("sandbox %s: bad disk pointer %q", stateDir, dir)
 	}
 	return dir, nil
 }

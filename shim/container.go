@@ -18,10 +18,16 @@ import (
 
 // container is one OCI container inside the sandbox VM.
 type container struct {
-	id     string
-	bundle string
-	spec   *specs.Spec
-	disk   vmm.Disk
+	id string
+	// guestID names the container in the guest: its own id, or, in a
+	// sandbox restored from a snapshot, the id it had when checkpointed.
+	guestID string
+	// adopted is set when the task took over a guest container that a
+	// restore brought back, instead of creating one.
+	adopted bool
+	bundle  string
+	spec    *specs.Spec
+	disk    vmm.Disk
 	// hotplugged disks are removed from the VM when the container is deleted;
 	// the sandbox's first disk goes away with the VM.
 	hotplugged bool

@@ -2,14 +2,17 @@ package shim
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/cryo-runtime/cryo/agent"
 	agentapi "github.com/cryo-runtime/cryo/agent/api/v1"
@@ -182,3 +185,58 @@ func (a *agentClient) removeContainer(ctx context.Context, containerID string) e
 }
 
 func (a *agentClient) close() error { return a.api.Close() }
+
+func (a *agentClient) sync(ctx context.Context) error {
+	ctx, cancel := a.short(ctx)
+	defer cancel()
+	_, err := a.api.Sync(ctx, &agentapi.SyncRequest{})
+	return err
+}
+
+// runHook runs argv inside the container's namespaces (the guest root when
+// containerID is empty) and returns its combined output and exit status.
+func (a *agentClient) runHook(ctx context.Context, containerID string, argv []string, timeout time.Duration) (string, int, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout+a.timeout)
+	defer cancel()
+	r, err := a.api.RunHook(ctx, &agentapi.RunHookRequest{Argv: argv, ContainerId: containerID, Timeout: durationpb.New(timeout)})
+	if err != nil {
+		return "", 0, err
+	}
+	return string(r.Output), int(r.ExitStatus), nil
+}
+
+// fixUpRestored tells a guest that was just restored what changed while it
+// was frozen: the clock, and the randomness it must not share with its
+// clones.
+func (a *agentClient) fixUpRestored(ctx context.Context) error {
+	ctx, cancel := a.short(ctx)
+	defer cancel()
+	if _, err := a.api.SetTime(ctx, &agentapi.SetTimeRequest{UnixNanos: time.Now().UnixNano()}); err != nil {
+		return fmt.Errorf("set guest clock: %w", err)
+	}
+	seed := make([]byte, 64)
+	if _, err := rand.Read(seed); err != nil {
+		return err
+	}
+	if _, err := a.api.Reseed(ctx, &agentapi.ReseedRequest{Entropy: seed}); err != nil {
+		return fmt.Errorf("reseed guest rng: %w", err)
+	}
+	return nil
+}
+
+func (a *agentClient) listContainers(ctx context.Context) ([]*agentapi.ContainerInfo, error) {
+	ctx, cancel := a.short(ctx)
+	defer cancel()
+	r, err := a.api.ListContainers(ctx, &agentapi.ListContainersRequest{})
+	if err != nil {
+		return nil, err
+	}
+	return r.Containers, nil
+}
+
+func (a *agentClient) deleteProcess(ctx context.Context, containerID, execID string) error {
+	ctx, cancel := a.short(ctx)
+	defer cancel()
+	_, err := a.api.DeleteProcess(ctx, &agentapi.DeleteProcessRequest{ContainerId: containerID, ExecId: execID})
+	return err
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"time"
 
 	eventstypes "github.com/containerd/containerd/api/events"
@@ -27,16 +28,39 @@ import (
 // exitKilled is the status of processes that die with their VM.
 const exitKilled = 128 + uint32(unix.SIGKILL)
 
-// createContainer prepares the container's root disk, boots the sandbox VM
-// if this is its first container (hot-plugs the disk otherwise), and creates
-// the container in the guest.
+// createContainer prepares the container's root disk, boots or restores the
+// sandbox VM if this is its first container (hot-plugs the disk otherwise),
+// and creates the container in the guest, or takes over the guest container
+// of a restored sandbox.
 func (s *service) createContainer(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *container, retErr error) {
 	spec, err := readSpec(r.Bundle)
 	if err != nil {
 		return nil, err
 	}
 	dropHostNamespacePaths(spec)
-	c := &container{id: r.ID, bundle: r.Bundle, spec: spec, workDir: bundleWorkDir(r.Bundle), execs: map[string]*process{}}
+	c := &container{id: r.ID, guestID: r.ID, bundle: r.Bundle, spec: spec, execs: map[string]*process{}}
+	c.init = newProcess(r.ID, "", stdio{stdin: r.Stdin, stdout: r.Stdout, stderr: r.Stderr, terminal: r.Terminal})
+
+	s.mu.Lock()
+	sb := s.sandbox
+	s.mu.Unlock()
+	first := sb == nil
+	if first {
+		if sb, err = s.newSandbox(ctx, r, c); err != nil {
+			return nil, err
+		}
+		defer func() {
+			if retErr != nil {
+				s.removeSandbox(ctx, sb)
+			}
+		}()
+	}
+	if s.restored != nil {
+		if rc, ok := s.restored.claim(spec.Annotations, first); ok {
+			return c, s.adoptContainer(ctx, sb, c, rc)
+		}
+	}
+	c.workDir = filepath.Join(sb.diskDir, diskID(r.ID))
 	if err := os.MkdirAll(c.workDir, 0o700); err != nil {
 		return nil, err
 	}
@@ -45,24 +69,7 @@ func (s *service) createContainer(ctx context.Context, r *taskAPI.CreateTaskRequ
 			os.RemoveAll(c.workDir)
 		}
 	}()
-
-	s.mu.Lock()
-	sb := s.sandbox
-	s.mu.Unlock()
-	if sb == nil {
-		if sb, err = s.bootFor(ctx, r, c); err != nil {
-			return nil, err
-		}
-		defer func() {
-			if retErr != nil {
-				_ = sb.shutdown(ctx)
-				_ = os.Remove(statePointerPath(r.Bundle))
-				s.mu.Lock()
-				s.sandbox = nil
-				s.mu.Unlock()
-			}
-		}()
-	} else {
+	if !first || c.disk.ID == "" {
 		if c.disk, err = sb.rootfs.disk(ctx, r.ID, r.Bundle, c.workDir, r.Rootfs); err != nil {
 			return nil, err
 		}
@@ -77,24 +84,63 @@ func (s *service) createContainer(ctx context.Context, r *taskAPI.CreateTaskRequ
 		}()
 	}
 
-	c.init = newProcess(r.ID, "", stdio{stdin: r.Stdin, stdout: r.Stdout, stderr: r.Stderr, terminal: r.Terminal})
 	files := guestFiles(ctx, spec)
-	if err := sb.agent.createContainer(ctx, createRequest{ID: r.ID, Spec: spec, Serial: c.disk.Serial, Files: files, Stdio: c.init.stdio}); err != nil {
+	if err := sb.agent.createContainer(ctx, createRequest{ID: c.guestID, Spec: spec, Serial: c.disk.Serial, Files: files, Stdio: c.init.stdio}); err != nil {
 		return nil, fmt.Errorf("create container %s in guest: %w", r.ID, err)
 	}
 	if c.init.io, err = openIO(ctx, c.init.stdio); err != nil {
-		_ = sb.agent.removeContainer(context.WithoutCancel(ctx), r.ID)
+		_ = sb.agent.removeContainer(context.WithoutCancel(ctx), c.guestID)
 		return nil, err
 	}
-	c.init.io.start(s.ctx, sb.agent, r.ID, "")
-	s.mu.Lock()
-	s.containers[r.ID] = c
-	s.mu.Unlock()
+	c.init.io.start(s.ctx, sb.agent, c.guestID, "")
+	s.addContainer(c)
 	return c, nil
 }
 
-// bootFor boots the sandbox VM with c's root disk attached at boot.
-func (s *service) bootFor(ctx context.Context, r *taskAPI.CreateTaskRequest, c *container) (*sandbox, error) {
+// adoptContainer makes c the task of a guest container that a restore
+// brought back: its processes are the checkpointed ones, still running.
+func (s *service) adoptContainer(ctx context.Context, sb *sandbox, c *container, rc recordContainer) error {
+	c.guestID, c.adopted = rc.GuestID, true
+	c.disk.ID = rc.Disk
+	c.workDir = filepath.Join(sb.diskDir, rc.Disk)
+	infos, err := sb.agent.listContainers(ctx)
+	if err != nil {
+		return fmt.Errorf("restore: list guest containers: %w", err)
+	}
+	for _, in := range infos {
+		if in.Id == rc.GuestID {
+			c.init.setPid(in.InitPid)
+		}
+	}
+	if c.init.getPid() == 0 {
+		return fmt.Errorf("restore: guest has no running container %s: %w", rc.GuestID, errdefs.ErrNotFound)
+	}
+	if h := c.spec.Hostname; h != "" && h != rc.Spec.Hostname {
+		if _, _, err := sb.agent.runHook(ctx, rc.GuestID, []string{"hostname", h}, 10*time.Second); err != nil {
+			return fmt.Errorf("restore: set hostname: %w", err)
+		}
+	}
+	if c.init.io, err = openIO(ctx, c.init.stdio); err != nil {
+		return err
+	}
+	c.init.io.start(s.ctx, sb.agent, c.guestID, "")
+	s.addContainer(c)
+	log.G(ctx).WithFields(log.Fields{"id": c.id, "guest_id": c.guestID, "pid": c.init.getPid()}).Info("took over restored container")
+	return nil
+}
+
+func (s *service) addContainer(c *container) {
+	s.mu.Lock()
+	s.containers[c.id] = c
+	s.mu.Unlock()
+	s.writeContainerIndex()
+}
+
+// newSandbox creates the sandbox for its first container c: it restores it
+// when c's annotations or containerd's checkpoint ask for it (falling back
+// to a cold boot when the policy says so), and boots it otherwise, with c's
+// root disk attached at boot.
+func (s *service) newSandbox(ctx context.Context, r *taskAPI.CreateTaskRequest, c *container) (_ *sandbox, retErr error) {
 	cfg, err := loadConfig(r)
 	if err != nil {
 		return nil, err
@@ -103,38 +149,109 @@ func (s *service) bootFor(ctx context.Context, r *taskAPI.CreateTaskRequest, c *
 	if err != nil {
 		return nil, err
 	}
+	src := restoreSource{URL: req.RestoreFrom, Digest: req.RestoreDigest}
+	if r.Checkpoint != "" {
+		if src, err = readCheckpointRef(r.Checkpoint); err != nil {
+			return nil, err
+		}
+	}
 	ns, _ := namespaces.Namespace(ctx)
 	stateDir := sandboxStateDir(cfg.Runtime.StateRoot, ns, r.ID)
-	if err := os.MkdirAll(stateDir, 0o700); err != nil {
-		return nil, fmt.Errorf("create sandbox state dir: %w", err)
+	diskDir := filepath.Join(cfg.Runtime.DiskRoot, filepath.Base(stateDir))
+	for _, d := range []string{stateDir, diskDir} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("create sandbox dir: %w", err)
+		}
 	}
-	if err := writeStatePointer(r.Bundle, stateDir); err != nil {
+	cleanup := func() {
 		os.RemoveAll(stateDir)
-		return nil, err
-	}
-	rb := &rootfsBuilder{cacheDir: cfg.Runtime.ImageCache, writableMiB: cfg.Runtime.WritableDiskMiB}
-	if c.disk, err = rb.disk(ctx, r.ID, r.Bundle, c.workDir, r.Rootfs); err != nil {
-		os.RemoveAll(stateDir)
-		return nil, err
-	}
-	pn, err := setupNetwork(ctx, c.spec, network.Options{})
-	if err != nil {
-		os.RemoveAll(stateDir)
-		return nil, err
-	}
-	sb, err := bootSandbox(ctx, r.ID, cfg, stateDir, vmSize{vcpus: req.VCPUs, memoryMiB: req.MemoryMiB}, []vmm.Disk{c.disk}, pn)
-	if err != nil {
-		pn.teardown(ctx)
-		os.RemoveAll(stateDir)
+		os.RemoveAll(diskDir)
 		_ = os.Remove(statePointerPath(r.Bundle))
+	}
+	err = writeStatePointer(r.Bundle, stateDir)
+	if err == nil {
+		err = writeFileAtomic(filepath.Join(stateDir, diskPointerFile), []byte(diskDir+"\n"), 0o600)
+	}
+	if err != nil {
+		cleanup()
 		return nil, err
 	}
-	sb.bundle = r.Bundle
+
+	var sb *sandbox
+	if src.URL != "" {
+		var rs *restoredSandbox
+		sb, rs, err = s.restoreSandbox(ctx, r.ID, cfg, src, stateDir, diskDir)
+		switch {
+		case err == nil:
+			s.restored = rs
+		case req.RestoreFallback == "cold" && r.Checkpoint == "":
+			log.G(ctx).WithError(err).Warn("restore failed; booting cold (restore-fallback: cold)")
+			// Drop the restore's overlays; coldBoot makes the disk dirs anew.
+			os.RemoveAll(diskDir)
+		default:
+			cleanup()
+			return nil, err
+		}
+	}
+	if sb == nil {
+		if sb, err = s.coldBoot(ctx, r, c, cfg, req, stateDir, diskDir); err != nil {
+			cleanup()
+			return nil, err
+		}
+	}
+	sb.bundle, sb.req, sb.annotations = r.Bundle, req, c.spec.Annotations
+	if s.restored != nil {
+		// The hook runs in the sandbox's own container (in a pod, the one
+		// that booted the VM) before any task is handed over.
+		if err := runHook(ctx, sb, s.restored.record.SandboxID, req.PostRestore, "post-restore"); err != nil {
+			_ = sb.shutdown(ctx)
+			cleanup()
+			return nil, err
+		}
+	}
 	s.mu.Lock()
 	s.sandbox = sb
 	s.mu.Unlock()
+	if err := s.serveExtension(sb); err != nil {
+		log.G(ctx).WithError(err).Warn("serve cryo api: cryoctl cannot reach this sandbox")
+	}
 	go s.monitor(sb)
 	return sb, nil
+}
+
+// coldBoot boots a new VM with c's root disk attached at boot.
+func (s *service) coldBoot(ctx context.Context, r *taskAPI.CreateTaskRequest, c *container, cfg configs.Config, req annotations.Request, stateDir, diskDir string) (*sandbox, error) {
+	c.workDir = filepath.Join(diskDir, diskID(r.ID))
+	if err := os.MkdirAll(c.workDir, 0o700); err != nil {
+		return nil, err
+	}
+	rb := &rootfsBuilder{cacheDir: cfg.Runtime.ImageCache, writableMiB: cfg.Runtime.WritableDiskMiB}
+	disk, err := rb.disk(ctx, r.ID, r.Bundle, c.workDir, r.Rootfs)
+	if err != nil {
+		return nil, err
+	}
+	c.disk = disk
+	pn, err := setupNetwork(ctx, c.spec, network.Options{})
+	if err != nil {
+		return nil, err
+	}
+	sb, err := bootSandbox(ctx, r.ID, cfg, stateDir, vmSize{vcpus: req.VCPUs, memoryMiB: req.MemoryMiB}, []vmm.Disk{disk}, pn)
+	if err != nil {
+		pn.teardown(ctx)
+		return nil, err
+	}
+	sb.diskDir = diskDir
+	return sb, nil
+}
+
+// removeSandbox undoes newSandbox after a later step of Create failed.
+func (s *service) removeSandbox(ctx context.Context, sb *sandbox) {
+	_ = sb.shutdown(ctx)
+	_ = os.RemoveAll(sb.diskDir)
+	_ = os.Remove(statePointerPath(sb.bundle))
+	s.mu.Lock()
+	s.sandbox, s.restored = nil, nil
+	s.mu.Unlock()
 }
 
 // loadConfig reads the node config named by the runtime options' ConfigPath
@@ -157,7 +274,12 @@ func (s *service) startProcess(ctx context.Context, c *container, p *process) er
 	if err := p.transition(stateRunning); err != nil {
 		return err
 	}
-	pid, err := s.sandbox.agent.startProcess(ctx, c.id, p.execID)
+	if c.adopted && p.execID == "" {
+		// The restored init process has been running since before the
+		// checkpoint: starting the task takes it over.
+		return nil
+	}
+	pid, err := s.sandbox.agent.startProcess(ctx, c.guestID, p.execID)
 	if err != nil {
 		p.mu.Lock()
 		p.state = stateCreated
@@ -188,14 +310,14 @@ func (s *service) execProcess(ctx context.Context, c *container, r *taskAPI.Exec
 			c.removeExec(r.ExecID)
 		}
 	}()
-	if err := s.sandbox.agent.execProcess(ctx, c.id, r.ExecID, &spec, p.stdio); err != nil {
+	if err := s.sandbox.agent.execProcess(ctx, c.guestID, r.ExecID, &spec, p.stdio); err != nil {
 		return fmt.Errorf("exec %s in guest: %w", p.name(), err)
 	}
 	var err error
 	if p.io, err = openIO(ctx, p.stdio); err != nil {
 		return err
 	}
-	p.io.start(s.ctx, s.sandbox.agent, c.id, r.ExecID)
+	p.io.start(s.ctx, s.sandbox.agent, c.guestID, r.ExecID)
 	return nil
 }
 
@@ -211,7 +333,7 @@ func (s *service) kill(ctx context.Context, c *container, p *process, sig uint32
 		}
 		return nil
 	}
-	return s.sandbox.agent.signal(ctx, c.id, p.execID, sig, all)
+	return s.sandbox.agent.signal(ctx, c.guestID, p.execID, sig, all)
 }
 
 // waitExit waits for a started process to exit in the guest, drains its
@@ -219,7 +341,7 @@ func (s *service) kill(ctx context.Context, c *container, p *process, sig uint32
 // of the container's execs, as the runtime-v2 contract requires.
 func (s *service) waitExit(c *container, p *process) {
 	ctx := log.WithLogger(s.ctx, log.G(s.ctx).WithField("process", p.name()))
-	status, at, err := s.sandbox.agent.wait(ctx, c.id, p.execID)
+	status, at, err := s.sandbox.agent.wait(ctx, c.guestID, p.execID)
 	if err != nil {
 		log.G(ctx).WithError(err).Debug("wait for process in guest")
 		status, at = exitKilled, time.Now()
@@ -298,7 +420,7 @@ func (s *service) deleteContainer(ctx context.Context, c *container) {
 	select {
 	case <-sb.vm.Exited():
 	default:
-		if err := sb.agent.removeContainer(ctx, c.id); err != nil {
+		if err := sb.agent.removeContainer(ctx, c.guestID); err != nil {
 			log.G(ctx).WithError(err).WithField("id", c.id).Warn("remove container in guest")
 		}
 		if c.hotplugged {
@@ -311,6 +433,7 @@ func (s *service) deleteContainer(ctx context.Context, c *container) {
 	delete(s.containers, c.id)
 	last := len(s.containers) == 0
 	s.mu.Unlock()
+	s.writeContainerIndex()
 	if last {
 		if err := sb.shutdown(ctx); err != nil {
 			log.G(ctx).WithError(err).Warn("shut down sandbox vm")

@@ -163,6 +163,11 @@ func (m *manager) Stop(ctx context.Context, id string) (shim.StopStatus, error) 
 	case err != nil:
 		return st, err
 	}
+	if diskDir, err := readDiskPointer(stateDir); err == nil {
+		if err := os.RemoveAll(diskDir); err != nil {
+			log.G(ctx).WithError(err).WithField("disks", diskDir).Warn("remove sandbox disks")
+		}
+	}
 	if err := vmm.Cleanup(stateDir); err != nil {
 		log.G(ctx).WithError(err).WithField("state", stateDir).Warn("clean up vm")
 	}

@@ -2,17 +2,22 @@ package shim
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/containerd/log"
+	"github.com/containerd/ttrpc"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	agentapi "github.com/cryo-runtime/cryo/agent/api/v1"
+	"github.com/cryo-runtime/cryo/annotations"
 	"github.com/cryo-runtime/cryo/configs"
 	"github.com/cryo-runtime/cryo/vmm"
 )
@@ -31,6 +36,11 @@ type guestAgent interface {
 	pids(ctx context.Context, containerID string) ([]uint32, error)
 	stats(ctx context.Context, containerID string) (*anypb.Any, error)
 	removeContainer(ctx context.Context, containerID string) error
+	deleteProcess(ctx context.Context, containerID, execID string) error
+	sync(ctx context.Context) error
+	runHook(ctx context.Context, containerID string, argv []string, timeout time.Duration) (string, int, error)
+	fixUpRestored(ctx context.Context) error
+	listContainers(ctx context.Context) ([]*agentapi.ContainerInfo, error)
 	close() error
 }
 
@@ -65,10 +75,21 @@ type sandbox struct {
 	agent    guestAgent
 	info     guestInfo
 	rootfs   *rootfsBuilder
-	net      *podNetwork // nil without a pod network
+	// diskDir holds the sandbox's writable disks (qcow2 overlays) on disk,
+	// not on the tmpfs that holds bundles and state.
+	diskDir string
+	// req is what the sandbox's annotations asked for; annotations are the
+	// sandbox container's.
+	req         annotations.Request
+	annotations map[string]string
+	// restoredFrom is the snapshot the sandbox was restored from, if any.
+	restoredFrom string
+	// net is the pod network bridged to the VM's NIC; nil without one.
+	net *podNetwork
 
-	mu     sync.Mutex
-	paused bool
+	checkpointing atomic.Bool
+	// ext serves the shim's own API (cryoctl) on the state dir.
+	ext *ttrpc.Server
 }
 
 // bootSandbox starts the VM with the first container's root disk attached
@@ -91,7 +112,7 @@ func bootSandbox(ctx context.Context, id string, cfg configs.Config, stateDir st
 		Accel:        h.Accel,
 		VCPUs:        sz.vcpus,
 		MemoryMiB:    sz.memoryMiB,
-		MemoryPath:   filepath.Join(h.MemoryDir, "cryo-"+filepath.Base(stateDir)+".ram"),
+		MemoryPath:   ramPath(h.MemoryDir, stateDir),
 		MemoryShared: true,
 		Disks:        disks,
 		NICs:         pn.nics(),
@@ -142,6 +163,7 @@ func connectAgent(ctx context.Context, vm *vmm.Machine, timeout time.Duration) (
 		}
 	}()
 	var lastErr error
+	start, attempts := time.Now(), 0
 	for ctx.Err() == nil {
 		conn, err := vm.DialAgent(ctx)
 		if err != nil {
@@ -153,9 +175,11 @@ func connectAgent(ctx context.Context, vm *vmm.Machine, timeout time.Duration) (
 		info, err := ag.ping(pctx)
 		pcancel()
 		if err == nil {
+			log.G(ctx).WithFields(log.Fields{"attempts": attempts + 1, "duration": time.Since(start)}).Debug("guest agent answered")
 			return ag, info, nil
 		}
 		ag.close()
+		attempts++
 		lastErr = err
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -183,6 +207,9 @@ func consoleTail(path string) string {
 
 // shutdown stops the VM and removes the sandbox state. It is idempotent.
 func (s *sandbox) shutdown(ctx context.Context) error {
+	if s.ext != nil {
+		s.ext.Close()
+	}
 	if s.agent != nil {
 		s.agent.close()
 	}
@@ -190,12 +217,26 @@ func (s *sandbox) shutdown(ctx context.Context) error {
 	defer cancel()
 	err := s.vm.Shutdown(ctx)
 	s.net.teardown(ctx)
-	if rerr := os.RemoveAll(s.stateDir); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
-		err = errors.Join(err, rerr)
+	for _, dir := range []string{s.stateDir, s.diskDir} {
+		if dir == "" {
+			continue
+		}
+		if rerr := os.RemoveAll(dir); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+			err = errors.Join(err, rerr)
+		}
 	}
 	return err
 }
 
 type vmSize struct {
 	vcpus, memoryMiB int
+}
+
+// ramPath names the guest RAM file of the sandbox whose state is in
+// stateDir. The name hashes the whole state dir path: sandboxes of
+// different containerd instances (and state roots) on one host must never
+// share a RAM file.
+func ramPath(memoryDir, stateDir string) string {
+	sum := sha256.Sum256([]byte(stateDir))
+	return filepath.Join(memoryDir, "cryo-"+hex.EncodeToString(sum[:8])+".ram")
 }

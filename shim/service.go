@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"sync"
 	"time"
 
@@ -32,12 +31,15 @@ var (
 // the containers in it. Handlers look the process up, delegate, and return;
 // errors become gRPC codes once, in the interceptor.
 type service struct {
-	ctx        context.Context
-	shutdown   shutdown.Service
-	events     chan any
-	createMu   sync.Mutex // serializes Create: the first one boots the VM
-	mu         sync.Mutex
-	sandbox    *sandbox
+	ctx      context.Context
+	shutdown shutdown.Service
+	events   chan any
+	createMu sync.Mutex // serializes Create: the first one boots the VM
+	mu       sync.Mutex
+	sandbox  *sandbox
+	// restored holds the guest containers of a restored sandbox that no
+	// task has taken over yet.
+	restored   *restoredSandbox
 	containers map[string]*container
 }
 
@@ -74,9 +76,6 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*ta
 	defer s.createMu.Unlock()
 	if _, err := s.container(r.ID); err == nil {
 		return nil, fmt.Errorf("container %s: %w", r.ID, errdefs.ErrAlreadyExists)
-	}
-	if r.Checkpoint != "" {
-		return nil, fmt.Errorf("create from a containerd checkpoint: %w", errdefs.ErrNotImplemented)
 	}
 	c, err := s.createContainer(ctx, r)
 	if err != nil {
@@ -118,6 +117,9 @@ func (s *service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 	status, at := p.exit()
 	if r.ExecID != "" {
 		c.removeExec(r.ExecID)
+		if err := s.sandbox.agent.deleteProcess(ctx, c.guestID, r.ExecID); err != nil && !errdefs.IsNotFound(err) {
+			log.G(ctx).WithError(err).WithField("exec", r.ExecID).Warn("forget exec in guest")
+		}
 	} else {
 		s.deleteContainer(ctx, c)
 		s.send(&eventstypes.TaskDelete{ContainerID: r.ID, Pid: p.getPid(), ExitStatus: status, ExitedAt: protobuf.ToTimestamp(at)})
@@ -138,10 +140,11 @@ func (s *service) Exec(ctx context.Context, r *taskAPI.ExecProcessRequest) (*pty
 }
 
 func (s *service) ResizePty(ctx context.Context, r *taskAPI.ResizePtyRequest) (*ptypes.Empty, error) {
-	if _, _, err := s.process(r.ID, r.ExecID); err != nil {
+	c, _, err := s.process(r.ID, r.ExecID)
+	if err != nil {
 		return nil, err
 	}
-	return empty, s.sandbox.agent.resize(ctx, r.ID, r.ExecID, r.Width, r.Height)
+	return empty, s.sandbox.agent.resize(ctx, c.guestID, r.ExecID, r.Width, r.Height)
 }
 
 func (s *service) State(ctx context.Context, r *taskAPI.StateRequest) (*taskAPI.StateResponse, error) {
@@ -198,10 +201,11 @@ func (s *service) Kill(ctx context.Context, r *taskAPI.KillRequest) (*ptypes.Emp
 }
 
 func (s *service) Pids(ctx context.Context, r *taskAPI.PidsRequest) (*taskAPI.PidsResponse, error) {
-	if _, err := s.container(r.ID); err != nil {
+	c, err := s.container(r.ID)
+	if err != nil {
 		return nil, err
 	}
-	pids, err := s.sandbox.agent.pids(ctx, r.ID)
+	pids, err := s.sandbox.agent.pids(ctx, c.guestID)
 	if err != nil {
 		return nil, err
 	}
@@ -223,8 +227,27 @@ func (s *service) CloseIO(ctx context.Context, r *taskAPI.CloseIORequest) (*ptyp
 	return empty, nil
 }
 
+// Checkpoint is containerd's checkpoint (ctr task checkpoint, CRI
+// CheckpointContainer): the sandbox goes to the store its annotations or the
+// node config name, and Path receives a reference to it; with no store, the
+// snapshot itself goes into Path, so containerd's checkpoint image holds it.
 func (s *service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskRequest) (*ptypes.Empty, error) {
-	return nil, fmt.Errorf("checkpoint: %w", errdefs.ErrNotImplemented)
+	if _, err := s.container(r.ID); err != nil {
+		return nil, err
+	}
+	req, err := taskCheckpointRequest(r, s.sandbox)
+	if err != nil {
+		return nil, err
+	}
+	res, err := s.checkpoint(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	if err := writeCheckpointRef(r.Path, req, res); err != nil {
+		return nil, err
+	}
+	s.send(&eventstypes.TaskCheckpointed{ContainerID: r.ID, Checkpoint: r.Path})
+	return empty, nil
 }
 
 func (s *service) Update(ctx context.Context, r *taskAPI.UpdateTaskRequest) (*ptypes.Empty, error) {
@@ -249,10 +272,11 @@ func (s *service) Wait(ctx context.Context, r *taskAPI.WaitRequest) (*taskAPI.Wa
 }
 
 func (s *service) Stats(ctx context.Context, r *taskAPI.StatsRequest) (*taskAPI.StatsResponse, error) {
-	if _, err := s.container(r.ID); err != nil {
+	c, err := s.container(r.ID)
+	if err != nil {
 		return nil, err
 	}
-	st, err := s.sandbox.agent.stats(ctx, r.ID)
+	st, err := s.sandbox.agent.stats(ctx, c.guestID)
 	if err != nil {
 		return nil, err
 	}
@@ -328,6 +352,3 @@ func (s *service) forward(ctx context.Context, publisher shim.Publisher) {
 		}
 	}
 }
-
-// bundleWorkDir is where a container's writable overlay lives.
-func bundleWorkDir(bundle string) string { return filepath.Join(bundle, "cryo") }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"path"
+	"sort"
 	"sync"
 	"time"
 
@@ -259,6 +260,24 @@ func (s *Service) ListPids(ctx context.Context, req *agentapi.ListPidsRequest) (
 	for _, pid := range pids {
 		resp.Processes = append(resp.Processes, &agentapi.ProcessInfo{Pid: uint32(pid), ExecId: names[pid]})
 	}
+	return resp, nil
+}
+
+func (s *Service) ListContainers(ctx context.Context, req *agentapi.ListContainersRequest) (*agentapi.ListContainersResponse, error) {
+	s.mu.Lock()
+	cs := make([]*container, 0, len(s.containers))
+	for _, c := range s.containers {
+		cs = append(cs, c)
+	}
+	s.mu.Unlock()
+	resp := &agentapi.ListContainersResponse{}
+	for _, c := range cs {
+		c.init.mu.Lock()
+		info := &agentapi.ContainerInfo{Id: c.id, InitPid: uint32(c.init.pid), InitState: c.init.state.String()}
+		c.init.mu.Unlock()
+		resp.Containers = append(resp.Containers, info)
+	}
+	sort.Slice(resp.Containers, func(i, j int) bool { return resp.Containers[i].Id < resp.Containers[j].Id })
 	return resp, nil
 }
 

@@ -12,8 +12,12 @@ import (
 )
 
 func main() {
-	// NoReaper: the shim's children (QEMU, qemu-img, mkfs) are waited for by
-	// exec.Cmd; a SIGCHLD reaper would steal their exit statuses
-	// ("qemu-img: waitid: no child processes").
-	shim.RunShim(context.Background(), cryoshim.NewManager(cryoshim.RuntimeName), func(c *shim.Config) { c.NoReaper = true })
+	// The shim's children are QEMU and short-lived tools (qemu-img,
+	// mkfs.ext4) that it waits for itself: containerd's reaper, which reaps
+	// every child, would steal their exit statuses. Container processes live
+	// in the guest, so the shim needs neither the reaper nor to be a
+	// subreaper.
+	shim.RunShim(context.Background(), cryoshim.NewManager(cryoshim.RuntimeName), func(c *shim.Config) {
+		c.NoReaper, c.NoSubreaper = true, true
+	})
 }

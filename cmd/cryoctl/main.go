@@ -46,7 +46,8 @@ func newRootCommand(a *App) *cobra.Command {
 		newPullCommand(a),
 		newExportCommand(a),
 		newImportCommand(a),
-		// checkpoint, restore, bench, guest: added by their owners.
+		// sandbox commands (cmd/cryoctl/checkpoint.go)
+		newCheckpointCommand(a),
 	)
 	return root
 }

@@ -147,6 +147,9 @@ func start(t testing.TB, cri *CRI, opts ...Option) *Env {
 	e.Cfg.Runtime.ImageCache = filepath.Join(dir, "images")
 	e.Cfg.Runtime.WritableDiskMiB = 256
 	e.Cfg.Snapshot.CacheDir = filepath.Join(dir, "cache")
+	e.Cfg.Runtime.DiskRoot = filepath.Join(dir, "disks")
+	e.Cfg.Snapshot.LocalRoot = filepath.Join(dir, "store")
+	e.Cfg.Stores.Allowed = []string{"file://" + filepath.Join(dir, "store") + "/"}
 	e.Cfg.Hypervisor.MemoryMiB = 256
 	for _, o := range opts {
 		o(&e.Cfg)
@@ -174,9 +177,9 @@ func start(t testing.TB, cri *CRI, opts ...Option) *Env {
 		t.Fatal(err)
 	}
 	defer logf.Close()
-	e.cmd = exec.Command("containerd", "--config", filepath.Join(dir, "containerd.toml"))
+	e.cmd = exec.Command(e.bin("containerd"), "--config", filepath.Join(dir, "containerd.toml"))
 	if cri != nil {
-		e.cmd = exec.Command("nsenter", "--net="+cri.NetNS, "containerd", "--config", filepath.Join(dir, "containerd.toml"))
+		e.cmd = exec.Command("nsenter", "--net="+cri.NetNS, e.bin("containerd"), "--config", filepath.Join(dir, "containerd.toml"))
 	}
 	e.cmd.Env = append(os.Environ(), "PATH="+e.path)
 	e.cmd.Stdout, e.cmd.Stderr = logf, logf
@@ -211,6 +214,17 @@ func createEmpty(t testing.TB, p string) string {
 	return p
 }
 
+// Bin resolves a binary on the Env's PATH (exec.Command would search the
+// test process's PATH instead).
+func (e *Env) Bin(name string) string { return e.bin(name) }
+
+func (e *Env) bin(name string) string {
+	if p, err := lookPath(name, e.path); err == nil {
+		return p
+	}
+	return name
+}
+
 // WriteConfig writes a cryo config file.
 func (e *Env) WriteConfig(path string, c configs.Config) {
 	b, err := toml.Marshal(c)
@@ -230,7 +244,7 @@ func (e *Env) Ctr(args ...string) (stdout, stderr string, err error) {
 func (e *Env) ctr(timeout time.Duration, args ...string) (string, string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "ctr", append([]string{"-a", e.Socket, "-n", e.Namespace}, args...)...)
+	cmd := exec.CommandContext(ctx, e.bin("ctr"), append([]string{"-a", e.Socket, "-n", e.Namespace}, args...)...)
 	cmd.Env = append(os.Environ(), "PATH="+e.path)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
@@ -255,6 +269,21 @@ func (e *Env) CtrTTY(args ...string) (string, error) {
 	out, err := cmd.CombinedOutput()
 	return string(out), err
 }
+
+// Cryoctl runs cryoctl with this Env's cryo config and namespace.
+func (e *Env) Cryoctl(args ...string) (string, string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, e.bin("cryoctl"), append([]string{"--config", e.ConfigPath}, args...)...)
+	cmd.Env = append(os.Environ(), "PATH="+e.path)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	return out.String(), errb.String(), err
+}
+
+// StoreURL is a file:// store reference under this Env's allowed store root.
+func (e *Env) StoreURL(name string) string { return "file://" + filepath.Join(e.Dir, "store", name) }
 
 // MustCtr runs ctr and fails the test on error.
 func (e *Env) MustCtr(args ...string) string {
@@ -330,6 +359,12 @@ func WaitFor(timeout time.Duration, cond func() bool) bool {
 }
 
 func (e *Env) cleanup() {
+	if keep := os.Getenv("CRYO_KEEP_LOG"); keep != "" {
+		// for debugging: keep containerd's (and the shims') log
+		if b, err := os.ReadFile(e.LogPath); err == nil {
+			_ = os.WriteFile(keep, b, 0o600)
+		}
+	}
 	if e.cmd != nil && e.cmd.Process != nil {
 		// Remove what is left through containerd first, so shims clean up.
 		if out, _, err := e.ctr(20*time.Second, "task", "ls", "-q"); err == nil {

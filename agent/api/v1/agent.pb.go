@@ -1367,6 +1367,148 @@ func (x *ListPidsResponse) GetProcesses() []*ProcessInfo {
 	return nil
 }
 
+type ListContainersRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListContainersRequest) Reset() {
+	*x = ListContainersRequest{}
+	mi := &file_agent_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListContainersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListContainersRequest) ProtoMessage() {}
+
+func (x *ListContainersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListContainersRequest.ProtoReflect.Descriptor instead.
+func (*ListContainersRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{22}
+}
+
+type ContainerInfo struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// pid of the init process (0 before it was started).
+	InitPid uint32 `protobuf:"varint,2,opt,name=init_pid,json=initPid,proto3" json:"init_pid,omitempty"`
+	// "created", "running" or "stopped".
+	InitState     string `protobuf:"bytes,3,opt,name=init_state,json=initState,proto3" json:"init_state,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ContainerInfo) Reset() {
+	*x = ContainerInfo{}
+	mi := &file_agent_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ContainerInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ContainerInfo) ProtoMessage() {}
+
+func (x *ContainerInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ContainerInfo.ProtoReflect.Descriptor instead.
+func (*ContainerInfo) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *ContainerInfo) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ContainerInfo) GetInitPid() uint32 {
+	if x != nil {
+		return x.InitPid
+	}
+	return 0
+}
+
+func (x *ContainerInfo) GetInitState() string {
+	if x != nil {
+		return x.InitState
+	}
+	return ""
+}
+
+type ListContainersResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Containers    []*ContainerInfo       `protobuf:"bytes,1,rep,name=containers,proto3" json:"containers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListContainersResponse) Reset() {
+	*x = ListContainersResponse{}
+	mi := &file_agent_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListContainersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListContainersResponse) ProtoMessage() {}
+
+func (x *ListContainersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListContainersResponse.ProtoReflect.Descriptor instead.
+func (*ListContainersResponse) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *ListContainersResponse) GetContainers() []*ContainerInfo {
+	if x != nil {
+		return x.Containers
+	}
+	return nil
+}
+
 type StatsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ContainerId   string                 `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
@@ -1376,7 +1518,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1388,7 +1530,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1401,7 +1543,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{22}
+	return file_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *StatsRequest) GetContainerId() string {
@@ -1422,7 +1564,7 @@ type StatsResponse struct {
 
 func (x *StatsResponse) Reset() {
 	*x = StatsResponse{}
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1434,7 +1576,7 @@ func (x *StatsResponse) String() string {
 func (*StatsResponse) ProtoMessage() {}
 
 func (x *StatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1447,7 +1589,7 @@ func (x *StatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsResponse.ProtoReflect.Descriptor instead.
 func (*StatsResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{23}
+	return file_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *StatsResponse) GetMetrics() *anypb.Any {
@@ -1466,7 +1608,7 @@ type RemoveContainerRequest struct {
 
 func (x *RemoveContainerRequest) Reset() {
 	*x = RemoveContainerRequest{}
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1478,7 +1620,7 @@ func (x *RemoveContainerRequest) String() string {
 func (*RemoveContainerRequest) ProtoMessage() {}
 
 func (x *RemoveContainerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1491,7 +1633,7 @@ func (x *RemoveContainerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveContainerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveContainerRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{24}
+	return file_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RemoveContainerRequest) GetId() string {
@@ -1518,7 +1660,7 @@ type UpdateInterfaceRequest struct {
 
 func (x *UpdateInterfaceRequest) Reset() {
 	*x = UpdateInterfaceRequest{}
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1530,7 +1672,7 @@ func (x *UpdateInterfaceRequest) String() string {
 func (*UpdateInterfaceRequest) ProtoMessage() {}
 
 func (x *UpdateInterfaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1543,7 +1685,7 @@ func (x *UpdateInterfaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateInterfaceRequest.ProtoReflect.Descriptor instead.
 func (*UpdateInterfaceRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{25}
+	return file_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *UpdateInterfaceRequest) GetMac() string {
@@ -1591,7 +1733,7 @@ type Route struct {
 
 func (x *Route) Reset() {
 	*x = Route{}
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1603,7 +1745,7 @@ func (x *Route) String() string {
 func (*Route) ProtoMessage() {}
 
 func (x *Route) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1616,7 +1758,7 @@ func (x *Route) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Route.ProtoReflect.Descriptor instead.
 func (*Route) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{26}
+	return file_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *Route) GetDestination() string {
@@ -1663,7 +1805,7 @@ type UpdateRoutesRequest struct {
 
 func (x *UpdateRoutesRequest) Reset() {
 	*x = UpdateRoutesRequest{}
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1675,7 +1817,7 @@ func (x *UpdateRoutesRequest) String() string {
 func (*UpdateRoutesRequest) ProtoMessage() {}
 
 func (x *UpdateRoutesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1688,7 +1830,7 @@ func (x *UpdateRoutesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateRoutesRequest.ProtoReflect.Descriptor instead.
 func (*UpdateRoutesRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{27}
+	return file_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *UpdateRoutesRequest) GetRoutes() []*Route {
@@ -1707,7 +1849,7 @@ type SetTimeRequest struct {
 
 func (x *SetTimeRequest) Reset() {
 	*x = SetTimeRequest{}
-	mi := &file_agent_proto_msgTypes[28]
+	mi := &file_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1719,7 +1861,7 @@ func (x *SetTimeRequest) String() string {
 func (*SetTimeRequest) ProtoMessage() {}
 
 func (x *SetTimeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[28]
+	mi := &file_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1732,7 +1874,7 @@ func (x *SetTimeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTimeRequest.ProtoReflect.Descriptor instead.
 func (*SetTimeRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{28}
+	return file_agent_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *SetTimeRequest) GetUnixNanos() int64 {
@@ -1752,7 +1894,7 @@ type ReseedRequest struct {
 
 func (x *ReseedRequest) Reset() {
 	*x = ReseedRequest{}
-	mi := &file_agent_proto_msgTypes[29]
+	mi := &file_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1764,7 +1906,7 @@ func (x *ReseedRequest) String() string {
 func (*ReseedRequest) ProtoMessage() {}
 
 func (x *ReseedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[29]
+	mi := &file_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1777,7 +1919,7 @@ func (x *ReseedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReseedRequest.ProtoReflect.Descriptor instead.
 func (*ReseedRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{29}
+	return file_agent_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ReseedRequest) GetEntropy() []byte {
@@ -1802,7 +1944,7 @@ type RunHookRequest struct {
 
 func (x *RunHookRequest) Reset() {
 	*x = RunHookRequest{}
-	mi := &file_agent_proto_msgTypes[30]
+	mi := &file_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1814,7 +1956,7 @@ func (x *RunHookRequest) String() string {
 func (*RunHookRequest) ProtoMessage() {}
 
 func (x *RunHookRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[30]
+	mi := &file_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1827,7 +1969,7 @@ func (x *RunHookRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunHookRequest.ProtoReflect.Descriptor instead.
 func (*RunHookRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{30}
+	return file_agent_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *RunHookRequest) GetArgv() []string {
@@ -1870,7 +2012,7 @@ type RunHookResponse struct {
 
 func (x *RunHookResponse) Reset() {
 	*x = RunHookResponse{}
-	mi := &file_agent_proto_msgTypes[31]
+	mi := &file_agent_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1882,7 +2024,7 @@ func (x *RunHookResponse) String() string {
 func (*RunHookResponse) ProtoMessage() {}
 
 func (x *RunHookResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[31]
+	mi := &file_agent_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1895,7 +2037,7 @@ func (x *RunHookResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunHookResponse.ProtoReflect.Descriptor instead.
 func (*RunHookResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{31}
+	return file_agent_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *RunHookResponse) GetOutput() []byte {
@@ -1920,7 +2062,7 @@ type SyncRequest struct {
 
 func (x *SyncRequest) Reset() {
 	*x = SyncRequest{}
-	mi := &file_agent_proto_msgTypes[32]
+	mi := &file_agent_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1932,7 +2074,7 @@ func (x *SyncRequest) String() string {
 func (*SyncRequest) ProtoMessage() {}
 
 func (x *SyncRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[32]
+	mi := &file_agent_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1945,7 +2087,7 @@ func (x *SyncRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncRequest.ProtoReflect.Descriptor instead.
 func (*SyncRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{32}
+	return file_agent_proto_rawDescGZIP(), []int{35}
 }
 
 type ShutdownRequest struct {
@@ -1956,7 +2098,7 @@ type ShutdownRequest struct {
 
 func (x *ShutdownRequest) Reset() {
 	*x = ShutdownRequest{}
-	mi := &file_agent_proto_msgTypes[33]
+	mi := &file_agent_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1968,7 +2110,7 @@ func (x *ShutdownRequest) String() string {
 func (*ShutdownRequest) ProtoMessage() {}
 
 func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[33]
+	mi := &file_agent_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1981,7 +2123,7 @@ func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownRequest.ProtoReflect.Descriptor instead.
 func (*ShutdownRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{33}
+	return file_agent_proto_rawDescGZIP(), []int{36}
 }
 
 var File_agent_proto protoreflect.FileDescriptor
@@ -2070,7 +2212,17 @@ const file_agent_proto_rawDesc = "" +
 	"\x03pid\x18\x01 \x01(\rR\x03pid\x12\x17\n" +
 	"\aexec_id\x18\x02 \x01(\tR\x06execId\"L\n" +
 	"\x10ListPidsResponse\x128\n" +
-	"\tprocesses\x18\x01 \x03(\v2\x1a.cryo.agent.v1.ProcessInfoR\tprocesses\"1\n" +
+	"\tprocesses\x18\x01 \x03(\v2\x1a.cryo.agent.v1.ProcessInfoR\tprocesses\"\x17\n" +
+	"\x15ListContainersRequest\"Y\n" +
+	"\rContainerInfo\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x19\n" +
+	"\binit_pid\x18\x02 \x01(\rR\ainitPid\x12\x1d\n" +
+	"\n" +
+	"init_state\x18\x03 \x01(\tR\tinitState\"V\n" +
+	"\x16ListContainersResponse\x12<\n" +
+	"\n" +
+	"containers\x18\x01 \x03(\v2\x1c.cryo.agent.v1.ContainerInfoR\n" +
+	"containers\"1\n" +
 	"\fStatsRequest\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\"?\n" +
 	"\rStatsResponse\x12.\n" +
@@ -2109,7 +2261,7 @@ const file_agent_proto_rawDesc = "" +
 	"\x06Stream\x12\x16\n" +
 	"\x12STREAM_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rSTREAM_STDOUT\x10\x01\x12\x11\n" +
-	"\rSTREAM_STDERR\x10\x022\xbd\f\n" +
+	"\rSTREAM_STDERR\x10\x022\x9c\r\n" +
 	"\x05Agent\x12?\n" +
 	"\x04Ping\x12\x1a.cryo.agent.v1.PingRequest\x1a\x1b.cryo.agent.v1.PingResponse\x12`\n" +
 	"\x0fCreateContainer\x12%.cryo.agent.v1.CreateContainerRequest\x1a&.cryo.agent.v1.CreateContainerResponse\x12W\n" +
@@ -2124,7 +2276,8 @@ const file_agent_proto_rawDesc = "" +
 	"\n" +
 	"CloseStdin\x12 .cryo.agent.v1.CloseStdinRequest\x1a\x16.google.protobuf.Empty\x12D\n" +
 	"\tResizePty\x12\x1f.cryo.agent.v1.ResizePtyRequest\x1a\x16.google.protobuf.Empty\x12K\n" +
-	"\bListPids\x12\x1e.cryo.agent.v1.ListPidsRequest\x1a\x1f.cryo.agent.v1.ListPidsResponse\x12B\n" +
+	"\bListPids\x12\x1e.cryo.agent.v1.ListPidsRequest\x1a\x1f.cryo.agent.v1.ListPidsResponse\x12]\n" +
+	"\x0eListContainers\x12$.cryo.agent.v1.ListContainersRequest\x1a%.cryo.agent.v1.ListContainersResponse\x12B\n" +
 	"\x05Stats\x12\x1b.cryo.agent.v1.StatsRequest\x1a\x1c.cryo.agent.v1.StatsResponse\x12P\n" +
 	"\x0fRemoveContainer\x12%.cryo.agent.v1.RemoveContainerRequest\x1a\x16.google.protobuf.Empty\x12P\n" +
 	"\x0fUpdateInterface\x12%.cryo.agent.v1.UpdateInterfaceRequest\x1a\x16.google.protobuf.Empty\x12J\n" +
@@ -2148,7 +2301,7 @@ func file_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
 var file_agent_proto_goTypes = []any{
 	(Stream)(0),                     // 0: cryo.agent.v1.Stream
 	(*PingRequest)(nil),             // 1: cryo.agent.v1.PingRequest
@@ -2173,80 +2326,86 @@ var file_agent_proto_goTypes = []any{
 	(*ListPidsRequest)(nil),         // 20: cryo.agent.v1.ListPidsRequest
 	(*ProcessInfo)(nil),             // 21: cryo.agent.v1.ProcessInfo
 	(*ListPidsResponse)(nil),        // 22: cryo.agent.v1.ListPidsResponse
-	(*StatsRequest)(nil),            // 23: cryo.agent.v1.StatsRequest
-	(*StatsResponse)(nil),           // 24: cryo.agent.v1.StatsResponse
-	(*RemoveContainerRequest)(nil),  // 25: cryo.agent.v1.RemoveContainerRequest
-	(*UpdateInterfaceRequest)(nil),  // 26: cryo.agent.v1.UpdateInterfaceRequest
-	(*Route)(nil),                   // 27: cryo.agent.v1.Route
-	(*UpdateRoutesRequest)(nil),     // 28: cryo.agent.v1.UpdateRoutesRequest
-	(*SetTimeRequest)(nil),          // 29: cryo.agent.v1.SetTimeRequest
-	(*ReseedRequest)(nil),           // 30: cryo.agent.v1.ReseedRequest
-	(*RunHookRequest)(nil),          // 31: cryo.agent.v1.RunHookRequest
-	(*RunHookResponse)(nil),         // 32: cryo.agent.v1.RunHookResponse
-	(*SyncRequest)(nil),             // 33: cryo.agent.v1.SyncRequest
-	(*ShutdownRequest)(nil),         // 34: cryo.agent.v1.ShutdownRequest
-	(*durationpb.Duration)(nil),     // 35: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),   // 36: google.protobuf.Timestamp
-	(*anypb.Any)(nil),               // 37: google.protobuf.Any
-	(*emptypb.Empty)(nil),           // 38: google.protobuf.Empty
+	(*ListContainersRequest)(nil),   // 23: cryo.agent.v1.ListContainersRequest
+	(*ContainerInfo)(nil),           // 24: cryo.agent.v1.ContainerInfo
+	(*ListContainersResponse)(nil),  // 25: cryo.agent.v1.ListContainersResponse
+	(*StatsRequest)(nil),            // 26: cryo.agent.v1.StatsRequest
+	(*StatsResponse)(nil),           // 27: cryo.agent.v1.StatsResponse
+	(*RemoveContainerRequest)(nil),  // 28: cryo.agent.v1.RemoveContainerRequest
+	(*UpdateInterfaceRequest)(nil),  // 29: cryo.agent.v1.UpdateInterfaceRequest
+	(*Route)(nil),                   // 30: cryo.agent.v1.Route
+	(*UpdateRoutesRequest)(nil),     // 31: cryo.agent.v1.UpdateRoutesRequest
+	(*SetTimeRequest)(nil),          // 32: cryo.agent.v1.SetTimeRequest
+	(*ReseedRequest)(nil),           // 33: cryo.agent.v1.ReseedRequest
+	(*RunHookRequest)(nil),          // 34: cryo.agent.v1.RunHookRequest
+	(*RunHookResponse)(nil),         // 35: cryo.agent.v1.RunHookResponse
+	(*SyncRequest)(nil),             // 36: cryo.agent.v1.SyncRequest
+	(*ShutdownRequest)(nil),         // 37: cryo.agent.v1.ShutdownRequest
+	(*durationpb.Duration)(nil),     // 38: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),   // 39: google.protobuf.Timestamp
+	(*anypb.Any)(nil),               // 40: google.protobuf.Any
+	(*emptypb.Empty)(nil),           // 41: google.protobuf.Empty
 }
 var file_agent_proto_depIdxs = []int32{
-	35, // 0: cryo.agent.v1.PingResponse.uptime:type_name -> google.protobuf.Duration
+	38, // 0: cryo.agent.v1.PingResponse.uptime:type_name -> google.protobuf.Duration
 	3,  // 1: cryo.agent.v1.CreateContainerRequest.rootfs:type_name -> cryo.agent.v1.Rootfs
 	4,  // 2: cryo.agent.v1.CreateContainerRequest.files:type_name -> cryo.agent.v1.File
-	36, // 3: cryo.agent.v1.WaitProcessResponse.exited_at:type_name -> google.protobuf.Timestamp
+	39, // 3: cryo.agent.v1.WaitProcessResponse.exited_at:type_name -> google.protobuf.Timestamp
 	0,  // 4: cryo.agent.v1.ReadStdioRequest.stream:type_name -> cryo.agent.v1.Stream
 	21, // 5: cryo.agent.v1.ListPidsResponse.processes:type_name -> cryo.agent.v1.ProcessInfo
-	37, // 6: cryo.agent.v1.StatsResponse.metrics:type_name -> google.protobuf.Any
-	27, // 7: cryo.agent.v1.UpdateRoutesRequest.routes:type_name -> cryo.agent.v1.Route
-	35, // 8: cryo.agent.v1.RunHookRequest.timeout:type_name -> google.protobuf.Duration
-	1,  // 9: cryo.agent.v1.Agent.Ping:input_type -> cryo.agent.v1.PingRequest
-	5,  // 10: cryo.agent.v1.Agent.CreateContainer:input_type -> cryo.agent.v1.CreateContainerRequest
-	7,  // 11: cryo.agent.v1.Agent.StartProcess:input_type -> cryo.agent.v1.StartProcessRequest
-	9,  // 12: cryo.agent.v1.Agent.ExecProcess:input_type -> cryo.agent.v1.ExecProcessRequest
-	10, // 13: cryo.agent.v1.Agent.SignalProcess:input_type -> cryo.agent.v1.SignalProcessRequest
-	11, // 14: cryo.agent.v1.Agent.WaitProcess:input_type -> cryo.agent.v1.WaitProcessRequest
-	13, // 15: cryo.agent.v1.Agent.DeleteProcess:input_type -> cryo.agent.v1.DeleteProcessRequest
-	14, // 16: cryo.agent.v1.Agent.ReadStdio:input_type -> cryo.agent.v1.ReadStdioRequest
-	16, // 17: cryo.agent.v1.Agent.WriteStdin:input_type -> cryo.agent.v1.WriteStdinRequest
-	18, // 18: cryo.agent.v1.Agent.CloseStdin:input_type -> cryo.agent.v1.CloseStdinRequest
-	19, // 19: cryo.agent.v1.Agent.ResizePty:input_type -> cryo.agent.v1.ResizePtyRequest
-	20, // 20: cryo.agent.v1.Agent.ListPids:input_type -> cryo.agent.v1.ListPidsRequest
-	23, // 21: cryo.agent.v1.Agent.Stats:input_type -> cryo.agent.v1.StatsRequest
-	25, // 22: cryo.agent.v1.Agent.RemoveContainer:input_type -> cryo.agent.v1.RemoveContainerRequest
-	26, // 23: cryo.agent.v1.Agent.UpdateInterface:input_type -> cryo.agent.v1.UpdateInterfaceRequest
-	28, // 24: cryo.agent.v1.Agent.UpdateRoutes:input_type -> cryo.agent.v1.UpdateRoutesRequest
-	29, // 25: cryo.agent.v1.Agent.SetTime:input_type -> cryo.agent.v1.SetTimeRequest
-	30, // 26: cryo.agent.v1.Agent.Reseed:input_type -> cryo.agent.v1.ReseedRequest
-	31, // 27: cryo.agent.v1.Agent.RunHook:input_type -> cryo.agent.v1.RunHookRequest
-	33, // 28: cryo.agent.v1.Agent.Sync:input_type -> cryo.agent.v1.SyncRequest
-	34, // 29: cryo.agent.v1.Agent.Shutdown:input_type -> cryo.agent.v1.ShutdownRequest
-	2,  // 30: cryo.agent.v1.Agent.Ping:output_type -> cryo.agent.v1.PingResponse
-	6,  // 31: cryo.agent.v1.Agent.CreateContainer:output_type -> cryo.agent.v1.CreateContainerResponse
-	8,  // 32: cryo.agent.v1.Agent.StartProcess:output_type -> cryo.agent.v1.StartProcessResponse
-	38, // 33: cryo.agent.v1.Agent.ExecProcess:output_type -> google.protobuf.Empty
-	38, // 34: cryo.agent.v1.Agent.SignalProcess:output_type -> google.protobuf.Empty
-	12, // 35: cryo.agent.v1.Agent.WaitProcess:output_type -> cryo.agent.v1.WaitProcessResponse
-	38, // 36: cryo.agent.v1.Agent.DeleteProcess:output_type -> google.protobuf.Empty
-	15, // 37: cryo.agent.v1.Agent.ReadStdio:output_type -> cryo.agent.v1.ReadStdioResponse
-	17, // 38: cryo.agent.v1.Agent.WriteStdin:output_type -> cryo.agent.v1.WriteStdinResponse
-	38, // 39: cryo.agent.v1.Agent.CloseStdin:output_type -> google.protobuf.Empty
-	38, // 40: cryo.agent.v1.Agent.ResizePty:output_type -> google.protobuf.Empty
-	22, // 41: cryo.agent.v1.Agent.ListPids:output_type -> cryo.agent.v1.ListPidsResponse
-	24, // 42: cryo.agent.v1.Agent.Stats:output_type -> cryo.agent.v1.StatsResponse
-	38, // 43: cryo.agent.v1.Agent.RemoveContainer:output_type -> google.protobuf.Empty
-	38, // 44: cryo.agent.v1.Agent.UpdateInterface:output_type -> google.protobuf.Empty
-	38, // 45: cryo.agent.v1.Agent.UpdateRoutes:output_type -> google.protobuf.Empty
-	38, // 46: cryo.agent.v1.Agent.SetTime:output_type -> google.protobuf.Empty
-	38, // 47: cryo.agent.v1.Agent.Reseed:output_type -> google.protobuf.Empty
-	32, // 48: cryo.agent.v1.Agent.RunHook:output_type -> cryo.agent.v1.RunHookResponse
-	38, // 49: cryo.agent.v1.Agent.Sync:output_type -> google.protobuf.Empty
-	38, // 50: cryo.agent.v1.Agent.Shutdown:output_type -> google.protobuf.Empty
-	30, // [30:51] is the sub-list for method output_type
-	9,  // [9:30] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	24, // 6: cryo.agent.v1.ListContainersResponse.containers:type_name -> cryo.agent.v1.ContainerInfo
+	40, // 7: cryo.agent.v1.StatsResponse.metrics:type_name -> google.protobuf.Any
+	30, // 8: cryo.agent.v1.UpdateRoutesRequest.routes:type_name -> cryo.agent.v1.Route
+	38, // 9: cryo.agent.v1.RunHookRequest.timeout:type_name -> google.protobuf.Duration
+	1,  // 10: cryo.agent.v1.Agent.Ping:input_type -> cryo.agent.v1.PingRequest
+	5,  // 11: cryo.agent.v1.Agent.CreateContainer:input_type -> cryo.agent.v1.CreateContainerRequest
+	7,  // 12: cryo.agent.v1.Agent.StartProcess:input_type -> cryo.agent.v1.StartProcessRequest
+	9,  // 13: cryo.agent.v1.Agent.ExecProcess:input_type -> cryo.agent.v1.ExecProcessRequest
+	10, // 14: cryo.agent.v1.Agent.SignalProcess:input_type -> cryo.agent.v1.SignalProcessRequest
+	11, // 15: cryo.agent.v1.Agent.WaitProcess:input_type -> cryo.agent.v1.WaitProcessRequest
+	13, // 16: cryo.agent.v1.Agent.DeleteProcess:input_type -> cryo.agent.v1.DeleteProcessRequest
+	14, // 17: cryo.agent.v1.Agent.ReadStdio:input_type -> cryo.agent.v1.ReadStdioRequest
+	16, // 18: cryo.agent.v1.Agent.WriteStdin:input_type -> cryo.agent.v1.WriteStdinRequest
+	18, // 19: cryo.agent.v1.Agent.CloseStdin:input_type -> cryo.agent.v1.CloseStdinRequest
+	19, // 20: cryo.agent.v1.Agent.ResizePty:input_type -> cryo.agent.v1.ResizePtyRequest
+	20, // 21: cryo.agent.v1.Agent.ListPids:input_type -> cryo.agent.v1.ListPidsRequest
+	23, // 22: cryo.agent.v1.Agent.ListContainers:input_type -> cryo.agent.v1.ListContainersRequest
+	26, // 23: cryo.agent.v1.Agent.Stats:input_type -> cryo.agent.v1.StatsRequest
+	28, // 24: cryo.agent.v1.Agent.RemoveContainer:input_type -> cryo.agent.v1.RemoveContainerRequest
+	29, // 25: cryo.agent.v1.Agent.UpdateInterface:input_type -> cryo.agent.v1.UpdateInterfaceRequest
+	31, // 26: cryo.agent.v1.Agent.UpdateRoutes:input_type -> cryo.agent.v1.UpdateRoutesRequest
+	32, // 27: cryo.agent.v1.Agent.SetTime:input_type -> cryo.agent.v1.SetTimeRequest
+	33, // 28: cryo.agent.v1.Agent.Reseed:input_type -> cryo.agent.v1.ReseedRequest
+	34, // 29: cryo.agent.v1.Agent.RunHook:input_type -> cryo.agent.v1.RunHookRequest
+	36, // 30: cryo.agent.v1.Agent.Sync:input_type -> cryo.agent.v1.SyncRequest
+	37, // 31: cryo.agent.v1.Agent.Shutdown:input_type -> cryo.agent.v1.ShutdownRequest
+	2,  // 32: cryo.agent.v1.Agent.Ping:output_type -> cryo.agent.v1.PingResponse
+	6,  // 33: cryo.agent.v1.Agent.CreateContainer:output_type -> cryo.agent.v1.CreateContainerResponse
+	8,  // 34: cryo.agent.v1.Agent.StartProcess:output_type -> cryo.agent.v1.StartProcessResponse
+	41, // 35: cryo.agent.v1.Agent.ExecProcess:output_type -> google.protobuf.Empty
+	41, // 36: cryo.agent.v1.Agent.SignalProcess:output_type -> google.protobuf.Empty
+	12, // 37: cryo.agent.v1.Agent.WaitProcess:output_type -> cryo.agent.v1.WaitProcessResponse
+	41, // 38: cryo.agent.v1.Agent.DeleteProcess:output_type -> google.protobuf.Empty
+	15, // 39: cryo.agent.v1.Agent.ReadStdio:output_type -> cryo.agent.v1.ReadStdioResponse
+	17, // 40: cryo.agent.v1.Agent.WriteStdin:output_type -> cryo.agent.v1.WriteStdinResponse
+	41, // 41: cryo.agent.v1.Agent.CloseStdin:output_type -> google.protobuf.Empty
+	41, // 42: cryo.agent.v1.Agent.ResizePty:output_type -> google.protobuf.Empty
+	22, // 43: cryo.agent.v1.Agent.ListPids:output_type -> cryo.agent.v1.ListPidsResponse
+	25, // 44: cryo.agent.v1.Agent.ListContainers:output_type -> cryo.agent.v1.ListContainersResponse
+	27, // 45: cryo.agent.v1.Agent.Stats:output_type -> cryo.agent.v1.StatsResponse
+	41, // 46: cryo.agent.v1.Agent.RemoveContainer:output_type -> google.protobuf.Empty
+	41, // 47: cryo.agent.v1.Agent.UpdateInterface:output_type -> google.protobuf.Empty
+	41, // 48: cryo.agent.v1.Agent.UpdateRoutes:output_type -> google.protobuf.Empty
+	41, // 49: cryo.agent.v1.Agent.SetTime:output_type -> google.protobuf.Empty
+	41, // 50: cryo.agent.v1.Agent.Reseed:output_type -> google.protobuf.Empty
+	35, // 51: cryo.agent.v1.Agent.RunHook:output_type -> cryo.agent.v1.RunHookResponse
+	41, // 52: cryo.agent.v1.Agent.Sync:output_type -> google.protobuf.Empty
+	41, // 53: cryo.agent.v1.Agent.Shutdown:output_type -> google.protobuf.Empty
+	32, // [32:54] is the sub-list for method output_type
+	10, // [10:32] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -2260,7 +2419,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   34,
+			NumMessages:   37,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

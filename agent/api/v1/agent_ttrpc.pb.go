@@ -21,6 +21,7 @@ type AgentService interface {
 	CloseStdin(context.Context, *CloseStdinRequest) (*emptypb.Empty, error)
 	ResizePty(context.Context, *ResizePtyRequest) (*emptypb.Empty, error)
 	ListPids(context.Context, *ListPidsRequest) (*ListPidsResponse, error)
+	ListContainers(context.Context, *ListContainersRequest) (*ListContainersResponse, error)
 	Stats(context.Context, *StatsRequest) (*StatsResponse, error)
 	RemoveContainer(context.Context, *RemoveContainerRequest) (*emptypb.Empty, error)
 	UpdateInterface(context.Context, *UpdateInterfaceRequest) (*emptypb.Empty, error)
@@ -118,6 +119,13 @@ func RegisterAgentService(srv *ttrpc.Server, svc AgentService) {
 					return nil, err
 				}
 				return svc.ListPids(ctx, &req)
+			},
+			"ListContainers": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req ListContainersRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.ListContainers(ctx, &req)
 			},
 			"Stats": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
 				var req StatsRequest
@@ -287,6 +295,14 @@ func (c *agentClient) ResizePty(ctx context.Context, req *ResizePtyRequest) (*em
 func (c *agentClient) ListPids(ctx context.Context, req *ListPidsRequest) (*ListPidsResponse, error) {
 	var resp ListPidsResponse
 	if err := c.client.Call(ctx, "cryo.agent.v1.Agent", "ListPids", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) ListContainers(ctx context.Context, req *ListContainersRequest) (*ListContainersResponse, error) {
+	var resp ListContainersResponse
+	if err := c.client.Call(ctx, "cryo.agent.v1.Agent", "ListContainers", req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil

@@ -7,3 +7,12 @@
 package shimapi
 
 //go:generate protoc -I . -I /usr/include --go_out=. --go_opt=paths=source_relative --go-ttrpc_out=. --go-ttrpc_opt=paths=source_relative cryo.proto
+
+// ExtensionSocket is the name, in a sandbox's state directory, of the
+// socket on which the shim serves this API for cryoctl.
+const ExtensionSocket = "cryo.sock"
+
+// ContainersFile, in a sandbox's state directory, lists "<namespace>/<id>"
+// of the sandbox's containers, one a line: cryoctl finds a sandbox by any
+// of its containers.
+const ContainersFile = "containers"

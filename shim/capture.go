@@ -1,0 +1,194 @@
+package shim
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/containerd/log"
+
+	"github.com/cryo-runtime/cryo/snapshot"
+	"github.com/cryo-runtime/cryo/vmm"
+)
+
+// capture is what the pause window produced: frozen files, ready to pack
+// while the sandbox runs on.
+type capture struct {
+	pause    time.Duration
+	ram      string // RAM copy or link; "" when RAM is in the device state
+	devstate string
+	disks    []frozenDisk
+	record   *sandboxRecord
+	fp       vmm.Fingerprint
+	extra    []string // files to remove afterwards
+}
+
+type frozenDisk struct {
+	rec    recordDisk
+	path   string // the frozen image
+	format string
+}
+
+func (c *capture) cleanup() {
+	for _, f := range c.extra {
+		os.Remove(f)
+	}
+}
+
+// capture stops the VM, freezes every writable disk behind a new qcow2
+// overlay, saves the device state and takes the RAM file, then lets the VM
+// run on (with exit, it stays stopped: checkpoint ends it once published).
+func (s *service) capture(ctx context.Context, sb *sandbox, work string, exit bool) (_ *capture, retErr error) {
+	vm := sb.vm
+	cfg := vm.Config()
+	wasPaused := s.userPaused()
+	c := &capture{record: s.record(sb)}
+	defer func() {
+		if retErr != nil {
+			c.cleanup()
+		}
+	}()
+
+	t0 := time.Now()
+	if err := vm.Pause(ctx); err != nil {
+		return nil, fmt.Errorf("checkpoint: stop vm: %w", err)
+	}
+	resumed := false
+	defer func() {
+		if !resumed && !wasPaused && (retErr != nil || !exit) {
+			if err := vm.Resume(context.WithoutCancel(ctx)); err != nil {
+				log.G(ctx).WithError(err).Error("resume vm after checkpoint")
+			}
+		}
+	}()
+	for _, d := range vm.Disks() {
+		if d.ReadOnly {
+			continue
+		}
+		overlay := filepath.Join(sb.diskDir, fmt.Sprintf("%s-%d.qcow2", d.ID, time.Now().UnixNano()))
+		if err := vm.SnapshotDisk(ctx, d.ID, overlay); err != nil {
+			return nil, fmt.Errorf("checkpoint: freeze disk %s: %w", d.ID, err)
+		}
+		rec := recordDisk{Name: d.ID, ID: d.ID, Serial: d.Serial, Port: d.Port}
+		c.disks = append(c.disks, frozenDisk{rec: rec, path: d.Path, format: d.Format})
+		c.record.Disks = append(c.record.Disks, rec)
+	}
+	c.devstate = filepath.Join(work, "devstate")
+	f, err := os.OpenFile(c.devstate, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	err = vm.SaveState(ctx, f)
+	f.Close()
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: save device state: %w", err)
+	}
+	if cfg.MemoryShared {
+		c.ram = filepath.Join(filepath.Dir(cfg.MemoryPath), fmt.Sprintf("cryo-ckpt-%d.ram", time.Now().UnixNano()))
+		c.extra = append(c.extra, c.ram)
+		if exit {
+			err = os.Link(cfg.MemoryPath, c.ram)
+		} else {
+			err = copySparse(c.ram, cfg.MemoryPath)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("checkpoint: capture guest ram: %w", err)
+		}
+	} else {
+		c.record.RAMInStream = true
+	}
+	c.fp = vm.Fingerprint()
+	c.record.Fingerprint = c.fp
+	if !exit && !wasPaused {
+		if err := vm.Resume(ctx); err != nil {
+			return nil, fmt.Errorf("checkpoint: resume vm: %w", err)
+		}
+	}
+	resumed = true
+	c.pause = time.Since(t0)
+	return c, nil
+}
+
+// flatten turns the frozen disks into raw images (sparse; qcow2 chains are
+// read through qemu-img) and returns the snapshot's source files.
+func (c *capture) flatten(ctx context.Context, work string) (snapshot.SourcePaths, error) {
+	spec, err := json.Marshal(c.record)
+	if err != nil {
+		return snapshot.SourcePaths{}, err
+	}
+	p := snapshot.SourcePaths{RAM: c.ram, DevState: c.devstate, Spec: spec, Disks: map[string]string{}}
+	for _, d := range c.disks {
+		if d.format == "raw" {
+			p.Disks[d.rec.Name] = d.path
+			continue
+		}
+		raw := filepath.Join(work, "disk-"+d.rec.Name+".raw")
+		if err := run(ctx, "qemu-img", "convert", "-U", "-f", d.format, "-O", "raw", d.path, raw); err != nil {
+			return p, fmt.Errorf("checkpoint: flatten disk %s: %w", d.rec.Name, err)
+		}
+		p.Disks[d.rec.Name] = raw
+	}
+	return p, nil
+}
+
+// record describes the sandbox for a restore.
+func (s *service) record(sb *sandbox) *sandboxRecord {
+	cfg := sb.vm.Config()
+	r := &sandboxRecord{
+		Version: recordVersion, SandboxID: sb.id, VCPUs: cfg.VCPUs, MemoryMiB: cfg.MemoryMiB, HotplugPort: cfg.HotplugPorts,
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, c := range s.containers {
+		r.Containers = append(r.Containers, recordContainer{
+			GuestID: c.guestID, Spec: c.spec, Name: c.spec.Annotations[criContainerName], Disk: c.disk.ID,
+		})
+	}
+	return r
+}
+
+// metadata is the snapshot's config blob.
+func (s *service) metadata(sb *sandbox, c *capture, ttl time.Duration) snapshot.Metadata {
+	host, _ := os.Hostname()
+	md := snapshot.Metadata{
+		Fingerprint: snapshotFingerprint(c.fp),
+		Source: snapshot.SourceInfo{
+			SandboxID: sb.id, RuntimeType: RuntimeName, Node: host,
+			PodName: sb.annotations[criSandboxName], Namespace: sb.annotations[criSandboxNamespace], PodUID: sb.annotations[criSandboxUID],
+		},
+	}
+	if ttl > 0 {
+		md.Expires = time.Now().Add(ttl)
+	}
+	for _, rc := range c.record.Containers {
+		md.Containers = append(md.Containers, snapshot.Container{ID: rc.GuestID, Image: rc.Spec.Annotations[criImageName]})
+	}
+	return md
+}
+
+// userPaused reports whether a container of the sandbox was paused through
+// the task API: a checkpoint must leave such a VM stopped.
+func (s *service) userPaused() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, c := range s.containers {
+		if c.init.current() == statePaused {
+			return true
+		}
+	}
+	return false
+}
+
+// CRI annotations cryo reads.
+const (
+	criContainerType    = "io.kubernetes.cri.container-type"
+	criContainerName    = "io.kubernetes.cri.container-name"
+	criSandboxID        = "io.kubernetes.cri.sandbox-id"
+	criSandboxName      = "io.kubernetes.cri.sandbox-name"
+	criSandboxNamespace = "io.kubernetes.cri.sandbox-namespace"
+	criSandboxUID       = "io.kubernetes.cri.sandbox-uid"
+	criImageName        = "io.kubernetes.cri.image-name"
+)

@@ -1,0 +1,378 @@
+package shim
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	"github.com/opencontainers/go-digest"
+	"golang.org/x/sys/unix"
+
+	"github.com/cryo-runtime/cryo/annotations"
+	"github.com/cryo-runtime/cryo/configs"
+	"github.com/cryo-runtime/cryo/fetch"
+	"github.com/cryo-runtime/cryo/snapshot"
+	"github.com/cryo-runtime/cryo/vmm"
+)
+
+// restoreSource is where a restore comes from.
+type restoreSource struct {
+	URL    string
+	Digest string // optional pin of the manifest
+	// Trusted sources were written by containerd itself (a checkpoint
+	// image it extracted for Create): the allowlist, which guards
+	// annotations, does not apply.
+	Trusted bool
+}
+
+// restoredSandbox is what restoreSandbox returns beside the sandbox: the
+// guest containers waiting for a task to claim them.
+type restoredSandbox struct {
+	record  *sandboxRecord
+	pending map[string]recordContainer // by guest id
+	mu      sync.Mutex
+}
+
+// claim returns the guest container that a new task takes over: the one
+// with the same CRI container name, else the sandbox's own container for
+// the sandbox's first task.
+func (r *restoredSandbox) claim(spec map[string]string, first bool) (recordContainer, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	name := spec[criContainerName]
+	for id, rc := range r.pending {
+		if name != "" && rc.Name == name || first && id == r.record.SandboxID {
+			delete(r.pending, id)
+			return rc, true
+		}
+	}
+	if first && len(r.pending) == 1 {
+		for id, rc := range r.pending {
+			delete(r.pending, id)
+			return rc, true
+		}
+	}
+	return recordContainer{}, false
+}
+
+// restoreSandbox resolves, fetches, verifies and materializes the snapshot,
+// checks it against this host, and starts the VM from it. Each phase is
+// timed. On failure nothing is left running and no partial file remains
+// (the cache only ever holds verified, complete entries).
+func (s *service) restoreSandbox(ctx context.Context, id string, cfg configs.Config, src restoreSource, stateDir, diskDir string) (_ *sandbox, _ *restoredSandbox, retErr error) {
+	ctx = log.WithLogger(ctx, log.G(ctx).WithFields(log.Fields{"sandbox": id, "restore_from": src.URL}))
+	total := time.Now()
+	phase := func(name string, t0 time.Time) {
+		log.G(ctx).WithFields(log.Fields{"phase": name, "duration": time.Since(t0)}).Info("restore phase")
+	}
+
+	t0 := time.Now()
+	if !src.Trusted {
+		if err := cfg.Stores.Allows(src.URL); err != nil {
+			return nil, nil, err
+		}
+	}
+	store, ref, err := fetch.Open(ctx, src.URL, fetch.OptionsFromConfig(cfg.Stores))
+	if err != nil {
+		return nil, nil, fmt.Errorf("restore: open store: %w", err)
+	}
+	if ref, err = pinRef(ref, src.Digest); err != nil {
+		return nil, nil, err
+	}
+	cache, err := fetch.NewCache(filepath.Join(cfg.Snapshot.CacheDir, "blobs"), cfg.Snapshot.CacheMaxMiB<<20)
+	if err != nil {
+		return nil, nil, fmt.Errorf("restore: node cache: %w", err)
+	}
+	ropts, err := snapshot.ReadOptionsFromConfig(cfg.Snapshot)
+	if err != nil {
+		return nil, nil, err
+	}
+	ropts.RefuseExpired = true
+	snap, err := snapshot.Open(ctx, fetch.NewCachingStore(store, cache, fetch.CachingOptions{}), ref, ropts)
+	if err != nil {
+		return nil, nil, fmt.Errorf("restore from %s: %w", src.URL, err)
+	}
+	phase("resolve", t0)
+
+	t0 = time.Now()
+	if err := checkHost(cfg, snap.Metadata.Fingerprint); err != nil {
+		return nil, nil, fmt.Errorf("restore from %s: snapshot does not fit this host: %w", src.URL, err)
+	}
+	phase("check", t0)
+
+	t0 = time.Now()
+	m, err := materializeOnce(ctx, snap, filepath.Join(cfg.Snapshot.CacheDir, "snapshots"))
+	if err != nil {
+		return nil, nil, fmt.Errorf("restore from %s: %w", src.URL, err)
+	}
+	b, err := m.ReadSpec()
+	if err != nil {
+		return nil, nil, err
+	}
+	rec, err := parseRecord(b)
+	if err != nil {
+		return nil, nil, err
+	}
+	log.G(ctx).WithFields(log.Fields{"phase": "fetch+materialize", "duration": time.Since(t0), "cache_hit": m.CacheHit, "digest": snap.Descriptor.Digest}).Info("restore phase")
+
+	t0 = time.Now()
+	vmcfg, err := restoredVMConfig(ctx, id, cfg, rec, m, stateDir, diskDir)
+	if err != nil {
+		return nil, nil, err
+	}
+	vm, err := vmm.New(vmcfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := vm.Fingerprint().CheckRestore(rec.Fingerprint); err != nil {
+		return nil, nil, fmt.Errorf("restore from %s: %w", src.URL, err)
+	}
+	if err := vm.Start(ctx); err != nil {
+		return nil, nil, err
+	}
+	defer func() {
+		if retErr != nil {
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			defer cancel()
+			_ = vm.Shutdown(sctx)
+		}
+	}()
+	f, err := os.Open(m.DevState)
+	if err != nil {
+		return nil, nil, err
+	}
+	err = vm.LoadState(ctx, f)
+	f.Close()
+	if err != nil {
+		return nil, nil, fmt.Errorf("restore from %s: load device state: %w", src.URL, err)
+	}
+	if err := vm.Resume(ctx); err != nil {
+		return nil, nil, fmt.Errorf("restore: continue vm: %w", err)
+	}
+	phase("start", t0)
+
+	t0 = time.Now()
+	ag, info, err := connectAgent(ctx, vm, cfg.Agent.DialTimeout.Duration)
+	if err != nil {
+		return nil, nil, err
+	}
+	sb := &sandbox{
+		id: id, cfg: cfg, stateDir: stateDir, diskDir: diskDir, vm: vm, agent: ag, info: info, restoredFrom: src.URL,
+		rootfs: &rootfsBuilder{cacheDir: cfg.Runtime.ImageCache, writableMiB: cfg.Runtime.WritableDiskMiB},
+	}
+	log.G(ctx).WithField("duration", time.Since(t0)).Debug("restored guest agent answered")
+	if err := ag.fixUpRestored(ctx); err != nil {
+		ag.close()
+		return nil, nil, fmt.Errorf("restore: fix up guest: %w", err)
+	}
+	rs := &restoredSandbox{record: rec, pending: map[string]recordContainer{}}
+	for _, rc := range rec.Containers {
+		rs.pending[rc.GuestID] = rc
+	}
+	phase("guest", t0)
+	log.G(ctx).WithFields(log.Fields{
+		"duration": time.Since(total), "boot_id": info.BootID, "digest": snap.Descriptor.Digest, "qemu_pid": vm.Pid(),
+	}).Info("sandbox restored")
+	return sb, rs, nil
+}
+
+// pinRef adds a pinned manifest digest to a reference.
+func pinRef(ref, pin string) (string, error) {
+	if pin == "" {
+		return ref, nil
+	}
+	tag, have, err := snapshot.ParseRef(ref)
+	if err != nil {
+		return "", err
+	}
+	if have != "" && have.String() != pin {
+		return "", fmt.Errorf("restore: reference pins %s but %s asks for %s: %w", have, annotations.RestoreDigest, pin, errdefs.ErrInvalidArgument)
+	}
+	if tag == "" {
+		return pin, nil
+	}
+	return tag + "@" + pin, nil
+}
+
+// materializeOnce materializes under a node-wide lock per snapshot, so that
+// concurrent restores of one snapshot (separate shim processes) download it
+// once: the first materializes, the others find the cache entry.
+func materializeOnce(ctx context.Context, snap *snapshot.Snapshot, dir string) (*snapshot.Materialized, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	lock, err := os.OpenFile(filepath.Join(dir, "."+snap.Descriptor.Digest.Encoded()+".lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	defer lock.Close()
+	if err := flockContext(ctx, lock); err != nil {
+		return nil, err
+	}
+	defer unix.Flock(int(lock.Fd()), unix.LOCK_UN) //nolint:errcheck
+	return snap.Materialize(ctx, dir)
+}
+
+func flockContext(ctx context.Context, f *os.File) error {
+	for {
+		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			return nil
+		}
+		if err != unix.EWOULDBLOCK {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// restoredVMConfig rebuilds the checkpointed VM's configuration: its size
+// and device layout from the record, this host's QEMU and guest files, RAM
+// mapped privately from the materialized file, and a new qcow2 overlay per
+// disk on the materialized (read-only, shared) base.
+func restoredVMConfig(ctx context.Context, id string, cfg configs.Config, rec *sandboxRecord, m *snapshot.Materialized, stateDir, diskDir string) (vmm.Config, error) {
+	h := cfg.Hypervisor
+	c := vmm.Config{
+		ID: id, StateDir: stateDir, QEMUPath: h.Path, Kernel: h.Kernel, Initrd: h.Initrd, KernelArgs: h.KernelArgs,
+		MachineType: h.MachineType, CPUModel: h.CPUModel, Accel: h.Accel,
+		VCPUs: rec.VCPUs, MemoryMiB: rec.MemoryMiB, HotplugPorts: rec.HotplugPort,
+		MemoryShared: false, Incoming: true, VMGenID: true, MemoryPath: m.RAM,
+	}
+	if rec.RAMInStream || m.RAM == "" {
+		// RAM comes in the device state: map an empty sparse file.
+		c.MemoryPath = filepath.Join(stateDir, "ram.empty")
+		if err := os.WriteFile(c.MemoryPath, nil, 0o600); err != nil {
+			return c, err
+		}
+		if err := os.Truncate(c.MemoryPath, int64(rec.MemoryMiB)<<20); err != nil {
+			return c, err
+		}
+	}
+	for _, d := range rec.Disks {
+		base, ok := m.Disks[d.Name]
+		if !ok {
+			return c, fmt.Errorf("restore: snapshot has no disk %q: %w", d.Name, errdefs.ErrDataLoss)
+		}
+		dir := filepath.Join(diskDir, d.ID)
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return c, err
+		}
+		overlay := filepath.Join(dir, "restored.qcow2")
+		if err := run(ctx, "qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", base, overlay); err != nil {
+			return c, fmt.Errorf("restore: overlay for disk %s: %w", d.Name, err)
+		}
+		c.Disks = append(c.Disks, vmm.Disk{ID: d.ID, Serial: d.Serial, Port: d.Port, Path: overlay, Format: "qcow2", ReadOnly: d.ReadOnly})
+	}
+	return c, nil
+}
+
+// checkHost compares what the snapshot's VM was with what this host would
+// run; the error names the first field that differs.
+func checkHost(cfg configs.Config, fp snapshot.Fingerprint) error {
+	host := fp
+	h := cfg.Hypervisor
+	host.MachineType, host.CPUModel, host.Accel = h.MachineType, h.CPUModel, h.Accel
+	v, err := qemuVersion(h.Path)
+	if err != nil {
+		return err
+	}
+	host.QEMUVersion = v
+	host.KernelDigest, host.InitrdDigest = fileDigest(h.Kernel), fileDigest(h.Initrd)
+	host.HostCPUFlags = nil
+	fp.HostCPUFlags = nil
+	return fp.Compare(host)
+}
+
+var (
+	qemuVersions  sync.Map
+	qemuVersionRe = regexp.MustCompile(`version ([0-9]+\.[0-9]+\.[0-9]+)`)
+)
+
+// qemuVersion asks the QEMU binary its version once per process.
+func qemuVersion(path string) (string, error) {
+	if v, ok := qemuVersions.Load(path); ok {
+		return v.(string), nil
+	}
+	out, err := exec.Command(path, "--version").Output()
+	if err != nil {
+		return "", fmt.Errorf("%s --version: %w", path, err)
+	}
+	m := qemuVersionRe.FindStringSubmatch(string(out))
+	if m == nil {
+		return "", fmt.Errorf("%s --version: no version in %q", path, strings.TrimSpace(string(out)))
+	}
+	qemuVersions.Store(path, m[1])
+	return m[1], nil
+}
+
+var fileDigests sync.Map
+
+func fileDigest(path string) string {
+	st, err := os.Stat(path)
+	if err != nil {
+		return ""
+	}
+	key := fmt.Sprintf("%s %d %d", path, st.Size(), st.ModTime().UnixNano())
+	if v, ok := fileDigests.Load(key); ok {
+		return v.(string)
+	}
+	d, err := digestFile(path)
+	if err != nil {
+		return ""
+	}
+	fileDigests.Store(key, d)
+	return d
+}
+
+// checkpointRef is what the task API's Checkpoint leaves in its Path: the
+// snapshot's location.
+type checkpointRef struct {
+	// URL is the store URL with reference; empty when the snapshot is in
+	// the checkpoint directory itself (Local).
+	URL    string `json:"url,omitempty"`
+	Local  string `json:"local,omitempty"` // reference inside <dir>/snapshot
+	Digest string `json:"digest"`
+}
+
+const checkpointRefFile = "cryo-checkpoint.json"
+
+func readCheckpointRef(dir string) (restoreSource, error) {
+	b, err := os.ReadFile(filepath.Join(dir, checkpointRefFile))
+	if err != nil {
+		return restoreSource{}, fmt.Errorf("containerd checkpoint %s is not a cryo checkpoint: %w", dir, err)
+	}
+	var r checkpointRef
+	if err := json.Unmarshal(b, &r); err != nil {
+		return restoreSource{}, fmt.Errorf("parse %s: %w", checkpointRefFile, err)
+	}
+	if r.Local != "" {
+		return restoreSource{URL: "file://" + filepath.Join(dir, "snapshot", "cryo") + ":" + r.Local, Digest: r.Digest, Trusted: true}, nil
+	}
+	return restoreSource{URL: r.URL, Digest: r.Digest}, nil
+}
+
+func digestFile(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	d, err := digest.SHA256.FromReader(f)
+	if err != nil {
+		return "", err
+	}
+	return d.String(), nil
+}
