@@ -11,7 +11,7 @@ CRYO_TOOLS ?= /var/cache/cryo/tools
 export CRYO_TOOLS
 GOFLAGS_BUILD := -trimpath -ldflags "-s -w"
 
-.PHONY: all build binaries guest deps tools test unit integration demo clean
+.PHONY: all build binaries guest deps tools test unit integration critest demo clean
 
 all: build
 
@@ -48,6 +48,12 @@ test: deps build
 	$(GO) vet -tags integration ./...
 	CRYO_BIN=$(BIN) CRYO_GUEST_DIR=$(GUEST) PATH=$(CRYO_TOOLS)/bin:$$PATH \
 		$(GO) test -tags integration -p 1 -count=1 -timeout 75m ./...
+
+# cri-tools' validation suite against the cryo handler (the subset a VM
+# runtime can pass: packaging/kubernetes/CRITEST.md).
+critest: deps build
+	CRYO_BIN=$(BIN) CRYO_GUEST_DIR=$(GUEST) PATH=$(CRYO_TOOLS)/bin:$$PATH \
+		$(GO) test -tags integration -count=1 -timeout 40m -run TestCritest -v ./integration/
 
 demo: deps build
 	CRYO_BIN=$(BIN) CRYO_GUEST_DIR=$(GUEST) PATH=$(CRYO_TOOLS)/bin:$$PATH hack/demo.sh

@@ -2,11 +2,12 @@
 # Builds the test and demo tools from the Go module proxy into a version-keyed cache
 # that survives fresh clones on the same machine:
 #   $CRYO_TOOLS/<name>@<version>/bin/...   and symlinks in $CRYO_TOOLS/bin
-# usage: hack/tools.sh [containerd|crictl|cni|versitygw|registry|all]...
+# usage: hack/tools.sh [containerd|crictl|critest|cni|versitygw|registry|all]...
 set -euo pipefail
 CRYO_TOOLS=${CRYO_TOOLS:-/var/cache/cryo/tools}
 CONTAINERD_VERSION=${CONTAINERD_VERSION:-v2.4.2}
 CRICTL_VERSION=${CRICTL_VERSION:-v1.37.0}
+CRITEST_VERSION=${CRITEST_VERSION:-$CRICTL_VERSION}
 CNI_VERSION=${CNI_VERSION:-v1.9.1}
 VERSITYGW_VERSION=${VERSITYGW_VERSION:-v1.8.0}
 REGISTRY_VERSION=${REGISTRY_VERSION:-v3.1.2}
@@ -30,6 +31,21 @@ install() {
 	for b in "$dir"/bin/*; do ln -sfn "$b" "$CRYO_TOOLS/bin/$(basename "$b")"; done
 }
 
+# critest (cri-tools' CRI validation suite) is a test binary: cmd/critest holds
+# only _test.go files, so it is built with go test -c from the module source.
+install_critest() {
+	local dir="$CRYO_TOOLS/critest@$CRITEST_VERSION"
+	if [ ! -f "$dir/.done" ]; then
+		echo "tools: building critest $CRITEST_VERSION (cached in $dir)" >&2
+		rm -rf "$dir"; mkdir -p "$dir/bin"
+		local src
+		src=$(cd / && go mod download -json "sigs.k8s.io/cri-tools@$CRITEST_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",*$/\1/p')
+		(cd "$src" && go test -c -o "$dir/bin/critest" ./cmd/critest)
+		touch "$dir/.done"
+	fi
+	ln -sfn "$dir/bin/critest" "$CRYO_TOOLS/bin/critest"
+}
+
 want=("$@"); [ ${#want[@]} -gt 0 ] || want=(all)
 for w in "${want[@]}"; do
 	case $w in
@@ -38,6 +54,7 @@ for w in "${want[@]}"; do
 			github.com/containerd/containerd/v2/cmd/containerd \
 			github.com/containerd/containerd/v2/cmd/ctr ;;&
 	crictl|all) install crictl "$CRICTL_VERSION" "" sigs.k8s.io/cri-tools/cmd/crictl ;;&
+	critest|all) install_critest ;;&
 	cni|all)
 		install cni "$CNI_VERSION" "" \
 			github.com/containernetworking/plugins/plugins/main/bridge \
@@ -45,7 +62,7 @@ for w in "${want[@]}"; do
 			github.com/containernetworking/plugins/plugins/ipam/host-local ;;&
 	versitygw|all) install versitygw "$VERSITYGW_VERSION" "" github.com/versity/versitygw/cmd/versitygw ;;&
 	registry|all) install registry "$REGISTRY_VERSION" "" github.com/distribution/distribution/v3/cmd/registry ;;&
-	containerd|crictl|cni|versitygw|registry|all) ;;
+	containerd|crictl|critest|cni|versitygw|registry|all) ;;
 	*) echo "tools: unknown tool $w" >&2; exit 2 ;;
 	esac
 done

@@ -21,6 +21,7 @@ import (
 
 	"github.com/cryo-runtime/cryo/annotations"
 	"github.com/cryo-runtime/cryo/configs"
+	"github.com/cryo-runtime/cryo/network"
 	"github.com/cryo-runtime/cryo/vmm"
 )
 
@@ -36,6 +37,7 @@ func (s *service) createContainer(ctx context.Context, r *taskAPI.CreateTaskRequ
 	if err != nil {
 		return nil, err
 	}
+	dropHostNamespacePaths(spec)
 	c := &container{id: r.ID, guestID: r.ID, bundle: r.Bundle, spec: spec, execs: map[string]*process{}}
 	c.init = newProcess(r.ID, "", stdio{stdin: r.Stdin, stdout: r.Stdout, stderr: r.Stderr, terminal: r.Terminal})
 
@@ -229,8 +231,13 @@ func (s *service) coldBoot(ctx context.Context, r *taskAPI.CreateTaskRequest, c 
 		return nil, err
 	}
 	c.disk = disk
-	sb, err := bootSandbox(ctx, r.ID, cfg, stateDir, vmSize{vcpus: req.VCPUs, memoryMiB: req.MemoryMiB}, []vmm.Disk{disk})
+	pn, err := setupNetwork(ctx, c.spec, network.Options{})
 	if err != nil {
+		return nil, err
+	}
+	sb, err := bootSandbox(ctx, r.ID, cfg, stateDir, vmSize{vcpus: req.VCPUs, memoryMiB: req.MemoryMiB}, []vmm.Disk{disk}, pn)
+	if err != nil {
+		pn.teardown(ctx)
 		return nil, err
 	}
 	sb.diskDir = diskDir

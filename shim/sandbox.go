@@ -84,6 +84,8 @@ type sandbox struct {
 	annotations map[string]string
 	// restoredFrom is the snapshot the sandbox was restored from, if any.
 	restoredFrom string
+	// net is the pod network bridged to the VM's NIC; nil without one.
+	net *podNetwork
 
 	checkpointing atomic.Bool
 	// ext serves the shim's own API (cryoctl) on the state dir.
@@ -92,7 +94,7 @@ type sandbox struct {
 
 // bootSandbox starts the VM with the first container's root disk attached
 // and connects to its agent. On failure nothing is left running.
-func bootSandbox(ctx context.Context, id string, cfg configs.Config, stateDir string, sz vmSize, disks []vmm.Disk) (_ *sandbox, retErr error) {
+func bootSandbox(ctx context.Context, id string, cfg configs.Config, stateDir string, sz vmSize, disks []vmm.Disk, pn *podNetwork) (_ *sandbox, retErr error) {
 	start := time.Now()
 	if err := os.MkdirAll(stateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("create sandbox state dir: %w", err)
@@ -113,6 +115,7 @@ func bootSandbox(ctx context.Context, id string, cfg configs.Config, stateDir st
 		MemoryPath:   ramPath(h.MemoryDir, stateDir),
 		MemoryShared: true,
 		Disks:        disks,
+		NICs:         pn.nics(),
 		HotplugPorts: h.HotplugPorts,
 		VMGenID:      true,
 	})
@@ -133,11 +136,15 @@ func bootSandbox(ctx context.Context, id string, cfg configs.Config, stateDir st
 	if err != nil {
 		return nil, err
 	}
+	if err := pn.configureGuest(ctx, ag); err != nil {
+		ag.close()
+		return nil, err
+	}
 	log.G(ctx).WithFields(log.Fields{
 		"qemu_pid": vm.Pid(), "boot_id": info.BootID, "kernel": info.Kernel, "duration": time.Since(start),
 	}).Info("sandbox vm booted")
 	return &sandbox{
-		id: id, cfg: cfg, stateDir: stateDir, vm: vm, agent: ag, info: info,
+		id: id, cfg: cfg, stateDir: stateDir, vm: vm, agent: ag, info: info, net: pn,
 		rootfs: &rootfsBuilder{cacheDir: cfg.Runtime.ImageCache, writableMiB: cfg.Runtime.WritableDiskMiB},
 	}, nil
 }
@@ -209,6 +216,7 @@ func (s *sandbox) shutdown(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
 	defer cancel()
 	err := s.vm.Shutdown(ctx)
+	s.net.teardown(ctx)
 	for _, dir := range []string{s.stateDir, s.diskDir} {
 		if dir == "" {
 			continue

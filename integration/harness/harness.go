@@ -112,6 +112,12 @@ type Option func(*configs.Config)
 // Start starts a private containerd configured with the cryo runtime.
 func Start(t testing.TB, opts ...Option) *Env {
 	t.Helper()
+	return start(t, nil, opts...)
+}
+
+// start starts containerd; with cri set, with its CRI plugin (see cri.go).
+func start(t testing.TB, cri *CRI, opts ...Option) *Env {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Fatal("integration tests start containerd and QEMU and must run as root")
 	}
@@ -159,6 +165,10 @@ func Start(t testing.TB, opts ...Option) *Env {
 		t.Fatalf("mkfs scratch: %v: %s", err, out)
 	}
 	cfg := fmt.Sprintf(containerdConfig, dir, dir, e.Socket, e.Socket, dir, dir, scratch)
+	if cri != nil {
+		cfg = cri.containerdConfig(e, scratch)
+		e.Namespace = CRINamespace
+	}
 	if err := os.WriteFile(filepath.Join(dir, "containerd.toml"), []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -168,6 +178,9 @@ func Start(t testing.TB, opts ...Option) *Env {
 	}
 	defer logf.Close()
 	e.cmd = exec.Command(e.bin("containerd"), "--config", filepath.Join(dir, "containerd.toml"))
+	if cri != nil {
+		e.cmd = exec.Command("nsenter", "--net="+cri.NetNS, e.bin("containerd"), "--config", filepath.Join(dir, "containerd.toml"))
+	}
 	e.cmd.Env = append(os.Environ(), "PATH="+e.path)
 	e.cmd.Stdout, e.cmd.Stderr = logf, logf
 	e.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}

@@ -1,0 +1,177 @@
+#!/usr/bin/env bash
+# The CRI part of the demo: a private containerd with its CRI plugin and the
+# cryo runtime handler, a CNI bridge in a network namespace of its own (so
+# nothing touches the host's network), and pods run with crictl.
+#
+#   hack/demo-cri.sh           run a pod, print its IP and output, clean up
+#   . hack/demo-cri.sh         (sourced) only define the functions:
+#     cri_up                     start containerd with CRI; sets CRI_DIR
+#     cri_run_pod NAME 'SCRIPT' [KEY=VALUE...]
+#                                runp + create + start a busybox container
+#                                running sh -c SCRIPT, with pod annotations;
+#                                sets CRI_POD and CRI_CTR
+#     cri_pod_ip POD             the pod's IP
+#     cri_wait_log CTR TEXT      wait until the container's log holds TEXT
+#     cri_on_bridge CMD...       run CMD at the host end of the pod network
+#     crictl ARGS...             crictl against the private containerd
+#     cri_down                   remove pods, stop containerd, remove everything
+#
+# Needs: `make build deps`; run as root.
+set -euo pipefail
+CRI_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+CRI_BIN=${CRYO_BIN:-$CRI_ROOT/_output/bin}
+CRI_GUEST=${CRYO_GUEST_DIR:-$CRI_ROOT/_output/guest}
+CRI_TOOLS=${CRYO_TOOLS:-/var/cache/cryo/tools}
+CRI_NETNS=cryo-demo-cri
+CRI_STATE_ROOT=/run/cryo-demo-cri
+CRI_SUBNET_PREFIX=10.88.200
+CRI_IMAGE=cryo.local/busybox:1
+CRI_PAUSE=cryo.local/pause:1
+export PATH="$CRI_BIN:$CRI_TOOLS/bin:$PATH"
+
+crictl() { nsenter --net="/run/netns/$CRI_NETNS" "$CRI_TOOLS/bin/crictl" --config "$CRI_DIR/crictl.yaml" "$@"; }
+cri_on_bridge() { nsenter --net="/run/netns/$CRI_NETNS" "$@"; }
+
+cri_up() {
+	local f
+	for f in "$CRI_BIN/containerd-shim-cryo-v2" "$CRI_GUEST/vmlinuz" "$CRI_GUEST/initrd.img" "$CRI_TOOLS/bin/crictl" "$CRI_TOOLS/bin/bridge"; do
+		[ -e "$f" ] || { echo "demo-cri: $f missing: run make build deps" >&2; return 1; }
+	done
+	CRI_DIR=$(mktemp -d /tmp/cryo-demo-cri.XXXX)
+	ip netns add "$CRI_NETNS"
+	ip -n "$CRI_NETNS" link set lo up
+	cat > "$CRI_DIR/cryo.toml" <<TOML
+[hypervisor]
+kernel = "$CRI_GUEST/vmlinuz"
+initrd = "$CRI_GUEST/initrd.img"
+accel = "tcg"
+default_memory = 512
+
+[runtime]
+state_root = "$CRI_STATE_ROOT"
+image_cache = "$CRI_DIR/images"
+TOML
+	mkdir -p "$CRI_DIR/net.d"
+	cat > "$CRI_DIR/net.d/10-cryo.conflist" <<JSON
+{"cniVersion": "1.0.0", "name": "cryo-demo",
+ "plugins": [{"type": "bridge", "bridge": "cryobr0", "isGateway": true, "ipMasq": false, "hairpinMode": true,
+   "ipam": {"type": "host-local", "dataDir": "$CRI_DIR/ipam",
+            "ranges": [[{"subnet": "$CRI_SUBNET_PREFIX.0/24"}]], "routes": [{"dst": "0.0.0.0/0"}]}}]}
+JSON
+	cat > "$CRI_DIR/containerd.toml" <<TOML
+version = 3
+root = "$CRI_DIR/root"
+state = "$CRI_DIR/state"
+[grpc]
+  address = "$CRI_DIR/containerd.sock"
+[ttrpc]
+  address = "$CRI_DIR/containerd.sock.ttrpc"
+[plugins]
+  [plugins."io.containerd.internal.v1.opt"]
+    path = "$CRI_DIR/opt"
+  # No [plugins."io.containerd.runtime.v2.task"] section: in a version 3
+  # config it wipes the shim manager's socket_dir.
+  [plugins."io.containerd.shim.v1.manager"]
+    socket_dir = "$CRI_DIR/s"
+  [plugins."io.containerd.cri.v1.images"]
+    snapshotter = "overlayfs"
+    [plugins."io.containerd.cri.v1.images".pinned_images]
+      sandbox = "$CRI_PAUSE"
+  [plugins."io.containerd.cri.v1.runtime"]
+    netns_mounts_under_state_dir = true
+    restrict_oom_score_adj = true
+    enable_criu = true
+    [plugins."io.containerd.cri.v1.runtime".containerd]
+      default_runtime_name = "cryo"
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.cryo]
+        runtime_type = "io.containerd.cryo.v2"
+        pod_annotations = ["cryo.dev/*", "agents.kruise.io/archive-location", "io.katacontainers.restore-from"]
+        container_annotations = ["cryo.dev/*"]
+        [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.cryo.options]
+          ConfigPath = "$CRI_DIR/cryo.toml"
+    [plugins."io.containerd.cri.v1.runtime".cni]
+      bin_dirs = ["$CRI_TOOLS/bin"]
+      conf_dir = "$CRI_DIR/net.d"
+  [plugins."io.containerd.grpc.v1.cri"]
+    disable_tcp_service = true
+    stream_server_address = "127.0.0.1"
+    stream_server_port = "0"
+  [plugins."io.containerd.nri.v1.nri"]
+    disable = true
+TOML
+	printf 'runtime-endpoint: unix://%s/containerd.sock\nimage-endpoint: unix://%s/containerd.sock\ntimeout: 120\n' "$CRI_DIR" "$CRI_DIR" > "$CRI_DIR/crictl.yaml"
+	nsenter --net="/run/netns/$CRI_NETNS" containerd --config "$CRI_DIR/containerd.toml" > "$CRI_DIR/containerd.log" 2>&1 &
+	CRI_CONTAINERD_PID=$!
+	local ctr="ctr -a $CRI_DIR/containerd.sock -n k8s.io" i
+	for i in $(seq 100); do $ctr version >/dev/null 2>&1 && break; sleep 0.1; done
+	(cd "$CRI_ROOT" && go run ./hack/mkimage "$CRI_DIR/busybox.tar" "$CRI_IMAGE" &&
+		go run ./hack/mkimage "$CRI_DIR/pause.tar" "$CRI_PAUSE" sleep inf)
+	$ctr image import "$CRI_DIR/busybox.tar" >/dev/null
+	$ctr image import "$CRI_DIR/pause.tar" >/dev/null
+	for i in $(seq 100); do [ "$(crictl images -q 2>/dev/null | wc -l)" -ge 2 ] && break; sleep 0.1; done
+}
+
+# cri_run_pod NAME SCRIPT [KEY=VALUE...]
+cri_run_pod() {
+	local name=$1 script=$2; shift 2
+	local ann="" kv
+	for kv in "$@"; do ann="$ann${ann:+,}\"${kv%%=*}\": \"${kv#*=}\""; done
+	cat > "$CRI_DIR/pod-$name.json" <<JSON
+{"metadata": {"name": "$name", "namespace": "default", "uid": "$name-uid", "attempt": 1},
+ "hostname": "$name", "log_directory": "$CRI_DIR/logs/$name", "annotations": {$ann}, "linux": {}}
+JSON
+	local q=${script//\\/\\\\}
+	q=${q//\"/\\\"}
+	cat > "$CRI_DIR/ctr-$name.json" <<JSON
+{"metadata": {"name": "$name"}, "image": {"image": "$CRI_IMAGE"},
+ "command": ["sh", "-c", "$q"], "log_path": "$name.log", "linux": {}}
+JSON
+	CRI_POD=$(crictl runp --runtime cryo "$CRI_DIR/pod-$name.json")
+	CRI_CTR=$(crictl create "$CRI_POD" "$CRI_DIR/ctr-$name.json" "$CRI_DIR/pod-$name.json")
+	crictl start "$CRI_CTR" >/dev/null
+}
+
+cri_pod_ip() { crictl inspectp -o go-template --template '{{.status.network.ip}}' "$1"; }
+
+cri_wait_log() {
+	local i
+	for i in $(seq 600); do crictl logs "$1" 2>&1 | grep -q "$2" && return 0; sleep 0.1; done
+	echo "demo-cri: no '$2' in the log of $1" >&2
+	return 1
+}
+
+cri_down() {
+	set +e
+	if [ -n "${CRI_DIR:-}" ] && [ -S "$CRI_DIR/containerd.sock" ]; then
+		local p
+		for p in $(crictl pods -q 2>/dev/null); do crictl stopp "$p" >/dev/null 2>&1; crictl rmp -f "$p" >/dev/null 2>&1; done
+	fi
+	[ -n "${CRI_CONTAINERD_PID:-}" ] && kill "$CRI_CONTAINERD_PID" 2>/dev/null && wait "$CRI_CONTAINERD_PID" 2>/dev/null
+	ip netns del "$CRI_NETNS" 2>/dev/null
+	if [ -n "${CRI_DIR:-}" ]; then
+		grep " $CRI_DIR/" /proc/self/mountinfo | awk '{print $5}' | sort -r | xargs -r -n1 umount -l 2>/dev/null
+		rm -rf "$CRI_DIR"
+	fi
+	rm -rf "$CRI_STATE_ROOT"
+	set -e
+}
+
+# Run as a script: one pod, its IP and output.
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+	say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+	trap cri_down EXIT
+	say "start a private containerd with CRI and the cryo runtime handler"
+	cri_up
+	say "crictl runp --runtime cryo + create + start"
+	start=$(date +%s.%N)
+	cri_run_pod demo 'echo "hello from pod $(hostname), kernel $(uname -r)"; ip -4 -o addr show eth0; i=0; while true; do i=$((i+1)); echo "tick $i"; sleep 1; done'
+	cri_wait_log "$CRI_CTR" hello
+	printf 'first log line after %.2fs\n' "$(echo "$(date +%s.%N) - $start" | bc)"
+	echo "pod $CRI_POD ip $(cri_pod_ip "$CRI_POD")"
+	sleep 2
+	say "crictl logs"
+	crictl logs "$CRI_CTR"
+	say "ping the pod from the host end of the bridge"
+	cri_on_bridge busybox ping -c 2 "$(cri_pod_ip "$CRI_POD")"
+	say "done"
+fi

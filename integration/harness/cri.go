@@ -1,0 +1,388 @@
+package harness
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cryo-runtime/cryo/integration/testimage"
+)
+
+// CRINamespace is the containerd namespace CRI keeps its images and
+// containers in.
+const CRINamespace = "k8s.io"
+
+// PauseImage is the pinned sandbox image of a CRI Env: the busybox test
+// image sleeping forever.
+const PauseImage = "cryo.local/pause:1"
+
+// RuntimeHandler is the CRI runtime handler (RuntimeClass handler) of cryo.
+const RuntimeHandler = "cryo"
+
+// CRI is a private containerd with its CRI plugin, the cryo runtime handler
+// and a CNI bridge network. containerd runs in a network namespace of the
+// test's own, so the CNI bridge, its addresses and whatever the bridge
+// plugin sets up live and die with the test; crictl runs there too (the
+// streaming server listens on that namespace's 127.0.0.1).
+type CRI struct {
+	*Env
+	NetNSName    string // the namespace containerd, its bridge and crictl run in
+	NetNS        string // its path
+	Bridge       string // the CNI bridge
+	Subnet       string // the pods' subnet, e.g. "10.88.123.0/24"
+	Gateway      string // the bridge's address: the host end of the pod network
+	CrictlConfig string
+	// RegistryHosts, when set before start, is a directory of containerd
+	// hosts.toml files (config_path) for image pulls.
+	RegistryHosts string
+}
+
+// StartCRI starts a private containerd with CRI enabled. Cleanup removes
+// every pod (and so every VM), stops containerd, and deletes the network
+// namespace with the bridge in it; IPAM data and pod netns mounts live
+// under Env.Dir and go with it.
+func StartCRI(t testing.TB, opts ...Option) *CRI {
+	t.Helper()
+	return StartCRIWith(t, &CRI{}, opts...)
+}
+
+// StartCRIWith is StartCRI with fields of c (RegistryHosts) preset.
+func StartCRIWith(t testing.TB, c *CRI, opts ...Option) *CRI {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("integration tests start containerd and QEMU and must run as root")
+	}
+	Need(t, os.Getenv("PATH"), "nsenter", "ip")
+	x := 100 + rand.IntN(150)
+	c.NetNSName = fmt.Sprintf("cryo-cri-%d-%d", os.Getpid(), x)
+	c.NetNS = "/run/netns/" + c.NetNSName
+	c.Bridge = fmt.Sprintf("cryobr%d", x)
+	c.Subnet = fmt.Sprintf("10.88.%d.0/24", x)
+	c.Gateway = fmt.Sprintf("10.88.%d.1", x)
+	if out, err := exec.Command("ip", "netns", "add", c.NetNSName).CombinedOutput(); err != nil {
+		t.Fatalf("create netns: %v: %s", err, out)
+	}
+	// Registered first, so it runs last: after containerd and the pods.
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", c.NetNSName).Run() })
+	if out, err := exec.Command("ip", "-n", c.NetNSName, "link", "set", "lo", "up").CombinedOutput(); err != nil {
+		t.Fatalf("lo up in netns: %v: %s", err, out)
+	}
+	c.Env = start(t, c, opts...)
+	t.Cleanup(c.removePods)
+	Need(t, c.path, "crictl", "bridge", "host-local", "loopback")
+
+	pause := filepath.Join(c.Dir, "pause.tar")
+	if err := testimage.WriteFile(pause, PauseImage, []string{"sleep", "inf"}); err != nil {
+		t.Fatal(err)
+	}
+	c.MustCtr("image", "import", pause)
+	c.CrictlConfig = filepath.Join(c.Dir, "crictl.yaml")
+	crictl := fmt.Sprintf("runtime-endpoint: unix://%s\nimage-endpoint: unix://%s\ntimeout: 120\ndebug: false\n", c.Socket, c.Socket)
+	if err := os.WriteFile(c.CrictlConfig, []byte(crictl), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// CRI learns of imported images through events: wait until it lists them.
+	if !WaitFor(30*time.Second, func() bool {
+		out, _, err := c.Crictl("images", "-q")
+		return err == nil && len(strings.Fields(out)) >= 2
+	}) {
+		out, errs, _ := c.Crictl("images")
+		t.Fatalf("CRI does not list the test images: %s %s\n%s", out, errs, c.LogTail(30))
+	}
+	return c
+}
+
+// containerdConfig is the version 3 config with CRI, the cryo handler and
+// the CNI network. No [plugins."io.containerd.runtime.v2.task"] section: in
+// a version 3 config it wipes the shim manager's socket_dir.
+func (c *CRI) containerdConfig(e *Env, scratch string) string {
+	netd := filepath.Join(e.Dir, "net.d")
+	if err := os.MkdirAll(netd, 0o755); err != nil {
+		e.t.Fatal(err)
+	}
+	conf := map[string]any{
+		"cniVersion": "1.0.0",
+		"name":       "cryo-it",
+		"plugins": []any{map[string]any{
+			"type": "bridge", "bridge": c.Bridge, "isGateway": true, "ipMasq": false, "hairpinMode": true,
+			"ipam": map[string]any{
+				"type": "host-local", "dataDir": filepath.Join(e.Dir, "ipam"),
+				"ranges": [][]map[string]string{{{"subnet": c.Subnet}}},
+				"routes": []map[string]string{{"dst": "0.0.0.0/0"}},
+			},
+		}},
+	}
+	b, _ := json.MarshalIndent(conf, "", "  ")
+	if err := os.WriteFile(filepath.Join(netd, "10-cryo.conflist"), b, 0o644); err != nil {
+		e.t.Fatal(err)
+	}
+	tools := os.Getenv("CRYO_TOOLS")
+	if tools == "" {
+		tools = "/var/cache/cryo/tools"
+	}
+	tools = filepath.Join(tools, "bin") // the CNI plugins
+	registry := ""
+	if c.RegistryHosts != "" {
+		registry = fmt.Sprintf("    [plugins.\"io.containerd.cri.v1.images\".registry]\n      config_path = %q\n", c.RegistryHosts)
+	}
+	return fmt.Sprintf(criConfig, e.Dir, e.Dir, e.Socket, e.Socket, e.Dir, e.Dir, scratch,
+		PauseImage, registry, Runtime, e.ConfigPath, tools, netd)
+}
+
+const criConfig = `version = 3
+root = "%s/root"
+state = "%s/state"
+
+[grpc]
+  address = "%s"
+
+[ttrpc]
+  address = "%s.ttrpc"
+
+[debug]
+  level = "debug"
+
+[plugins]
+  [plugins."io.containerd.internal.v1.opt"]
+    path = "%s/opt"
+  [plugins."io.containerd.shim.v1.manager"]
+    socket_dir = "%s/s"
+  [plugins."io.containerd.snapshotter.v1.blockfile"]
+    scratch_file = "%s"
+    fs_type = "ext4"
+    mount_options = ["loop"]
+    recreate_scratch = true
+  [plugins."io.containerd.transfer.v1.local"]
+    [[plugins."io.containerd.transfer.v1.local".unpack_config]]
+      platform = "linux/amd64"
+      snapshotter = "overlayfs"
+    [[plugins."io.containerd.transfer.v1.local".unpack_config]]
+      platform = "linux/amd64"
+      snapshotter = "blockfile"
+  [plugins."io.containerd.cri.v1.images"]
+    snapshotter = "overlayfs"
+    [plugins."io.containerd.cri.v1.images".pinned_images]
+      sandbox = "%s"
+%s
+  [plugins."io.containerd.cri.v1.runtime"]
+    netns_mounts_under_state_dir = true
+    restrict_oom_score_adj = true
+    enable_criu = true
+    [plugins."io.containerd.cri.v1.runtime".containerd]
+      default_runtime_name = "cryo"
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.cryo]
+        runtime_type = "%s"
+        pod_annotations = ["cryo.dev/*", "agents.kruise.io/archive-location", "io.katacontainers.restore-from"]
+        container_annotations = ["cryo.dev/*"]
+        [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.cryo.options]
+          ConfigPath = "%s"
+    [plugins."io.containerd.cri.v1.runtime".cni]
+      bin_dirs = ["%s"]
+      conf_dir = "%s"
+  [plugins."io.containerd.grpc.v1.cri"]
+    disable_tcp_service = true
+    stream_server_address = "127.0.0.1"
+    stream_server_port = "0"
+  [plugins."io.containerd.nri.v1.nri"]
+    disable = true
+`
+
+// CrictlCmd is crictl against this containerd, run in its network
+// namespace; for commands that stream (attach, logs -f).
+func (c *CRI) CrictlCmd(ctx context.Context, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, "nsenter", append([]string{"--net=" + c.NetNS, "crictl", "--config", c.CrictlConfig}, args...)...)
+	cmd.Env = append(os.Environ(), "PATH="+c.path)
+	return cmd
+}
+
+// Crictl runs crictl with a 3 minute deadline.
+func (c *CRI) Crictl(args ...string) (stdout, stderr string, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := c.CrictlCmd(ctx, args...)
+	var out, errb strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err = cmd.Run()
+	if ctx.Err() != nil {
+		err = fmt.Errorf("crictl %s: timed out", strings.Join(args, " "))
+	}
+	return out.String(), errb.String(), err
+}
+
+// MustCrictl runs crictl and fails the test on error; it returns stdout
+// with surrounding white space trimmed.
+func (c *CRI) MustCrictl(args ...string) string {
+	c.t.Helper()
+	out, errs, err := c.Crictl(args...)
+	if err != nil {
+		c.t.Fatalf("crictl %s: %v\nstdout: %s\nstderr: %s\ncontainerd log:\n%s", strings.Join(args, " "), err, out, errs, c.LogTail(30))
+	}
+	return strings.TrimSpace(out)
+}
+
+// CrictlTTY runs crictl with a pseudo-terminal as stdin and stdout (through
+// util-linux's script), as `crictl exec -it` needs.
+func (c *CRI) CrictlTTY(args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	q := []string{"nsenter", "--net=" + c.NetNS, "crictl", "--config", c.CrictlConfig}
+	for _, a := range args {
+		q = append(q, "'"+strings.ReplaceAll(a, "'", `'\''`)+"'")
+	}
+	cmd := exec.CommandContext(ctx, "script", "-qec", strings.Join(q, " "), "/dev/null")
+	cmd.Env = append(os.Environ(), "PATH="+c.path)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// InNetNS runs a command in containerd's network namespace: the host end of
+// the pod network (the bridge).
+func (c *CRI) InNetNS(args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "nsenter", append([]string{"--net=" + c.NetNS}, args...)...)
+	cmd.Env = append(os.Environ(), "PATH="+c.path)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// PodConfig writes a CRI PodSandboxConfig for a pod called name and returns
+// its path.
+func (c *CRI) PodConfig(name string, annotations map[string]string) string {
+	c.t.Helper()
+	return c.writeJSON("pod-"+name+".json", map[string]any{
+		"metadata":      map[string]any{"name": name, "namespace": "default", "uid": name + "-uid", "attempt": 1},
+		"hostname":      name,
+		"log_directory": filepath.Join(c.Dir, "logs", name),
+		"annotations":   annotations,
+		"linux":         map[string]any{},
+	})
+}
+
+// ContainerConfig writes a CRI ContainerConfig running args in the busybox
+// test image and returns its path; its log is <pod log dir>/<name>.log.
+// extra's keys are set on the config as they are (annotations, stdin, tty,
+// ...).
+func (c *CRI) ContainerConfig(name string, args []string, extra map[string]any) string {
+	c.t.Helper()
+	cfg := map[string]any{
+		"metadata": map[string]any{"name": name},
+		"image":    map[string]any{"image": Image},
+		"command":  args,
+		"log_path": name + ".log",
+		"linux":    map[string]any{},
+	}
+	for k, v := range extra {
+		cfg[k] = v
+	}
+	return c.writeJSON("ctr-"+name+".json", cfg)
+}
+
+func (c *CRI) writeJSON(name string, v any) string {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	p := filepath.Join(c.Dir, name)
+	if err := os.WriteFile(p, b, 0o644); err != nil {
+		c.t.Fatal(err)
+	}
+	return p
+}
+
+// RunPod runs a pod with the cryo handler and returns its id.
+func (c *CRI) RunPod(podConfig string) string {
+	c.t.Helper()
+	return c.MustCrictl("runp", "--runtime", RuntimeHandler, podConfig)
+}
+
+// StartContainer creates and starts a container in a pod and returns its id.
+func (c *CRI) StartContainer(pod, ctrConfig, podConfig string) string {
+	c.t.Helper()
+	id := c.MustCrictl("create", pod, ctrConfig, podConfig)
+	c.MustCrictl("start", id)
+	return id
+}
+
+// removePods stops and removes every pod while containerd still runs, so
+// the shims shut their VMs down and CNI releases the addresses.
+func (c *CRI) removePods() {
+	if c.Env == nil || c.cmd == nil {
+		return
+	}
+	out, _, err := c.Crictl("pods", "-q")
+	if err != nil {
+		return
+	}
+	for _, id := range strings.Fields(out) {
+		_, _, _ = c.Crictl("stopp", id)
+		_, _, _ = c.Crictl("rmp", "-f", id)
+	}
+}
+
+// RegistryAddr is where StartRegistry serves, inside the CRI Env's network
+// namespace (which is the test's own, so the port is free).
+const RegistryAddr = "127.0.0.1:5000"
+
+// RegistryHostsDir writes a containerd hosts directory (config_path) that
+// pulls from RegistryAddr over plain HTTP, for StartCRIWith.
+func RegistryHostsDir(t testing.TB) string {
+	dir := t.TempDir()
+	d := filepath.Join(dir, RegistryAddr)
+	if err := os.MkdirAll(d, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	hosts := fmt.Sprintf("server = \"http://%s\"\n\n[host.\"http://%s\"]\n  capabilities = [\"pull\", \"resolve\", \"push\"]\n", RegistryAddr, RegistryAddr)
+	if err := os.WriteFile(filepath.Join(d, "hosts.toml"), []byte(hosts), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// StartRegistry runs a distribution registry on RegistryAddr in the Env's
+// network namespace (CRI pulls, e.g. critest's, need one) and pushes the
+// test image to it as each of refs (repository paths under the registry).
+func (c *CRI) StartRegistry(refs ...string) {
+	c.t.Helper()
+	Need(c.t, c.path, "registry")
+	cfg := filepath.Join(c.Dir, "registry.yml")
+	y := fmt.Sprintf("version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: %s\nhttp:\n  addr: %s\n", filepath.Join(c.Dir, "registry"), RegistryAddr)
+	if err := os.WriteFile(cfg, []byte(y), 0o644); err != nil {
+		c.t.Fatal(err)
+	}
+	logf, err := os.Create(filepath.Join(c.Dir, "registry.log"))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer logf.Close()
+	cmd := exec.Command("nsenter", "--net="+c.NetNS, "registry", "serve", cfg)
+	cmd.Env = append(os.Environ(), "PATH="+c.path)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		c.t.Fatalf("start registry: %v", err)
+	}
+	c.t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	if !WaitFor(20*time.Second, func() bool {
+		out, _ := c.InNetNS("busybox", "wget", "-q", "-O", "-", "http://"+RegistryAddr+"/v2/")
+		return strings.Contains(out, "{}")
+	}) {
+		b, _ := os.ReadFile(filepath.Join(c.Dir, "registry.log"))
+		c.t.Fatalf("registry did not come up on %s:\n%s", RegistryAddr, b)
+	}
+	for _, ref := range refs {
+		full := RegistryAddr + "/" + ref
+		c.MustCtr("image", "tag", "--force", Image, full)
+		if out, err := c.InNetNS("ctr", "-a", c.Socket, "-n", c.Namespace, "image", "push", "--plain-http", full); err != nil {
+			c.t.Fatalf("push %s: %v\n%s", full, err, out)
+		}
+	}
+}

@@ -1,0 +1,45 @@
+package shim
+
+import (
+	"os"
+	"strings"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+)
+
+// dropHostNamespacePaths makes a CRI container's spec runnable in the guest.
+// CRI has a pod's containers join the sandbox container's IPC, UTS and PID
+// namespaces by host paths (/proc/<pid>/ns/...), which name nothing in the
+// VM: the container gets new ones there instead (the VM is the pod's
+// isolation boundary). The network namespace path is kept: it is the pod
+// netns on the host that setupNetwork bridges, and the guest ignores it.
+// A container that joined the sandbox's UTS namespace gets the pod's
+// hostname from the /etc/hostname file CRI mounts.
+func dropHostNamespacePaths(spec *specs.Spec) {
+	if spec.Linux == nil {
+		return
+	}
+	for i, ns := range spec.Linux.Namespaces {
+		if ns.Path == "" || ns.Type == specs.NetworkNamespace {
+			continue
+		}
+		spec.Linux.Namespaces[i].Path = ""
+		if ns.Type == specs.UTSNamespace && spec.Hostname == "" {
+			spec.Hostname = mountedHostname(spec)
+		}
+	}
+}
+
+func mountedHostname(spec *specs.Spec) string {
+	for _, m := range spec.Mounts {
+		if m.Destination != "/etc/hostname" {
+			continue
+		}
+		b, err := os.ReadFile(m.Source)
+		if err != nil || len(b) > 256 {
+			return ""
+		}
+		return strings.TrimSpace(string(b))
+	}
+	return ""
+}
