@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/ed25519"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -108,5 +109,17 @@ func TestRealStores(t *testing.T) {
 				t.Errorf("second write uploaded %d chunks, skipped %d (of %d)", second.UploadedChunks, second.SkippedChunks, first.Chunks)
 			}
 		})
+	}
+}
+
+func writeAtPath(t testing.TB, path string, b []byte, off int64) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteAt(b, off); err != nil {
+		t.Fatal(err)
 	}
 }
