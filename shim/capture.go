@@ -140,6 +140,9 @@ func (s *service) record(sb *sandbox) *sandboxRecord {
 	r := &sandboxRecord{
 		Version: recordVersion, SandboxID: sb.id, VCPUs: cfg.VCPUs, MemoryMiB: cfg.MemoryMiB, HotplugPort: cfg.HotplugPorts,
 	}
+	if sb.net != nil {
+		r.NICMAC = sb.net.ep.MAC.String()
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, c := range s.containers {

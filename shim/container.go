@@ -107,7 +107,9 @@ func guestFiles(ctx context.Context, s *specs.Spec) []guestFile {
 	var files []guestFile
 	kept := s.Mounts[:0]
 	for _, m := range s.Mounts {
-		if m.Type != "bind" && !hasOption(m.Options, "bind") && !hasOption(m.Options, "rbind") {
+		if m.Type != "bind" && !hasOption(m.Options, "bind") && !hasOption(m.Options, "rbind") || m.Destination == "/dev/shm" {
+			// /dev/shm (the pod's shared memory, a host path under CRI)
+			// stays: the guest agent turns it into a tmpfs of the VM.
 			kept = append(kept, m)
 			continue
 		}

@@ -180,7 +180,7 @@ func (s *service) newSandbox(ctx context.Context, r *taskAPI.CreateTaskRequest, 
 	var sb *sandbox
 	if src.URL != "" {
 		var rs *restoredSandbox
-		sb, rs, err = s.restoreSandbox(ctx, r.ID, cfg, src, stateDir, diskDir)
+		sb, rs, err = s.restoreSandbox(ctx, r.ID, c.spec, cfg, src, stateDir, diskDir)
 		switch {
 		case err == nil:
 			s.restored = rs

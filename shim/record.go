@@ -23,10 +23,13 @@ type sandboxRecord struct {
 	// stream instead of a "ram" file: the checkpointed VM was itself
 	// restored, and its RAM was a private mapping that x-ignore-shared does
 	// not skip.
-	RAMInStream bool              `json:"ramInStream,omitempty"`
-	Fingerprint vmm.Fingerprint   `json:"fingerprint"`
-	Disks       []recordDisk      `json:"disks"`
-	Containers  []recordContainer `json:"containers"`
+	RAMInStream bool            `json:"ramInStream,omitempty"`
+	Fingerprint vmm.Fingerprint `json:"fingerprint"`
+	// NICMAC is the MAC of the guest's pod NIC ("" without one): the
+	// restored pod's veth takes it over.
+	NICMAC     string            `json:"nicMAC,omitempty"`
+	Disks      []recordDisk      `json:"disks"`
+	Containers []recordContainer `json:"containers"`
 }
 
 type recordDisk struct {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,11 +16,13 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	"github.com/opencontainers/go-digest"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
 	"github.com/cryo-runtime/cryo/annotations"
 	"github.com/cryo-runtime/cryo/configs"
 	"github.com/cryo-runtime/cryo/fetch"
+	"github.com/cryo-runtime/cryo/network"
 	"github.com/cryo-runtime/cryo/snapshot"
 	"github.com/cryo-runtime/cryo/vmm"
 )
@@ -68,7 +71,7 @@ func (r *restoredSandbox) claim(spec map[string]string, first bool) (recordConta
 // checks it against this host, and starts the VM from it. Each phase is
 // timed. On failure nothing is left running and no partial file remains
 // (the cache only ever holds verified, complete entries).
-func (s *service) restoreSandbox(ctx context.Context, id string, cfg configs.Config, src restoreSource, stateDir, diskDir string) (_ *sandbox, _ *restoredSandbox, retErr error) {
+func (s *service) restoreSandbox(ctx context.Context, id string, spec *specs.Spec, cfg configs.Config, src restoreSource, stateDir, diskDir string) (_ *sandbox, _ *restoredSandbox, retErr error) {
 	ctx = log.WithLogger(ctx, log.G(ctx).WithFields(log.Fields{"sandbox": id, "restore_from": src.URL}))
 	total := time.Now()
 	phase := func(name string, t0 time.Time) {
@@ -129,6 +132,16 @@ func (s *service) restoreSandbox(ctx context.Context, id string, cfg configs.Con
 	if err != nil {
 		return nil, nil, err
 	}
+	pn, err := restoredNetwork(ctx, spec, rec)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer func() {
+		if retErr != nil {
+			pn.teardown(context.WithoutCancel(ctx))
+		}
+	}()
+	vmcfg.NICs = pn.nics()
 	vm, err := vmm.New(vmcfg)
 	if err != nil {
 		return nil, nil, err
@@ -166,13 +179,18 @@ func (s *service) restoreSandbox(ctx context.Context, id string, cfg configs.Con
 		return nil, nil, err
 	}
 	sb := &sandbox{
-		id: id, cfg: cfg, stateDir: stateDir, diskDir: diskDir, vm: vm, agent: ag, info: info, restoredFrom: src.URL,
+		id: id, cfg: cfg, stateDir: stateDir, diskDir: diskDir, vm: vm, agent: ag, info: info, restoredFrom: src.URL, net: pn,
 		rootfs: &rootfsBuilder{cacheDir: cfg.Runtime.ImageCache, writableMiB: cfg.Runtime.WritableDiskMiB},
 	}
 	log.G(ctx).WithField("duration", time.Since(t0)).Debug("restored guest agent answered")
 	if err := ag.fixUpRestored(ctx); err != nil {
 		ag.close()
 		return nil, nil, fmt.Errorf("restore: fix up guest: %w", err)
+	}
+	// The new pod's addresses and routes, before any hook or task runs.
+	if err := pn.configureGuest(ctx, ag); err != nil {
+		ag.close()
+		return nil, nil, fmt.Errorf("restore: %w", err)
 	}
 	rs := &restoredSandbox{record: rec, pending: map[string]recordContainer{}}
 	for _, rc := range rec.Containers {
@@ -183,6 +201,34 @@ func (s *service) restoreSandbox(ctx context.Context, id string, cfg configs.Con
 		"duration": time.Since(total), "boot_id": info.BootID, "digest": snap.Descriptor.Digest, "qemu_pid": vm.Pid(),
 	}).Info("sandbox restored")
 	return sb, rs, nil
+}
+
+// restoredNetwork gives a restored VM the network of the new pod: the same
+// NIC (device id and slot) as at checkpoint, its MAC taken over by the new
+// pod's veth. The VM's device layout must match the snapshot's, so a
+// snapshot with a NIC needs a pod network and one without refuses one.
+func restoredNetwork(ctx context.Context, spec *specs.Spec, rec *sandboxRecord) (*podNetwork, error) {
+	has := podNetNS(spec) != ""
+	switch {
+	case rec.NICMAC == "" && has:
+		return nil, fmt.Errorf("restore: the snapshot's vm had no network interface, this pod has a network namespace: %w", errdefs.ErrFailedPrecondition)
+	case rec.NICMAC == "":
+		return nil, nil
+	case !has:
+		return nil, fmt.Errorf("restore: the snapshot's vm had a pod network interface, this sandbox has no network namespace: %w", errdefs.ErrFailedPrecondition)
+	}
+	mac, err := net.ParseMAC(rec.NICMAC)
+	if err != nil {
+		return nil, fmt.Errorf("restore: snapshot nic mac %q: %w", rec.NICMAC, errdefs.ErrDataLoss)
+	}
+	pn, err := setupNetwork(ctx, spec, network.Options{MAC: mac})
+	if err != nil {
+		return nil, err
+	}
+	if pn == nil {
+		return nil, fmt.Errorf("restore: the snapshot's vm had a pod network interface, this pod's network namespace has none: %w", errdefs.ErrFailedPrecondition)
+	}
+	return pn, nil
 }
 
 // pinRef adds a pinned manifest digest to a reference.

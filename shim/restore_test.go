@@ -128,6 +128,7 @@ func TestGuestFiles(t *testing.T) {
 		{Destination: "/var/run/secrets", Type: "bind", Source: secrets, Options: []string{"rbind"}},
 		{Destination: "/big", Type: "bind", Source: big, Options: []string{"rbind"}},
 		{Destination: "/missing", Source: filepath.Join(dir, "nope"), Options: []string{"bind"}},
+		{Destination: "/dev/shm", Type: "bind", Source: "/run/containerd/sandbox/shm", Options: []string{"rbind"}},
 	}}
 	files := guestFiles(t.Context(), s)
 	got := map[string]string{}
@@ -140,7 +141,7 @@ func TestGuestFiles(t *testing.T) {
 	if _, ok := got["/big"]; ok {
 		t.Fatal("a file over the limit was copied")
 	}
-	if len(s.Mounts) != 1 || s.Mounts[0].Destination != "/proc" {
+	if len(s.Mounts) != 2 || s.Mounts[0].Destination != "/proc" || s.Mounts[1].Destination != "/dev/shm" {
 		t.Fatalf("bind mounts left in the spec: %+v", s.Mounts)
 	}
 }
