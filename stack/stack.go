@@ -57,9 +57,9 @@ type Stack struct {
 	// shim names RAM files by namespace and container id only, so two
 	// stacks sharing /dev/shm would collide on a container id.
 	MemoryDir string
-	Cfg        configs.Config
-	LogPath    string
-	Tools      string
+	Cfg       configs.Config
+	LogPath   string
+	Tools     string
 
 	ctx  context.Context // parent of every command the stack runs
 	cmd  *exec.Cmd

@@ -106,4 +106,3 @@ func ExitCode(err error) int { return stack.ExitCode(err) }
 
 // WaitFor polls cond until it is true or timeout passes.
 func WaitFor(timeout time.Duration, cond func() bool) bool { return stack.WaitFor(timeout, cond) }
-
