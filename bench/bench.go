@@ -29,7 +29,7 @@ type Sizes struct {
 	SmallDiskMiB  int           `json:"smallDiskMiB"`  // pause window, small writable disk
 	LargeDiskMiB  int           `json:"largeDiskMiB"`  // pause window, large writable disk
 	Clones        []int         `json:"clones"`        // concurrent restores
-	WarmUp        time.Duration `json:"warmUp"`        // the expensive workload's warm-up
+	WarmUp        time.Duration `json:"warmUpNs"`      // the expensive workload's warm-up (ns in JSON)
 	ChangePercent int           `json:"changePercent"` // RAM changed before the second checkpoint
 	ChunkMiB      int           `json:"chunkMiB"`      // snapshot chunk size (0: the config's default)
 }

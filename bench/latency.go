@@ -175,13 +175,16 @@ func (r *runner) warmUp() error {
 // fanOut: n restores of the template at once, the node cache empty: the
 // wall time until the last one answered an exec, the bytes the node cache
 // downloaded, how many restores materialized, and the memory of the QEMU
-// processes (Pss counts shared page cache once).
+// processes (Pss counts shared page cache once), and the CPU time the
+// QEMUs and shims used (restore and exec): against the wall time and the
+// number of cores it says whether the fan-out is CPU-bound.
 func (r *runner) fanOut() error {
 	for _, n := range r.o.Clones {
 		var lastMS []float64
 		var dl int64
 		var misses int
 		var mem procMem
+		var cpu time.Duration
 		for range r.o.Runs {
 			if err := r.clearCache(); err != nil {
 				return err
@@ -207,6 +210,7 @@ func (r *runner) fanOut() error {
 			}
 			wg.Wait()
 			mem = qemuMem(r.s.QEMUPids())
+			cpu = cpuTime(append(r.s.QEMUPids(), r.s.ShimPids()...))
 			r.remove(ids...)
 			var worst time.Duration
 			for i := range ids {
@@ -225,6 +229,7 @@ func (r *runner) fanOut() error {
 		r.r.add("fan-out", p+"materializations", "count", float64(misses))
 		r.r.add("fan-out", p+"qemu_pss_total", "MiB", mib(mem.pss))
 		r.r.add("fan-out", p+"qemu_rss_total", "MiB", mib(mem.rss))
+		r.r.add("fan-out", p+"cpu_total", "ms", ms(cpu))
 		r.progress("%d concurrent restores: last %.0f ms, %.1f MiB downloaded, %d materializations, QEMU Pss %.0f MiB Rss %.0f MiB",
 			n, Median(lastMS), mib(dl), misses, mib(mem.pss), mib(mem.rss))
 	}

@@ -5,6 +5,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // procMem is the summed memory of some processes.
@@ -51,4 +52,30 @@ func procFields(path string, keys ...string) map[string]int64 {
 		}
 	}
 	return out
+}
+
+// cpuTime sums user and system CPU time of pids (/proc/<pid>/stat fields
+// 14 and 15, in clock ticks of 1/100 s).
+func cpuTime(pids []int) time.Duration {
+	var ticks int64
+	for _, pid := range pids {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+		if err != nil {
+			continue
+		}
+		// The command name (field 2) may hold spaces: split after its ')'.
+		s := string(b)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(s[i+1:]) // f[0] is field 3
+		if len(f) < 13 {
+			continue
+		}
+		u, _ := strconv.ParseInt(f[11], 10, 64)
+		st, _ := strconv.ParseInt(f[12], 10, 64)
+		ticks += u + st
+	}
+	return time.Duration(ticks) * 10 * time.Millisecond
 }

@@ -161,7 +161,7 @@ func RowNames(s Sizes) []string {
 	n = append(n, "warmup_cold_to_answer", "warmup_restore_to_answer")
 	for _, c := range s.Clones {
 		p := fmt.Sprintf("fanout_%d_", c)
-		n = append(n, p+"last_to_exec", p+"downloaded", p+"materializations", p+"qemu_pss_total", p+"qemu_rss_total")
+		n = append(n, p+"last_to_exec", p+"downloaded", p+"materializations", p+"qemu_pss_total", p+"qemu_rss_total", p+"cpu_total")
 	}
 	pause := func(name string) []string {
 		return []string{name, name + "/stop_freeze_devstate", name + "/ram_copy_cont", name + "_ram_allocated"}
