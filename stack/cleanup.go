@@ -47,6 +47,7 @@ func (s *Stack) Close() error {
 	}
 	unmountUnder(s.Dir)
 	_ = os.RemoveAll(s.StateRoot)
+	_ = os.Remove(filepath.Dir(s.StateRoot)) // shared by stacks: only when empty
 	if s.MemoryDir != "" {
 		_ = os.RemoveAll(s.MemoryDir)
 	}

@@ -303,6 +303,9 @@ func (s *Stack) Ctr(args ...string) (stdout, stderr string, err error) {
 // the tail of containerd's log.
 func (s *Stack) CtrOK(args ...string) (string, error) {
 	out, errs, err := s.Ctr(args...)
+	if err != nil && s.ctx.Err() != nil {
+		return out, fmt.Errorf("ctr %s: %w", args[0], s.ctx.Err())
+	}
 	if err != nil {
 		return out, fmt.Errorf("ctr %s: %w\nstdout: %s\nstderr: %s\ncontainerd log:\n%s", strings.Join(args, " "), err, out, errs, s.LogTail(30))
 	}
