@@ -13,7 +13,11 @@ DEMO_DIR=$(mktemp -d /tmp/cryo-demo.XXXX)
 STATE_ROOT=/run/cryo-demo
 export PATH="$BIN:$TOOLS/bin:$PATH"
 NS=cryo-demo
+# ctr warns on every call that the host uses cgroup v1; that is about the
+# host's containerd, not the demo.
+ctr() { command ctr "$@" 2> >(grep -v 'DEPRECATION: The support for cgroup v1' >&2); }
 CTR="ctr -a $DEMO_DIR/containerd.sock -n $NS"
+CRYOCTL="cryoctl --config $DEMO_DIR/cryo.toml"
 IMAGE=cryo.local/busybox:1
 
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
@@ -43,6 +47,13 @@ default_memory = 512
 [runtime]
 state_root = "$STATE_ROOT"
 image_cache = "$DEMO_DIR/images"
+disk_root = "$DEMO_DIR/disks"
+
+[snapshot]
+cache_dir = "$DEMO_DIR/cache"
+
+[stores]
+allowed = ["file://$DEMO_DIR/store/"]
 TOML
 cat "$DEMO_DIR/cryo.toml"
 
@@ -60,14 +71,43 @@ $CTR image import "$DEMO_DIR/busybox.tar" >/dev/null
 $CTR image ls -q
 
 say "run a container in a VM: ctr run --runtime io.containerd.cryo.v2"
+RUN="$CTR run --runtime io.containerd.cryo.v2 --runtime-config-path $DEMO_DIR/cryo.toml"
 echo "host kernel:  $(uname -r)"
-start=$(date +%s.%N)
 set +e
-$CTR run --rm --runtime io.containerd.cryo.v2 --runtime-config-path "$DEMO_DIR/cryo.toml" \
-	"$IMAGE" demo1 sh -c 'echo "hello from a cryo VM"; echo "guest kernel: $(uname -r)"; exit 3'
+$RUN --rm "$IMAGE" demo1 sh -c 'echo "hello from a cryo VM"; echo "guest kernel: $(uname -r)"; exit 3'
 code=$?
 set -e
-end=$(date +%s.%N)
-printf 'exit code %d, cold start to exit %.2fs\n' "$code" "$(echo "$end - $start" | bc)"
+echo "exit code $code"
 [ "$code" = 3 ] || { echo "demo: unexpected exit code" >&2; tail -30 "$DEMO_DIR/containerd.log"; exit 1; }
+
+now() { date +%s.%N; }
+first_exec() { # wait until the container answers an exec
+	for i in $(seq 600); do $CTR task exec --exec-id "probe$i" "$1" true >/dev/null 2>&1 && return 0; sleep 0.05; done
+	return 1
+}
+
+say "a warm workload: a counter and a random secret in RAM only"
+WORK='head -c 8 /dev/urandom | od -An -tx1 | tr -d " \n" > /dev/shm/secret; i=0; while true; do i=$((i+1)); echo $i > /dev/shm/n; sleep 0.1; done'
+t0=$(now)
+$RUN -d "$IMAGE" agent sh -c "$WORK"
+first_exec agent
+t_cold=$(echo "$(now) - $t0" | bc)
+sleep 2
+echo "source:   counter $($CTR task exec --exec-id s1 agent cat /dev/shm/n), secret $($CTR task exec --exec-id s2 agent cat /dev/shm/secret), boot $($CTR task exec --exec-id s3 agent cat /proc/sys/kernel/random/boot_id)"
+
+say "checkpoint it: cryoctl checkpoint agent --to file://$DEMO_DIR/store/agent:v1"
+$CRYOCTL checkpoint -n $NS agent --to "file://$DEMO_DIR/store/agent:v1"
+$CRYOCTL inspect "file://$DEMO_DIR/store/agent:v1" | sed -n '1,12p'
+
+say "restore a copy from the annotation cryo.dev/restore-from"
+t0=$(now)
+$RUN -d --annotation "cryo.dev/restore-from=file://$DEMO_DIR/store/agent:v1" "$IMAGE" clone sh -c 'echo this never runs: the clone continues the checkpointed workload'
+first_exec clone
+t_restore=$(echo "$(now) - $t0" | bc)
+echo "clone:    counter $($CTR task exec --exec-id c1 clone cat /dev/shm/n), secret $($CTR task exec --exec-id c2 clone cat /dev/shm/secret), boot $($CTR task exec --exec-id c3 clone cat /proc/sys/kernel/random/boot_id)"
+echo "(same secret and boot id, counter carried on: a restore, not a reboot)"
+
+say "cold boot vs restore, to first exec"
+printf '  cold boot  %6.2fs\n  restore    %6.2fs   (%.2fx)\n' "$t_cold" "$t_restore" "$(echo "$t_restore / $t_cold" | bc -l)"
+for c in agent clone; do $CTR task kill -s SIGKILL "$c" >/dev/null 2>&1 || true; done
 say "done"

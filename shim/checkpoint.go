@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -88,7 +87,11 @@ func (s *service) checkpoint(ctx context.Context, req checkpointRequest) (_ chec
 			return checkpointResult{}, fmt.Errorf("checkpoint: %w", err)
 		}
 	}
-	if err := s.runHook(ctx, sb, sb.req.PreCheckpoint, "pre-checkpoint"); err != nil {
+	c := s.firstContainer()
+	if c == nil {
+		return checkpointResult{}, fmt.Errorf("checkpoint: sandbox has no container: %w", errdefs.ErrFailedPrecondition)
+	}
+	if err := runHook(ctx, sb, c.guestID, sb.req.PreCheckpoint, "pre-checkpoint"); err != nil {
 		return checkpointResult{}, err
 	}
 	if err := sb.agent.sync(ctx); err != nil {
@@ -152,17 +155,13 @@ func (s *service) checkpoint(ctx context.Context, req checkpointRequest) (_ chec
 	return res, nil
 }
 
-// runHook runs a hook command (sh -c) inside the sandbox's first container;
-// a failure returns the hook's output.
-func (s *service) runHook(ctx context.Context, sb *sandbox, cmd, name string) error {
+// runHook runs a hook command (sh -c) inside a guest container; a failure
+// returns the hook's output.
+func runHook(ctx context.Context, sb *sandbox, guestID, cmd, name string) error {
 	if cmd == "" {
 		return nil
 	}
-	c := s.firstContainer()
-	if c == nil {
-		return fmt.Errorf("%s hook: no container: %w", name, errdefs.ErrFailedPrecondition)
-	}
-	out, status, err := sb.agent.runHook(ctx, c.guestID, []string{"/bin/sh", "-c", cmd}, 60*time.Second)
+	out, status, err := sb.agent.runHook(ctx, guestID, []string{"/bin/sh", "-c", cmd}, 60*time.Second)
 	if err != nil {
 		return fmt.Errorf("%s hook: %w", name, err)
 	}
@@ -228,5 +227,3 @@ func (s *service) firstContainer() *container {
 	}
 	return nil
 }
-
-func checkpointDir(work, name string) string { return filepath.Join(work, name) }

@@ -233,3 +233,10 @@ func (a *agentClient) listContainers(ctx context.Context) ([]*agentapi.Container
 	}
 	return r.Containers, nil
 }
+
+func (a *agentClient) deleteProcess(ctx context.Context, containerID, execID string) error {
+	ctx, cancel := a.short(ctx)
+	defer cancel()
+	_, err := a.api.DeleteProcess(ctx, &agentapi.DeleteProcessRequest{ContainerId: containerID, ExecId: execID})
+	return err
+}

@@ -166,7 +166,8 @@ func (s *service) newSandbox(ctx context.Context, r *taskAPI.CreateTaskRequest, 
 		os.RemoveAll(diskDir)
 		_ = os.Remove(statePointerPath(r.Bundle))
 	}
-	if err := writeStatePointer(r.Bundle, stateDir); err == nil {
+	err = writeStatePointer(r.Bundle, stateDir)
+	if err == nil {
 		err = writeFileAtomic(filepath.Join(stateDir, diskPointerFile), []byte(diskDir+"\n"), 0o600)
 	}
 	if err != nil {
@@ -183,30 +184,24 @@ func (s *service) newSandbox(ctx context.Context, r *taskAPI.CreateTaskRequest, 
 			s.restored = rs
 		case req.RestoreFallback == "cold" && r.Checkpoint == "":
 			log.G(ctx).WithError(err).Warn("restore failed; booting cold (restore-fallback: cold)")
+			// Drop the restore's overlays; coldBoot makes the disk dirs anew.
 			os.RemoveAll(diskDir)
-			_ = os.MkdirAll(diskDir, 0o700)
 		default:
 			cleanup()
 			return nil, err
 		}
 	}
 	if sb == nil {
-		c.workDir = filepath.Join(diskDir, diskID(r.ID))
-		if err := os.MkdirAll(c.workDir, 0o700); err == nil {
-			rb := &rootfsBuilder{cacheDir: cfg.Runtime.ImageCache, writableMiB: cfg.Runtime.WritableDiskMiB}
-			if c.disk, err = rb.disk(ctx, r.ID, r.Bundle, c.workDir, r.Rootfs); err == nil {
-				sb, err = bootSandbox(ctx, r.ID, cfg, stateDir, vmSize{vcpus: req.VCPUs, memoryMiB: req.MemoryMiB}, []vmm.Disk{c.disk})
-			}
-		}
-		if err != nil {
+		if sb, err = s.coldBoot(ctx, r, c, cfg, req, stateDir, diskDir); err != nil {
 			cleanup()
 			return nil, err
 		}
-		sb.diskDir = diskDir
 	}
 	sb.bundle, sb.req, sb.annotations = r.Bundle, req, c.spec.Annotations
 	if s.restored != nil {
-		if err := s.runHook(ctx, sb, req.PostRestore, "post-restore"); err != nil {
+		// The hook runs in the sandbox's own container (in a pod, the one
+		// that booted the VM) before any task is handed over.
+		if err := runHook(ctx, sb, s.restored.record.SandboxID, req.PostRestore, "post-restore"); err != nil {
 			_ = sb.shutdown(ctx)
 			cleanup()
 			return nil, err
@@ -219,6 +214,26 @@ func (s *service) newSandbox(ctx context.Context, r *taskAPI.CreateTaskRequest, 
 		log.G(ctx).WithError(err).Warn("serve cryo api: cryoctl cannot reach this sandbox")
 	}
 	go s.monitor(sb)
+	return sb, nil
+}
+
+// coldBoot boots a new VM with c's root disk attached at boot.
+func (s *service) coldBoot(ctx context.Context, r *taskAPI.CreateTaskRequest, c *container, cfg configs.Config, req annotations.Request, stateDir, diskDir string) (*sandbox, error) {
+	c.workDir = filepath.Join(diskDir, diskID(r.ID))
+	if err := os.MkdirAll(c.workDir, 0o700); err != nil {
+		return nil, err
+	}
+	rb := &rootfsBuilder{cacheDir: cfg.Runtime.ImageCache, writableMiB: cfg.Runtime.WritableDiskMiB}
+	disk, err := rb.disk(ctx, r.ID, r.Bundle, c.workDir, r.Rootfs)
+	if err != nil {
+		return nil, err
+	}
+	c.disk = disk
+	sb, err := bootSandbox(ctx, r.ID, cfg, stateDir, vmSize{vcpus: req.VCPUs, memoryMiB: req.MemoryMiB}, []vmm.Disk{disk})
+	if err != nil {
+		return nil, err
+	}
+	sb.diskDir = diskDir
 	return sb, nil
 }
 

@@ -169,6 +169,7 @@ func (s *service) restoreSandbox(ctx context.Context, id string, cfg configs.Con
 		id: id, cfg: cfg, stateDir: stateDir, diskDir: diskDir, vm: vm, agent: ag, info: info, restoredFrom: src.URL,
 		rootfs: &rootfsBuilder{cacheDir: cfg.Runtime.ImageCache, writableMiB: cfg.Runtime.WritableDiskMiB},
 	}
+	log.G(ctx).WithField("duration", time.Since(t0)).Debug("restored guest agent answered")
 	if err := ag.fixUpRestored(ctx); err != nil {
 		ag.close()
 		return nil, nil, fmt.Errorf("restore: fix up guest: %w", err)

@@ -2,6 +2,8 @@ package shim
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -34,6 +36,7 @@ type guestAgent interface {
 	pids(ctx context.Context, containerID string) ([]uint32, error)
 	stats(ctx context.Context, containerID string) (*anypb.Any, error)
 	removeContainer(ctx context.Context, containerID string) error
+	deleteProcess(ctx context.Context, containerID, execID string) error
 	sync(ctx context.Context) error
 	runHook(ctx context.Context, containerID string, argv []string, timeout time.Duration) (string, int, error)
 	fixUpRestored(ctx context.Context) error
@@ -107,7 +110,7 @@ func bootSandbox(ctx context.Context, id string, cfg configs.Config, stateDir st
 		Accel:        h.Accel,
 		VCPUs:        sz.vcpus,
 		MemoryMiB:    sz.memoryMiB,
-		MemoryPath:   filepath.Join(h.MemoryDir, "cryo-"+filepath.Base(stateDir)+".ram"),
+		MemoryPath:   ramPath(h.MemoryDir, stateDir),
 		MemoryShared: true,
 		Disks:        disks,
 		HotplugPorts: h.HotplugPorts,
@@ -153,6 +156,7 @@ func connectAgent(ctx context.Context, vm *vmm.Machine, timeout time.Duration) (
 		}
 	}()
 	var lastErr error
+	start, attempts := time.Now(), 0
 	for ctx.Err() == nil {
 		conn, err := vm.DialAgent(ctx)
 		if err != nil {
@@ -164,9 +168,11 @@ func connectAgent(ctx context.Context, vm *vmm.Machine, timeout time.Duration) (
 		info, err := ag.ping(pctx)
 		pcancel()
 		if err == nil {
+			log.G(ctx).WithFields(log.Fields{"attempts": attempts + 1, "duration": time.Since(start)}).Debug("guest agent answered")
 			return ag, info, nil
 		}
 		ag.close()
+		attempts++
 		lastErr = err
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -216,4 +222,13 @@ func (s *sandbox) shutdown(ctx context.Context) error {
 
 type vmSize struct {
 	vcpus, memoryMiB int
+}
+
+// ramPath names the guest RAM file of the sandbox whose state is in
+// stateDir. The name hashes the whole state dir path: sandboxes of
+// different containerd instances (and state roots) on one host must never
+// share a RAM file.
+func ramPath(memoryDir, stateDir string) string {
+	sum := sha256.Sum256([]byte(stateDir))
+	return filepath.Join(memoryDir, "cryo-"+hex.EncodeToString(sum[:8])+".ram")
 }

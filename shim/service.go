@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"sync"
 	"time"
 
@@ -78,9 +77,6 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*ta
 	if _, err := s.container(r.ID); err == nil {
 		return nil, fmt.Errorf("container %s: %w", r.ID, errdefs.ErrAlreadyExists)
 	}
-	if r.Checkpoint != "" {
-		return nil, fmt.Errorf("create from a containerd checkpoint: %w", errdefs.ErrNotImplemented)
-	}
 	c, err := s.createContainer(ctx, r)
 	if err != nil {
 		return nil, err
@@ -121,6 +117,9 @@ func (s *service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 	status, at := p.exit()
 	if r.ExecID != "" {
 		c.removeExec(r.ExecID)
+		if err := s.sandbox.agent.deleteProcess(ctx, c.guestID, r.ExecID); err != nil && !errdefs.IsNotFound(err) {
+			log.G(ctx).WithError(err).WithField("exec", r.ExecID).Warn("forget exec in guest")
+		}
 	} else {
 		s.deleteContainer(ctx, c)
 		s.send(&eventstypes.TaskDelete{ContainerID: r.ID, Pid: p.getPid(), ExitStatus: status, ExitedAt: protobuf.ToTimestamp(at)})
@@ -353,6 +352,3 @@ func (s *service) forward(ctx context.Context, publisher shim.Publisher) {
 		}
 	}
 }
-
-// bundleWorkDir is where a container's writable overlay lives.
-func bundleWorkDir(bundle string) string { return filepath.Join(bundle, "cryo") }

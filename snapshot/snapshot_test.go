@@ -400,15 +400,3 @@ func readDirNames(dir string) ([]string, error) {
 	}
 	return out, err
 }
-
-func writeAtPath(t testing.TB, path string, b []byte, off int64) {
-	t.Helper()
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if _, err := f.WriteAt(b, off); err != nil {
-		t.Fatal(err)
-	}
-}

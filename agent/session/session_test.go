@@ -17,12 +17,11 @@ import (
 // no host is attached; attach swaps the host without an EOF in between (what
 // the guest sees when a close and an open arrive together, or after a restore).
 type fakePort struct {
-	mu     sync.Mutex
-	cond   *sync.Cond
-	cur    net.Conn
-	data   []byte
-	gen    int
-	eofGen int // generation for which an EOF is still to be reported
+	mu   sync.Mutex
+	cond *sync.Cond
+	cur  net.Conn
+	data []byte
+	gen  int
 }
 
 func newFakePort() *fakePort {

@@ -5,6 +5,7 @@
 package harness
 
 import (
+	"os"
 	"testing"
 	"time"
 
@@ -77,6 +78,12 @@ func Start(t testing.TB, opts ...Option) *Env {
 	}
 	e := &Env{Stack: s, t: t}
 	t.Cleanup(func() {
+		if keep := os.Getenv("CRYO_KEEP_LOG"); keep != "" {
+			// for debugging: keep containerd's (and the shims') log
+			if b, err := os.ReadFile(s.LogPath); err == nil {
+				_ = os.WriteFile(keep, b, 0o600)
+			}
+		}
 		if err := s.Close(); err != nil {
 			t.Errorf("after the test: %v", err)
 		}

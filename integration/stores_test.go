@@ -1,0 +1,38 @@
+//go:build integration
+
+package integration
+
+import (
+	"testing"
+
+	"github.com/cryo-runtime/cryo/configs"
+	"github.com/cryo-runtime/cryo/fetch/fetchtest"
+	"github.com/cryo-runtime/cryo/integration/harness"
+)
+
+// TestRestoreFromS3AndRegistry: checkpoint to, and restore from, a real
+// S3-compatible server (versitygw) and a real OCI registry (distribution),
+// both on loopback.
+func TestRestoreFromS3AndRegistry(t *testing.T) {
+	s3 := fetchtest.StartS3(t)
+	reg := fetchtest.StartRegistry(t)
+	e := harness.Start(t, func(c *configs.Config) {
+		c.Stores.S3 = configs.S3{Endpoint: s3.Endpoint, AccessKey: s3.AccessKey, SecretKey: s3.SecretKey, Region: "us-east-1"}
+		c.Stores.Allowed = append(c.Stores.Allowed, "s3://"+s3.Bucket+"/", "oci://"+reg+"/cryo/")
+	})
+	before := startWorkload(t, e, "src")
+	for _, tc := range []struct{ name, url string }{
+		{"s3", "s3://" + s3.Bucket + "/agents/demo:v1"},
+		{"oci", "oci://" + reg + "/cryo/demo:v1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			checkpoint(t, e, "src", tc.url)
+			id := "from-" + tc.name
+			restore(t, e, id, tc.url)
+			st := readState(t, e, id)
+			if st.bootID != before.bootID || st.secret != before.secret || st.counter < before.counter || st.file != "on-rootfs" {
+				t.Fatalf("restored from %s: %+v, checkpointed %+v", tc.url, st, before)
+			}
+		})
+	}
+}

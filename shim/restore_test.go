@@ -1,0 +1,146 @@
+package shim
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+)
+
+func TestPinRef(t *testing.T) {
+	const d1 = "sha256:1111111111111111111111111111111111111111111111111111111111111111"
+	const d2 = "sha256:2222222222222222222222222222222222222222222222222222222222222222"
+	for _, tc := range []struct{ ref, pin, want, err string }{
+		{ref: "v1", want: "v1"},
+		{ref: "v1", pin: d1, want: "v1@" + d1},
+		{ref: "v1@" + d1, pin: d1, want: "v1@" + d1},
+		{ref: "v1@" + d1, pin: d2, err: "pins"},
+		{ref: d1, pin: d1, want: d1},
+	} {
+		got, err := pinRef(tc.ref, tc.pin)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) || !errors.Is(err, errdefs.ErrInvalidArgument) {
+				t.Errorf("pinRef(%q, %q) error = %v", tc.ref, tc.pin, err)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("pinRef(%q, %q) = %q, %v; want %q", tc.ref, tc.pin, got, err, tc.want)
+		}
+	}
+}
+
+func TestClaim(t *testing.T) {
+	rec := &sandboxRecord{SandboxID: "pod", Containers: []recordContainer{
+		{GuestID: "pod", Name: ""}, {GuestID: "app1", Name: "app"}, {GuestID: "side1", Name: "sidecar"},
+	}}
+	rs := &restoredSandbox{record: rec, pending: map[string]recordContainer{}}
+	for _, c := range rec.Containers {
+		rs.pending[c.GuestID] = c
+	}
+	if c, ok := rs.claim(map[string]string{}, true); !ok || c.GuestID != "pod" {
+		t.Fatalf("first task claimed %+v %v, want the sandbox container", c, ok)
+	}
+	if c, ok := rs.claim(map[string]string{criContainerName: "sidecar"}, false); !ok || c.GuestID != "side1" {
+		t.Fatalf("sidecar claimed %+v %v", c, ok)
+	}
+	if _, ok := rs.claim(map[string]string{criContainerName: "sidecar"}, false); ok {
+		t.Fatal("a guest container was claimed twice")
+	}
+	if _, ok := rs.claim(map[string]string{criContainerName: "other"}, false); ok {
+		t.Fatal("a container with an unknown name claimed a guest container")
+	}
+}
+
+func TestParseRecord(t *testing.T) {
+	good := `{"version":1,"sandboxID":"s","vcpus":1,"memoryMiB":256,"containers":[{"guestID":"s","disk":"d"}]}`
+	if r, err := parseRecord([]byte(good)); err != nil || r.SandboxID != "s" {
+		t.Fatalf("parseRecord = %+v, %v", r, err)
+	}
+	for _, bad := range []string{`{`, `{"version":2,"vcpus":1,"memoryMiB":256,"containers":[{}]}`, `{"version":1,"vcpus":0,"memoryMiB":256,"containers":[{}]}`, `{"version":1,"vcpus":1,"memoryMiB":256}`} {
+		if _, err := parseRecord([]byte(bad)); err == nil {
+			t.Errorf("parseRecord(%s) accepted", bad)
+		}
+	}
+}
+
+func TestCopySparse(t *testing.T) {
+	dir := t.TempDir()
+	src := filepath.Join(dir, "src")
+	f, err := os.Create(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const size = 8 << 20
+	if err := f.Truncate(size); err != nil {
+		t.Fatal(err)
+	}
+	data := bytes.Repeat([]byte("ram!"), 1024)
+	for _, off := range []int64{0, 3 << 20, size - int64(len(data))} {
+		if _, err := f.WriteAt(data, off); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.Close()
+	dst := filepath.Join(dir, "dst")
+	if err := copySparse(dst, src); err != nil {
+		t.Fatal(err)
+	}
+	a, _ := os.ReadFile(src)
+	b, _ := os.ReadFile(dst)
+	if !bytes.Equal(a, b) {
+		t.Fatal("copy differs from the source")
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(dst, &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Blocks*512 >= size/2 {
+		t.Fatalf("copy is not sparse: %d bytes allocated for %d", st.Blocks*512, size)
+	}
+	if fi, _ := os.Stat(dst); fi.Mode().Perm() != 0o600 {
+		t.Fatalf("copy mode %v, want 0600: it holds guest memory", fi.Mode().Perm())
+	}
+	if err := copySparse(dst, src); err == nil {
+		t.Fatal("copySparse overwrote an existing file")
+	}
+}
+
+func TestGuestFiles(t *testing.T) {
+	dir := t.TempDir()
+	resolv := filepath.Join(dir, "resolv.conf")
+	os.WriteFile(resolv, []byte("nameserver 10.0.0.10\n"), 0o644)
+	secrets := filepath.Join(dir, "secrets")
+	os.MkdirAll(filepath.Join(secrets, "..data"), 0o755)
+	os.WriteFile(filepath.Join(secrets, "..data", "token"), []byte("t0ken"), 0o600)
+	os.Symlink("..data/token", filepath.Join(secrets, "token"))
+	big := filepath.Join(dir, "big")
+	os.WriteFile(big, make([]byte, maxCopiedFile+1), 0o644)
+	s := &specs.Spec{Mounts: []specs.Mount{
+		{Destination: "/proc", Type: "proc", Source: "proc"},
+		{Destination: "/etc/resolv.conf", Type: "bind", Source: resolv, Options: []string{"rbind", "ro"}},
+		{Destination: "/var/run/secrets", Type: "bind", Source: secrets, Options: []string{"rbind"}},
+		{Destination: "/big", Type: "bind", Source: big, Options: []string{"rbind"}},
+		{Destination: "/missing", Source: filepath.Join(dir, "nope"), Options: []string{"bind"}},
+	}}
+	files := guestFiles(t.Context(), s)
+	got := map[string]string{}
+	for _, f := range files {
+		got[f.Path] = string(f.Content)
+	}
+	if got["/etc/resolv.conf"] != "nameserver 10.0.0.10\n" || got["/var/run/secrets/token"] != "t0ken" || got["/var/run/secrets/..data/token"] != "t0ken" {
+		t.Fatalf("copied files: %v", got)
+	}
+	if _, ok := got["/big"]; ok {
+		t.Fatal("a file over the limit was copied")
+	}
+	if len(s.Mounts) != 1 || s.Mounts[0].Destination != "/proc" {
+		t.Fatalf("bind mounts left in the spec: %+v", s.Mounts)
+	}
+}
