@@ -81,33 +81,25 @@ func (a *App) load(cmd *cobra.Command) error {
 
 // storeOptions builds fetch options: flags over config over environment.
 func (a *App) storeOptions() (fetch.Options, error) {
-	c := a.Config.Stores
-	o := fetch.Options{MaxConcurrent: c.MaxConcurrentFetches}
-	s3 := a.S3
-	pick := func(v *string, cfg string) {
-		if *v == "" {
-			*v = cfg
+	o := fetch.OptionsFromConfig(a.Config.Stores)
+	s3 := o.S3
+	over := func(v *string, flag string) {
+		if flag != "" {
+			*v = flag
 		}
 	}
-	pick(&s3.Endpoint, c.S3.Endpoint)
-	pick(&s3.AccessKeyID, c.S3.AccessKey)
-	pick(&s3.SecretAccessKey, c.S3.SecretKey)
-	pick(&s3.Region, c.S3.Region)
-	switch {
-	case a.s3UseSSL != "":
+	over(&s3.Endpoint, a.S3.Endpoint)
+	over(&s3.AccessKeyID, a.S3.AccessKeyID)
+	over(&s3.SecretAccessKey, a.S3.SecretAccessKey)
+	over(&s3.Region, a.S3.Region)
+	if a.s3UseSSL != "" {
 		b := a.s3UseSSL == "true" || a.s3UseSSL == "1"
-		s3.UseSSL = &b
-	case c.S3.Endpoint != "":
-		b := c.S3.UseSSL
 		s3.UseSSL = &b
 	}
 	o.S3, o.MinIO = s3, s3
-	o.Registry = fetch.RegistryOptions{
-		PlainHTTP:      a.RegistryPlain,
-		PlainHTTPHosts: c.Registry.PlainHTTP,
-		Username:       firstNonEmpty(a.RegistryUser, c.Registry.Username),
-		Password:       firstNonEmpty(a.RegistryPassword, c.Registry.Password),
-	}
+	o.Registry.PlainHTTP = a.RegistryPlain
+	over(&o.Registry.Username, a.RegistryUser)
+	over(&o.Registry.Password, a.RegistryPassword)
 	return o, nil
 }
 
@@ -151,22 +143,10 @@ func (a *App) cache() (*fetch.Cache, error) {
 // readOptions builds the snapshot reader policy: keys and requirements.
 func (a *App) readOptions() (snapshot.ReadOptions, error) {
 	sc := a.Config.Snapshot
-	o := snapshot.ReadOptions{RequireSignature: a.RequireSignature || sc.RequireSignature, RequireEncryption: sc.RequireEncryption}
-	if p := firstNonEmpty(a.VerifyKey, sc.VerifyKey); p != "" {
-		k, err := snapshot.LoadPublicKey(p)
-		if err != nil {
-			return o, err
-		}
-		o.PublicKey = k
-	}
-	if p := firstNonEmpty(a.DecryptionKey, sc.EncryptionKey); p != "" {
-		k, err := snapshot.LoadEncryptionKey(p)
-		if err != nil {
-			return o, err
-		}
-		o.DecryptionKey = k
-	}
-	return o, nil
+	sc.VerifyKey = firstNonEmpty(a.VerifyKey, sc.VerifyKey)
+	sc.EncryptionKey = firstNonEmpty(a.DecryptionKey, sc.EncryptionKey)
+	sc.RequireSignature = sc.RequireSignature || a.RequireSignature
+	return snapshot.ReadOptionsFromConfig(sc)
 }
 
 // print writes v as JSON with --output json, else calls text.
