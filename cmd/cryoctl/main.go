@@ -48,6 +48,7 @@ func newRootCommand(a *App) *cobra.Command {
 		newImportCommand(a),
 		// sandbox commands (cmd/cryoctl/checkpoint.go)
 		newCheckpointCommand(a),
+		newBenchCommand(a),
 	)
 	return root
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cryo-runtime/cryo/integration/testimage"
+	"github.com/cryo-runtime/cryo/stack"
 )
 
 // CRINamespace is the containerd namespace CRI keeps its images and
@@ -75,9 +76,9 @@ func StartCRIWith(t testing.TB, c *CRI, opts ...Option) *CRI {
 	if out, err := exec.Command("ip", "-n", c.NetNSName, "link", "set", "lo", "up").CombinedOutput(); err != nil {
 		t.Fatalf("lo up in netns: %v: %s", err, out)
 	}
-	c.Env = start(t, c, opts...)
+	c.Env = start(t, stack.Options{Namespace: CRINamespace, NetNS: c.NetNS, ContainerdConfig: c.containerdConfig}, opts...)
 	t.Cleanup(c.removePods)
-	Need(t, c.path, "crictl", "bridge", "host-local", "loopback")
+	Need(t, c.Path(), "crictl", "bridge", "host-local", "loopback")
 
 	pause := filepath.Join(c.Dir, "pause.tar")
 	if err := testimage.WriteFile(pause, PauseImage, []string{"sleep", "inf"}); err != nil {
@@ -103,10 +104,10 @@ func StartCRIWith(t testing.TB, c *CRI, opts ...Option) *CRI {
 // containerdConfig is the version 3 config with CRI, the cryo handler and
 // the CNI network. No [plugins."io.containerd.runtime.v2.task"] section: in
 // a version 3 config it wipes the shim manager's socket_dir.
-func (c *CRI) containerdConfig(e *Env, scratch string) string {
+func (c *CRI) containerdConfig(e *stack.Stack, scratch string) (string, error) {
 	netd := filepath.Join(e.Dir, "net.d")
 	if err := os.MkdirAll(netd, 0o755); err != nil {
-		e.t.Fatal(err)
+		return "", err
 	}
 	conf := map[string]any{
 		"cniVersion": "1.0.0",
@@ -122,7 +123,7 @@ func (c *CRI) containerdConfig(e *Env, scratch string) string {
 	}
 	b, _ := json.MarshalIndent(conf, "", "  ")
 	if err := os.WriteFile(filepath.Join(netd, "10-cryo.conflist"), b, 0o644); err != nil {
-		e.t.Fatal(err)
+		return "", err
 	}
 	tools := os.Getenv("CRYO_TOOLS")
 	if tools == "" {
@@ -134,7 +135,7 @@ func (c *CRI) containerdConfig(e *Env, scratch string) string {
 		registry = fmt.Sprintf("    [plugins.\"io.containerd.cri.v1.images\".registry]\n      config_path = %q\n", c.RegistryHosts)
 	}
 	return fmt.Sprintf(criConfig, e.Dir, e.Dir, e.Socket, e.Socket, e.Dir, e.Dir, scratch,
-		PauseImage, registry, Runtime, e.ConfigPath, tools, netd)
+		PauseImage, registry, Runtime, e.ConfigPath, tools, netd), nil
 }
 
 const criConfig = `version = 3
@@ -199,7 +200,7 @@ state = "%s/state"
 // namespace; for commands that stream (attach, logs -f).
 func (c *CRI) CrictlCmd(ctx context.Context, args ...string) *exec.Cmd {
 	cmd := exec.CommandContext(ctx, "nsenter", append([]string{"--net=" + c.NetNS, "crictl", "--config", c.CrictlConfig}, args...)...)
-	cmd.Env = append(os.Environ(), "PATH="+c.path)
+	cmd.Env = append(os.Environ(), "PATH="+c.Path())
 	return cmd
 }
 
@@ -238,7 +239,7 @@ func (c *CRI) CrictlTTY(args ...string) (string, error) {
 		q = append(q, "'"+strings.ReplaceAll(a, "'", `'\''`)+"'")
 	}
 	cmd := exec.CommandContext(ctx, "script", "-qec", strings.Join(q, " "), "/dev/null")
-	cmd.Env = append(os.Environ(), "PATH="+c.path)
+	cmd.Env = append(os.Environ(), "PATH="+c.Path())
 	out, err := cmd.CombinedOutput()
 	return string(out), err
 }
@@ -249,7 +250,7 @@ func (c *CRI) InNetNS(args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "nsenter", append([]string{"--net=" + c.NetNS}, args...)...)
-	cmd.Env = append(os.Environ(), "PATH="+c.path)
+	cmd.Env = append(os.Environ(), "PATH="+c.Path())
 	out, err := cmd.CombinedOutput()
 	return string(out), err
 }
@@ -315,7 +316,7 @@ func (c *CRI) StartContainer(pod, ctrConfig, podConfig string) string {
 // removePods stops and removes every pod while containerd still runs, so
 // the shims shut their VMs down and CNI releases the addresses.
 func (c *CRI) removePods() {
-	if c.Env == nil || c.cmd == nil {
+	if c.Env == nil {
 		return
 	}
 	out, _, err := c.Crictl("pods", "-q")
@@ -352,7 +353,7 @@ func RegistryHostsDir(t testing.TB) string {
 // test image to it as each of refs (repository paths under the registry).
 func (c *CRI) StartRegistry(refs ...string) {
 	c.t.Helper()
-	Need(c.t, c.path, "registry")
+	Need(c.t, c.Path(), "registry")
 	cfg := filepath.Join(c.Dir, "registry.yml")
 	y := fmt.Sprintf("version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: %s\nhttp:\n  addr: %s\n", filepath.Join(c.Dir, "registry"), RegistryAddr)
 	if err := os.WriteFile(cfg, []byte(y), 0o644); err != nil {
@@ -364,7 +365,7 @@ func (c *CRI) StartRegistry(refs ...string) {
 	}
 	defer logf.Close()
 	cmd := exec.Command("nsenter", "--net="+c.NetNS, "registry", "serve", cfg)
-	cmd.Env = append(os.Environ(), "PATH="+c.path)
+	cmd.Env = append(os.Environ(), "PATH="+c.Path())
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {

@@ -1,0 +1,111 @@
+package main
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+
+	"github.com/spf13/cobra"
+
+	"github.com/cryo-runtime/cryo/bench"
+)
+
+func newBenchCommand(a *App) *cobra.Command {
+	var (
+		quick, full bool
+		sz          = bench.Default()
+		o           bench.Options
+	)
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Measure cold boot, restore, clone fan-out, pause windows and the restore pipeline on this machine",
+		Long: `bench starts a private containerd with the cryo runtime and a loopback S3 server
+(versitygw), runs real VMs and prints medians, ratios and issue 6's targets
+(PASS/MISS). Everything it starts is stopped and removed at the end, on error and
+on Ctrl-C. It needs root, QEMU, the tools of ` + "`make tools`" + ` and the binaries and guest
+image of ` + "`make binaries guest`" + ` (--bin, --guest-dir, --tools or CRYO_BIN,
+CRYO_GUEST_DIR, CRYO_TOOLS).
+
+Sizes: the default fits a small shared machine (512 MiB large guest, 2 GiB large
+disk, up to 4 clones, 10 s warm-up, 3 runs per median); --quick runs every row once
+with the smallest sizes; --full uses 1 GiB guests, 8 GiB disks, 8 clones and a 20 s
+warm-up. Flags given explicitly override the preset.`,
+		Example: `  cryoctl bench --quick
+  cryoctl bench -o json > bench.json
+  cryoctl bench --full --keep-log /tmp/bench-containerd.log`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if quick && full {
+				return errors.New("--quick and --full exclusive")
+			}
+			preset := bench.Default()
+			switch {
+			case quick:
+				preset = bench.Quick()
+			case full:
+				preset = bench.Full()
+			}
+			o.Sizes = overrideSizes(cmd, preset, sz)
+			if o.Stack.BinDir == "" && os.Getenv("CRYO_BIN") == "" {
+				// An installed cryoctl next to the shim needs no repository.
+				if exe, err := os.Executable(); err == nil {
+					if _, err := os.Stat(filepath.Join(filepath.Dir(exe), "containerd-shim-cryo-v2")); err == nil {
+						o.Stack.BinDir = filepath.Dir(exe)
+					}
+				}
+			}
+			o.Progress = a.Stderr
+			rep, err := bench.Run(cmd.Context(), o)
+			if rep != nil {
+				if perr := a.print(rep, rep.WriteText); perr != nil {
+					err = errors.Join(err, perr)
+				}
+			}
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.BoolVar(&quick, "quick", false, "smallest sizes, one run per row (what the integration test runs)")
+	f.BoolVar(&full, "full", false, "issue 6's sizes: 1 GiB guests, 8 GiB disks, 8 clones, 20s warm-up")
+	f.IntVar(&sz.Runs, "runs", sz.Runs, "samples per median")
+	f.IntVar(&sz.GuestMiB, "guest-memory", sz.GuestMiB, "guest RAM (MiB) of the latency and fan-out rows")
+	f.IntVar(&sz.SmallGuestMiB, "small-guest", sz.SmallGuestMiB, "small guest RAM (MiB) for the pause window")
+	f.IntVar(&sz.LargeGuestMiB, "large-guest", sz.LargeGuestMiB, "large guest RAM (MiB): pause window, pipeline, incremental checkpoint, shim RSS")
+	f.IntVar(&sz.SmallDiskMiB, "small-disk", sz.SmallDiskMiB, "small writable disk (MiB) for the pause window")
+	f.IntVar(&sz.LargeDiskMiB, "large-disk", sz.LargeDiskMiB, "large writable disk (MiB) for the pause window")
+	f.IntSliceVar(&sz.Clones, "clones", sz.Clones, "concurrent restores to measure; must start with 1")
+	f.DurationVar(&sz.WarmUp, "warmup", sz.WarmUp, "warm-up of the expensive workload")
+	f.IntVar(&sz.ChangePercent, "change-percent", sz.ChangePercent, "percent of guest RAM changed before the second checkpoint")
+	f.StringVar(&o.Stack.BinDir, "bin", "", "directory with containerd-shim-cryo-v2 and cryoctl (default $CRYO_BIN, this binary's directory, <repo>/_output/bin)")
+	f.StringVar(&o.Stack.GuestDir, "guest-dir", "", "guest image directory (default $CRYO_GUEST_DIR, <repo>/_output/guest)")
+	f.StringVar(&o.Stack.Tools, "tools", "", "tools cache with bin/containerd, ctr, versitygw (default $CRYO_TOOLS, /var/cache/cryo/tools)")
+	f.IntVar(&sz.ChunkMiB, "chunk-size", 0, "snapshot chunk size in MiB (default: the config's, 4)")
+	f.StringVar(&o.CPUProfile, "cpuprofile", "", "write a CPU profile of the pipeline step (this process) to this file")
+	f.StringVar(&o.KeepLog, "keep-log", "", "copy containerd's log (with the shims' restore phases) to this file")
+	return cmd
+}
+
+// overrideSizes takes the preset and replaces what was set by a flag.
+func overrideSizes(cmd *cobra.Command, preset, flags bench.Sizes) bench.Sizes {
+	ch := cmd.Flags().Changed
+	set := func(name string, dst *int, v int) {
+		if ch(name) {
+			*dst = v
+		}
+	}
+	set("runs", &preset.Runs, flags.Runs)
+	set("guest-memory", &preset.GuestMiB, flags.GuestMiB)
+	set("small-guest", &preset.SmallGuestMiB, flags.SmallGuestMiB)
+	set("large-guest", &preset.LargeGuestMiB, flags.LargeGuestMiB)
+	set("small-disk", &preset.SmallDiskMiB, flags.SmallDiskMiB)
+	set("large-disk", &preset.LargeDiskMiB, flags.LargeDiskMiB)
+	set("change-percent", &preset.ChangePercent, flags.ChangePercent)
+	set("chunk-size", &preset.ChunkMiB, flags.ChunkMiB)
+	if ch("clones") {
+		preset.Clones = flags.Clones
+	}
+	if ch("warmup") {
+		preset.WarmUp = flags.WarmUp
+	}
+	return preset
+}
