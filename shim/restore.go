@@ -331,27 +331,27 @@ func checkHost(cfg configs.Config, fp snapshot.Fingerprint) error {
 	host := fp
 	h := cfg.Hypervisor
 	host.MachineType, host.CPUModel, host.Accel = h.MachineType, h.CPUModel, h.Accel
-	v, err := qemuVersion(h.Path)
+	facts := hostFactsCache{path: filepath.Join(cfg.Snapshot.CacheDir, "host-facts.json")}
+	v, err := facts.get(h.Path, "qemu-version", qemuVersion)
 	if err != nil {
 		return err
 	}
 	host.QEMUVersion = v
-	host.KernelDigest, host.InitrdDigest = fileDigest(h.Kernel), fileDigest(h.Initrd)
+	if host.KernelDigest, err = facts.get(h.Kernel, "sha256", digestFile); err != nil {
+		return fmt.Errorf("guest kernel: %w", err)
+	}
+	if host.InitrdDigest, err = facts.get(h.Initrd, "sha256", digestFile); err != nil {
+		return fmt.Errorf("guest initrd: %w", err)
+	}
 	host.HostCPUFlags = nil
 	fp.HostCPUFlags = nil
 	return fp.Compare(host)
 }
 
-var (
-	qemuVersions  sync.Map
-	qemuVersionRe = regexp.MustCompile(`version ([0-9]+\.[0-9]+\.[0-9]+)`)
-)
+var qemuVersionRe = regexp.MustCompile(`version ([0-9]+\.[0-9]+\.[0-9]+)`)
 
-// qemuVersion asks the QEMU binary its version once per process.
+// qemuVersion asks the QEMU binary its version.
 func qemuVersion(path string) (string, error) {
-	if v, ok := qemuVersions.Load(path); ok {
-		return v.(string), nil
-	}
 	out, err := exec.Command(path, "--version").Output()
 	if err != nil {
 		return "", fmt.Errorf("%s --version: %w", path, err)
@@ -360,27 +360,45 @@ func qemuVersion(path string) (string, error) {
 	if m == nil {
 		return "", fmt.Errorf("%s --version: no version in %q", path, strings.TrimSpace(string(out)))
 	}
-	qemuVersions.Store(path, m[1])
 	return m[1], nil
 }
 
-var fileDigests sync.Map
+// hostFactsCache remembers facts about host files (QEMU's version, the
+// guest kernel's digest) across shim processes, keyed by path, size and
+// modification time: every restore is a new shim, and hashing the kernel or
+// running QEMU costs tens of milliseconds of a restore.
+type hostFactsCache struct{ path string }
 
-func fileDigest(path string) string {
-	st, err := os.Stat(path)
+func (h hostFactsCache) get(file, fact string, compute func(string) (string, error)) (string, error) {
+	bin := file
+	if !filepath.IsAbs(bin) {
+		p, err := exec.LookPath(bin)
+		if err != nil {
+			return "", err
+		}
+		bin = p
+	}
+	st, err := os.Stat(bin)
 	if err != nil {
-		return ""
+		return "", err
 	}
-	key := fmt.Sprintf("%s %d %d", path, st.Size(), st.ModTime().UnixNano())
-	if v, ok := fileDigests.Load(key); ok {
-		return v.(string)
+	key := fmt.Sprintf("%s %s %d %d", fact, bin, st.Size(), st.ModTime().UnixNano())
+	facts := map[string]string{}
+	if b, err := os.ReadFile(h.path); err == nil {
+		_ = json.Unmarshal(b, &facts)
 	}
-	d, err := digestFile(path)
+	if v, ok := facts[key]; ok {
+		return v, nil
+	}
+	v, err := compute(bin)
 	if err != nil {
-		return ""
+		return "", err
 	}
-	fileDigests.Store(key, d)
-	return d
+	facts[key] = v
+	if b, err := json.Marshal(facts); err == nil && os.MkdirAll(filepath.Dir(h.path), 0o700) == nil {
+		_ = writeFileAtomic(h.path, b, 0o600) // a cache: losing a write costs one recomputation
+	}
+	return v, nil
 }
 
 // checkpointRef is what the task API's Checkpoint leaves in its Path: the

@@ -145,3 +145,24 @@ func TestGuestFiles(t *testing.T) {
 		t.Fatalf("bind mounts left in the spec: %+v", s.Mounts)
 	}
 }
+
+func TestHostFactsCache(t *testing.T) {
+	dir := t.TempDir()
+	f := filepath.Join(dir, "vmlinuz")
+	os.WriteFile(f, []byte("kernel v1"), 0o644)
+	c := hostFactsCache{path: filepath.Join(dir, "cache", "facts.json")}
+	calls := 0
+	compute := func(p string) (string, error) { calls++; return digestFile(p) }
+	d1, err := c.get(f, "sha256", compute)
+	if err != nil || !strings.HasPrefix(d1, "sha256:") {
+		t.Fatalf("get = %q, %v", d1, err)
+	}
+	if d, _ := c.get(f, "sha256", compute); d != d1 || calls != 1 {
+		t.Fatalf("second get = %q after %d computations, want a cache hit", d, calls)
+	}
+	// a changed file is a miss
+	os.WriteFile(f, []byte("kernel v2, longer"), 0o644)
+	if d, _ := c.get(f, "sha256", compute); d == d1 || calls != 2 {
+		t.Fatalf("changed file: %q after %d computations", d, calls)
+	}
+}
