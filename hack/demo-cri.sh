@@ -50,6 +50,13 @@ default_memory = 512
 [runtime]
 state_root = "$CRI_STATE_ROOT"
 image_cache = "$CRI_DIR/images"
+disk_root = "$CRI_DIR/disks"
+
+[snapshot]
+cache_dir = "$CRI_DIR/cache"
+
+[stores]
+allowed = ["file://$CRI_DIR/store/"]
 TOML
 	mkdir -p "$CRI_DIR/net.d"
 	cat > "$CRI_DIR/net.d/10-cryo.conflist" <<JSON
@@ -156,22 +163,41 @@ cri_down() {
 	set -e
 }
 
-# Run as a script: one pod, its IP and output.
+# Run as a script: a pod, its kubelet-path checkpoint, a second pod restored
+# from it, both pods' IPs and the carried-over state.
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then
 	say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 	trap cri_down EXIT
 	say "start a private containerd with CRI and the cryo runtime handler"
 	cri_up
-	say "crictl runp --runtime cryo + create + start"
-	start=$(date +%s.%N)
-	cri_run_pod demo 'echo "hello from pod $(hostname), kernel $(uname -r)"; ip -4 -o addr show eth0; i=0; while true; do i=$((i+1)); echo "tick $i"; sleep 1; done'
-	cri_wait_log "$CRI_CTR" hello
-	printf 'first log line after %.2fs\n' "$(echo "$(date +%s.%N) - $start" | bc)"
-	echo "pod $CRI_POD ip $(cri_pod_ip "$CRI_POD")"
+	say "a pod with the cryo RuntimeClass handler: crictl runp --runtime cryo + create + start"
+	t0=$(date +%s.%N)
+	cri_run_pod agent 'head -c 8 /dev/urandom | od -An -tx1 | tr -d " \n" > /dev/shm/secret; echo "hello from pod $(hostname), kernel $(uname -r)"; (while true; do echo "counter $(cat /dev/shm/n) secret $(cat /dev/shm/secret)" | nc -l -p 7000; done) & i=0; while true; do i=$((i+1)); echo $i > /dev/shm/n; sleep 0.1; done' \
+		"cryo.dev/checkpoint-to=file://$CRI_DIR/store/agent:v1"
+	cri_wait_log "$CRI_CTR" "hello from pod"
+	t_cold=$(echo "$(date +%s.%N) - $t0" | bc)
+	SRC_POD=$CRI_POD SRC_CTR=$CRI_CTR
+	SRC_IP=$(cri_pod_ip "$SRC_POD")
 	sleep 2
-	say "crictl logs"
-	crictl logs "$CRI_CTR"
-	say "ping the pod from the host end of the bridge"
-	cri_on_bridge busybox ping -c 2 "$(cri_pod_ip "$CRI_POD")"
+	echo "pod agent: ip $SRC_IP, log: $(crictl logs "$SRC_CTR" 2>&1 | head -1)"
+	echo "asked from the host end of the bridge: $(cri_on_bridge sh -c "echo hi | busybox nc -w 3 $SRC_IP 7000")"
+
+	say "the kubelet's checkpoint path: crictl checkpoint --export (publishes to cryo.dev/checkpoint-to)"
+	crictl checkpoint --export="$CRI_DIR/agent-checkpoint.tar" "$SRC_CTR" >/dev/null
+	echo "exported $(stat -c %s "$CRI_DIR/agent-checkpoint.tar") bytes; the snapshot:"
+	cryoctl --config "$CRI_DIR/cryo.toml" inspect "file://$CRI_DIR/store/agent:v1" | sed -n '1,2p'
+
+	say "a second pod restored from the annotation cryo.dev/restore-from"
+	t0=$(date +%s.%N)
+	cri_run_pod agent-clone 'echo this never runs: the clone continues the checkpointed workload' \
+		"cryo.dev/restore-from=file://$CRI_DIR/store/agent:v1"
+	DST_IP=$(cri_pod_ip "$CRI_POD")
+	out=""
+	for i in $(seq 100); do out=$(cri_on_bridge sh -c "echo hi | busybox nc -w 3 $DST_IP 7000" 2>/dev/null) && [ -n "$out" ] && break; sleep 0.1; done
+	t_restore=$(echo "$(date +%s.%N) - $t0" | bc)
+	echo "pod agent:       ip $SRC_IP, answers: $(cri_on_bridge sh -c "echo hi | busybox nc -w 3 $SRC_IP 7000")"
+	echo "pod agent-clone: ip $DST_IP, answers: $out"
+	echo "(the clone carries the secret and the counter over, under its own IP)"
+	printf 'runp+create+start until the pod answers: cold %.2fs, restored %.2fs\n' "$t_cold" "$t_restore"
 	say "done"
 fi
