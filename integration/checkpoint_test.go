@@ -98,9 +98,7 @@ func TestCheckpointRestore(t *testing.T) {
 		t.Fatalf("task ps of the restored container: %q", ps)
 	}
 	// the source runs on
-	if st := readState(t, e, "src"); st.counter <= before.counter {
-		t.Fatalf("source stopped counting: %d then %d", before.counter, st.counter)
-	}
+	waitAdvance(t, e, "src", before.counter)
 
 	// A chain: checkpoint the restored sandbox, restore that.
 	time.Sleep(500 * time.Millisecond)
@@ -160,5 +158,19 @@ func TestConcurrentRestores(t *testing.T) {
 	log := e.LogTail(100000)
 	if hits, misses := strings.Count(log, `cache_hit=true`), strings.Count(log, `cache_hit=false`); misses != 1 || hits != 1 {
 		t.Fatalf("materializations: %d misses, %d hits; want exactly one download", misses, hits)
+	}
+}
+
+// waitAdvance waits (a few seconds: the guest was just stopped and
+// continued, and shares 2 cores with other VMs) until the workload's
+// counter in container id passes than.
+func waitAdvance(t *testing.T, e *harness.Env, id string, than int) {
+	t.Helper()
+	var st guestState
+	if !harness.WaitFor(15*time.Second, func() bool {
+		st = readState(t, e, id)
+		return st.counter > than
+	}) {
+		t.Fatalf("%s stopped counting: %d, then still %d\n%s", id, than, st.counter, e.LogTail(30))
 	}
 }

@@ -3,6 +3,8 @@
 package integration
 
 import (
+	"archive/tar"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -54,6 +56,10 @@ func TestCRICheckpointRestore(t *testing.T) {
 	if st, err := os.Stat(export); err != nil || st.Size() == 0 {
 		t.Fatalf("exported checkpoint archive: %v", err)
 	}
+	// the exported archive references the snapshot
+	if ref := tarFile(t, export, "cryo-checkpoint.json"); !strings.Contains(ref, `"url":"`+store+`"`) || !strings.Contains(ref, `"digest":"sha256:`) {
+		t.Fatalf("exported archive's cryo-checkpoint.json = %q, want the store url %s and a digest", ref, store)
+	}
 	// the source runs on
 	if _, _, n := state(app); n <= counter {
 		t.Fatalf("source pod stopped counting after the checkpoint")
@@ -89,5 +95,35 @@ func TestCRICheckpointRestore(t *testing.T) {
 	}
 	if !harness.WaitFor(20*time.Second, func() bool { return len(c.QEMUPids()) == 0 }) {
 		t.Fatalf("QEMU left after rmp: %v", c.QEMUPids())
+	}
+}
+
+// tarFile returns the content of the first entry of a tar archive whose name
+// ends in name.
+func tarFile(t *testing.T, archive, name string) string {
+	t.Helper()
+	f, err := os.Open(archive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	tr := tar.NewReader(f)
+	var names []string
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			t.Fatalf("no %s in %s (entries %v)", name, archive, names)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		names = append(names, h.Name)
+		if strings.HasSuffix(h.Name, name) {
+			b, err := io.ReadAll(tr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return string(b)
+		}
 	}
 }
