@@ -98,10 +98,25 @@ func unmountUnder(dir string) {
 	}
 }
 
+// criPlugins are disabled in a stack without CRI: ctr needs none of them.
+var criPlugins = []string{"io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime", "io.containerd.cri.v1.images",
+	"io.containerd.nri.v1.nri", "io.containerd.podsandbox.controller.v1.podsandbox", "io.containerd.sandbox.controller.v1.shim"}
+
+// ContainerdConfig returns the stack's containerd config (version 3: private
+// root, state, sockets, shim socket dir, blockfile and overlayfs unpacking)
+// with the given plugins disabled. Callers may append plugin sections.
+func (s *Stack) ContainerdConfig(scratch string, disabled ...string) string {
+	q := make([]string, len(disabled))
+	for i, d := range disabled {
+		q[i] = strconv.Quote(d)
+	}
+	return fmt.Sprintf(containerdConfig, s.Dir, s.Dir, strings.Join(q, ", "), s.Socket, s.Socket, s.Dir, s.Dir, scratch)
+}
+
 const containerdConfig = `version = 3
 root = "%s/root"
 state = "%s/state"
-disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime", "io.containerd.cri.v1.images", "io.containerd.nri.v1.nri", "io.containerd.podsandbox.controller.v1.podsandbox", "io.containerd.sandbox.controller.v1.shim"]
+disabled_plugins = [%s]
 
 [grpc]
   address = "%s"

@@ -237,7 +237,7 @@ func Start(ctx context.Context, o Options) (_ *Stack, retErr error) {
 	if out, err := exec.Command("mkfs.ext4", "-q", "-F", scratch).CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("mkfs scratch: %w: %s", err, out)
 	}
-	cfg := fmt.Sprintf(containerdConfig, dir, dir, s.Socket, s.Socket, dir, dir, scratch)
+	cfg := s.ContainerdConfig(scratch, criPlugins...)
 	if o.ContainerdConfig != nil {
 		if cfg, err = o.ContainerdConfig(s, scratch); err != nil {
 			return nil, err

@@ -101,8 +101,8 @@ func StartCRIWith(t testing.TB, c *CRI, opts ...Option) *CRI {
 	return c
 }
 
-// containerdConfig is the version 3 config with CRI, the cryo handler and
-// the CNI network. No [plugins."io.containerd.runtime.v2.task"] section: in
+// containerdConfig is the stack's version 3 config plus CRI, the cryo
+// handler and the CNI network. No [plugins."io.containerd.runtime.v2.task"] section: in
 // a version 3 config it wipes the shim manager's socket_dir.
 func (c *CRI) containerdConfig(e *stack.Stack, scratch string) (string, error) {
 	netd := filepath.Join(e.Dir, "net.d")
@@ -134,41 +134,10 @@ func (c *CRI) containerdConfig(e *stack.Stack, scratch string) (string, error) {
 	if c.RegistryHosts != "" {
 		registry = fmt.Sprintf("    [plugins.\"io.containerd.cri.v1.images\".registry]\n      config_path = %q\n", c.RegistryHosts)
 	}
-	return fmt.Sprintf(criConfig, e.Dir, e.Dir, e.Socket, e.Socket, e.Dir, e.Dir, scratch,
-		PauseImage, registry, Runtime, e.ConfigPath, tools, netd), nil
+	return e.ContainerdConfig(scratch) + fmt.Sprintf(criConfig, PauseImage, registry, Runtime, e.ConfigPath, tools, netd), nil
 }
 
-const criConfig = `version = 3
-root = "%s/root"
-state = "%s/state"
-
-[grpc]
-  address = "%s"
-
-[ttrpc]
-  address = "%s.ttrpc"
-
-[debug]
-  level = "debug"
-
-[plugins]
-  [plugins."io.containerd.internal.v1.opt"]
-    path = "%s/opt"
-  [plugins."io.containerd.shim.v1.manager"]
-    socket_dir = "%s/s"
-  [plugins."io.containerd.snapshotter.v1.blockfile"]
-    scratch_file = "%s"
-    fs_type = "ext4"
-    mount_options = ["loop"]
-    recreate_scratch = true
-  [plugins."io.containerd.transfer.v1.local"]
-    [[plugins."io.containerd.transfer.v1.local".unpack_config]]
-      platform = "linux/amd64"
-      snapshotter = "overlayfs"
-    [[plugins."io.containerd.transfer.v1.local".unpack_config]]
-      platform = "linux/amd64"
-      snapshotter = "blockfile"
-  [plugins."io.containerd.cri.v1.images"]
+const criConfig = `  [plugins."io.containerd.cri.v1.images"]
     snapshotter = "overlayfs"
     [plugins."io.containerd.cri.v1.images".pinned_images]
       sandbox = "%s"
