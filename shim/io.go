@@ -9,9 +9,11 @@ import (
 	"os"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/containerd/fifo"
 	"github.com/containerd/log"
+	"golang.org/x/sys/unix"
 )
 
 // stdioGuest is what process I/O needs from the guest agent.
@@ -160,4 +162,43 @@ func (pio *procIO) close() {
 			}
 		}
 	})
+}
+
+// drainTimeout bounds how long an exit waits for containerd to read the
+// last output out of a FIFO.
+const drainTimeout = time.Second
+
+// waitRead waits until the readers of the output FIFOs took what the shim
+// wrote (the pipe holds no unread byte), at most drainTimeout. A process
+// that prints and exits at once has its output in the pipe microseconds
+// before its exit event; containerd's CRI closes its end of the FIFOs when
+// it handles the exit, and would drop what it had not read yet.
+func (pio *procIO) waitRead() {
+	deadline := time.Now().Add(drainTimeout)
+	for _, w := range []io.WriteCloser{pio.stdout, pio.stderr} {
+		for w != nil && unread(w) > 0 && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+}
+
+// unread returns the bytes waiting in the pipe behind w (FIONREAD works on
+// either end of a pipe), or 0 when that cannot be told.
+func unread(w io.Writer) int {
+	sc, ok := w.(syscall.Conn)
+	if !ok {
+		return 0
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return 0
+	}
+	n := 0
+	_ = rc.Control(func(fd uintptr) {
+		v, err := unix.IoctlGetInt(int(fd), unix.TIOCINQ) // TIOCINQ is FIONREAD
+		if err == nil {
+			n = v
+		}
+	})
+	return n
 }

@@ -351,6 +351,7 @@ func (s *service) waitExit(c *container, p *process) {
 	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	p.io.wait(dctx)
 	cancel()
+	p.io.waitRead()
 	p.io.close()
 	if p.execID == "" {
 		deadline := time.After(5 * time.Second)
