@@ -11,12 +11,12 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/cryo-runtime/cryo/configs"
+	shimapi "github.com/cryo-runtime/cryo/shim/api/v1"
 	"github.com/cryo-runtime/cryo/stack"
 )
 
@@ -289,15 +289,7 @@ func restoreFrom(url string) map[string]string {
 
 // ckpt is `cryoctl checkpoint -o json`.
 type ckpt struct {
-	Ref            string `json:"ref"`
-	Digest         string `json:"digest"`
-	PauseWindowMS  int64  `json:"pauseWindowMs"`
-	DurationMS     int64  `json:"durationMs"`
-	RawBytes       int64  `json:"rawBytes"`
-	StoredBytes    int64  `json:"storedBytes"`
-	UploadedBytes  int64  `json:"uploadedBytes"`
-	Chunks         int64  `json:"chunks"`
-	ChunksUploaded int64  `json:"chunksUploaded"`
+	shimapi.CheckpointReport
 
 	// From the shim's log: the pause window split at "vm state saved":
 	// stop, disk freeze (blockdev-snapshot-sync) and device state, then the
@@ -404,5 +396,3 @@ func (r *runner) cfgWith(name string, f func(*configs.Config)) (string, error) {
 	p := filepath.Join(r.s.Dir, name+".toml")
 	return p, r.s.WriteConfig(p, c)
 }
-
-func itoa(n int) string { return strconv.Itoa(n) }

@@ -60,16 +60,18 @@ func (s *service) createContainer(ctx context.Context, r *taskAPI.CreateTaskRequ
 			return c, s.adoptContainer(ctx, sb, c, rc)
 		}
 	}
-	c.workDir = filepath.Join(sb.diskDir, diskID(r.ID))
-	if err := os.MkdirAll(c.workDir, 0o700); err != nil {
-		return nil, err
-	}
-	defer func() {
-		if retErr != nil {
-			os.RemoveAll(c.workDir)
-		}
-	}()
 	if !first || c.disk.ID == "" {
+		// Not attached at boot (coldBoot made the first container's disk):
+		// hot-plug it.
+		c.workDir = filepath.Join(sb.diskDir, diskID(r.ID))
+		if err := os.MkdirAll(c.workDir, 0o700); err != nil {
+			return nil, err
+		}
+		defer func() {
+			if retErr != nil {
+				os.RemoveAll(c.workDir)
+			}
+		}()
 		if c.disk, err = sb.rootfs.disk(ctx, r.ID, r.Bundle, c.workDir, r.Rootfs); err != nil {
 			return nil, err
 		}

@@ -53,11 +53,7 @@ func newCheckpointCommand(a *App) *cobra.Command {
 			if err != nil {
 				return errgrpc.ToNative(err)
 			}
-			res := checkpointResult{
-				Ref: r.Ref, Digest: r.Digest, PauseWindowMS: r.PauseWindow.AsDuration().Milliseconds(),
-				DurationMS: r.Duration.AsDuration().Milliseconds(), RawBytes: r.RawBytes, StoredBytes: r.StoredBytes,
-				UploadedBytes: r.UploadedBytes, Chunks: r.Chunks, ChunksUploaded: r.ChunksUploaded,
-			}
+			res := r.Report()
 			return a.print(res, func(w io.Writer) {
 				fmt.Fprintf(w, "pause window %s, total %s; %s raw, %s stored, %s uploaded (%d of %d chunks)\n",
 					r.PauseWindow.AsDuration().Round(time.Millisecond), r.Duration.AsDuration().Round(time.Millisecond),
@@ -74,18 +70,6 @@ func newCheckpointCommand(a *App) *cobra.Command {
 	f.StringVar(&ttl, "ttl", "", "time to live recorded as the snapshot's expiry (e.g. 12h, 1d)")
 	f.DurationVar(&timeout, "timeout", 30*time.Minute, "give up after this long")
 	return cmd
-}
-
-type checkpointResult struct {
-	Ref            string `json:"ref"`
-	Digest         string `json:"digest"`
-	PauseWindowMS  int64  `json:"pauseWindowMs"`
-	DurationMS     int64  `json:"durationMs"`
-	RawBytes       int64  `json:"rawBytes"`
-	StoredBytes    int64  `json:"storedBytes"`
-	UploadedBytes  int64  `json:"uploadedBytes"`
-	Chunks         int64  `json:"chunks"`
-	ChunksUploaded int64  `json:"chunksUploaded"`
 }
 
 // parseTTL reads a Go duration or a whole number of days ("1d").
