@@ -2,15 +2,12 @@ package shim
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"os"
 	"time"
 
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
-	"golang.org/x/sys/unix"
 
 	"github.com/cryo-runtime/cryo/annotations"
 	"github.com/cryo-runtime/cryo/fetch"
@@ -170,47 +167,6 @@ func runHook(ctx context.Context, sb *sandbox, guestID, cmd, name string) error 
 	}
 	log.G(ctx).WithField("hook", name).Debug("hook ran")
 	return nil
-}
-
-// copySparse copies src to a new file dst, skipping holes (an idle guest's
-// RAM file is mostly holes).
-func copySparse(dst, src string) error {
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	st, err := in.Stat()
-	if err != nil {
-		return err
-	}
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return err
-	}
-	defer out.Close()
-	if err := out.Truncate(st.Size()); err != nil {
-		return err
-	}
-	size, off := st.Size(), int64(0)
-	for off < size {
-		data, err := unix.Seek(int(in.Fd()), off, unix.SEEK_DATA)
-		if errors.Is(err, unix.ENXIO) {
-			break
-		}
-		if err != nil {
-			return err
-		}
-		hole, err := unix.Seek(int(in.Fd()), data, unix.SEEK_HOLE)
-		if err != nil {
-			return err
-		}
-		if _, err := io.Copy(io.NewOffsetWriter(out, data), io.NewSectionReader(in, data, hole-data)); err != nil {
-			return err
-		}
-		off = hole
-	}
-	return out.Close()
 }
 
 // firstContainer is the container that booted the sandbox, or any.

@@ -1,0 +1,136 @@
+package shim
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+
+	"golang.org/x/sync/errgroup"
+	"golang.org/x/sys/unix"
+)
+
+// copyPiece is the largest range one copy call moves: small enough to
+// spread a few large extents over every worker.
+const copyPiece = 4 << 20
+
+// copySparse copies src to a new file dst (0600: it holds guest memory),
+// skipping holes (an idle guest's RAM file is mostly holes). It runs inside
+// the checkpoint's pause window, while the guest's vCPUs are stopped, so
+// it uses every core: the data extents are cut into pieces that
+// copy_file_range(2) moves in the kernel on GOMAXPROCS goroutines, without
+// a round trip through user memory. Where the kernel cannot (EXDEV, a file
+// system without support), pieces are copied with pread/pwrite.
+func copySparse(dst, src string) (retErr error) {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	st, err := in.Stat()
+	if err != nil {
+		return err
+	}
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := out.Close(); err != nil && retErr == nil {
+			retErr = err
+		}
+	}()
+	if err := out.Truncate(st.Size()); err != nil {
+		return err
+	}
+	pieces, err := dataPieces(in, st.Size(), copyPiece)
+	if err != nil {
+		return fmt.Errorf("find data in %s: %w", src, err)
+	}
+	var g errgroup.Group
+	work := make(chan [2]int64)
+	g.Go(func() error {
+		defer close(work)
+		for _, p := range pieces {
+			work <- p
+		}
+		return nil
+	})
+	for range min(runtime.GOMAXPROCS(0), len(pieces)) {
+		g.Go(func() error {
+			var buf []byte
+			for p := range work {
+				if err := copyRange(in, out, p[0], p[1], &buf); err != nil {
+					for range work {
+					}
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	return g.Wait()
+}
+
+// dataPieces returns the data ranges {offset, length} of f (SEEK_DATA /
+// SEEK_HOLE), cut into pieces of at most piece bytes.
+func dataPieces(f *os.File, size, piece int64) ([][2]int64, error) {
+	var out [][2]int64
+	for off := int64(0); off < size; {
+		data, err := unix.Seek(int(f.Fd()), off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			break
+		}
+		if err != nil {
+			return nil, err
+		}
+		hole, err := unix.Seek(int(f.Fd()), data, unix.SEEK_HOLE)
+		if err != nil {
+			return nil, err
+		}
+		for o := data; o < hole; o += piece {
+			out = append(out, [2]int64{o, min(piece, hole-o)})
+		}
+		off = hole
+	}
+	return out, nil
+}
+
+// copyRange copies n bytes at off from in to the same offset of out.
+func copyRange(in, out *os.File, off, n int64, buf *[]byte) error {
+	for n > 0 {
+		roff, woff := off, off
+		c, err := unix.CopyFileRange(int(in.Fd()), &roff, int(out.Fd()), &woff, int(n), 0)
+		if err != nil || c == 0 {
+			if err != nil && !errors.Is(err, unix.EXDEV) && !errors.Is(err, unix.ENOSYS) &&
+				!errors.Is(err, unix.EOPNOTSUPP) && !errors.Is(err, unix.EINVAL) {
+				return err
+			}
+			return preadPwrite(in, out, off, n, buf)
+		}
+		off, n = off+int64(c), n-int64(c)
+	}
+	return nil
+}
+
+// preadPwrite is copyRange's fallback through a 1 MiB buffer.
+func preadPwrite(in, out *os.File, off, n int64, buf *[]byte) error {
+	if *buf == nil {
+		*buf = make([]byte, 1<<20)
+	}
+	for n > 0 {
+		b := (*buf)[:min(n, int64(len(*buf)))]
+		r, err := in.ReadAt(b, off)
+		if r < len(b) {
+			if err == nil {
+				err = fmt.Errorf("short read at %d", off)
+			}
+			return err
+		}
+		if _, err := out.WriteAt(b, off); err != nil {
+			return err
+		}
+		off, n = off+int64(r), n-int64(r)
+	}
+	return nil
+}
