@@ -51,8 +51,30 @@ const (
 	// AnnotationSize is the chunk's raw (decompressed) size (decimal).
 	AnnotationSize = "dev.cryo.chunk.size"
 
-	// FormatVersion is the only format version this package writes and reads.
-	FormatVersion = 1
+	// MediaTypeDelta is a delta chunk (see the package doc) stored as one
+	// zstd frame.
+	MediaTypeDelta = "application/vnd.cryo.chunk.delta.v1+zstd"
+	// MediaTypeDeltaEncrypted is a delta chunk's zstd frame sealed with
+	// AES-256-GCM, laid out as [MediaTypeChunkEncrypted].
+	MediaTypeDeltaEncrypted = "application/vnd.cryo.chunk.delta.v1+zstd+aes256gcm"
+	// AnnotationBase, on a delta layer, is the digest of its base chunk.
+	AnnotationBase = "dev.cryo.chunk.base"
+	// AnnotationRole, on a full chunk layer, says that the layer is not
+	// placed in any file: with the value [RoleBase] it is only the base of
+	// the delta layers that name it.
+	AnnotationRole = "dev.cryo.chunk.role"
+	// RoleBase is the only value of [AnnotationRole].
+	RoleBase = "base"
+
+	// FormatVersion is the newest format version this package writes and
+	// reads. Version 2 adds delta chunks; Write marks a snapshot without
+	// any as version 1 ([FormatVersionNoDelta]), which older readers
+	// restore, and one with deltas as version 2, which they refuse.
+	FormatVersion = 2
+	// FormatVersionNoDelta is the version of a snapshot without deltas.
+	FormatVersionNoDelta = 1
+	// PageSize is the unit of a delta chunk.
+	PageSize = 4096
 	// DefaultChunkSize is the chunk size used when WriteOptions leave it 0.
 	DefaultChunkSize = 4 << 20
 	// MinChunkSize and MaxChunkSize bound the chunk size; it must also be a
@@ -89,7 +111,8 @@ func validFileName(name string) error {
 
 // Metadata is the config blob of a snapshot.
 type Metadata struct {
-	// FormatVersion is set by Write to [FormatVersion].
+	// FormatVersion is set by Write: [FormatVersion] when the snapshot
+	// has delta chunks, [FormatVersionNoDelta] when it has none.
 	FormatVersion int `json:"formatVersion"`
 	// Created is set by Write when zero.
 	Created time.Time `json:"created"`
@@ -183,7 +206,11 @@ type Totals struct {
 	DataBytes int64 `json:"dataBytes"`
 	// StoredBytes is the size of the stored chunks.
 	StoredBytes int64 `json:"storedBytes"`
-	Chunks      int   `json:"chunks"`
+	// Chunks counts the placed chunks, full and delta; Deltas the delta
+	// chunks among them; Bases the base layers (StoredBytes counts them).
+	Chunks int `json:"chunks"`
+	Deltas int `json:"deltas,omitempty"`
+	Bases  int `json:"bases,omitempty"`
 }
 
 // Algorithm names used in Metadata.

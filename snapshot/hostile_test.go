@@ -173,7 +173,7 @@ func TestHostile(t *testing.T) {
 			})
 		}, ReadOptions{}, atOpen, errdefs.IsInvalidArgument},
 		{"unknown format version", func(t *testing.T, st *memStore, s *Snapshot) {
-			rewrite(t, st, "v1", func(m *ocispec.Manifest, md *Metadata) { md.FormatVersion = 2 })
+			rewrite(t, st, "v1", func(m *ocispec.Manifest, md *Metadata) { md.FormatVersion = FormatVersion + 1 })
 		}, ReadOptions{}, atOpen, errdefs.IsNotImplemented},
 		{"wrong artifact type", func(t *testing.T, st *memStore, s *Snapshot) {
 			rewrite(t, st, "v1", func(m *ocispec.Manifest, md *Metadata) { m.ArtifactType = "application/vnd.other" })
