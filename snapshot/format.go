@@ -14,6 +14,30 @@
 //     [AnnotationFile], [AnnotationOffset] and [AnnotationSize] say where the
 //     chunk's raw bytes go; the logical size of every file is in the config.
 //
+// Delta chunks (format version 2). A placed layer of media type
+// [MediaTypeDelta] (or [MediaTypeDeltaEncrypted]) holds only the 4 KiB
+// pages ([PageSize]) in which its chunk differs from a base chunk, named by
+// digest in [AnnotationBase]; its other annotations are a full chunk's. The
+// base is a full chunk of the same raw size listed in the SAME manifest as
+// a base layer: full-chunk media type, [AnnotationRole] = [RoleBase],
+// [AnnotationSize], and no file or offset (it is not placed; its deltas
+// place it). So every blob a snapshot needs is one of its layers, and
+// stores, garbage collection, export and copies need not know about
+// deltas. A base is never a delta (depth 1), is listed once, is used by at
+// least one delta, and in an encrypted snapshot by exactly one. Base layers
+// follow the placed layers. A delta's raw payload is the sha256 of the
+// whole raw chunk it rebuilds (32 bytes), a bitmap of its pages
+// (ceil(pages/8) bytes, page i is bit i%8 of byte i/8), then those pages in
+// order (the chunk's last page may be short); it holds at least one page
+// and is never longer than the chunk. It is compressed and sealed like a
+// chunk, with AAD "cryo-delta-v1\0" + file + "\0" + be64(offset) +
+// be64(rawSize) + base digest, so it cannot move nor change base. A reader
+// fetches and decodes each base once, applies each delta's pages to a copy
+// and checks the sha256 before writing. A snapshot without deltas is
+// written as version 1, which older readers restore; they refuse version 2
+// by its version. Write makes deltas from a [PageIndex] of the previous
+// snapshot (WriteOptions.Base).
+//
 // Publishing ([Write]) pushes chunks, then the config, then the manifest, then
 // (when signing) the signature, and tags the reference last. Reading ([Open])
 // verifies the manifest and config and validates every field before anything
