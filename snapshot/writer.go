@@ -214,6 +214,9 @@ func newWriter(store fetch.Store, src *Source, opts WriteOptions) (*writer, erro
 	if opts.EncryptionKey != nil {
 		budget -= int64(opts.Workers) * maxStoredSize(opts.ChunkSize)
 	}
+	if opts.Base != nil || opts.IndexPath != "" {
+		budget -= int64(opts.Workers) * opts.ChunkSize // delta payloads
+	}
 	inflight := max(int(budget/perJob), 1)
 	w := &writer{store: store, src: src, opts: opts, codec: codec,
 		tokens: make(chan struct{}, inflight), claimed: map[string]bool{}, perFile: make([]int, len(src.Files)),
