@@ -404,10 +404,12 @@ func BenchmarkIncremental(b *testing.B) {
 	if second.Deltas != changed.chunks || second.UploadedChunks != changed.chunks {
 		b.Fatalf("second snapshot: %d deltas, %d chunks uploaded; %d chunks changed", second.Deltas, second.UploadedChunks, changed.chunks)
 	}
-	// With few chunks, which ones changed (random or text) decides the
-	// ratio; the 10% target is checked on files of 100 chunks and more.
-	if ratio > 0.10 && first.Chunks >= 100 {
-		b.Fatalf("second snapshot uploaded %.1f%% of the first's bytes, want <= 10%%", 100*ratio)
+	// The changed pages are random: no delta of them can be smaller. The
+	// deltas, config and manifest may add a little.
+	floor := float64(changed.pages) * PageSize
+	b.ReportMetric(floor/float64(first.UploadedBytes), "changed/first")
+	if over := float64(second.UploadedBytes) / floor; over > 1.05 && first.Chunks >= 100 {
+		b.Fatalf("second snapshot uploaded %d bytes for %.0f bytes of changed pages (%.2fx)", second.UploadedBytes, floor, over)
 	}
 }
 
