@@ -367,13 +367,15 @@ func BenchmarkRawZstdDecode(b *testing.B) {
 // quarter of the data chunks: what `cryoctl bench` measured), and
 // snapshots it again with the index (timed): changed chunks are uploaded
 // as deltas holding the changed pages. uploaded/first is that second
-// snapshot's upload as a share of the first's; uploaded/first-full what
-// it would be without the index (whole changed chunks).
+// snapshot's upload as a share of the first's; uploaded/first-full and
+// s/op-full what it would upload and take without the index (whole
+// changed chunks).
 func BenchmarkIncremental(b *testing.B) {
 	path, _ := benchFile(b)
 	idx := filepath.Join(bench.dir, "pageindex")
 	var first, second, full WriteStats
 	var changed changeStats
+	var fullTime time.Duration
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
 		store := newMemStore()
@@ -385,7 +387,9 @@ func BenchmarkIncremental(b *testing.B) {
 		changed = changePages(b, path, s, 0.27, 0.05, i)
 		// Without the index, into a store that only counts (the v1 store
 		// stays as it is).
+		t0 := time.Now()
 		full = writeBench(b, discardStore{store}, "full", path)
+		fullTime += time.Since(t0)
 		base, err := LoadPageIndex(idx)
 		if err != nil {
 			b.Fatal(err)
@@ -397,6 +401,7 @@ func BenchmarkIncremental(b *testing.B) {
 	ratio := float64(second.UploadedBytes) / float64(first.UploadedBytes)
 	b.ReportMetric(ratio, "uploaded/first")
 	b.ReportMetric(float64(full.UploadedBytes)/float64(first.UploadedBytes), "uploaded/first-full")
+	b.ReportMetric(fullTime.Seconds()/float64(b.N), "s/op-full")
 	b.ReportMetric(float64(changed.pages)/float64(changed.dataPages), "pages-changed/data")
 	b.ReportMetric(float64(changed.chunks), "chunks-changed")
 	b.ReportMetric(float64(second.Deltas), "deltas")
@@ -444,4 +449,15 @@ func changePages(b *testing.B, path string, s *Snapshot, chunkShare, pageShare f
 		st.pages += n
 	}
 	return st
+}
+
+// BenchmarkWriteIndexed is BenchmarkWrite keeping a page index: what
+// hashing every page costs a first snapshot.
+func BenchmarkWriteIndexed(b *testing.B) {
+	path, size := benchFile(b)
+	b.SetBytes(size)
+	opts := WriteOptions{IndexPath: filepath.Join(bench.dir, "pageindex-w")}
+	for b.Loop() {
+		writeBenchOpts(b, discardStore{newMemStore()}, "v1", path, opts)
+	}
 }
