@@ -55,3 +55,17 @@ func TestRAMPathUniquePerStateDir(t *testing.T) {
 		t.Fatalf("ram paths %q %q", a, b)
 	}
 }
+
+func TestStoreID(t *testing.T) {
+	for to, want := range map[string]string{
+		"file:///var/lib/cryo/store/agent:v1":  "file:///var/lib/cryo/store/agent",
+		"oci://localhost:5000/cryo/agent:v2":   "oci://localhost:5000/cryo/agent",
+		"s3://bucket/prefix/agent:latest":      "s3://bucket/prefix/agent",
+		"file:///var/lib/cryo/store/agent":     "file:///var/lib/cryo/store/agent",
+		"oci://localhost:5000/cryo/agent:v1.2": "oci://localhost:5000/cryo/agent",
+	} {
+		if got, err := storeID(to); err != nil || got != want {
+			t.Errorf("storeID(%q) = %q, %v; want %q", to, got, err, want)
+		}
+	}
+}

@@ -75,6 +75,7 @@ func (s *service) checkpoint(ctx context.Context, req checkpointRequest) (_ chec
 	if err != nil {
 		return checkpointResult{}, err
 	}
+	usePageIndex(ctx, sb, to, &wopts)
 
 	if s.userPaused() {
 		// containerd pauses a task before it checkpoints it; the guest must
@@ -148,6 +149,7 @@ func (s *service) checkpoint(ctx context.Context, req checkpointRequest) (_ chec
 	log.G(ctx).WithFields(log.Fields{
 		"ref": to, "digest": res.Digest, "pause_window": cap.pause, "duration": res.Duration,
 		"raw_bytes": stats.RawBytes, "stored_bytes": stats.StoredBytes, "uploaded_bytes": stats.UploadedBytes,
+		"delta_chunks": stats.Deltas,
 	}).Info("checkpoint published")
 	return res, nil
 }

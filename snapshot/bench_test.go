@@ -362,56 +362,102 @@ func BenchmarkRawZstdDecode(b *testing.B) {
 }
 
 // BenchmarkIncremental snapshots the bench file into an empty store,
-// changes every 20th stored chunk (5%), and snapshots it again (timed):
-// only the changed chunks are uploaded.
+// keeping a page index, rewrites 5% of its data pages with random bytes
+// the way a guest filling a tmpfs file does (runs of pages in about a
+// quarter of the data chunks: what `cryoctl bench` measured), and
+// snapshots it again with the index (timed): changed chunks are uploaded
+// as deltas holding the changed pages. uploaded/first is that second
+// snapshot's upload as a share of the first's; uploaded/first-full and
+// s/op-full what it would upload and take without the index (whole
+// changed chunks).
 func BenchmarkIncremental(b *testing.B) {
 	path, _ := benchFile(b)
-	var first, second WriteStats
-	changed := 0
+	idx := filepath.Join(bench.dir, "pageindex")
+	var first, second, full WriteStats
+	var changed changeStats
+	var fullTime time.Duration
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
 		store := newMemStore()
-		first = writeBench(b, store, "v1", path)
+		first = writeBenchOpts(b, store, "v1", path, WriteOptions{IndexPath: idx})
 		s, err := Open(context.Background(), store, "v1", ReadOptions{})
 		if err != nil {
 			b.Fatal(err)
 		}
-		changed = changeChunks(b, path, s, 20, i)
+		changed = changePages(b, path, s, 0.27, 0.05, i)
+		// Without the index, into a store that only counts (the v1 store
+		// stays as it is).
+		t0 := time.Now()
+		full = writeBench(b, discardStore{store}, "full", path)
+		fullTime += time.Since(t0)
+		base, err := LoadPageIndex(idx)
+		if err != nil {
+			b.Fatal(err)
+		}
 		b.StartTimer()
-		second = writeBench(b, store, "v2", path)
+		second = writeBenchOpts(b, store, "v2", path, WriteOptions{Base: base})
 	}
 	bench.store = nil // the file changed
 	ratio := float64(second.UploadedBytes) / float64(first.UploadedBytes)
 	b.ReportMetric(ratio, "uploaded/first")
-	b.ReportMetric(float64(second.UploadedChunks), "chunks-uploaded")
-	b.ReportMetric(float64(changed), "chunks-changed")
+	b.ReportMetric(float64(full.UploadedBytes)/float64(first.UploadedBytes), "uploaded/first-full")
+	b.ReportMetric(fullTime.Seconds()/float64(b.N), "s/op-full")
+	b.ReportMetric(float64(changed.pages)/float64(changed.dataPages), "pages-changed/data")
+	b.ReportMetric(float64(changed.chunks), "chunks-changed")
+	b.ReportMetric(float64(second.Deltas), "deltas")
 	b.ReportMetric(float64(first.Chunks), "chunks")
-	if second.UploadedChunks != changed {
-		b.Fatalf("second snapshot uploaded %d chunks, %d changed", second.UploadedChunks, changed)
+	if second.Deltas != changed.chunks || second.UploadedChunks != changed.chunks {
+		b.Fatalf("second snapshot: %d deltas, %d chunks uploaded; %d chunks changed", second.Deltas, second.UploadedChunks, changed.chunks)
 	}
-	// With few chunks, which ones changed (random or text) decides the
-	// ratio; the 10% target is checked on files of 100 chunks and more.
-	if ratio > 0.10 && first.Chunks >= 100 {
-		b.Fatalf("second snapshot uploaded %.1f%% of the first's bytes, want <= 10%%", 100*ratio)
+	// The changed pages are random: no delta of them can be smaller. The
+	// deltas, config and manifest may add a little.
+	floor := float64(changed.pages) * PageSize
+	b.ReportMetric(floor/float64(first.UploadedBytes), "changed/first")
+	if over := float64(second.UploadedBytes) / floor; over > 1.05 && first.Chunks >= 100 {
+		b.Fatalf("second snapshot uploaded %d bytes for %.0f bytes of changed pages (%.2fx)", second.UploadedBytes, floor, over)
 	}
 }
 
-// changeChunks writes a few bytes into every stride-th stored chunk of the
-// snapshot s of path and returns how many chunks changed.
-func changeChunks(b *testing.B, path string, s *Snapshot, stride, gen int) int {
+type changeStats struct{ chunks, pages, dataPages int }
+
+// changePages rewrites, in a share chunkShare of the stored chunks of the
+// snapshot s of path, random pages with random bytes, pageShare of the
+// data pages in all.
+func changePages(b *testing.B, path string, s *Snapshot, chunkShare, pageShare float64, gen int) changeStats {
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer f.Close()
-	n := 0
-	for i, c := range s.chunks {
-		if i%stride == 0 {
-			n++
-			if _, err := f.WriteAt([]byte(fmt.Sprintf("changed page %d/%d", i, gen)), c.off+4096); err != nil {
+	r := rand.New(rand.NewPCG(uint64(gen), 5))
+	var st changeStats
+	page := make([]byte, PageSize)
+	for _, c := range s.chunks {
+		pages := int(c.size / PageSize)
+		st.dataPages += pages
+		if r.Float64() >= chunkShare {
+			continue
+		}
+		st.chunks++
+		n := int(float64(pages) * pageShare / chunkShare)
+		for _, p := range r.Perm(pages)[:n] {
+			fillRandom(r, page)
+			if _, err := f.WriteAt(page, c.off+int64(p)*PageSize); err != nil {
 				b.Fatal(err)
 			}
 		}
+		st.pages += n
 	}
-	return n
+	return st
+}
+
+// BenchmarkWriteIndexed is BenchmarkWrite keeping a page index: what
+// hashing every page costs a first snapshot.
+func BenchmarkWriteIndexed(b *testing.B) {
+	path, size := benchFile(b)
+	b.SetBytes(size)
+	opts := WriteOptions{IndexPath: filepath.Join(bench.dir, "pageindex-w")}
+	for b.Loop() {
+		writeBenchOpts(b, discardStore{newMemStore()}, "v1", path, opts)
+	}
 }

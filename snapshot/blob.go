@@ -26,11 +26,12 @@ func readFull(r io.Reader, b []byte) (int, error) {
 
 // checkDigest refuses anything but a well-formed sha256 digest.
 func checkDigest(d digest.Digest) error {
-	if d.Algorithm() != digest.SHA256 {
-		return fmt.Errorf("digest %q: only sha256 is accepted: %w", d, errdefs.ErrInvalidArgument)
-	}
+	// Validate first: Algorithm panics on a digest without ':'.
 	if err := d.Validate(); err != nil {
 		return fmt.Errorf("digest %q: %v: %w", d, err, errdefs.ErrInvalidArgument)
+	}
+	if d.Algorithm() != digest.SHA256 {
+		return fmt.Errorf("digest %q: only sha256 is accepted: %w", d, errdefs.ErrInvalidArgument)
 	}
 	return nil
 }

@@ -129,11 +129,16 @@ func chunkAAD(file string, off, rawSize int64) []byte {
 // repeats only for identical plaintext at an identical place, which reveals
 // nothing but that equality.
 func (c *chunkCodec) seal(file string, off int64, raw, scratch, dst []byte) []byte {
+	return c.sealAAD(chunkAAD(file, off, int64(len(raw))), raw, scratch, dst)
+}
+
+// sealAAD is seal with the associated data given (delta chunks bind more
+// than the place).
+func (c *chunkCodec) sealAAD(aad, raw, scratch, dst []byte) []byte {
 	if c.aead == nil {
 		return c.enc.EncodeAll(raw, dst[:0])
 	}
 	z := c.enc.EncodeAll(raw, scratch[:0])
-	aad := chunkAAD(file, off, int64(len(raw)))
 	m := hmac.New(sha256.New, c.nonceKey)
 	m.Write(aad)
 	m.Write(z)
@@ -147,26 +152,37 @@ func (c *chunkCodec) seal(file string, off int64, raw, scratch, dst []byte) []by
 // bounded decoder into dst (cap(dst) must be >= rawSize) and insists that the
 // result is exactly rawSize bytes.
 func (c *chunkCodec) open(file string, off, rawSize int64, stored, scratch, dst []byte) ([]byte, error) {
+	out, err := c.openAAD(chunkAAD(file, off, rawSize), rawSize, stored, scratch, dst)
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(out)) != rawSize {
+		return nil, fmt.Errorf("chunk decompressed to %d bytes, manifest says %d: %w", len(out), rawSize, errdefs.ErrDataLoss)
+	}
+	return out, nil
+}
+
+// openAAD decrypts stored with the associated data aad (when the codec
+// decrypts) and decompresses it into dst, refusing more than limit bytes
+// (cap(dst) must be >= limit).
+func (c *chunkCodec) openAAD(aad []byte, limit int64, stored, scratch, dst []byte) ([]byte, error) {
 	z := stored
 	if c.aead != nil {
 		if len(stored) < sealOverhead {
 			return nil, fmt.Errorf("sealed chunk too short (%d bytes): %w", len(stored), errdefs.ErrDataLoss)
 		}
 		var err error
-		z, err = c.aead.Open(scratch[:0], stored[:gcmNonceSize], stored[gcmNonceSize:], chunkAAD(file, off, rawSize))
+		z, err = c.aead.Open(scratch[:0], stored[:gcmNonceSize], stored[gcmNonceSize:], aad)
 		if err != nil {
 			return nil, fmt.Errorf("decrypt chunk: %v: %w", err, errdefs.ErrDataLoss)
 		}
 	}
-	if int64(cap(dst)) < rawSize || rawSize > c.chunkSize {
-		return nil, fmt.Errorf("raw size %d over buffer: %w", rawSize, errdefs.ErrInvalidArgument)
+	if int64(cap(dst)) < limit || limit > c.chunkSize {
+		return nil, fmt.Errorf("raw size %d over buffer: %w", limit, errdefs.ErrInvalidArgument)
 	}
-	out, err := c.dec.DecodeAll(z, dst[:0:rawSize])
+	out, err := c.dec.DecodeAll(z, dst[:0:limit])
 	if err != nil {
 		return nil, fmt.Errorf("decompress chunk: %v: %w", err, errdefs.ErrDataLoss)
-	}
-	if int64(len(out)) != rawSize {
-		return nil, fmt.Errorf("chunk decompressed to %d bytes, manifest says %d: %w", len(out), rawSize, errdefs.ErrDataLoss)
 	}
 	return out, nil
 }

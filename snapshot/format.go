@@ -14,6 +14,30 @@
 //     [AnnotationFile], [AnnotationOffset] and [AnnotationSize] say where the
 //     chunk's raw bytes go; the logical size of every file is in the config.
 //
+// Delta chunks (format version 2). A placed layer of media type
+// [MediaTypeDelta] (or [MediaTypeDeltaEncrypted]) holds only the 4 KiB
+// pages ([PageSize]) in which its chunk differs from a base chunk, named by
+// digest in [AnnotationBase]; its other annotations are a full chunk's. The
+// base is a full chunk of the same raw size listed in the SAME manifest as
+// a base layer: full-chunk media type, [AnnotationRole] = [RoleBase],
+// [AnnotationSize], and no file or offset (it is not placed; its deltas
+// place it). So every blob a snapshot needs is one of its layers, and
+// stores, garbage collection, export and copies need not know about
+// deltas. A base is never a delta (depth 1), is listed once, is used by at
+// least one delta, and in an encrypted snapshot by exactly one. Base layers
+// follow the placed layers. A delta's raw payload is the sha256 of the
+// whole raw chunk it rebuilds (32 bytes), a bitmap of its pages
+// (ceil(pages/8) bytes, page i is bit i%8 of byte i/8), then those pages in
+// order (the chunk's last page may be short); it holds at least one page
+// and is never longer than the chunk. It is compressed and sealed like a
+// chunk, with AAD "cryo-delta-v1\0" + file + "\0" + be64(offset) +
+// be64(rawSize) + base digest, so it cannot move nor change base. A reader
+// fetches and decodes each base once, applies each delta's pages to a copy
+// and checks the sha256 before writing. A snapshot without deltas is
+// written as version 1, which older readers restore; they refuse version 2
+// by its version. Write makes deltas from a [PageIndex] of the previous
+// snapshot (WriteOptions.Base).
+//
 // Publishing ([Write]) pushes chunks, then the config, then the manifest, then
 // (when signing) the signature, and tags the reference last. Reading ([Open])
 // verifies the manifest and config and validates every field before anything
@@ -51,8 +75,30 @@ const (
 	// AnnotationSize is the chunk's raw (decompressed) size (decimal).
 	AnnotationSize = "dev.cryo.chunk.size"
 
-	// FormatVersion is the only format version this package writes and reads.
-	FormatVersion = 1
+	// MediaTypeDelta is a delta chunk (see the package doc) stored as one
+	// zstd frame.
+	MediaTypeDelta = "application/vnd.cryo.chunk.delta.v1+zstd"
+	// MediaTypeDeltaEncrypted is a delta chunk's zstd frame sealed with
+	// AES-256-GCM, laid out as [MediaTypeChunkEncrypted].
+	MediaTypeDeltaEncrypted = "application/vnd.cryo.chunk.delta.v1+zstd+aes256gcm"
+	// AnnotationBase, on a delta layer, is the digest of its base chunk.
+	AnnotationBase = "dev.cryo.chunk.base"
+	// AnnotationRole, on a full chunk layer, says that the layer is not
+	// placed in any file: with the value [RoleBase] it is only the base of
+	// the delta layers that name it.
+	AnnotationRole = "dev.cryo.chunk.role"
+	// RoleBase is the only value of [AnnotationRole].
+	RoleBase = "base"
+
+	// FormatVersion is the newest format version this package writes and
+	// reads. Version 2 adds delta chunks; Write marks a snapshot without
+	// any as version 1 ([FormatVersionNoDelta]), which older readers
+	// restore, and one with deltas as version 2, which they refuse.
+	FormatVersion = 2
+	// FormatVersionNoDelta is the version of a snapshot without deltas.
+	FormatVersionNoDelta = 1
+	// PageSize is the unit of a delta chunk.
+	PageSize = 4096
 	// DefaultChunkSize is the chunk size used when WriteOptions leave it 0.
 	DefaultChunkSize = 4 << 20
 	// MinChunkSize and MaxChunkSize bound the chunk size; it must also be a
@@ -89,7 +135,8 @@ func validFileName(name string) error {
 
 // Metadata is the config blob of a snapshot.
 type Metadata struct {
-	// FormatVersion is set by Write to [FormatVersion].
+	// FormatVersion is set by Write: [FormatVersion] when the snapshot
+	// has delta chunks, [FormatVersionNoDelta] when it has none.
 	FormatVersion int `json:"formatVersion"`
 	// Created is set by Write when zero.
 	Created time.Time `json:"created"`
@@ -183,7 +230,11 @@ type Totals struct {
 	DataBytes int64 `json:"dataBytes"`
 	// StoredBytes is the size of the stored chunks.
 	StoredBytes int64 `json:"storedBytes"`
-	Chunks      int   `json:"chunks"`
+	// Chunks counts the placed chunks, full and delta; Deltas the delta
+	// chunks among them; Bases the base layers (StoredBytes counts them).
+	Chunks int `json:"chunks"`
+	Deltas int `json:"deltas,omitempty"`
+	Bases  int `json:"bases,omitempty"`
 }
 
 // Algorithm names used in Metadata.

@@ -3,8 +3,10 @@ package snapshot
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
+	"os"
 	"runtime"
 	"strconv"
 	"sync"
@@ -167,13 +169,16 @@ func TestHostile(t *testing.T) {
 				md.Files[1].Name = "disk:../../etc"
 			})
 		}, ReadOptions{}, atOpen, errdefs.IsInvalidArgument},
+		{"layer digest without an algorithm", func(t *testing.T, st *memStore, s *Snapshot) {
+			rewrite(t, st, "v1", func(m *ocispec.Manifest, md *Metadata) { m.Layers[0].Digest = "0123" })
+		}, ReadOptions{}, atOpen, errdefs.IsInvalidArgument},
 		{"chunk of an unknown file", func(t *testing.T, st *memStore, s *Snapshot) {
 			rewrite(t, st, "v1", func(m *ocispec.Manifest, md *Metadata) {
 				m.Layers[0].Annotations[AnnotationFile] = "disk:other"
 			})
 		}, ReadOptions{}, atOpen, errdefs.IsInvalidArgument},
 		{"unknown format version", func(t *testing.T, st *memStore, s *Snapshot) {
-			rewrite(t, st, "v1", func(m *ocispec.Manifest, md *Metadata) { md.FormatVersion = 2 })
+			rewrite(t, st, "v1", func(m *ocispec.Manifest, md *Metadata) { md.FormatVersion = FormatVersion + 1 })
 		}, ReadOptions{}, atOpen, errdefs.IsNotImplemented},
 		{"wrong artifact type", func(t *testing.T, st *memStore, s *Snapshot) {
 			rewrite(t, st, "v1", func(m *ocispec.Manifest, md *Metadata) { m.ArtifactType = "application/vnd.other" })
@@ -264,5 +269,209 @@ func assertOnly(t *testing.T, dir string, names ...string) {
 		if ents[i] != names[i] {
 			t.Fatalf("%s holds %v, want %v", dir, ents, names)
 		}
+	}
+}
+
+// deltaLayers returns the indexes of m's delta layers and a map from
+// digest to the index of each base layer.
+func deltaLayers(m *ocispec.Manifest) (deltas []int, bases map[string]int) {
+	bases = map[string]int{}
+	for i, l := range m.Layers {
+		switch {
+		case l.Annotations[AnnotationBase] != "":
+			deltas = append(deltas, i)
+		case l.Annotations[AnnotationRole] != "":
+			bases[l.Digest.String()] = i
+		}
+	}
+	return deltas, bases
+}
+
+// craftDelta makes the delta layer of file at off point at a plaintext
+// delta with the given payload: sum (nil: the right one), bitmap, pages.
+func craftDelta(t *testing.T, store *memStore, ts *testSnap, file string, off int64, sum, bitmap []byte, pages int) func(*ocispec.Manifest, *Metadata) {
+	return func(m *ocispec.Manifest, _ *Metadata) {
+		for i, l := range m.Layers {
+			if l.Annotations[AnnotationFile] != file || l.Annotations[AnnotationOffset] != strconv.FormatInt(off, 10) {
+				continue
+			}
+			size, _ := strconv.ParseInt(l.Annotations[AnnotationSize], 10, 64)
+			raw := make([]byte, size)
+			f, _ := os.Open(ts.paths.DevState)
+			f.ReadAt(raw, off)
+			f.Close()
+			if sum == nil {
+				s := sha256.Sum256(raw)
+				sum = s[:]
+			}
+			p := append(append(append([]byte(nil), sum...), bitmap...), bytes.Repeat([]byte{0xa5}, pages*PageSize)...)
+			d := store.put(zstdFrame(t, p, 32<<10))
+			m.Layers[i].Digest, m.Layers[i].Size = d.Digest, d.Size
+			return
+		}
+		t.Fatalf("no layer of %s at %d", file, off)
+	}
+}
+
+// TestHostileDelta: manifests and delta payloads that a writer never
+// makes are refused with a clear error, before anything is written when
+// the manifest tells, and leaving nothing behind when only the bytes do.
+func TestHostileDelta(t *testing.T) {
+	type phase int
+	const (
+		atOpen phase = iota
+		atMaterialize
+	)
+	devLast := int64(4 * testCS) // devstate's last chunk: 11 pages
+	edit := func(fn func(t *testing.T, m *ocispec.Manifest, md *Metadata, deltas []int, bases map[string]int)) func(*testing.T, *memStore, *testSnap) {
+		return func(t *testing.T, st *memStore, _ *testSnap) {
+			rewrite(t, st, "v2", func(m *ocispec.Manifest, md *Metadata) {
+				deltas, bases := deltaLayers(m)
+				if len(deltas) < 2 || len(bases) < 2 {
+					t.Fatalf("setup: %d deltas, %d bases", len(deltas), len(bases))
+				}
+				fn(t, m, md, deltas, bases)
+			})
+		}
+	}
+	baseOf := func(m *ocispec.Manifest, bases map[string]int, delta int) int {
+		return bases[m.Layers[delta].Annotations[AnnotationBase]]
+	}
+	cases := []struct {
+		name  string
+		enc   bool
+		setup func(t *testing.T, st *memStore, ts *testSnap)
+		phase phase
+		want  func(error) bool
+	}{
+		{"delta's base missing from the manifest", false, edit(func(t *testing.T, m *ocispec.Manifest, _ *Metadata, d []int, b map[string]int) {
+			i := baseOf(m, b, d[0])
+			m.Layers = append(m.Layers[:i], m.Layers[i+1:]...)
+		}), atOpen, errdefs.IsInvalidArgument},
+		{"delta's base is a delta", false, edit(func(t *testing.T, m *ocispec.Manifest, _ *Metadata, d []int, b map[string]int) {
+			m.Layers[d[0]].Annotations[AnnotationBase] = m.Layers[d[1]].Digest.String()
+		}), atOpen, errdefs.IsInvalidArgument},
+		{"delta's base is a placed full chunk", false, edit(func(t *testing.T, m *ocispec.Manifest, _ *Metadata, d []int, b map[string]int) {
+			m.Layers[d[0]].Annotations[AnnotationBase] = m.Layers[firstLayer(t, m, "disk:root")].Digest.String()
+		}), atOpen, errdefs.IsInvalidArgument},
+		{"delta without a base", false, edit(func(t *testing.T, m *ocispec.Manifest, _ *Metadata, d []int, b map[string]int) {
+			delete(m.Layers[d[0]].Annotations, AnnotationBase)
+			m.Layers[d[0]].Annotations[AnnotationRole+"x"] = "" // keep it a delta by media type
+		}), atOpen, errdefs.IsInvalidArgument},
+		{"base of the wrong size", false, edit(func(t *testing.T, m *ocispec.Manifest, _ *Metadata, d []int, b map[string]int) {
+			m.Layers[baseOf(m, b, d[0])].Annotations[AnnotationSize] = "4096"
+		}), atOpen, errdefs.IsInvalidArgument},
+		{"base over the chunk size", false, edit(func(t *testing.T, m *ocispec.Manifest, _ *Metadata, d []int, b map[string]int) {
+			m.Layers[baseOf(m, b, d[0])].Annotations[AnnotationSize] = strconv.Itoa(testCS + 1)
+		}), atOpen, errdefs.IsInvalidArgument},
+		{"base layer with a delta media type", false, edit(func(t *testing.T, m *ocispec.Manifest, _ *Metadata, d []int, b map[string]int) {
+			m.Layers[baseOf(m, b, d[0])].MediaType = MediaTypeDelta
+		}), atOpen, errdefs.IsInvalidArgument},
+		{"base layer with an offset", false, edit(func(t *testing.T, m *ocispec.Manifest, _ *Metadata, d []int, b map[string]int) {
+			l := m.Layers[baseOf(m, b, d[0])]
+			l.Annotations[AnnotationFile], l.Annotations[AnnotationOffset] = FileRAM, "0"
+		}), atOpen, errdefs.IsInvalidArgument},
+		{"base layer with another role", false, edit(func(t *testing.T, m *ocispec.Manifest, _ *Metadata, d []int, b map[string]int) {
+			m.Layers[baseOf(m, b, d[0])].Annotations[AnnotationRole] = "placed"
+		}), atOpen, errdefs.IsInvalidArgument},
+		{"base listed twice", false, edit(func(t *testing.T, m *ocispec.Manifest, _ *Metadata, d []int, b map[string]int) {
+			m.Layers = append(m.Layers, m.Layers[baseOf(m, b, d[0])])
+		}), atOpen, errdefs.IsInvalidArgument},
+		{"base used by no delta", false, edit(func(t *testing.T, m *ocispec.Manifest, _ *Metadata, d []int, b map[string]int) {
+			l := m.Layers[firstLayer(t, m, "disk:root")]
+			m.Layers = append(m.Layers, ocispec.Descriptor{MediaType: l.MediaType, Digest: l.Digest, Size: l.Size,
+				Annotations: map[string]string{AnnotationRole: RoleBase, AnnotationSize: l.Annotations[AnnotationSize]}})
+		}), atOpen, errdefs.IsInvalidArgument},
+		{"two deltas at one offset", false, edit(func(t *testing.T, m *ocispec.Manifest, _ *Metadata, d []int, b map[string]int) {
+			m.Layers[d[1]].Annotations[AnnotationFile] = m.Layers[d[0]].Annotations[AnnotationFile]
+			m.Layers[d[1]].Annotations[AnnotationOffset] = m.Layers[d[0]].Annotations[AnnotationOffset]
+		}), atOpen, errdefs.IsInvalidArgument},
+		{"delta over a full chunk's offset", false, edit(func(t *testing.T, m *ocispec.Manifest, _ *Metadata, d []int, b map[string]int) {
+			m.Layers[d[0]].Annotations[AnnotationOffset] = strconv.Itoa(10 * testCS) // RAM chunk 10 is full
+		}), atOpen, errdefs.IsInvalidArgument},
+		{"delta outside the file", false, edit(func(t *testing.T, m *ocispec.Manifest, _ *Metadata, d []int, b map[string]int) {
+			m.Layers[d[0]].Annotations[AnnotationOffset] = strconv.Itoa(100 * testCS)
+		}), atOpen, errdefs.IsInvalidArgument},
+		{"delta in a version 1 snapshot", false, edit(func(t *testing.T, m *ocispec.Manifest, md *Metadata, d []int, b map[string]int) {
+			md.FormatVersion = FormatVersionNoDelta
+		}), atOpen, errdefs.IsInvalidArgument},
+		{"full chunk with a base annotation", false, edit(func(t *testing.T, m *ocispec.Manifest, _ *Metadata, d []int, b map[string]int) {
+			m.Layers[firstLayer(t, m, "disk:root")].Annotations[AnnotationBase] = m.Layers[baseOf(m, b, d[0])].Digest.String()
+		}), atOpen, errdefs.IsInvalidArgument},
+		{"plaintext delta in an encrypted snapshot", true, edit(func(t *testing.T, m *ocispec.Manifest, _ *Metadata, d []int, b map[string]int) {
+			m.Layers[d[0]].MediaType = MediaTypeDelta
+		}), atOpen, errdefs.IsInvalidArgument},
+		{"encrypted base shared by two deltas", true, edit(func(t *testing.T, m *ocispec.Manifest, _ *Metadata, d []int, b map[string]int) {
+			i := baseOf(m, b, d[1])
+			m.Layers[baseOf(m, b, d[0])].Annotations[AnnotationSize] = m.Layers[i].Annotations[AnnotationSize]
+			m.Layers[d[1]].Annotations[AnnotationBase] = m.Layers[d[0]].Annotations[AnnotationBase]
+			m.Layers = append(m.Layers[:i], m.Layers[i+1:]...)
+		}), atOpen, errdefs.IsInvalidArgument},
+		{"bitmap beyond the chunk", false, func(t *testing.T, st *memStore, ts *testSnap) {
+			rewrite(t, st, "v2", craftDelta(t, st, ts, FileDevState, devLast, nil, []byte{0, 0x10}, 1))
+		}, atMaterialize, errdefs.IsDataLoss},
+		{"bitmap names more pages than the delta holds", false, func(t *testing.T, st *memStore, ts *testSnap) {
+			rewrite(t, st, "v2", craftDelta(t, st, ts, FileDevState, devLast, nil, []byte{3, 0}, 1))
+		}, atMaterialize, errdefs.IsDataLoss},
+		{"delta holds more pages than its bitmap names", false, func(t *testing.T, st *memStore, ts *testSnap) {
+			rewrite(t, st, "v2", craftDelta(t, st, ts, FileDevState, devLast, nil, []byte{1, 0}, 2))
+		}, atMaterialize, errdefs.IsDataLoss},
+		{"delta holds no page", false, func(t *testing.T, st *memStore, ts *testSnap) {
+			rewrite(t, st, "v2", craftDelta(t, st, ts, FileDevState, devLast, nil, []byte{0, 0}, 0))
+		}, atMaterialize, errdefs.IsDataLoss},
+		{"delta larger than its chunk", false, func(t *testing.T, st *memStore, ts *testSnap) {
+			rewrite(t, st, "v2", craftDelta(t, st, ts, FileDevState, devLast, nil, []byte{0xff, 0x07}, 11))
+		}, atMaterialize, errdefs.IsDataLoss},
+		{"rebuilt chunk differs from what the writer read", false, func(t *testing.T, st *memStore, ts *testSnap) {
+			rewrite(t, st, "v2", craftDelta(t, st, ts, FileDevState, devLast, make([]byte, 32), []byte{2, 0}, 1))
+		}, atMaterialize, errdefs.IsDataLoss},
+		{"delta bytes flipped in the store", false, func(t *testing.T, st *memStore, ts *testSnap) {
+			m := manifestOf(t, st, "v2")
+			d, _ := deltaLayers(&m)
+			st.corrupt(m.Layers[d[0]].Digest, func(b []byte) []byte { b[len(b)/2] ^= 1; return b })
+		}, atMaterialize, errdefs.IsDataLoss},
+		{"delta applied to another base of its size", false, edit(func(t *testing.T, m *ocispec.Manifest, _ *Metadata, d []int, b map[string]int) {
+			// RAM chunks 0 and 1 are both full-size: swap their bases.
+			m.Layers[d[0]].Annotations[AnnotationBase], m.Layers[d[1]].Annotations[AnnotationBase] =
+				m.Layers[d[1]].Annotations[AnnotationBase], m.Layers[d[0]].Annotations[AnnotationBase]
+		}), atMaterialize, errdefs.IsDataLoss},
+		{"encrypted delta moved to another offset", true, edit(func(t *testing.T, m *ocispec.Manifest, _ *Metadata, d []int, b map[string]int) {
+			m.Layers[d[0]].Annotations[AnnotationOffset], m.Layers[d[1]].Annotations[AnnotationOffset] =
+				m.Layers[d[1]].Annotations[AnnotationOffset], m.Layers[d[0]].Annotations[AnnotationOffset]
+		}), atMaterialize, errdefs.IsDataLoss},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ts := newTestSnap(t)
+			store := newMemStore()
+			var opts WriteOptions
+			var ropts ReadOptions
+			if tc.enc {
+				opts.EncryptionKey = bytes.Repeat([]byte{9}, 32)
+				ropts.DecryptionKey = opts.EncryptionKey
+			}
+			deltaSetup(t, ts, store, opts)
+			tc.setup(t, store, ts)
+			parent := t.TempDir()
+			cache := parent + "/cache"
+			s, err := Open(context.Background(), store, "v2", ropts)
+			if tc.phase == atOpen {
+				if err == nil || !tc.want(err) {
+					t.Fatalf("open: got %v", err)
+				}
+				t.Logf("refused: %v", err)
+				return
+			}
+			if err != nil {
+				t.Fatalf("open: %v", err)
+			}
+			m, err := s.Materialize(context.Background(), cache)
+			if err == nil || !tc.want(err) {
+				t.Fatalf("materialize: got %+v, %v", m, err)
+			}
+			t.Logf("refused: %v", err)
+			assertEmptyCache(t, cache)
+			assertOnly(t, parent, "cache")
+		})
 	}
 }

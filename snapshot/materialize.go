@@ -64,12 +64,16 @@ type VerifyStats struct {
 func (s *Snapshot) Verify(ctx context.Context) (VerifyStats, error) {
 	var st VerifyStats
 	var stored, raw, n atomic.Int64
-	err := s.forEachChunk(ctx, func(c chunkRef, b []byte) error {
+	count := func(c chunkRef, b []byte) error {
 		n.Add(1)
 		stored.Add(c.desc.Size)
 		raw.Add(int64(len(b)))
 		return nil
-	})
+	}
+	err := s.forEachChunk(ctx, count)
+	if err == nil {
+		err = s.forEachDelta(ctx, count)
+	}
 	st.Chunks, st.StoredBytes, st.RawBytes = int(n.Load()), stored.Load(), raw.Load()
 	if err != nil {
 		return st, fmt.Errorf("verify snapshot %s: %w", s.Descriptor.Digest, err)
@@ -179,6 +183,15 @@ func (s *Snapshot) materializeInto(ctx context.Context, dir string) (retErr erro
 		return nil
 	})
 	if err != nil {
+		return err
+	}
+	// Delta chunks after the full ones (delta.go): they go to other offsets.
+	if err := s.forEachDelta(ctx, func(c chunkRef, b []byte) error {
+		if _, err := writeAt(files[c.file], b, c.off); err != nil {
+			return fmt.Errorf("write %s at %d: %w", c.file, c.off, err)
+		}
+		return nil
+	}); err != nil {
 		return err
 	}
 	for name, f := range files {

@@ -196,7 +196,7 @@ func TestOpenRefs(t *testing.T) {
 	if s, err := Open(ctx, nod, "v1@"+d1.Digest.String(), ReadOptions{}); err != nil || s.Descriptor.Digest != d1.Digest {
 		t.Errorf("tag names the pin: %v", err)
 	}
-	for _, ref := range []string{"", "v1@sha256:abc", "v1@md5:" + strings.Repeat("0", 32)} {
+	for _, ref := range []string{"", "v1@sha256:abc", "v1@md5:" + strings.Repeat("0", 32), "v1@0123"} {
 		if _, err := Open(ctx, store, ref, ReadOptions{}); !errdefs.IsInvalidArgument(err) {
 			t.Errorf("ref %q: %v", ref, err)
 		}

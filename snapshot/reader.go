@@ -92,6 +92,9 @@ type Snapshot struct {
 	store  fetch.Store
 	opts   ReadOptions
 	chunks []chunkRef
+	// deltas are the delta chunks, bases their base layers (delta.go).
+	deltas []deltaRef
+	bases  map[digest.Digest]baseRef
 	// writeAt writes materialized bytes; tests inject failures here.
 	writeAt func(f writerAt, b []byte, off int64) (int, error)
 }
@@ -224,8 +227,8 @@ func resolve(ctx context.Context, store fetch.Store, ref string) (ocispec.Descri
 
 func (s *Snapshot) validateMetadata() error {
 	md := &s.Metadata
-	if md.FormatVersion != FormatVersion {
-		return fmt.Errorf("format version %d, this cryo reads %d: %w", md.FormatVersion, FormatVersion, errdefs.ErrNotImplemented)
+	if md.FormatVersion < FormatVersionNoDelta || md.FormatVersion > FormatVersion {
+		return fmt.Errorf("format version %d, this cryo reads %d to %d: %w", md.FormatVersion, FormatVersionNoDelta, FormatVersion, errdefs.ErrNotImplemented)
 	}
 	if s.opts.RefuseExpired && md.Expired(time.Now()) {
 		return fmt.Errorf("expired at %s: %w", md.Expires.Format(time.RFC3339), errdefs.ErrFailedPrecondition)
@@ -282,11 +285,17 @@ func (s *Snapshot) validateLayers() error {
 	cs := md.ChunkSize
 	used := map[string]map[int64]bool{}
 	s.chunks = make([]chunkRef, 0, len(s.Manifest.Layers))
+	var bases []int
 	for i, l := range s.Manifest.Layers {
 		bad := func(format string, a ...any) error {
 			return fmt.Errorf("layer %d (%s): %s: %w", i, l.Digest, fmt.Sprintf(format, a...), errdefs.ErrInvalidArgument)
 		}
-		if l.MediaType != wantType {
+		if _, ok := l.Annotations[AnnotationRole]; ok {
+			bases = append(bases, i) // not placed: see linkDeltas
+			continue
+		}
+		delta := s.isDelta(l)
+		if l.MediaType != wantType && !delta {
 			return bad("media type %q, want %q", l.MediaType, wantType)
 		}
 		if err := checkDigest(l.Digest); err != nil {
@@ -319,6 +328,10 @@ func (s *Snapshot) validateLayers() error {
 		}
 		used[name][off] = true
 		counts[name]++
+		if delta {
+			s.deltas = append(s.deltas, deltaRef{chunkRef: chunkRef{file: name, off: off, size: size, desc: l}, layer: i})
+			continue
+		}
 		s.chunks = append(s.chunks, chunkRef{file: name, off: off, size: size, desc: l})
 	}
 	for _, f := range md.Files {
@@ -326,7 +339,7 @@ func (s *Snapshot) validateLayers() error {
 			return fmt.Errorf("file %s: %d chunks, config says %d: %w", f.Name, counts[f.Name], f.Chunks, errdefs.ErrInvalidArgument)
 		}
 	}
-	return nil
+	return s.linkDeltas(bases)
 }
 
 // parseDec parses a canonical non-negative decimal (no sign, no leading
@@ -349,4 +362,4 @@ func parseDec(s string) (int64, error) {
 func (s *Snapshot) Encrypted() bool { return s.Metadata.Encryption != nil }
 
 // Chunks returns the number of stored chunks.
-func (s *Snapshot) Chunks() int { return len(s.chunks) }
+func (s *Snapshot) Chunks() int { return len(s.chunks) + len(s.deltas) }

@@ -194,7 +194,7 @@ func TestRoundTrip(t *testing.T) {
 	}
 
 	s := open(t, store, "v1", ReadOptions{})
-	if s.Metadata.Source.PodName != "web" || s.Metadata.Fingerprint.MachineType != "pc-q35-7.2" || s.Metadata.FormatVersion != FormatVersion {
+	if s.Metadata.Source.PodName != "web" || s.Metadata.Fingerprint.MachineType != "pc-q35-7.2" || s.Metadata.FormatVersion != FormatVersionNoDelta {
 		t.Errorf("metadata %+v", s.Metadata)
 	}
 	if s.Metadata.Totals.Chunks != st.Chunks || s.Chunks() != st.Chunks {

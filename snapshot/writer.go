@@ -44,6 +44,23 @@ type WriteOptions struct {
 	SigningKey ed25519.PrivateKey
 	// Annotations are added to the manifest.
 	Annotations map[string]string
+
+	// Base is the page index of an earlier snapshot of the same files in
+	// the same store (LoadPageIndex). A chunk whose pages mostly match its
+	// base there is stored as a delta against it (pages that differ), an
+	// unchanged one as its base's blob. Write ignores Base (writes full
+	// chunks) when its chunk size, encryption key or StoreID differ, and
+	// per chunk when the base is no longer in the store.
+	Base *PageIndex
+	// IndexPath, when set, is where Write saves the page index of the new
+	// snapshot (0600, replaced atomically) after tagging ref: the Base of
+	// the next write. A failure to save it is logged, not returned (the
+	// snapshot is published); the next write then uses an older index or
+	// none, which is safe.
+	IndexPath string
+	// StoreID names the store in the page index, e.g. its URL without the
+	// reference: Base only serves the store it was made for.
+	StoreID string
 }
 
 // WriteStats reports what Write did.
@@ -66,7 +83,10 @@ type WriteStats struct {
 	Chunks, ZeroChunks, HoleChunks int
 	// UploadedChunks were pushed, SkippedChunks were already there.
 	UploadedChunks, SkippedChunks int
-	Duration                      time.Duration
+	// Deltas of the Chunks were stored as deltas; Bases are the layers
+	// they need (already in the store: counted in SkippedBytes).
+	Deltas, Bases int
+	Duration      time.Duration
 }
 
 // chunkJob is one chunk moving through the pipeline.
@@ -77,6 +97,9 @@ type chunkJob struct {
 	raw     *[]byte
 	stored  *[]byte
 	desc    ocispec.Descriptor
+	// entry is the chunk's base in the new page index; base is set when
+	// the chunk is a delta against it (deltawrite.go).
+	entry, base *pageEntry
 }
 
 type writer struct {
@@ -92,6 +115,15 @@ type writer struct {
 	claimed map[string]bool // digests pushed (or being pushed) by this write
 	layers  []chunkJob
 	perFile []int
+
+	// base is opts.Base when it fits the write; hashPages is set when the
+	// writer hashes pages (for base or opts.IndexPath). existing caches
+	// whether base chunks are in the store; bases are the base layers.
+	base      *PageIndex
+	hashPages bool
+	existing  map[string]bool
+	bases     map[string]ocispec.Descriptor
+	deltas    atomic.Int64
 
 	readBytes, dataBytes, storedBytes, uploadedBytes, skippedBytes atomic.Int64
 	zero, uploadedN, skippedN                                      atomic.Int64
@@ -114,6 +146,7 @@ func Write(ctx context.Context, store fetch.Store, ref string, src *Source, opts
 		return ocispec.Descriptor{}, WriteStats{}, fmt.Errorf("write snapshot %s: %w", ref, err)
 	}
 	defer w.codec.Close()
+	w.useBase(ctx)
 	if err := w.chunks(ctx); err != nil {
 		return ocispec.Descriptor{}, WriteStats{}, fmt.Errorf("write snapshot %s: %w", ref, err)
 	}
@@ -121,6 +154,7 @@ func Write(ctx context.Context, store fetch.Store, ref string, src *Source, opts
 	if err != nil {
 		return ocispec.Descriptor{}, WriteStats{}, fmt.Errorf("write snapshot %s: %w", ref, err)
 	}
+	w.saveIndex(ctx, desc)
 	st := w.stats()
 	st.Duration = time.Since(start)
 	log.G(ctx).WithFields(log.Fields{"ref": ref, "digest": desc.Digest, "raw": st.RawBytes,
@@ -180,9 +214,13 @@ func newWriter(store fetch.Store, src *Source, opts WriteOptions) (*writer, erro
 	if opts.EncryptionKey != nil {
 		budget -= int64(opts.Workers) * maxStoredSize(opts.ChunkSize)
 	}
+	if opts.Base != nil || opts.IndexPath != "" {
+		budget -= int64(opts.Workers) * opts.ChunkSize // delta payloads
+	}
 	inflight := max(int(budget/perJob), 1)
 	w := &writer{store: store, src: src, opts: opts, codec: codec,
 		tokens: make(chan struct{}, inflight), claimed: map[string]bool{}, perFile: make([]int, len(src.Files)),
+		existing: map[string]bool{}, bases: map[string]ocispec.Descriptor{},
 		rawPool: newBufPool(inflight, opts.ChunkSize), storedPool: newBufPool(inflight, maxStoredSize(opts.ChunkSize))}
 	return w, nil
 }
@@ -276,23 +314,32 @@ func (w *writer) compress(ctx context.Context, jobs <-chan *chunkJob, pushes cha
 	if w.codec.aead != nil {
 		scratch = make([]byte, maxStoredSize(w.opts.ChunkSize))
 	}
+	var ds *deltaScratch
+	if w.hashPages {
+		ds = newDeltaScratch(w.opts.ChunkSize)
+	}
 	for j := range jobs {
-		j.stored = w.storedPool.get()
-		out := w.codec.seal(j.file, j.off, *j.raw, scratch, *j.stored)
-		*j.stored = out
 		rawLen := int64(len(*j.raw))
+		if ds == nil || !w.incremental(ctx, j, ds, scratch) {
+			j.stored = w.storedPool.get()
+			out := w.codec.seal(j.file, j.off, *j.raw, scratch, *j.stored)
+			*j.stored = out
+			j.desc = ocispec.Descriptor{
+				MediaType: w.codec.mediaType(),
+				Digest:    sha256Digest(out),
+				Size:      int64(len(out)),
+				Annotations: map[string]string{
+					AnnotationFile:   j.file,
+					AnnotationOffset: strconv.FormatInt(j.off, 10),
+					AnnotationSize:   strconv.FormatInt(rawLen, 10),
+				},
+			}
+			if ds != nil {
+				j.entry = newPageEntry(j.desc, rawLen, ds.hashes)
+			}
+		}
 		w.rawPool.put(j.raw)
 		j.raw = nil
-		j.desc = ocispec.Descriptor{
-			MediaType: w.codec.mediaType(),
-			Digest:    sha256Digest(out),
-			Size:      int64(len(out)),
-			Annotations: map[string]string{
-				AnnotationFile:   j.file,
-				AnnotationOffset: strconv.FormatInt(j.off, 10),
-				AnnotationSize:   strconv.FormatInt(rawLen, 10),
-			},
-		}
 		w.dataBytes.Add(rawLen)
 		select {
 		case pushes <- j:
@@ -321,12 +368,16 @@ func (w *writer) pushChunk(ctx context.Context, j *chunkJob) error {
 	w.mu.Lock()
 	dup := w.claimed[d]
 	w.claimed[d] = true
-	w.layers = append(w.layers, chunkJob{fileIdx: j.fileIdx, off: j.off, desc: j.desc})
+	w.layers = append(w.layers, chunkJob{fileIdx: j.fileIdx, off: j.off, desc: j.desc, entry: j.entry})
 	w.perFile[j.fileIdx]++
+	if j.base != nil {
+		w.addBase(j.base)
+	}
 	w.mu.Unlock()
 	w.storedBytes.Add(j.desc.Size)
 	uploaded := false
-	if !dup {
+	// A chunk without stored bytes is its base's blob, known to be there.
+	if !dup && j.stored != nil {
 		var err error
 		if uploaded, err = pushIfMissing(ctx, w.store, j.desc, *j.stored); err != nil {
 			return fmt.Errorf("chunk %s at %d: %w", j.file, j.off, err)
@@ -352,7 +403,10 @@ func (w *writer) publish(ctx context.Context, ref string) (ocispec.Descriptor, e
 		return la.off < lb.off
 	})
 	md := w.src.Metadata
-	md.FormatVersion = FormatVersion
+	md.FormatVersion = FormatVersionNoDelta
+	if w.deltas.Load() > 0 {
+		md.FormatVersion = FormatVersion
+	}
 	if md.Created.IsZero() {
 		md.Created = time.Now().UTC().Truncate(time.Second)
 	}
@@ -363,7 +417,8 @@ func (w *writer) publish(ctx context.Context, ref string) (ocispec.Descriptor, e
 		md.Encryption = &Encryption{Algorithm: algAES256GCM, KeyID: KeyID(w.opts.EncryptionKey)}
 	}
 	md.Files = make([]FileInfo, len(w.src.Files))
-	md.Totals = Totals{DataBytes: w.dataBytes.Load(), StoredBytes: w.storedBytes.Load(), Chunks: len(w.layers)}
+	md.Totals = Totals{DataBytes: w.dataBytes.Load(), StoredBytes: w.storedBytes.Load(), Chunks: len(w.layers),
+		Deltas: int(w.deltas.Load()), Bases: len(w.bases)}
 	for i, f := range w.src.Files {
 		md.Files[i] = FileInfo{Name: f.Name, Size: f.Size, Chunks: w.perFile[i]}
 		md.Totals.RawBytes += f.Size
@@ -373,10 +428,11 @@ func (w *writer) publish(ctx context.Context, ref string) (ocispec.Descriptor, e
 		return ocispec.Descriptor{}, err
 	}
 	cfgDesc := ocispec.Descriptor{MediaType: MediaTypeConfig, Digest: sha256Digest(cfg), Size: int64(len(cfg))}
-	layers := make([]ocispec.Descriptor, len(w.layers))
+	layers := make([]ocispec.Descriptor, len(w.layers), len(w.layers)+len(w.bases))
 	for i, l := range w.layers {
 		layers[i] = l.desc
 	}
+	layers = append(layers, w.baseLayers()...)
 	ann := map[string]string{ocispec.AnnotationCreated: md.Created.Format(time.RFC3339)}
 	for k, v := range w.opts.Annotations {
 		ann[k] = v
@@ -427,5 +483,6 @@ func (w *writer) stats() WriteStats {
 	return WriteStats{RawBytes: raw, ReadBytes: w.readBytes.Load(), DataBytes: w.dataBytes.Load(),
 		StoredBytes: w.storedBytes.Load(), UploadedBytes: w.uploadedBytes.Load(), SkippedBytes: w.skippedBytes.Load(),
 		Chunks: len(w.layers), ZeroChunks: zero, HoleChunks: slots - len(w.layers) - zero,
-		UploadedChunks: int(w.uploadedN.Load()), SkippedChunks: int(w.skippedN.Load())}
+		UploadedChunks: int(w.uploadedN.Load()), SkippedChunks: int(w.skippedN.Load()),
+		Deltas: int(w.deltas.Load()), Bases: len(w.bases)}
 }

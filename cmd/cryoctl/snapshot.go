@@ -106,6 +106,9 @@ func printInfo(w io.Writer, i snapshotInfo) {
 	}
 	row("Totals", "%s raw, %s data, %s stored (%.2f of data), %d chunks", humanize.IBytes(uint64(t.RawBytes)),
 		humanize.IBytes(uint64(t.DataBytes)), humanize.IBytes(uint64(t.StoredBytes)), ratio, t.Chunks)
+	if t.Deltas > 0 {
+		row("Deltas", "%d of the chunks are page deltas against %d base chunks (counted in stored)", t.Deltas, t.Bases)
+	}
 	for _, c := range md.Containers {
 		row("Container", "%s %s (%d layers)", c.ID, orDash(c.Image), len(c.LayerChain))
 	}
