@@ -97,7 +97,8 @@ type runner struct {
 	began time.Time
 
 	tpl   template // idle guest: latency and fan-out
-	large string   // file:// URL of the large guest's snapshot
+	large string   // file:// URL of the large guest's first (full) snapshot
+	delta string   // file:// URL of its second snapshot, with delta chunks
 }
 
 // Run starts a private containerd with the cryo runtime and an S3 server,

@@ -91,13 +91,16 @@ func (r *runner) pauseGuest(mem int, large bool) error {
 	if err := r.sh(id, fmt.Sprintf("dd if=/dev/urandom of=/fill/ram.rnd bs=1M count=%d conv=notrunc 2>/dev/null", change)); err != nil {
 		return err
 	}
-	r.large = r.s.StoreURL("inc:v2")
-	c2, err := r.checkpoint(id, r.large)
+	r.large, r.delta = r.s.StoreURL("inc:v1"), r.s.StoreURL("inc:v2")
+	c2, err := r.checkpoint(id, r.delta)
 	if err != nil {
 		return err
 	}
 	r.r.add("incremental", "first_checkpoint_uploaded", "MiB", mib(c1.UploadedBytes))
 	r.r.add("incremental", "second_checkpoint_uploaded", "MiB", mib(c2.UploadedBytes))
+	// The changed bytes are random: no upload can be smaller than them.
+	r.r.add("incremental", "ram_changed", "MiB", float64(change))
+	r.r.add("incremental", "second_uploaded_per_changed_byte", "ratio", mib(c2.UploadedBytes)/float64(change))
 	r.r.add("incremental", "second_chunks_uploaded", "count", float64(c2.ChunksUploaded))
 	r.r.add("incremental", "chunks", "count", float64(c2.Chunks))
 	r.progress("incremental: first %.1f MiB, after changing %d MiB of RAM %.1f MiB (%d of %d chunks)",
@@ -109,7 +112,7 @@ func (r *runner) pauseGuest(mem int, large bool) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	d, err := r.diffRAM(r.s.StoreURL("inc:v1"), r.large, dir)
+	d, err := r.diffRAM(r.large, r.delta, dir)
 	if err != nil {
 		return fmt.Errorf("compare the two snapshots' RAM: %w", err)
 	}
