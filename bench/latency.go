@@ -184,7 +184,7 @@ func (r *runner) fanOut() error {
 		var dl int64
 		var misses int
 		var mem procMem
-		var cpu time.Duration
+		var cpu, qcpu time.Duration
 		for range r.o.Runs {
 			if err := r.clearCache(); err != nil {
 				return err
@@ -210,7 +210,8 @@ func (r *runner) fanOut() error {
 			}
 			wg.Wait()
 			mem = qemuMem(r.s.QEMUPids())
-			cpu = cpuTime(append(r.s.QEMUPids(), r.s.ShimPids()...))
+			qcpu = cpuTime(r.s.QEMUPids())
+			cpu = qcpu + cpuTime(r.s.ShimPids())
 			r.remove(ids...)
 			var worst time.Duration
 			for i := range ids {
@@ -230,6 +231,7 @@ func (r *runner) fanOut() error {
 		r.r.add("fan-out", p+"qemu_pss_total", "MiB", mib(mem.pss))
 		r.r.add("fan-out", p+"qemu_rss_total", "MiB", mib(mem.rss))
 		r.r.add("fan-out", p+"cpu_total", "ms", ms(cpu))
+		r.r.add("fan-out", p+"cpu_qemu", "ms", ms(qcpu))
 		r.progress("%d concurrent restores: last %.0f ms, %.1f MiB downloaded, %d materializations, QEMU Pss %.0f MiB Rss %.0f MiB",
 			n, Median(lastMS), mib(dl), misses, mib(mem.pss), mib(mem.rss))
 	}

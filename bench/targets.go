@@ -64,9 +64,9 @@ func (r *runner) targets() {
 	mats := rep.value(p + "materializations")
 	rep.target(fmt.Sprintf("%d concurrent restores: last / single", n), "<= 2.0, one download", last,
 		last > 0 && last <= 2 && mats == 1 && dl <= 1.1,
-		fmt.Sprintf("last %.0f ms vs single %.0f ms; downloaded %.1f MiB = %.2fx the snapshot's %.1f MiB; %.0f materialization(s); QEMU+shim CPU %.0f ms on %d CPUs",
+		fmt.Sprintf("last %.0f ms vs single %.0f ms; downloaded %.1f MiB = %.2fx the snapshot's %.1f MiB; %.0f materialization(s); QEMU+shim CPU %.0f ms (QEMU %.0f ms) on %d CPUs",
 			rep.value(p+"last_to_exec"), rep.value("fanout_1_last_to_exec"), rep.value(p+"downloaded"), dl, mib(r.tpl.stored), mats,
-			rep.value(p+"cpu_total"), rep.Host.CPUs))
+			rep.value(p+"cpu_total"), rep.value(p+"cpu_qemu"), rep.Host.CPUs))
 
 	sha, zs, pipe := rep.value("raw_sha256"), rep.value("raw_zstd_decode"), rep.value("fetch_verify_materialize")
 	pr := ratio(pipe, min(sha, zs))
