@@ -374,13 +374,9 @@ type cacheTemp struct {
 }
 
 func (c *Cache) newTemp() (*cacheTemp, error) {
+	// CreateTemp makes the file 0600.
 	f, err := os.CreateTemp(filepath.Join(c.dir, "tmp"), "blob-*")
 	if err != nil {
-		return nil, fmt.Errorf("cache: %w", err)
-	}
-	if err := f.Chmod(0o600); err != nil {
-		f.Close()
-		os.Remove(f.Name())
 		return nil, fmt.Errorf("cache: %w", err)
 	}
 	return &cacheTemp{f: f}, nil
