@@ -15,7 +15,9 @@ const path = "/proc/sys/kernel/random/boot_id"
 
 // Get returns the kernel's boot id, a random UUID that changes on every
 // boot. It is read once per process.
-var Get = sync.OnceValues(func() (string, error) {
+func Get() (string, error) { return get() }
+
+var get = sync.OnceValues(func() (string, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return "", fmt.Errorf("boot id: %w", err)
