@@ -18,6 +18,9 @@ import (
 	"github.com/containerd/log"
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"golang.org/x/sys/unix"
+
+	"github.com/cryo-runtime/cryo/internal/bootid"
 )
 
 // Cache is the node-local content-addressed blob cache:
@@ -33,6 +36,11 @@ import (
 // place, so they never see partial content; but each process enforces the
 // limit and its pins on its own view, and a blob another process evicted is
 // downloaded again.
+//
+// Blobs are written without fsync: the page cache outlives a crashed
+// process, and a blob is stamped with the boot it was verified in (an
+// xattr); Open trusts a blob of this boot and hashes again one from an
+// earlier boot, which a machine crash may have torn.
 type Cache struct {
 	dir string
 	max int64
@@ -163,17 +171,128 @@ func (c *Cache) touch(d digest.Digest) bool {
 }
 
 // Open opens a cached blob for reading and marks it used. A reader keeps
-// working if the blob is evicted meanwhile.
-func (c *Cache) Open(d digest.Digest) (*os.File, error) {
+// working if the blob is evicted meanwhile. The blob is verified: when it
+// entered the cache, or, if that was in an earlier boot of the host, now (a
+// blob a machine crash tore is removed and reported as not found).
+func (c *Cache) Open(d digest.Digest) (*VerifiedReader, error) {
 	if !c.touch(d) {
 		return nil, fmt.Errorf("blob %s not in cache: %w", d, errdefs.ErrNotFound)
 	}
+	return c.open(d)
+}
+
+// open is Open without marking the blob used.
+func (c *Cache) open(d digest.Digest) (*VerifiedReader, error) {
 	f, err := os.Open(c.blobPath(d))
 	if errors.Is(err, fs.ErrNotExist) {
 		c.forget(d)
 		return nil, fmt.Errorf("blob %s vanished from cache: %w", d, errdefs.ErrNotFound)
 	}
-	return f, err
+	if err != nil {
+		return nil, err
+	}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	if !stampedThisBoot(f) {
+		if err := verifyFile(f, d, st.Size()); err != nil {
+			f.Close()
+			// Torn by a crash (or changed behind our back): useless to
+			// anyone, pinned or not; the caller downloads it again.
+			if rerr := os.Remove(c.blobPath(d)); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
+				return nil, fmt.Errorf("remove corrupt %w: %w", err, rerr)
+			}
+			c.forget(d)
+			log.L.WithError(err).WithField("digest", d).Warn("cache: removed a blob that no longer matches its digest")
+			return nil, fmt.Errorf("%w: %w", err, errdefs.ErrNotFound)
+		}
+		stamp(f)
+	}
+	return &VerifiedReader{r: io.NewSectionReader(f, 0, st.Size()), f: f, d: d, size: st.Size()}, nil
+}
+
+// VerifiedReader reads a blob of the node cache, which the cache verified
+// against its digest. Only the cache makes them; bytes from any other store
+// are unverified (Store.Fetch). Read reads the range it was opened for;
+// ReadAt reads the whole blob.
+type VerifiedReader struct {
+	r    *io.SectionReader
+	f    *os.File
+	d    digest.Digest
+	size int64
+}
+
+func (v *VerifiedReader) Read(b []byte) (int, error) {
+	if v.r == nil {
+		return 0, io.EOF
+	}
+	return v.r.Read(b)
+}
+
+// ReadAt reads the blob (not only the range) at off.
+func (v *VerifiedReader) ReadAt(b []byte, off int64) (int, error) {
+	if v.f == nil || off >= v.size {
+		return 0, io.EOF
+	}
+	if rest := v.size - off; int64(len(b)) > rest {
+		n, err := v.f.ReadAt(b[:rest], off)
+		if err == nil {
+			err = io.EOF
+		}
+		return n, err
+	}
+	return v.f.ReadAt(b, off)
+}
+
+func (v *VerifiedReader) Close() error {
+	if v.f == nil {
+		return nil
+	}
+	return v.f.Close()
+}
+
+// Digest is the digest the blob was verified against ("" for a reader not
+// made by the cache).
+func (v *VerifiedReader) Digest() digest.Digest { return v.d }
+
+// Size is the blob's size.
+func (v *VerifiedReader) Size() int64 { return v.size }
+
+// Verifies reports whether the reader holds exactly the blob desc names.
+func (v *VerifiedReader) Verifies(desc ocispec.Descriptor) bool {
+	return v != nil && v.f != nil && v.d != "" && v.d == desc.Digest && v.size == desc.Size
+}
+
+// A blob is trusted without hashing it again when the extended attribute
+// stampAttr names this boot: the cache writes blobs without fsync, so after
+// a machine crash a blob may be torn, but one written in this boot is read
+// back from the page cache exactly as it was verified. A file system without
+// user xattrs keeps no stamps: its blobs are verified on every Open.
+const stampAttr = "user.cryo.verified-boot"
+
+func stampedThisBoot(f *os.File) bool {
+	id, err := bootid.Get()
+	if err != nil {
+		return false
+	}
+	var buf [64]byte
+	n, err := unix.Fgetxattr(int(f.Fd()), stampAttr, buf[:])
+	return err == nil && string(buf[:n]) == id
+}
+
+// stamp marks f as verified in this boot (best effort).
+func stamp(f *os.File) {
+	if id, err := bootid.Get(); err == nil {
+		_ = unix.Fsetxattr(int(f.Fd()), stampAttr, []byte(id), 0)
+	}
+}
+
+// verifyFile hashes the first size bytes of f (which must be all of it).
+func verifyFile(f *os.File, d digest.Digest, size int64) error {
+	_, err := copyVerified(context.Background(), io.Discard, io.NewSectionReader(f, 0, size+1), ocispec.Descriptor{Digest: d, Size: size})
+	return err
 }
 
 // Path returns the file of a cached blob. Pin the blob while using the path.
@@ -223,7 +342,9 @@ func copyVerified(ctx context.Context, w io.Writer, r io.Reader, desc ocispec.De
 		return 0, fmt.Errorf("digest %q: %w: %w", desc.Digest, err, errdefs.ErrInvalidArgument)
 	}
 	v := desc.Digest.Verifier()
-	n, err := io.Copy(io.MultiWriter(w, v), io.LimitReader(ctxReader{ctx, r}, desc.Size+1))
+	buf := copyBufs.Get().(*[]byte)
+	defer copyBufs.Put(buf)
+	n, err := io.CopyBuffer(io.MultiWriter(w, v), io.LimitReader(ctxReader{ctx, r}, desc.Size+1), *buf)
 	if err != nil {
 		return n, fmt.Errorf("blob %s: %w", desc.Digest, err)
 	}
@@ -235,6 +356,10 @@ func copyVerified(ctx context.Context, w io.Writer, r io.Reader, desc ocispec.De
 	}
 	return n, nil
 }
+
+// copyBufs are copyVerified's buffers: large enough that a blob of a few
+// MiB from a local store takes a few reads and writes, not hundreds.
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, 1<<20); return &b }}
 
 func sizeDesc(n, want int64) string {
 	if n > want {
@@ -249,13 +374,9 @@ type cacheTemp struct {
 }
 
 func (c *Cache) newTemp() (*cacheTemp, error) {
+	// CreateTemp makes the file 0600.
 	f, err := os.CreateTemp(filepath.Join(c.dir, "tmp"), "blob-*")
 	if err != nil {
-		return nil, fmt.Errorf("cache: %w", err)
-	}
-	if err := f.Chmod(0o600); err != nil {
-		f.Close()
-		os.Remove(f.Name())
 		return nil, fmt.Errorf("cache: %w", err)
 	}
 	return &cacheTemp{f: f}, nil
@@ -271,6 +392,7 @@ func (t *cacheTemp) discard() {
 // commit renames a verified temp file into the cache and evicts down to
 // the bound.
 func (c *Cache) commit(t *cacheTemp, desc ocispec.Descriptor) error {
+	stamp(t.f)
 	if err := t.f.Close(); err != nil {
 		return fmt.Errorf("cache %s: %w", desc.Digest, err)
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
 
 	"github.com/containerd/errdefs"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -60,7 +59,8 @@ func (cs *CachingStore) Exists(ctx context.Context, desc ocispec.Descriptor) (bo
 }
 
 // Fetch makes sure the blob is in the cache, then reads the range from it.
-// Unlike the stores underneath, bytes from a CachingStore are verified.
+// Unlike the stores underneath, bytes from a CachingStore are verified: the
+// reader is a *VerifiedReader.
 func (cs *CachingStore) Fetch(ctx context.Context, desc ocispec.Descriptor, offset, length int64) (io.ReadCloser, error) {
 	if length < 0 {
 		length = desc.Size - offset
@@ -68,24 +68,27 @@ func (cs *CachingStore) Fetch(ctx context.Context, desc ocispec.Descriptor, offs
 	if offset < 0 || offset > desc.Size || length < 0 || offset+length > desc.Size {
 		return nil, fmt.Errorf("fetch %s: range %d+%d outside %d bytes: %w", desc.Digest, offset, length, desc.Size, errdefs.ErrOutOfRange)
 	}
-	var f *os.File
+	var v *VerifiedReader
 	for try := 0; ; try++ {
 		if err := cs.Ensure(ctx, desc); err != nil {
 			return nil, err
 		}
 		var err error
-		if f, err = cs.cache.Open(desc.Digest); err == nil {
+		if v, err = cs.cache.open(desc.Digest); err == nil {
 			break
 		}
 		if !errdefs.IsNotFound(err) || try > 0 {
 			return nil, err
 		}
-		// Evicted between Ensure and Open (by us or another process): once more.
+		// Evicted between Ensure and Open (by us or another process), or
+		// torn by a machine crash: once more.
 	}
-	return struct {
-		io.Reader
-		io.Closer
-	}{io.NewSectionReader(f, offset, length), f}, nil
+	if v.size != desc.Size {
+		v.Close()
+		return nil, fmt.Errorf("fetch %s: cached blob has %d bytes, descriptor says %d: %w", desc.Digest, v.size, desc.Size, errdefs.ErrDataLoss)
+	}
+	v.r = io.NewSectionReader(v.f, offset, length)
+	return v, nil
 }
 
 func (cs *CachingStore) Push(ctx context.Context, desc ocispec.Descriptor, r io.Reader) error {

@@ -67,6 +67,9 @@ func TestMain(m *testing.M) {
 	if bench.dir != "" {
 		os.RemoveAll(bench.dir)
 	}
+	if pipelineBench.dir != "" {
+		os.RemoveAll(pipelineBench.dir)
+	}
 	os.Exit(code)
 }
 

@@ -1,0 +1,230 @@
+package snapshot
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/containerd/errdefs"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/cryo-runtime/cryo/fetch"
+	"github.com/cryo-runtime/cryo/internal/bootid"
+)
+
+// rewriteMarker replaces (or, with marker nil, removes) the completion
+// marker of the materialized directory dir.
+func rewriteMarker(t *testing.T, dir string, marker []byte) {
+	t.Helper()
+	p := filepath.Join(dir, completeFile)
+	if err := os.Remove(p); err != nil {
+		t.Fatal(err)
+	}
+	if marker != nil {
+		if err := os.WriteFile(p, marker, 0o400); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestMaterializeBootMarker: a directory is used only when its completion
+// marker names this snapshot and this boot; any other is removed and
+// materialized again (nothing is fsynced, so after a machine crash it may
+// be torn).
+func TestMaterializeBootMarker(t *testing.T) {
+	boot, err := bootid.Get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := newTestSnap(t)
+	store := newMemStore()
+	ts.write(t, store, "v1", WriteOptions{})
+	s := open(t, store, "v1", ReadOptions{})
+	cache := t.TempDir()
+	ctx := context.Background()
+	m, err := s.Materialize(ctx, cache)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(m.Dir, completeFile))
+	if err != nil || !strings.Contains(string(b), "boot "+boot+"\n") || !strings.Contains(string(b), s.Descriptor.Digest.String()) {
+		t.Fatalf("marker %q, %v", b, err)
+	}
+
+	other := bytes.Replace(b, []byte(boot), []byte("00000000-0000-0000-0000-000000000000"), 1)
+	for _, tc := range []struct {
+		name   string
+		marker []byte
+		tear   bool
+	}{
+		{"another boot", other, false},
+		{"another boot, torn", other, true},
+		{"no marker", nil, false},
+		{"another snapshot", bytes.Replace(b, []byte(s.Descriptor.Digest.Encoded()), []byte(strings.Repeat("0", 64)), 1), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rewriteMarker(t, m.Dir, tc.marker)
+			if tc.tear {
+				// What writeback had not reached the disk reads as zeros.
+				if err := os.Chmod(m.RAM, 0o600); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.Truncate(m.RAM, 0); err != nil {
+					t.Fatal(err)
+				}
+			}
+			before := store.fetches.Load()
+			m2, err := s.Materialize(ctx, cache)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if m2.CacheHit || m2.Dir != m.Dir || store.fetches.Load() == before {
+				t.Fatalf("stale directory used: hit %v, dir %s, %d fetches", m2.CacheHit, m2.Dir, store.fetches.Load()-before)
+			}
+			ts.checkFiles(t, m2)
+			if got, err := os.ReadFile(filepath.Join(m2.Dir, completeFile)); err != nil || !bytes.Equal(got, b) {
+				t.Fatalf("marker %q, %v; want %q", got, err, b)
+			}
+			assertOnly(t, cache, s.Descriptor.Digest.Encoded())
+			// And now it is used.
+			if m3, err := s.Materialize(ctx, cache); err != nil || !m3.CacheHit {
+				t.Fatalf("third materialize: %+v, %v", m3, err)
+			}
+		})
+	}
+}
+
+// TestMaterializeConcurrent: materializations of one snapshot racing into
+// one directory (in one process here; across processes the lock is the
+// same flock) all succeed with the same complete directory.
+func TestMaterializeConcurrent(t *testing.T) {
+	ts := newTestSnap(t)
+	store := newMemStore()
+	ts.write(t, store, "v1", WriteOptions{})
+	cache := t.TempDir()
+	for round := range 2 {
+		if round == 1 {
+			// The second round races to replace a directory of another boot.
+			rewriteMarker(t, CachePath(cache, open(t, store, "v1", ReadOptions{}).Descriptor.Digest), []byte("cryo materialized\nboot x\n"))
+		}
+		var wg sync.WaitGroup
+		ms := make([]*Materialized, 6)
+		errs := make([]error, len(ms))
+		for i := range ms {
+			s := open(t, store, "v1", ReadOptions{})
+			wg.Go(func() { ms[i], errs[i] = s.Materialize(context.Background(), cache) })
+		}
+		wg.Wait()
+		for i := range ms {
+			if errs[i] != nil {
+				t.Fatalf("round %d, materialization %d: %v", round, i, errs[i])
+			}
+			if ms[i].Dir != ms[0].Dir {
+				t.Fatalf("dirs %s and %s", ms[i].Dir, ms[0].Dir)
+			}
+		}
+		ts.checkFiles(t, ms[0])
+		assertOnly(t, cache, filepath.Base(ms[0].Dir))
+	}
+}
+
+// fileStoreSnapshot writes the test snapshot "v1" into a file store (an
+// OCI layout on disk) and returns the store and its root.
+func fileStoreSnapshot(t *testing.T, ts *testSnap) (fetch.Store, string) {
+	t.Helper()
+	root := filepath.Join(t.TempDir(), "layout")
+	store, err := fetch.NewFileStore(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := NewSource(ts.md, ts.paths)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	if _, _, err := Write(context.Background(), store, "v1", src, WriteOptions{ChunkSize: testCS}); err != nil {
+		t.Fatal(err)
+	}
+	return store, root
+}
+
+// otherBlobStore is a store that, asked for the blob want, hands out the
+// node cache's genuine verified reader of another blob.
+type otherBlobStore struct {
+	fetch.Store
+	cs          *fetch.CachingStore
+	want, other ocispec.Descriptor
+}
+
+func (o *otherBlobStore) Fetch(ctx context.Context, desc ocispec.Descriptor, off, n int64) (io.ReadCloser, error) {
+	if desc.Digest == o.want.Digest {
+		return o.cs.Fetch(ctx, o.other, 0, -1)
+	}
+	return o.Store.Fetch(ctx, desc, off, n)
+}
+
+// TestTamperedBlobOutsideTheCache: only the node cache's verified readers
+// skip the digest check. A blob changed in a store on disk is refused
+// whether it is read from the store directly or through the cache (which
+// refuses to take it in), and a store that passes off the cache's reader of
+// another blob as the one asked for is refused too; nothing is left.
+func TestTamperedBlobOutsideTheCache(t *testing.T) {
+	ts := newTestSnap(t)
+	ctx := context.Background()
+	for _, tc := range []string{"direct", "through the cache", "verified reader of another blob"} {
+		t.Run(tc, func(t *testing.T) {
+			store, root := fileStoreSnapshot(t, ts)
+			s, err := Open(ctx, store, "v1", ReadOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			victim := s.chunks[len(s.chunks)/2].desc
+			cache, err := fetch.NewCache(filepath.Join(t.TempDir(), "blobs"), 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cs := fetch.NewCachingStore(store, cache, fetch.CachingOptions{})
+			var read fetch.Store
+			switch tc {
+			case "direct":
+				read = store
+			case "through the cache":
+				read = cs
+			default:
+				other := s.chunks[0].desc
+				if err := cs.Ensure(ctx, other); err != nil {
+					t.Fatal(err)
+				}
+				read = &otherBlobStore{Store: store, cs: cs, want: victim, other: other}
+			}
+			if tc != "verified reader of another blob" {
+				p := filepath.Join(root, "blobs", "sha256", victim.Digest.Encoded())
+				b, err := os.ReadFile(p)
+				if err != nil {
+					t.Fatal(err)
+				}
+				b[len(b)/2] ^= 0x01
+				if err := os.WriteFile(p, b, 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			s, err = Open(ctx, read, "v1", ReadOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			out := filepath.Join(t.TempDir(), "snapshots")
+			if _, err := s.Materialize(ctx, out); !errdefs.IsDataLoss(err) {
+				t.Fatalf("materialize: %v, want data loss", err)
+			}
+			assertEmptyCache(t, out)
+			if cache.Has(victim.Digest) {
+				t.Fatal("tampered blob entered the cache")
+			}
+		})
+	}
+}
