@@ -7,7 +7,6 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
-	"golang.org/x/sync/errgroup"
 )
 
 // deltaRef is one validated delta layer.
@@ -132,9 +131,6 @@ func (s *Snapshot) forEachDelta(ctx context.Context, fn func(c chunkRef, raw []b
 	if len(s.deltas) == 0 {
 		return nil
 	}
-	if s.Encrypted() && s.opts.DecryptionKey == nil {
-		return fmt.Errorf("encrypted snapshot and no decryption key: %w", errdefs.ErrFailedPrecondition)
-	}
 	var order []digest.Digest
 	groups := map[digest.Digest][]deltaRef{}
 	for _, d := range s.deltas {
@@ -144,67 +140,45 @@ func (s *Snapshot) forEachDelta(ctx context.Context, fn func(c chunkRef, raw []b
 		groups[d.base] = append(groups[d.base], d)
 	}
 	cs := s.Metadata.ChunkSize
-	perWorker := 2*maxStoredSize(cs) + 3*cs
-	workers := max(min(s.opts.Workers, int(s.opts.MaxMemory/perWorker), len(order)), 1)
-	var key []byte
-	if s.Encrypted() {
-		key = s.opts.DecryptionKey
-	}
-	codec, err := newChunkCodec(cs, key, 0, workers, false)
+	codec, _, workers, err := s.readCodec(2*maxStoredSize(cs)+3*cs, len(order))
 	if err != nil {
 		return err
 	}
 	defer codec.Close()
-	g, ctx := errgroup.WithContext(ctx)
-	jobs := make(chan digest.Digest)
-	g.Go(func() error {
-		defer close(jobs)
-		for _, d := range order {
-			select {
-			case jobs <- d:
-			case <-ctx.Done():
-				return ctx.Err()
+	return inParallel(ctx, order, workers, func(ctx context.Context, jobs <-chan digest.Digest) error {
+		stored := make([]byte, maxStoredSize(cs)+1)
+		scratch := make([]byte, maxStoredSize(cs))
+		baseBuf, payloadBuf, out := make([]byte, cs), make([]byte, cs), make([]byte, cs)
+		for dg := range jobs {
+			ds := groups[dg]
+			b := s.bases[dg]
+			sb, err := fetchVerified(ctx, s.store, b.desc, maxStoredSize(cs), s.opts.RangeSize, stored)
+			if err != nil {
+				return fmt.Errorf("base chunk %s: %w", dg, err)
+			}
+			// A plaintext base ignores the place; an encrypted one has
+			// exactly one delta, at the base's own place.
+			base, err := codec.open(ds[0].file, ds[0].off, b.size, sb, scratch, baseBuf)
+			if err != nil {
+				return fmt.Errorf("base chunk %s of %s at %d: %w", dg, ds[0].file, ds[0].off, err)
+			}
+			for _, d := range ds {
+				db, err := fetchVerified(ctx, s.store, d.desc, maxStoredSize(cs), s.opts.RangeSize, stored)
+				if err != nil {
+					return fmt.Errorf("delta chunk %s at %d: %w", d.file, d.off, err)
+				}
+				p, err := codec.openDelta(d.file, d.off, d.size, d.base, db, scratch, payloadBuf)
+				if err == nil {
+					err = applyDelta(p, append(out[:0], base...))
+				}
+				if err != nil {
+					return fmt.Errorf("delta chunk %s at %d (%s): %w", d.file, d.off, d.desc.Digest, err)
+				}
+				if err := fn(d.chunkRef, out[:d.size]); err != nil {
+					return err
+				}
 			}
 		}
 		return nil
 	})
-	for range workers {
-		g.Go(func() error {
-			stored := make([]byte, maxStoredSize(cs)+1)
-			scratch := make([]byte, maxStoredSize(cs))
-			baseBuf, payloadBuf, out := make([]byte, cs), make([]byte, cs), make([]byte, cs)
-			for dg := range jobs {
-				ds := groups[dg]
-				b := s.bases[dg]
-				sb, err := fetchVerified(ctx, s.store, b.desc, maxStoredSize(cs), s.opts.RangeSize, stored)
-				if err != nil {
-					return fmt.Errorf("base chunk %s: %w", dg, err)
-				}
-				// A plaintext base ignores the place; an encrypted one has
-				// exactly one delta, at the base's own place.
-				base, err := codec.open(ds[0].file, ds[0].off, b.size, sb, scratch, baseBuf)
-				if err != nil {
-					return fmt.Errorf("base chunk %s of %s at %d: %w", dg, ds[0].file, ds[0].off, err)
-				}
-				for _, d := range ds {
-					db, err := fetchVerified(ctx, s.store, d.desc, maxStoredSize(cs), s.opts.RangeSize, stored)
-					if err != nil {
-						return fmt.Errorf("delta chunk %s at %d: %w", d.file, d.off, err)
-					}
-					p, err := codec.openDelta(d.file, d.off, d.size, d.base, db, scratch, payloadBuf)
-					if err == nil {
-						err = applyDelta(p, append(out[:0], base...))
-					}
-					if err != nil {
-						return fmt.Errorf("delta chunk %s at %d (%s): %w", d.file, d.off, d.desc.Digest, err)
-					}
-					if err := fn(d.chunkRef, out[:d.size]); err != nil {
-						return err
-					}
-				}
-			}
-			return nil
-		})
-	}
-	return g.Wait()
 }

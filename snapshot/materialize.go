@@ -16,7 +16,6 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	"github.com/opencontainers/go-digest"
-	"golang.org/x/sync/errgroup"
 	"golang.org/x/sys/unix"
 
 	"github.com/cryo-runtime/cryo/internal/bootid"
@@ -315,55 +314,30 @@ func (s *Snapshot) materializeInto(ctx context.Context, dir string) (retErr erro
 // forEachChunk fetches, verifies, decrypts and decompresses every chunk in
 // parallel and calls fn with the raw bytes (valid only during the call).
 func (s *Snapshot) forEachChunk(ctx context.Context, fn func(c chunkRef, raw []byte) error) error {
-	if s.Encrypted() && s.opts.DecryptionKey == nil {
-		return fmt.Errorf("encrypted snapshot and no decryption key: %w", errdefs.ErrFailedPrecondition)
-	}
 	cs := s.Metadata.ChunkSize
-	perWorker := 2*maxStoredSize(cs) + cs
-	workers := max(min(s.opts.Workers, int(s.opts.MaxMemory/perWorker)), 1)
-	var key []byte
-	if s.Encrypted() {
-		key = s.opts.DecryptionKey
-	}
-	codec, err := newChunkCodec(cs, key, 0, workers, false)
+	codec, key, workers, err := s.readCodec(2*maxStoredSize(cs)+cs, len(s.chunks))
 	if err != nil {
 		return err
 	}
 	defer codec.Close()
-	g, ctx := errgroup.WithContext(ctx)
-	jobs := make(chan chunkRef)
-	g.Go(func() error {
-		defer close(jobs)
-		for _, c := range s.chunks {
-			select {
-			case jobs <- c:
-			case <-ctx.Done():
-				return ctx.Err()
+	return inParallel(ctx, s.chunks, workers, func(ctx context.Context, jobs <-chan chunkRef) error {
+		wb := getWorkerBufs(cs, key != nil)
+		defer workerBufPool.Put(wb)
+		for c := range jobs {
+			b, err := fetchVerified(ctx, s.store, c.desc, maxStoredSize(cs), s.opts.RangeSize, wb.stored)
+			if err != nil {
+				return fmt.Errorf("chunk %s at %d: %w", c.file, c.off, err)
+			}
+			out, err := codec.open(c.file, c.off, c.size, b, wb.scratch, wb.raw)
+			if err != nil {
+				return fmt.Errorf("chunk %s at %d (%s): %w", c.file, c.off, c.desc.Digest, err)
+			}
+			if err := fn(c, out); err != nil {
+				return err
 			}
 		}
 		return nil
 	})
-	for range workers {
-		g.Go(func() error {
-			wb := getWorkerBufs(cs, key != nil)
-			defer workerBufPool.Put(wb)
-			for c := range jobs {
-				b, err := fetchVerified(ctx, s.store, c.desc, maxStoredSize(cs), s.opts.RangeSize, wb.stored)
-				if err != nil {
-					return fmt.Errorf("chunk %s at %d: %w", c.file, c.off, err)
-				}
-				out, err := codec.open(c.file, c.off, c.size, b, wb.scratch, wb.raw)
-				if err != nil {
-					return fmt.Errorf("chunk %s at %d (%s): %w", c.file, c.off, c.desc.Digest, err)
-				}
-				if err := fn(c, out); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
-	}
-	return g.Wait()
 }
 
 // workerBufs are one forEachChunk worker's buffers: the stored chunk, the
