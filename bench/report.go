@@ -161,21 +161,21 @@ func RowNames(s Sizes) []string {
 	n = append(n, "warmup_cold_to_answer", "warmup_restore_to_answer")
 	for _, c := range s.Clones {
 		p := fmt.Sprintf("fanout_%d_", c)
-		n = append(n, p+"last_to_exec", p+"downloaded", p+"materializations", p+"qemu_pss_total", p+"qemu_rss_total", p+"cpu_total")
+		n = append(n, p+"last_to_exec", p+"downloaded", p+"materializations", p+"qemu_pss_total", p+"qemu_rss_total", p+"cpu_total", p+"cpu_qemu")
 	}
 	pause := func(name string) []string {
 		return []string{name, name + "/stop_freeze_devstate", name + "/ram_copy_cont", name + "_ram_allocated"}
 	}
 	n = append(n, pause(fmt.Sprintf("pause_guest_%dMiB", s.SmallGuestMiB))...)
 	n = append(n, pause(fmt.Sprintf("pause_guest_%dMiB", s.LargeGuestMiB))...)
-	n = append(n, "first_checkpoint_uploaded", "second_checkpoint_uploaded", "second_chunks_uploaded", "chunks",
+	n = append(n, "first_checkpoint_uploaded", "second_checkpoint_uploaded", "ram_changed", "second_uploaded_per_changed_byte", "second_chunks_uploaded", "chunks",
 		"ram_pages_changed", "ram_pages_with_data")
 	for _, cs := range diffChunkSizes {
 		n = append(n, fmt.Sprintf("ram_chunks_changed_at_%dKiB", cs>>10))
 	}
 	n = append(n, pause(fmt.Sprintf("pause_disk_%dMiB", s.SmallDiskMiB))...)
 	n = append(n, pause(fmt.Sprintf("pause_disk_%dMiB", s.LargeDiskMiB))...)
-	n = append(n, "snapshot_raw_nonzero", "raw_sha256", "raw_zstd_decode", "raw_write_fsync", "fetch_verify_materialize",
+	n = append(n, "snapshot_raw_nonzero", "raw_sha256", "raw_zstd_decode", "raw_write", "fetch_verify_materialize",
 		"materialize_from_node_cache", "fetch_verify_materialize_tmpfs",
 		fmt.Sprintf("shim_peak_rss_restore_%dMiB", s.LargeGuestMiB), fmt.Sprintf("qemu_rss_after_restore_%dMiB", s.LargeGuestMiB))
 	return n
