@@ -285,7 +285,7 @@ func (s *Snapshot) materializeInto(ctx context.Context, dir string) (retErr erro
 		writeAt = func(f writerAt, b []byte, off int64) (int, error) { return f.WriteAt(b, off) }
 	}
 	err := s.forEachChunk(ctx, func(c chunkRef, b []byte) error {
-		if _, err := writeAt(files[c.file], b, c.off); err != nil {
+		if err := writeSparse(writeAt, files[c.file], b, c.off); err != nil {
 			return fmt.Errorf("write %s at %d: %w", c.file, c.off, err)
 		}
 		return nil
@@ -295,7 +295,7 @@ func (s *Snapshot) materializeInto(ctx context.Context, dir string) (retErr erro
 	}
 	// Delta chunks after the full ones (delta.go): they go to other offsets.
 	if err := s.forEachDelta(ctx, func(c chunkRef, b []byte) error {
-		if _, err := writeAt(files[c.file], b, c.off); err != nil {
+		if err := writeSparse(writeAt, files[c.file], b, c.off); err != nil {
 			return fmt.Errorf("write %s at %d: %w", c.file, c.off, err)
 		}
 		return nil
