@@ -317,7 +317,7 @@ func restoredVMConfig(ctx context.Context, id string, cfg configs.Config, rec *s
 			return c, err
 		}
 		overlay := filepath.Join(dir, "restored.qcow2")
-		if err := run(ctx, "qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", base, overlay); err != nil {
+		if err := createOverlay(ctx, base, overlay); err != nil {
 			return c, fmt.Errorf("restore: overlay for disk %s: %w", d.Name, err)
 		}
 		c.Disks = append(c.Disks, vmm.Disk{ID: d.ID, Serial: d.Serial, Port: d.Port, Path: overlay, Format: "qcow2", ReadOnly: d.ReadOnly})

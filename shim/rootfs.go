@@ -17,6 +17,7 @@ import (
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
 
+	"github.com/cryo-runtime/cryo/internal/qcow2"
 	"github.com/cryo-runtime/cryo/vmm"
 )
 
@@ -68,7 +69,7 @@ func (b *rootfsBuilder) disk(ctx context.Context, id, bundle, workDir string, mo
 		return d, err
 	}
 	overlay := filepath.Join(workDir, d.ID+".qcow2")
-	if err := run(ctx, "qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", base, overlay); err != nil {
+	if err := createOverlay(ctx, base, overlay); err != nil {
 		return d, fmt.Errorf("create writable overlay for %s: %w", id, err)
 	}
 	d.Path, d.Format = overlay, "qcow2"
@@ -211,4 +212,18 @@ func diskID(containerID string) string {
 func diskSerial(containerID string) string {
 	sum := sha256.Sum256([]byte(containerID))
 	return "cryo" + hex.EncodeToString(sum[:8])
+}
+
+// createOverlay makes overlay an empty qcow2 image over the raw image base.
+// It writes the image itself; a base whose size qcow2 cannot describe
+// exactly (not a multiple of 512 bytes) goes to qemu-img, which rounds.
+func createOverlay(ctx context.Context, base, overlay string) error {
+	st, err := os.Stat(base)
+	if err != nil {
+		return err
+	}
+	if st.Size() > 0 && st.Size()%512 == 0 {
+		return qcow2.CreateOverlay(overlay, base, st.Size())
+	}
+	return run(ctx, "qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", base, overlay)
 }
