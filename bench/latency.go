@@ -197,6 +197,7 @@ func (r *runner) fanOut() error {
 			var wg sync.WaitGroup
 			errs := make([]error, n)
 			took := make([]time.Duration, n)
+			quiesce()
 			t0 := time.Now()
 			for i, id := range ids {
 				wg.Add(1)

@@ -88,6 +88,7 @@ func (r *runner) pipeline() error {
 		defer pprof.StopCPUProfile()
 	}
 	for i := range r.o.Runs {
+		quiesce()
 		t0 := time.Now()
 		_ = parallel(chunks, workers, func(c *chunk, _ []byte) error { sha256.Sum256(c.raw); return nil })
 		shaRate = append(shaRate, rate(time.Since(t0)))
@@ -101,18 +102,21 @@ func (r *runner) pipeline() error {
 		}
 		zstdRate = append(zstdRate, rate(time.Since(t0)))
 
+		quiesce()
 		t0 = time.Now()
 		if err := writeRaw(chunks, workers, filepath.Join(dir, "raw")); err != nil {
 			return err
 		}
 		writeRate = append(writeRate, rate(time.Since(t0)))
 
+		quiesce()
 		total, matOnly, err := materialize(ctx, store, ref, ropts, filepath.Join(dir, strconv.Itoa(i)))
 		if err != nil {
 			return err
 		}
 		pipeRate = append(pipeRate, rate(total))
 		matRate = append(matRate, rate(matOnly))
+		quiesce()
 		total, _, err = materialize(ctx, store, ref, ropts, filepath.Join(shm, strconv.Itoa(i)))
 		if err != nil {
 			return err
