@@ -65,7 +65,9 @@ TOML
    "ipam": {"type": "host-local", "dataDir": "$CRI_DIR/ipam",
             "ranges": [[{"subnet": "$CRI_SUBNET_PREFIX.0/24"}]], "routes": [{"dst": "0.0.0.0/0"}]}}]}
 JSON
-	cat > "$CRI_DIR/containerd.toml" <<TOML
+	# The CRI sections come from stack.CRIConfig, which the integration
+	# tests write too.
+	{ cat <<TOML
 version = 3
 root = "$CRI_DIR/root"
 state = "$CRI_DIR/state"
@@ -76,36 +78,11 @@ state = "$CRI_DIR/state"
 [plugins]
   [plugins."io.containerd.internal.v1.opt"]
     path = "$CRI_DIR/opt"
-  # No [plugins."io.containerd.runtime.v2.task"] section: in a version 3
-  # config it wipes the shim manager's socket_dir.
   [plugins."io.containerd.shim.v1.manager"]
     socket_dir = "$CRI_DIR/s"
-  [plugins."io.containerd.cri.v1.images"]
-    snapshotter = "overlayfs"
-    [plugins."io.containerd.cri.v1.images".pinned_images]
-      sandbox = "$CRI_PAUSE"
-  [plugins."io.containerd.cri.v1.runtime"]
-    netns_mounts_under_state_dir = true
-    restrict_oom_score_adj = true
-    enable_criu = true
-    [plugins."io.containerd.cri.v1.runtime".containerd]
-      default_runtime_name = "cryo"
-      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.cryo]
-        runtime_type = "io.containerd.cryo.v2"
-        pod_annotations = ["cryo.dev/*", "agents.kruise.io/archive-location", "io.katacontainers.restore-from"]
-        container_annotations = ["cryo.dev/*"]
-        [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.cryo.options]
-          ConfigPath = "$CRI_DIR/cryo.toml"
-    [plugins."io.containerd.cri.v1.runtime".cni]
-      bin_dirs = ["$CRI_TOOLS/bin"]
-      conf_dir = "$CRI_DIR/net.d"
-  [plugins."io.containerd.grpc.v1.cri"]
-    disable_tcp_service = true
-    stream_server_address = "127.0.0.1"
-    stream_server_port = "0"
-  [plugins."io.containerd.nri.v1.nri"]
-    disable = true
 TOML
+	  (cd "$CRI_ROOT" && go run ./hack/criconfig -pause "$CRI_PAUSE" -cryo-config "$CRI_DIR/cryo.toml" \
+		-cni-bin "$CRI_TOOLS/bin" -cni-conf "$CRI_DIR/net.d"); } > "$CRI_DIR/containerd.toml"
 	printf 'runtime-endpoint: unix://%s/containerd.sock\nimage-endpoint: unix://%s/containerd.sock\ntimeout: 120\n' "$CRI_DIR" "$CRI_DIR" > "$CRI_DIR/crictl.yaml"
 	nsenter --net="/run/netns/$CRI_NETNS" containerd --config "$CRI_DIR/containerd.toml" > "$CRI_DIR/containerd.log" 2>&1 &
 	CRI_CONTAINERD_PID=$!

@@ -130,40 +130,10 @@ func (c *CRI) containerdConfig(e *stack.Stack, scratch string) (string, error) {
 		tools = "/var/cache/cryo/tools"
 	}
 	tools = filepath.Join(tools, "bin") // the CNI plugins
-	registry := ""
-	if c.RegistryHosts != "" {
-		registry = fmt.Sprintf("    [plugins.\"io.containerd.cri.v1.images\".registry]\n      config_path = %q\n", c.RegistryHosts)
-	}
-	return e.ContainerdConfig(scratch) + fmt.Sprintf(criConfig, PauseImage, registry, Runtime, e.ConfigPath, tools, netd), nil
+	return e.ContainerdConfig(scratch) + stack.CRIConfig{
+		PauseImage: PauseImage, RegistryHosts: c.RegistryHosts, CryoConfig: e.ConfigPath, CNIBinDir: tools, CNIConfDir: netd,
+	}.TOML(), nil
 }
-
-const criConfig = `  [plugins."io.containerd.cri.v1.images"]
-    snapshotter = "overlayfs"
-    [plugins."io.containerd.cri.v1.images".pinned_images]
-      sandbox = "%s"
-%s
-  [plugins."io.containerd.cri.v1.runtime"]
-    netns_mounts_under_state_dir = true
-    restrict_oom_score_adj = true
-    enable_criu = true
-    [plugins."io.containerd.cri.v1.runtime".containerd]
-      default_runtime_name = "cryo"
-      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.cryo]
-        runtime_type = "%s"
-        pod_annotations = ["cryo.dev/*", "agents.kruise.io/archive-location", "io.katacontainers.restore-from"]
-        container_annotations = ["cryo.dev/*"]
-        [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.cryo.options]
-          ConfigPath = "%s"
-    [plugins."io.containerd.cri.v1.runtime".cni]
-      bin_dirs = ["%s"]
-      conf_dir = "%s"
-  [plugins."io.containerd.grpc.v1.cri"]
-    disable_tcp_service = true
-    stream_server_address = "127.0.0.1"
-    stream_server_port = "0"
-  [plugins."io.containerd.nri.v1.nri"]
-    disable = true
-`
 
 // CrictlCmd is crictl against this containerd, run in its network
 // namespace; for commands that stream (attach, logs -f).

@@ -1,0 +1,56 @@
+package stack
+
+import "fmt"
+
+// CRIConfig is the part of a containerd config (version 3) that serves CRI
+// with cryo as the default runtime handler "cryo" and a CNI network. The
+// integration tests and hack/demo-cri.sh (through hack/criconfig) both
+// write it from here.
+type CRIConfig struct {
+	PauseImage string
+	// RegistryHosts, when set, is the image service's hosts.toml directory.
+	RegistryHosts string
+	// CryoConfig is the cryo config file the handler passes to the shim.
+	CryoConfig string
+	// CNIBinDir holds the CNI plugins, CNIConfDir the network list.
+	CNIBinDir, CNIConfDir string
+}
+
+// TOML returns the plugin sections, to append to a config's [plugins]. No
+// [plugins."io.containerd.runtime.v2.task"] section: in a version 3 config
+// it wipes the shim manager's socket_dir.
+func (c CRIConfig) TOML() string {
+	registry := ""
+	if c.RegistryHosts != "" {
+		registry = fmt.Sprintf("    [plugins.\"io.containerd.cri.v1.images\".registry]\n      config_path = %q\n", c.RegistryHosts)
+	}
+	return fmt.Sprintf(criConfig, c.PauseImage, registry, Runtime, c.CryoConfig, c.CNIBinDir, c.CNIConfDir)
+}
+
+const criConfig = `  [plugins."io.containerd.cri.v1.images"]
+    snapshotter = "overlayfs"
+    [plugins."io.containerd.cri.v1.images".pinned_images]
+      sandbox = "%s"
+%s
+  [plugins."io.containerd.cri.v1.runtime"]
+    netns_mounts_under_state_dir = true
+    restrict_oom_score_adj = true
+    enable_criu = true
+    [plugins."io.containerd.cri.v1.runtime".containerd]
+      default_runtime_name = "cryo"
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.cryo]
+        runtime_type = "%s"
+        pod_annotations = ["cryo.dev/*", "agents.kruise.io/archive-location", "io.katacontainers.restore-from"]
+        container_annotations = ["cryo.dev/*"]
+        [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.cryo.options]
+          ConfigPath = "%s"
+    [plugins."io.containerd.cri.v1.runtime".cni]
+      bin_dirs = ["%s"]
+      conf_dir = "%s"
+  [plugins."io.containerd.grpc.v1.cri"]
+    disable_tcp_service = true
+    stream_server_address = "127.0.0.1"
+    stream_server_port = "0"
+  [plugins."io.containerd.nri.v1.nri"]
+    disable = true
+`
