@@ -6,38 +6,75 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
-// A data extent larger than a copy piece is split over the workers and
-// lands whole, on the same offsets.
-func TestCopySparseLargeExtents(t *testing.T) {
-	dir := t.TempDir()
+// sparseSource writes a file of size bytes in dir holding data at each of
+// offs, holes elsewhere.
+func sparseSource(t *testing.T, dir string, size int64, data []byte, offs ...int64) string {
+	t.Helper()
 	src := filepath.Join(dir, "src")
-	const size = 64 << 20
-	data := make([]byte, 3*copyPiece+12345)
-	rand.Read(data)
 	f, err := os.Create(src)
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer f.Close()
 	if err := f.Truncate(size); err != nil {
 		t.Fatal(err)
 	}
-	for _, off := range []int64{4096, 40 << 20} {
+	for _, off := range offs {
 		if _, err := f.WriteAt(data, off); err != nil {
 			t.Fatal(err)
 		}
 	}
-	f.Close()
+	return src
+}
+
+// copyChecked copies src with copySparse to dir/dst, checks that the copy
+// reads as the source, and returns its path.
+func copyChecked(t *testing.T, dir, src string) string {
+	t.Helper()
 	dst := filepath.Join(dir, "dst")
 	if err := copySparse(dst, src); err != nil {
 		t.Fatal(err)
 	}
 	a, _ := os.ReadFile(src)
 	b, _ := os.ReadFile(dst)
-	if len(b) != size || !bytes.Equal(a, b) {
-		t.Fatalf("copy differs from the source (%d bytes, want %d)", len(b), size)
+	if len(a) != len(b) || !bytes.Equal(a, b) {
+		t.Fatalf("copy differs from the source (%d bytes, want %d)", len(b), len(a))
 	}
+	return dst
+}
+
+func TestCopySparse(t *testing.T) {
+	dir := t.TempDir()
+	const size = 8 << 20
+	data := bytes.Repeat([]byte("ram!"), 1024)
+	src := sparseSource(t, dir, size, data, 0, 3<<20, size-int64(len(data)))
+	dst := copyChecked(t, dir, src)
+	var st unix.Stat_t
+	if err := unix.Stat(dst, &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Blocks*512 >= size/2 {
+		t.Fatalf("copy is not sparse: %d bytes allocated for %d", st.Blocks*512, size)
+	}
+	if fi, _ := os.Stat(dst); fi.Mode().Perm() != 0o600 {
+		t.Fatalf("copy mode %v, want 0600: it holds guest memory", fi.Mode().Perm())
+	}
+	if err := copySparse(dst, src); err == nil {
+		t.Fatal("copySparse overwrote an existing file")
+	}
+}
+
+// A data extent larger than a copy piece is split over the workers and
+// lands whole, on the same offsets.
+func TestCopySparseLargeExtents(t *testing.T) {
+	dir := t.TempDir()
+	data := make([]byte, 3*copyPiece+12345)
+	rand.Read(data)
+	copyChecked(t, dir, sparseSource(t, dir, 64<<20, data, 4096, 40<<20))
 }
 
 // The pread/pwrite fallback copies a range exactly and refuses a source

@@ -1,7 +1,6 @@
 package shim
 
 import (
-	"bytes"
 	"errors"
 	"os"
 	"path/filepath"
@@ -10,7 +9,6 @@ import (
 
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
-	"golang.org/x/sys/unix"
 )
 
 func TestPinRef(t *testing.T) {
@@ -67,48 +65,6 @@ func TestParseRecord(t *testing.T) {
 		if _, err := parseRecord([]byte(bad)); err == nil {
 			t.Errorf("parseRecord(%s) accepted", bad)
 		}
-	}
-}
-
-func TestCopySparse(t *testing.T) {
-	dir := t.TempDir()
-	src := filepath.Join(dir, "src")
-	f, err := os.Create(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	const size = 8 << 20
-	if err := f.Truncate(size); err != nil {
-		t.Fatal(err)
-	}
-	data := bytes.Repeat([]byte("ram!"), 1024)
-	for _, off := range []int64{0, 3 << 20, size - int64(len(data))} {
-		if _, err := f.WriteAt(data, off); err != nil {
-			t.Fatal(err)
-		}
-	}
-	f.Close()
-	dst := filepath.Join(dir, "dst")
-	if err := copySparse(dst, src); err != nil {
-		t.Fatal(err)
-	}
-	a, _ := os.ReadFile(src)
-	b, _ := os.ReadFile(dst)
-	if !bytes.Equal(a, b) {
-		t.Fatal("copy differs from the source")
-	}
-	var st unix.Stat_t
-	if err := unix.Stat(dst, &st); err != nil {
-		t.Fatal(err)
-	}
-	if st.Blocks*512 >= size/2 {
-		t.Fatalf("copy is not sparse: %d bytes allocated for %d", st.Blocks*512, size)
-	}
-	if fi, _ := os.Stat(dst); fi.Mode().Perm() != 0o600 {
-		t.Fatalf("copy mode %v, want 0600: it holds guest memory", fi.Mode().Perm())
-	}
-	if err := copySparse(dst, src); err == nil {
-		t.Fatal("copySparse overwrote an existing file")
 	}
 }
 
