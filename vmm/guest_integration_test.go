@@ -31,6 +31,11 @@ const defaultGuestDir = "../_output/guest"
 // line with a per-boot random token, ticks on the console, and serves the
 // agent port: each line received is run by the shell and the output is sent
 // back as one line.
+//
+// The port stays open for the whole boot, as cryo-agent keeps it: a read
+// returns EOF while the guest has not yet seen the host connect, and closing
+// the port then would make the kernel discard a command that QEMU had already
+// queued for it (the host connects, writes, and waits for ever).
 const testInit = `#!/bin/sh
 export PATH=/bin
 mount -t proc proc /proc
@@ -45,13 +50,11 @@ agentport() {
     [ "$(cat $p/name 2>/dev/null)" = agent.0 ] && echo /dev/${p##*/}
   done
 }
+dev=$(agentport)
+while [ -z "$dev" ] || ! exec 3<>$dev; do sleep 0.2; dev=$(agentport); done
 while true; do
-  dev=$(agentport)
-  if [ -n "$dev" ] && exec 3<>$dev; then
-    while read -r line <&3; do echo "$(eval "$line" 2>&1 | tr '\n' ' ')" >&3; done
-    exec 3>&-
-  fi
-  sleep 0.2
+  while read -r line <&3; do echo "$(eval "$line" 2>&1 | tr '\n' ' ')" >&3; done
+  sleep 0.05
 done
 `
 
@@ -245,6 +248,7 @@ func waitConsole(t *testing.T, m *Machine, want string, timeout time.Duration) s
 
 // agentConn is a connection to the test guest's command server.
 type agentConn struct {
+	m *Machine
 	c net.Conn
 	r *bufio.Reader
 }
@@ -258,7 +262,7 @@ func dialAgent(t *testing.T, m *Machine) *agentConn {
 		t.Fatalf("DialAgent: %v", err)
 	}
 	t.Cleanup(func() { c.Close() })
-	return &agentConn{c: c, r: bufio.NewReader(c)}
+	return &agentConn{m: m, c: c, r: bufio.NewReader(c)}
 }
 
 // run sends a shell command to the guest and returns its one-line output.
@@ -271,7 +275,7 @@ func (a *agentConn) run(t *testing.T, cmd string) string {
 	}
 	line, err := a.r.ReadString('\n')
 	if err != nil {
-		t.Fatalf("agent reply to %q: %v", cmd, err)
+		t.Fatalf("agent reply to %q: %v\nconsole (last 2 KiB):\n%s", cmd, err, tail(a.m.ConsolePath(), 2048))
 	}
 	return strings.TrimSpace(line)
 }
