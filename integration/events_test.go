@@ -5,6 +5,7 @@ package integration
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"os/exec"
 	"strings"
 	"sync"
@@ -31,9 +32,17 @@ func TestEventOrder(t *testing.T) {
 	defer func() { cancel(); _ = cmd.Wait() }()
 	var mu sync.Mutex
 	var topics []string
+	subscribed := make(chan struct{})
 	go func() {
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
+			if strings.Contains(sc.Text(), "/images/create") && strings.Contains(sc.Text(), "events-probe") {
+				select {
+				case <-subscribed:
+				default:
+					close(subscribed)
+				}
+			}
 			f := strings.Fields(sc.Text())
 			// "<time> <namespace> <topic> <event>"
 			for _, w := range f {
@@ -45,7 +54,21 @@ func TestEventOrder(t *testing.T) {
 			}
 		}
 	}()
-	time.Sleep(500 * time.Millisecond)
+	// `ctr events` is subscribed once it shows an event of our own: tag the
+	// image until it prints the tag's /images/create.
+	for i := 0; ; i++ {
+		tag := fmt.Sprintf("docker.io/cryo/events-probe:%d", i)
+		e.MustCtr("image", "tag", harness.Image, tag)
+		select {
+		case <-subscribed:
+		case <-time.After(time.Second):
+			if i < 30 {
+				continue
+			}
+			t.Fatal("ctr events showed no /images/create in 30 s")
+		}
+		break
+	}
 	e.MustCtr(e.RunArgs("-d", harness.Image, "ev1", "sh", "-c", "trap 'exit 5' TERM; while true; do sleep 0.1; done")...)
 	e.MustCtr("task", "exec", "--exec-id", "x1", "ev1", "true")
 	e.MustCtr("task", "kill", "-s", "SIGTERM", "ev1")
