@@ -102,9 +102,10 @@ func (r *runner) pauseGuest(mem int, large bool) error {
 	r.r.add("incremental", "ram_changed", "MiB", float64(change))
 	r.r.add("incremental", "second_uploaded_per_changed_byte", "ratio", mib(c2.UploadedBytes)/float64(change))
 	r.r.add("incremental", "second_chunks_uploaded", "count", float64(c2.ChunksUploaded))
+	r.r.add("incremental", "second_delta_chunks", "count", float64(c2.DeltaChunks))
 	r.r.add("incremental", "chunks", "count", float64(c2.Chunks))
-	r.progress("incremental: first %.1f MiB, after changing %d MiB of RAM %.1f MiB (%d of %d chunks)",
-		mib(c1.UploadedBytes), change, mib(c2.UploadedBytes), c2.ChunksUploaded, c2.Chunks)
+	r.progress("incremental: first %.1f MiB, after changing %d MiB of RAM %.1f MiB (%d of %d chunks, %d as deltas)",
+		mib(c1.UploadedBytes), change, mib(c2.UploadedBytes), c2.ChunksUploaded, c2.Chunks, c2.DeltaChunks)
 
 	// Where the changed pages are: what smaller chunks would upload.
 	dir, err := os.MkdirTemp(r.s.Dir, "diff-")

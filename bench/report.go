@@ -168,7 +168,7 @@ func RowNames(s Sizes) []string {
 	}
 	n = append(n, pause(fmt.Sprintf("pause_guest_%dMiB", s.SmallGuestMiB))...)
 	n = append(n, pause(fmt.Sprintf("pause_guest_%dMiB", s.LargeGuestMiB))...)
-	n = append(n, "first_checkpoint_uploaded", "second_checkpoint_uploaded", "ram_changed", "second_uploaded_per_changed_byte", "second_chunks_uploaded", "chunks",
+	n = append(n, "first_checkpoint_uploaded", "second_checkpoint_uploaded", "ram_changed", "second_uploaded_per_changed_byte", "second_chunks_uploaded", "second_delta_chunks", "chunks",
 		"ram_pages_changed", "ram_pages_with_data")
 	for _, cs := range diffChunkSizes {
 		n = append(n, fmt.Sprintf("ram_chunks_changed_at_%dKiB", cs>>10))

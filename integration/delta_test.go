@@ -24,8 +24,8 @@ func checkpointReport(t *testing.T, e *harness.Env, id, to string) shimapi.Check
 	if err := json.Unmarshal([]byte(out), &r); err != nil {
 		t.Fatalf("cryoctl checkpoint -o json: %v: %q", err, out)
 	}
-	t.Logf("checkpoint %s to %s: %d raw, %d stored, %d uploaded bytes, %d of %d chunks", id, to,
-		r.RawBytes, r.StoredBytes, r.UploadedBytes, r.ChunksUploaded, r.Chunks)
+	t.Logf("checkpoint %s to %s: %d raw, %d stored, %d uploaded bytes, %d of %d chunks, %d as deltas", id, to,
+		r.RawBytes, r.StoredBytes, r.UploadedBytes, r.ChunksUploaded, r.Chunks, r.DeltaChunks)
 	return r
 }
 
@@ -41,6 +41,9 @@ func TestCheckpointDelta(t *testing.T) {
 	e.MustCtr("task", "exec", "--exec-id", "fill", "src", "sh", "-c",
 		"dd if=/dev/urandom of=/dev/shm/blob bs=1M count=48 2>&1")
 	first := checkpointReport(t, e, "src", e.StoreURL("delta:v1"))
+	if first.DeltaChunks != 0 {
+		t.Errorf("first checkpoint reports %d delta chunks, want 0", first.DeltaChunks)
+	}
 
 	idx, err := filepath.Glob(filepath.Join(e.StateRoot, "vm", "*", "pageindex.json"))
 	if err != nil || len(idx) != 1 {
@@ -56,6 +59,10 @@ func TestCheckpointDelta(t *testing.T) {
 	second := checkpointReport(t, e, "src", e.StoreURL("delta:v2"))
 	share := float64(second.UploadedBytes) / float64(first.UploadedBytes)
 	t.Logf("second checkpoint uploaded %.1f%% of the first's bytes", 100*share)
+	if second.DeltaChunks == 0 || second.DeltaChunks > second.ChunksUploaded {
+		t.Errorf("second checkpoint reports %d delta chunks of %d uploaded: want some, at most all uploaded",
+			second.DeltaChunks, second.ChunksUploaded)
+	}
 	if share > 0.10 {
 		t.Fatalf("second checkpoint uploaded %d bytes, %.1f%% of the first's %d: want <= 10%%",
 			second.UploadedBytes, 100*share, first.UploadedBytes)
@@ -66,6 +73,9 @@ func TestCheckpointDelta(t *testing.T) {
 		t.Fatal(err)
 	}
 	full := checkpointReport(t, e, "src", e.StoreURL("delta:v3"))
+	if full.DeltaChunks != 0 {
+		t.Errorf("checkpoint without a page index reports %d delta chunks, want 0", full.DeltaChunks)
+	}
 	t.Logf("without the page index: %.1f%% of the first's bytes", 100*float64(full.UploadedBytes)/float64(first.UploadedBytes))
 	if full.UploadedBytes < 2*second.UploadedBytes {
 		t.Errorf("deltas saved little: %d bytes uploaded with the index, %d without", second.UploadedBytes, full.UploadedBytes)

@@ -40,7 +40,7 @@ func (x *sandboxAPI) Checkpoint(ctx context.Context, r *shimapi.CheckpointReques
 	return &shimapi.CheckpointResponse{
 		Ref: res.Ref, Digest: res.Digest, PauseWindow: durationpb.New(res.PauseWindow), Duration: durationpb.New(res.Duration),
 		RawBytes: st.RawBytes, StoredBytes: st.StoredBytes, UploadedBytes: st.UploadedBytes,
-		Chunks: int64(st.Chunks), ChunksUploaded: int64(st.UploadedChunks),
+		Chunks: int64(st.Chunks), ChunksUploaded: int64(st.UploadedChunks), DeltaChunks: int64(st.Deltas),
 	}, nil
 }
 

@@ -55,10 +55,10 @@ func newCheckpointCommand(a *App) *cobra.Command {
 			}
 			res := r.Report()
 			return a.print(res, func(w io.Writer) {
-				fmt.Fprintf(w, "pause window %s, total %s; %s raw, %s stored, %s uploaded (%d of %d chunks)\n",
+				fmt.Fprintf(w, "pause window %s, total %s; %s raw, %s stored, %s uploaded (%d of %d chunks, %d as deltas)\n",
 					r.PauseWindow.AsDuration().Round(time.Millisecond), r.Duration.AsDuration().Round(time.Millisecond),
 					humanize.IBytes(uint64(r.RawBytes)), humanize.IBytes(uint64(r.StoredBytes)), humanize.IBytes(uint64(r.UploadedBytes)),
-					r.ChunksUploaded, r.Chunks)
+					r.ChunksUploaded, r.Chunks, r.DeltaChunks)
 				fmt.Fprintf(w, "checkpointed %s@%s\n", r.Ref, r.Digest)
 			})
 		},

@@ -112,8 +112,11 @@ type CheckpointResponse struct {
 	UploadedBytes  int64                `protobuf:"varint,7,opt,name=uploaded_bytes,json=uploadedBytes,proto3" json:"uploaded_bytes,omitempty"`
 	Chunks         int64                `protobuf:"varint,8,opt,name=chunks,proto3" json:"chunks,omitempty"`
 	ChunksUploaded int64                `protobuf:"varint,9,opt,name=chunks_uploaded,json=chunksUploaded,proto3" json:"chunks_uploaded,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// chunks stored as deltas against the previous checkpoint of this
+	// sandbox to the same store (see snapshot/FORMAT.md).
+	DeltaChunks   int64 `protobuf:"varint,10,opt,name=delta_chunks,json=deltaChunks,proto3" json:"delta_chunks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CheckpointResponse) Reset() {
@@ -205,6 +208,13 @@ func (x *CheckpointResponse) GetChunks() int64 {
 func (x *CheckpointResponse) GetChunksUploaded() int64 {
 	if x != nil {
 		return x.ChunksUploaded
+	}
+	return 0
+}
+
+func (x *CheckpointResponse) GetDeltaChunks() int64 {
+	if x != nil {
+		return x.DeltaChunks
 	}
 	return 0
 }
@@ -332,7 +342,7 @@ const file_cryo_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x0e\n" +
 	"\x02to\x18\x02 \x01(\tR\x02to\x12\x12\n" +
 	"\x04exit\x18\x03 \x01(\bR\x04exit\x12+\n" +
-	"\x03ttl\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\"\xdb\x02\n" +
+	"\x03ttl\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\"\xfe\x02\n" +
 	"\x12CheckpointResponse\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\tR\x03ref\x12\x16\n" +
 	"\x06digest\x18\x02 \x01(\tR\x06digest\x12<\n" +
@@ -342,7 +352,9 @@ const file_cryo_proto_rawDesc = "" +
 	"\fstored_bytes\x18\x06 \x01(\x03R\vstoredBytes\x12%\n" +
 	"\x0euploaded_bytes\x18\a \x01(\x03R\ruploadedBytes\x12\x16\n" +
 	"\x06chunks\x18\b \x01(\x03R\x06chunks\x12'\n" +
-	"\x0fchunks_uploaded\x18\t \x01(\x03R\x0echunksUploaded\"\r\n" +
+	"\x0fchunks_uploaded\x18\t \x01(\x03R\x0echunksUploaded\x12!\n" +
+	"\fdelta_chunks\x18\n" +
+	" \x01(\x03R\vdeltaChunks\"\r\n" +
 	"\vInfoRequest\"\xa6\x01\n" +
 	"\fInfoResponse\x12\x1d\n" +
 	"\n" +

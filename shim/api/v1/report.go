@@ -12,6 +12,7 @@ type CheckpointReport struct {
 	UploadedBytes  int64  `json:"uploadedBytes"`
 	Chunks         int64  `json:"chunks"`
 	ChunksUploaded int64  `json:"chunksUploaded"`
+	DeltaChunks    int64  `json:"deltaChunks"`
 }
 
 // Report turns the response into its printed form.
@@ -20,5 +21,6 @@ func (r *CheckpointResponse) Report() CheckpointReport {
 		Ref: r.Ref, Digest: r.Digest, PauseWindowMS: r.PauseWindow.AsDuration().Milliseconds(),
 		DurationMS: r.Duration.AsDuration().Milliseconds(), RawBytes: r.RawBytes, StoredBytes: r.StoredBytes,
 		UploadedBytes: r.UploadedBytes, Chunks: r.Chunks, ChunksUploaded: r.ChunksUploaded,
+		DeltaChunks: r.DeltaChunks,
 	}
 }
