@@ -142,7 +142,7 @@ func (s *service) restoreSandbox(ctx context.Context, id string, spec *specs.Spe
 		}
 	}()
 	vmcfg.NICs = pn.nics()
-	vm, err := vmm.New(vmcfg)
+	vm, err := vmm.New(withGuestDigests(ctx, cfg, vmcfg))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -331,7 +331,7 @@ func checkHost(cfg configs.Config, fp snapshot.Fingerprint) error {
 	host := fp
 	h := cfg.Hypervisor
 	host.MachineType, host.CPUModel, host.Accel = h.MachineType, h.CPUModel, h.Accel
-	facts := hostFactsCache{path: filepath.Join(cfg.Snapshot.CacheDir, "host-facts.json")}
+	facts := newHostFacts(cfg)
 	v, err := facts.get(h.Path, "qemu-version", qemuVersion)
 	if err != nil {
 		return err
@@ -361,6 +361,37 @@ func qemuVersion(path string) (string, error) {
 		return "", fmt.Errorf("%s --version: no version in %q", path, strings.TrimSpace(string(out)))
 	}
 	return m[1], nil
+}
+
+func newHostFacts(cfg configs.Config) hostFactsCache {
+	return hostFactsCache{path: filepath.Join(cfg.Snapshot.CacheDir, "host-facts.json")}
+}
+
+// withGuestDigests fills in the sha256 of the guest kernel and initrd from
+// the node's host facts, so that a shim does not hash them again: the VM's
+// fingerprint, which a checkpoint records inside its pause window and a
+// restore compares, needs them. When a digest cannot be had here the
+// machine hashes the file itself.
+func withGuestDigests(ctx context.Context, cfg configs.Config, c vmm.Config) vmm.Config {
+	if cfg.Snapshot.CacheDir == "" {
+		return c
+	}
+	facts := newHostFacts(cfg)
+	for _, f := range []struct {
+		path string
+		to   *string
+	}{{c.Kernel, &c.KernelSHA256}, {c.Initrd, &c.InitrdSHA256}} {
+		if f.path == "" {
+			continue
+		}
+		d, err := facts.get(f.path, "sha256", digestFile)
+		if err != nil {
+			log.G(ctx).WithError(err).Debug("guest file digest from host facts")
+			continue
+		}
+		*f.to = strings.TrimPrefix(d, "sha256:")
+	}
+	return c
 }
 
 // hostFactsCache remembers facts about host files (QEMU's version, the

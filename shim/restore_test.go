@@ -1,6 +1,7 @@
 package shim
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -9,6 +10,9 @@ import (
 
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/cryo-runtime/cryo/configs"
+	"github.com/cryo-runtime/cryo/vmm"
 )
 
 func TestPinRef(t *testing.T) {
@@ -120,5 +124,30 @@ func TestHostFactsCache(t *testing.T) {
 	os.WriteFile(f, []byte("kernel v2, longer"), 0o644)
 	if d, _ := c.get(f, "sha256", compute); d == d1 || calls != 2 {
 		t.Fatalf("changed file: %q after %d computations", d, calls)
+	}
+}
+
+func TestWithGuestDigests(t *testing.T) {
+	dir := t.TempDir()
+	kernel, initrd := filepath.Join(dir, "vmlinuz"), filepath.Join(dir, "initrd.img")
+	os.WriteFile(kernel, []byte("kernel"), 0o644)
+	os.WriteFile(initrd, []byte("initrd"), 0o644)
+	cfg := configs.Default()
+	cfg.Snapshot.CacheDir = filepath.Join(dir, "cache")
+	c := withGuestDigests(context.Background(), cfg, vmm.Config{Kernel: kernel, Initrd: initrd})
+	for _, f := range []struct{ path, got string }{{kernel, c.KernelSHA256}, {initrd, c.InitrdSHA256}} {
+		want, _ := digestFile(f.path)
+		if "sha256:"+f.got != want {
+			t.Errorf("digest of %s = %q, want %s", f.path, f.got, want)
+		}
+	}
+	// They come from the node's host facts, which the next shim reads.
+	b, err := os.ReadFile(filepath.Join(cfg.Snapshot.CacheDir, "host-facts.json"))
+	if err != nil || !strings.Contains(string(b), c.KernelSHA256) || !strings.Contains(string(b), c.InitrdSHA256) {
+		t.Errorf("host facts: %s, %v", b, err)
+	}
+	// A file that cannot be read is left to the machine to hash.
+	if c := withGuestDigests(context.Background(), cfg, vmm.Config{Kernel: filepath.Join(dir, "gone")}); c.KernelSHA256 != "" {
+		t.Errorf("digest of a missing kernel: %q", c.KernelSHA256)
 	}
 }

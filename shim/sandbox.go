@@ -100,7 +100,7 @@ func bootSandbox(ctx context.Context, id string, cfg configs.Config, stateDir st
 		return nil, fmt.Errorf("create sandbox state dir: %w", err)
 	}
 	h := cfg.Hypervisor
-	vm, err := vmm.New(vmm.Config{
+	vm, err := vmm.New(withGuestDigests(ctx, cfg, vmm.Config{
 		ID:           id,
 		StateDir:     stateDir,
 		QEMUPath:     h.Path,
@@ -118,7 +118,7 @@ func bootSandbox(ctx context.Context, id string, cfg configs.Config, stateDir st
 		NICs:         pn.nics(),
 		HotplugPorts: h.HotplugPorts,
 		VMGenID:      true,
-	})
+	}))
 	if err != nil {
 		return nil, err
 	}

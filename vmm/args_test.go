@@ -248,6 +248,12 @@ func TestCheckRestore(t *testing.T) {
 	if err := m.Fingerprint().CheckRestore(saved); err != nil {
 		t.Errorf("same machine: %v", err)
 	}
+	// Digests the caller knows are taken as given, not hashed again.
+	known := cfg
+	known.KernelSHA256, known.InitrdSHA256 = strings.Repeat("a", 64), strings.Repeat("b", 64)
+	if fp := mustNew(t, known).Fingerprint(); fp.KernelSHA256 != known.KernelSHA256 || fp.InitrdSHA256 != known.InitrdSHA256 {
+		t.Errorf("fingerprint with known digests: kernel %q initrd %q", fp.KernelSHA256, fp.InitrdSHA256)
+	}
 	cfg.MemoryMiB, cfg.CPUModel = 512, "max"
 	cfg.Disks = cfg.Disks[:1]
 	cfg.VMGenID = true

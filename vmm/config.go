@@ -43,6 +43,9 @@ type Config struct {
 	Kernel     string
 	Initrd     string
 	KernelArgs string // appended after DefaultKernelArgs
+	// KernelSHA256 and InitrdSHA256 (hex) are the files' digests when the
+	// caller already knows them; Fingerprint hashes the files otherwise.
+	KernelSHA256, InitrdSHA256 string
 
 	MachineType string // versioned, e.g. "pc-q35-7.2"; unversioned aliases ("q35") are refused
 	CPUModel    string // named model; default "qemu64" for tcg, "host" for kvm

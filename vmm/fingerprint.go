@@ -29,11 +29,15 @@ type Fingerprint struct {
 }
 
 // Fingerprint describes the machine as it is now (devices include
-// hot-plugged disks). The kernel and initrd digests are computed once.
+// hot-plugged disks). The kernel and initrd digests come from the config or
+// are computed once.
 func (m *Machine) Fingerprint() Fingerprint {
 	m.fpOnce.Do(func() {
-		m.fp.KernelSHA256 = fileSHA256(m.cfg.Kernel)
-		if m.cfg.Initrd != "" {
+		m.fp.KernelSHA256, m.fp.InitrdSHA256 = m.cfg.KernelSHA256, m.cfg.InitrdSHA256
+		if m.fp.KernelSHA256 == "" {
+			m.fp.KernelSHA256 = fileSHA256(m.cfg.Kernel)
+		}
+		if m.fp.InitrdSHA256 == "" && m.cfg.Initrd != "" {
 			m.fp.InitrdSHA256 = fileSHA256(m.cfg.Initrd)
 		}
 	})
