@@ -87,20 +87,21 @@ func TestCritest(t *testing.T) {
 	out := string(b)
 	m := regexp.MustCompile(`Ran (\d+) of (\d+) Specs`).FindStringSubmatch(out)
 	summary := regexp.MustCompile(`(?m)^(SUCCESS|FAIL)!.*$`).FindString(out)
-	t.Logf("critest: %s; %s (full log: %s)", strings.TrimSpace(firstOr(m, "")), summary, logPath)
+	t.Logf("critest: %s; %s", strings.TrimSpace(firstOr(m, "")), summary)
 	if err != nil {
 		if b, rerr := os.ReadFile(c.LogPath); rerr == nil {
 			_ = os.WriteFile(filepath.Join(os.TempDir(), "cryo-critest-containerd.log"), b, 0o644)
 		}
 		fails := regexp.MustCompile(`(?m)^\s*\[FAIL\].*$`).FindAllString(out, -1)
-		t.Fatalf("critest failed: %v\n%s\ncontainerd log:\n%s", err, strings.Join(fails, "\n"), c.LogTail(20))
+		t.Fatalf("critest failed: %v (full log: %s)\n%s\ncontainerd log:\n%s", err, logPath, strings.Join(fails, "\n"), c.LogTail(20))
 	}
 	if m == nil {
-		t.Fatalf("no critest summary in its output")
+		t.Fatalf("no critest summary in its output (full log: %s)", logPath)
 	}
 	if ran, _ := strconv.Atoi(m[1]); ran < 30 {
 		t.Fatalf("critest ran only %d specs", ran)
 	}
+	os.Remove(logPath) // kept only when the run failed
 }
 
 func firstOr(m []string, d string) string {

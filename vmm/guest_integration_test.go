@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -73,11 +74,26 @@ func TestMain(m *testing.M) {
 	if os.Getenv(helperEnv) != "" {
 		runHelper() // never returns
 	}
+	removeStaleRAMFiles()
 	code := m.Run()
 	if guestDir != "" {
 		os.RemoveAll(guestDir)
 	}
 	os.Exit(code)
+}
+
+// removeStaleRAMFiles removes the RAM files of earlier test binaries that
+// were killed before their cleanups ran (the file names carry their pid).
+func removeStaleRAMFiles() {
+	files, _ := filepath.Glob("/dev/shm/cryo-vmmtest-*.ram*")
+	for _, f := range files {
+		name := strings.TrimPrefix(filepath.Base(f), "cryo-vmmtest-")
+		name = name[:strings.Index(name, ".ram")]
+		pid, err := strconv.Atoi(name[strings.LastIndex(name, "-")+1:])
+		if err == nil && pid != os.Getpid() && !alive(pid) {
+			os.Remove(f)
+		}
+	}
 }
 
 // testGuest returns the kernel and the test initrd (built once per run).
