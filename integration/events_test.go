@@ -31,7 +31,7 @@ func TestEventOrder(t *testing.T) {
 	}
 	defer func() { cancel(); _ = cmd.Wait() }()
 	var mu sync.Mutex
-	var topics []string
+	var topics, lines []string
 	subscribed := make(chan struct{})
 	go func() {
 		sc := bufio.NewScanner(out)
@@ -43,6 +43,9 @@ func TestEventOrder(t *testing.T) {
 					close(subscribed)
 				}
 			}
+			mu.Lock()
+			lines = append(lines, sc.Text())
+			mu.Unlock()
 			f := strings.Fields(sc.Text())
 			// "<time> <namespace> <topic> <event>"
 			for _, w := range f {
@@ -85,7 +88,9 @@ func TestEventOrder(t *testing.T) {
 	// containerd adds a /tasks/delete of its own for the exec; keep the
 	// first of each kind the contract orders.
 	if strings.Join(firstOf(got, len(want)), " ") != strings.Join(want, " ") {
-		t.Fatalf("events = %v, want %v", got, want)
+		mu.Lock()
+		defer mu.Unlock()
+		t.Fatalf("events = %v, want %v\nctr events:\n%s\ncontainerd log:\n%s", got, want, strings.Join(lines, "\n"), e.LogTail(40))
 	}
 }
 

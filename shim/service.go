@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"sync"
-	"time"
 
 	eventstypes "github.com/containerd/containerd/api/events"
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
@@ -34,6 +33,10 @@ type service struct {
 	ctx      context.Context
 	shutdown shutdown.Service
 	events   chan any
+	// flush tells forward to publish what is queued and stop: the shim
+	// exits as soon as its shutdown callbacks return, and an event still
+	// queued then (the TaskDelete of the last task) would be lost.
+	flush    chan struct{}
 	createMu sync.Mutex // serializes Create: the first one boots the VM
 	mu       sync.Mutex
 	sandbox  *sandbox
@@ -50,17 +53,31 @@ func NewTaskService(ctx context.Context, publisher shim.Publisher, sd shutdown.S
 		ctx:        ctx,
 		shutdown:   sd,
 		events:     make(chan any, 128),
+		flush:      make(chan struct{}),
 		containers: map[string]*container{},
 	}
-	go s.forward(ctx, publisher)
+	forwarded := make(chan struct{})
+	go func() {
+		defer close(forwarded)
+		s.forward(ctx, publisher)
+	}()
 	sd.RegisterCallback(func(ctx context.Context) error {
 		s.mu.Lock()
 		sb := s.sandbox
 		s.mu.Unlock()
+		var err error
 		if sb != nil {
-			return sb.shutdown(ctx)
+			err = sb.shutdown(ctx)
 		}
-		return nil
+		// The sandbox is gone: no more events. Publish the queued ones
+		// before the process exits.
+		close(s.flush)
+		select {
+		case <-forwarded:
+		case <-ctx.Done():
+			log.G(ctx).Warn("shutdown: events not all published")
+		}
+		return err
 	})
 	return s, nil
 }
@@ -327,10 +344,13 @@ func (s *service) send(e any) {
 	}
 }
 
+// forward publishes the events in order until flush, then what is queued.
 func (s *service) forward(ctx context.Context, publisher shim.Publisher) {
 	ns, _ := namespaces.Namespace(ctx)
 	ctx = namespaces.WithNamespace(context.WithoutCancel(ctx), ns)
 	defer publisher.Close()
+	// A containerd that does not answer cannot hold the shim for long:
+	// pkg/shim exits 5 s after shutdown whatever the callbacks do.
 	publish := func(e any) {
 		if err := publisher.Publish(ctx, runtime.GetTopic(e), e); err != nil {
 			log.G(ctx).WithError(err).Error("post event")
@@ -340,12 +360,12 @@ func (s *service) forward(ctx context.Context, publisher shim.Publisher) {
 		select {
 		case e := <-s.events:
 			publish(e)
-		case <-s.shutdown.Done():
+		case <-s.flush:
 			for {
 				select {
 				case e := <-s.events:
 					publish(e)
-				case <-time.After(100 * time.Millisecond):
+				default:
 					return
 				}
 			}
