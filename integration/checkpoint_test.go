@@ -3,7 +3,9 @@
 package integration
 
 import (
+	"encoding/json"
 	"fmt"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -12,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cryo-runtime/cryo/integration/harness"
+	"github.com/cryo-runtime/cryo/snapshot"
 )
 
 // workload keeps a counter and a random secret only in RAM (a shell
@@ -158,6 +161,40 @@ func TestConcurrentRestores(t *testing.T) {
 	log := e.LogTail(100000)
 	if hits, misses := strings.Count(log, `cache_hit=true`), strings.Count(log, `cache_hit=false`); misses != 1 || hits != 1 {
 		t.Fatalf("materializations: %d misses, %d hits; want exactly one download", misses, hits)
+	}
+
+	// cryoctl gc leaves the materialized snapshot alone while a sandbox
+	// restored from it runs, and removes it once none does.
+	gc := func() snapshot.PruneStats {
+		t.Helper()
+		out, errs, err := e.Cryoctl("gc", "-o", "json", "--keep-materialized", "0s")
+		var r struct{ Materialized *snapshot.PruneStats }
+		if err != nil || json.Unmarshal([]byte(out), &r) != nil || r.Materialized == nil {
+			t.Fatalf("cryoctl gc: %v\n%s\n%s", err, out, errs)
+		}
+		return *r.Materialized
+	}
+	dirs := func() []string {
+		d, _ := filepath.Glob(filepath.Join(e.Cfg.Snapshot.CacheDir, "snapshots", "[0-9a-f]*"))
+		return d
+	}
+	if st := gc(); st.InUse != 1 || len(st.Removed) != 0 || len(dirs()) != 1 {
+		t.Fatalf("gc with two sandboxes restored from the snapshot: %+v, left %v", st, dirs())
+	}
+	e.MustCtr("task", "exec", "--exec-id", "after-gc", "a", "cat", "/data/x")
+	for _, id := range []string{"a", "b"} {
+		e.MustCtr("task", "kill", "-s", "SIGKILL", id)
+		waitStopped(t, e, id)
+		e.MustCtr("task", "delete", id)
+		e.MustCtr("c", "rm", id)
+	}
+	if st := gc(); len(st.Removed) != 1 || st.FreedBytes <= 0 || len(dirs()) != 0 {
+		t.Fatalf("gc once no sandbox uses the snapshot: %+v, left %v", st, dirs())
+	}
+	// The next restore materializes it again.
+	restore(t, e, "c", e.StoreURL("fan:v1"))
+	if len(dirs()) != 1 {
+		t.Fatalf("materialized after a restore: %v", dirs())
 	}
 }
 

@@ -17,7 +17,6 @@ import (
 	"github.com/containerd/log"
 	"github.com/opencontainers/go-digest"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
-	"golang.org/x/sys/unix"
 
 	"github.com/cryo-runtime/cryo/annotations"
 	"github.com/cryo-runtime/cryo/configs"
@@ -113,7 +112,20 @@ func (s *service) restoreSandbox(ctx context.Context, id string, spec *specs.Spe
 	phase("check", t0)
 
 	t0 = time.Now()
-	m, err := materializeOnce(ctx, snap, filepath.Join(cfg.Snapshot.CacheDir, "snapshots"))
+	// The sandbox uses the materialized files for as long as it runs: its
+	// QEMU maps the RAM file, its overlays name the disks as backing
+	// files. `cryoctl gc` leaves them alone until the shim releases them.
+	matDir := filepath.Join(cfg.Snapshot.CacheDir, "snapshots")
+	release, err := snapshot.Use(ctx, matDir, snap.Descriptor.Digest)
+	if err != nil {
+		return nil, nil, fmt.Errorf("restore from %s: %w", src.URL, err)
+	}
+	defer func() {
+		if retErr != nil {
+			release()
+		}
+	}()
+	m, err := snap.Materialize(ctx, matDir)
 	if err != nil {
 		return nil, nil, fmt.Errorf("restore from %s: %w", src.URL, err)
 	}
@@ -180,7 +192,8 @@ func (s *service) restoreSandbox(ctx context.Context, id string, spec *specs.Spe
 	}
 	sb := &sandbox{
 		id: id, cfg: cfg, stateDir: stateDir, diskDir: diskDir, vm: vm, agent: ag, info: info, restoredFrom: src.URL, net: pn,
-		rootfs: &rootfsBuilder{cacheDir: cfg.Runtime.ImageCache, writableMiB: cfg.Runtime.WritableDiskMiB},
+		releaseSnapshot: release,
+		rootfs:          &rootfsBuilder{cacheDir: cfg.Runtime.ImageCache, writableMiB: cfg.Runtime.WritableDiskMiB},
 	}
 	log.G(ctx).WithField("duration", time.Since(t0)).Debug("restored guest agent answered")
 	if err := ag.fixUpRestored(ctx); err != nil {
@@ -247,42 +260,6 @@ func pinRef(ref, pin string) (string, error) {
 		return pin, nil
 	}
 	return tag + "@" + pin, nil
-}
-
-// materializeOnce materializes under a node-wide lock per snapshot, so that
-// concurrent restores of one snapshot (separate shim processes) download it
-// once: the first materializes, the others find the cache entry.
-func materializeOnce(ctx context.Context, snap *snapshot.Snapshot, dir string) (*snapshot.Materialized, error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, err
-	}
-	lock, err := os.OpenFile(filepath.Join(dir, "."+snap.Descriptor.Digest.Encoded()+".lock"), os.O_CREATE|os.O_RDWR, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	defer lock.Close()
-	if err := flockContext(ctx, lock); err != nil {
-		return nil, err
-	}
-	defer unix.Flock(int(lock.Fd()), unix.LOCK_UN) //nolint:errcheck
-	return snap.Materialize(ctx, dir)
-}
-
-func flockContext(ctx context.Context, f *os.File) error {
-	for {
-		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-		if err == nil {
-			return nil
-		}
-		if err != unix.EWOULDBLOCK {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
 }
 
 // restoredVMConfig rebuilds the checkpointed VM's configuration: its size

@@ -82,8 +82,10 @@ type sandbox struct {
 	// sandbox container's.
 	req         annotations.Request
 	annotations map[string]string
-	// restoredFrom is the snapshot the sandbox was restored from, if any.
-	restoredFrom string
+	// restoredFrom is the snapshot the sandbox was restored from, if any;
+	// releaseSnapshot ends the sandbox's use of its materialized files.
+	restoredFrom    string
+	releaseSnapshot func()
 	// net is the pod network bridged to the VM's NIC; nil without one.
 	net *podNetwork
 
@@ -216,6 +218,9 @@ func (s *sandbox) shutdown(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
 	defer cancel()
 	err := s.vm.Shutdown(ctx)
+	if s.releaseSnapshot != nil && err == nil {
+		s.releaseSnapshot() // QEMU is gone; closing twice is harmless
+	}
 	s.net.teardown(ctx)
 	for _, dir := range []string{s.stateDir, s.diskDir} {
 		if dir == "" {

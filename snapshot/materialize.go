@@ -87,7 +87,7 @@ func (s *Snapshot) Verify(ctx context.Context) (VerifyStats, error) {
 }
 
 // Materialize rebuilds the snapshot's files under cacheDir/<hex of the
-// manifest digest>. Chunks are fetched, verified (digest before anything
+// manifest digest>, once on the node at a time (a flock per snapshot). Chunks are fetched, verified (digest before anything
 // else, then decryption, then a bounded decompression to exactly the
 // annotated size) and written at their offsets in parallel, into sparse
 // files in a temporary directory inside cacheDir that is renamed into place
@@ -116,6 +116,18 @@ func (s *Snapshot) Materialize(ctx context.Context, cacheDir string) (_ *Materia
 	if err := os.MkdirAll(cacheDir, 0o700); err != nil {
 		return nil, fmt.Errorf("materialize: %w", err)
 	}
+	// One materialization of a snapshot at a time on the node: concurrent
+	// restores of it download it once, the others find the directory.
+	lock, err := lockFile(ctx, materializeLockPath(cacheDir, s.Descriptor.Digest), unix.LOCK_EX)
+	if err != nil {
+		return nil, fmt.Errorf("materialize: %w", err)
+	}
+	defer func() {
+		// Nothing is left behind: a waiter holding the removed file finds
+		// it gone and takes a new one (lockFile).
+		os.Remove(lock.Name())
+		lock.Close()
+	}()
 	final := filepath.Join(cacheDir, hexd)
 	if isComplete(final, marker) {
 		return s.cached(final, true)
@@ -205,12 +217,19 @@ func publish(ctx context.Context, cacheDir, final string, marker []byte, tmp str
 // removeStale moves dir out of the way (a crash while removing it leaves a
 // .tmp- directory, which PruneTemp removes) and removes it.
 func removeStale(ctx context.Context, cacheDir, dir string) error {
+	if err := removeDir(cacheDir, dir); err != nil {
+		return err
+	}
+	log.G(ctx).WithField("dir", dir).Info("materialize: removed a directory of an earlier boot or without a completion marker")
+	return nil
+}
+
+func removeDir(cacheDir, dir string) error {
 	// os.Rename refuses an existing target directory, even an empty one.
 	trash := filepath.Join(cacheDir, fmt.Sprintf(".tmp-stale-%016x", rand.Uint64()))
 	if err := os.Rename(dir, trash); err != nil {
-		return fmt.Errorf("remove stale %s: %w", dir, err)
+		return fmt.Errorf("remove %s: %w", dir, err)
 	}
-	log.G(ctx).WithField("dir", dir).Info("materialize: removing a directory of an earlier boot or without a completion marker")
 	return os.RemoveAll(trash)
 }
 
@@ -220,22 +239,11 @@ func lockDir(ctx context.Context, dir string) (unlock func(), _ error) {
 	if err != nil {
 		return nil, err
 	}
-	for {
-		err := unix.Flock(int(d.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-		if err == nil {
-			return func() { d.Close() }, nil // closing releases the lock
-		}
-		if err != unix.EWOULDBLOCK && err != unix.EINTR {
-			d.Close()
-			return nil, fmt.Errorf("lock %s: %w", dir, err)
-		}
-		select {
-		case <-ctx.Done():
-			d.Close()
-			return nil, ctx.Err()
-		case <-time.After(5 * time.Millisecond):
-		}
+	if err := flockWait(ctx, d, unix.LOCK_EX); err != nil {
+		d.Close()
+		return nil, err
 	}
+	return func() { d.Close() }, nil // closing releases the lock
 }
 
 // cached describes the complete directory dir.

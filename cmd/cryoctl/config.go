@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 
@@ -138,6 +139,11 @@ func (a *App) cache() (*fetch.Cache, error) {
 		limit = a.Config.Snapshot.CacheMaxMiB
 	}
 	return fetch.NewCache(dir, limit<<20)
+}
+
+// materializedDir is where restores materialize snapshots on this node.
+func (a *App) materializedDir() string {
+	return filepath.Join(a.Config.Snapshot.CacheDir, "snapshots")
 }
 
 // readOptions builds the snapshot reader policy: keys and requirements.

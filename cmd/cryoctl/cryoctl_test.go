@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -31,7 +32,9 @@ type env struct {
 func newEnv(t *testing.T) *env {
 	e := &env{t: t, dir: t.TempDir()}
 	e.cfg = filepath.Join(e.dir, "config.toml")
-	if err := os.WriteFile(e.cfg, nil, 0o600); err != nil {
+	// The node cache of the test, never the host's /var/lib/cryo.
+	cfg := fmt.Sprintf("[snapshot]\ncache_dir = %q\n", filepath.Join(e.dir, "node"))
+	if err := os.WriteFile(e.cfg, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	e.priv, e.pub = filepath.Join(e.dir, "sign.key"), filepath.Join(e.dir, "sign.pub")
@@ -327,6 +330,9 @@ func TestRmGCPull(t *testing.T) {
 		t.Fatalf("gc --dry-run = %+v", gr)
 	}
 	e.runJSON(&gr, "gc", "--grace", "0s", url)
+	if gr.Materialized == nil || len(gr.Materialized.Removed) != 0 {
+		t.Fatalf("gc of an empty node cache: materialized %+v", gr.Materialized)
+	}
 	r := gr.Stores[0]
 	// old's manifest, config, 2 data chunks, devstate chunk, signature
 	// manifest and payload go; the empty config blob is shared.

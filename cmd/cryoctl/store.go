@@ -163,14 +163,21 @@ type gcResult struct {
 	Stores     []gcStoreResult  `json:"stores"`
 	CacheFreed int64            `json:"cacheFreedBytes"`
 	Cache      fetch.CacheStats `json:"cache"`
+	// Materialized is what went from <cache_dir>/snapshots.
+	Materialized *snapshot.PruneStats `json:"materialized,omitempty"`
 }
 
 func newGCCommand(a *App) *cobra.Command {
 	var dryRun, noCache bool
-	var grace time.Duration
+	var grace, keepMaterialized time.Duration
 	cmd := &cobra.Command{
 		Use:   "gc [store-url...]",
-		Short: "Remove expired snapshots and unreferenced blobs from stores, and trim the node cache to its limit",
+		Short: "Remove expired snapshots and unreferenced blobs from stores, trim the node cache to its limit, and remove unused materialized snapshots",
+		Long: `gc removes expired snapshots and unreferenced blobs from the stores named, trims
+the node's blob cache to its limit, and removes the node's materialized snapshots
+(<cache_dir>/snapshots) that no running sandbox uses and none was restored from within
+--keep-materialized. A restore materializes its snapshot again from the blob cache or
+the store. --no-cache leaves the node alone.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
 			res := gcResult{Stores: []gcStoreResult{}}
@@ -195,6 +202,11 @@ func newGCCommand(a *App) *cobra.Command {
 					}
 				}
 				res.Cache = c.Stats()
+				m, err := snapshot.PruneMaterialized(ctx, a.materializedDir(), keepMaterialized, dryRun)
+				if err != nil {
+					return err
+				}
+				res.Materialized = &m
 			}
 			return a.print(res, func(w io.Writer) {
 				for _, r := range res.Stores {
@@ -207,12 +219,16 @@ func newGCCommand(a *App) *cobra.Command {
 				if !noCache {
 					fmt.Fprintf(w, "cache: %s freed, %s in %d blobs (limit %s)\n", humanize.IBytes(uint64(res.CacheFreed)),
 						humanize.IBytes(uint64(res.Cache.Bytes)), res.Cache.Blobs, humanize.IBytes(uint64(res.Cache.MaxBytes)))
+					m := res.Materialized
+					fmt.Fprintf(w, "materialized: %d removed (%s freed), %d in use, %d used within %s\n",
+						len(m.Removed), humanize.IBytes(uint64(m.FreedBytes)), m.InUse, m.Recent, keepMaterialized)
 				}
 			})
 		},
 	}
 	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "report without deleting")
-	cmd.Flags().BoolVar(&noCache, "no-cache", false, "leave the node cache alone")
+	cmd.Flags().BoolVar(&noCache, "no-cache", false, "leave the node cache and its materialized snapshots alone")
+	cmd.Flags().DurationVar(&keepMaterialized, "keep-materialized", 24*time.Hour, "keep unused materialized snapshots that a restore used within this long")
 	cmd.Flags().DurationVar(&grace, "grace", time.Hour, "keep unreferenced blobs younger than this (a publish may be in progress)")
 	return cmd
 }
