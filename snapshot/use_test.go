@@ -9,16 +9,20 @@ import (
 	"time"
 )
 
+// useTestSnap returns a test snapshot, opened, and an empty cache dir.
+func useTestSnap(t *testing.T) (*testSnap, *Snapshot, string) {
+	ts := newTestSnap(t)
+	store := newMemStore()
+	ts.write(t, store, "v1", WriteOptions{})
+	return ts, open(t, store, "v1", ReadOptions{}), t.TempDir()
+}
+
 // TestPruneMaterialized: a materialized snapshot stays while a sandbox uses
 // it and within the grace period after its last use, and then goes with
 // everything beside it; a restore materializes it again.
 func TestPruneMaterialized(t *testing.T) {
 	ctx := context.Background()
-	ts := newTestSnap(t)
-	store := newMemStore()
-	ts.write(t, store, "v1", WriteOptions{})
-	s := open(t, store, "v1", ReadOptions{})
-	cache := t.TempDir()
+	ts, s, cache := useTestSnap(t)
 	d := s.Descriptor.Digest
 
 	release, err := Use(ctx, cache, d)
@@ -72,11 +76,7 @@ func TestPruneMaterialized(t *testing.T) {
 // the use file between another Use's open and its lock.
 func TestUseRacesPrune(t *testing.T) {
 	ctx := context.Background()
-	ts := newTestSnap(t)
-	store := newMemStore()
-	ts.write(t, store, "v1", WriteOptions{})
-	s := open(t, store, "v1", ReadOptions{})
-	cache := t.TempDir()
+	_, s, cache := useTestSnap(t)
 
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
