@@ -106,7 +106,11 @@ func (s *service) restoreSandbox(ctx context.Context, id string, spec *specs.Spe
 	phase("resolve", t0)
 
 	t0 = time.Now()
-	if err := checkHost(cfg, snap.Metadata.Fingerprint); err != nil {
+	digests, err := hostGuestDigests(cfg)
+	if err == nil {
+		err = checkHost(cfg, snap.Metadata.Fingerprint, digests)
+	}
+	if err != nil {
 		return nil, nil, fmt.Errorf("restore from %s: snapshot does not fit this host: %w", src.URL, err)
 	}
 	phase("check", t0)
@@ -154,7 +158,7 @@ func (s *service) restoreSandbox(ctx context.Context, id string, spec *specs.Spe
 		}
 	}()
 	vmcfg.NICs = pn.nics()
-	vm, err := vmm.New(withGuestDigests(ctx, cfg, vmcfg))
+	vm, err := vmm.New(digests.apply(vmcfg))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -304,22 +308,16 @@ func restoredVMConfig(ctx context.Context, id string, cfg configs.Config, rec *s
 
 // checkHost compares what the snapshot's VM was with what this host would
 // run; the error names the first field that differs.
-func checkHost(cfg configs.Config, fp snapshot.Fingerprint) error {
+func checkHost(cfg configs.Config, fp snapshot.Fingerprint, g guestDigests) error {
 	host := fp
 	h := cfg.Hypervisor
 	host.MachineType, host.CPUModel, host.Accel = h.MachineType, h.CPUModel, h.Accel
-	facts := newHostFacts(cfg)
-	v, err := facts.get(h.Path, "qemu-version", qemuVersion)
+	v, err := newHostFacts(cfg).get(h.Path, "qemu-version", qemuVersion)
 	if err != nil {
 		return err
 	}
 	host.QEMUVersion = v
-	if host.KernelDigest, err = facts.get(h.Kernel, "sha256", digestFile); err != nil {
-		return fmt.Errorf("guest kernel: %w", err)
-	}
-	if host.InitrdDigest, err = facts.get(h.Initrd, "sha256", digestFile); err != nil {
-		return fmt.Errorf("guest initrd: %w", err)
-	}
+	host.KernelDigest, host.InitrdDigest = g.kernel, g.initrd
 	host.HostCPUFlags = nil
 	fp.HostCPUFlags = nil
 	return fp.Compare(host)
@@ -344,30 +342,30 @@ func newHostFacts(cfg configs.Config) hostFactsCache {
 	return hostFactsCache{path: filepath.Join(cfg.Snapshot.CacheDir, "host-facts.json")}
 }
 
-// withGuestDigests fills in the sha256 of the guest kernel and initrd from
-// the node's host facts, so that a shim does not hash them again: the VM's
-// fingerprint, which a checkpoint records inside its pause window and a
-// restore compares, needs them. When a digest cannot be had here the
-// machine hashes the file itself.
-func withGuestDigests(ctx context.Context, cfg configs.Config, c vmm.Config) vmm.Config {
-	if cfg.Snapshot.CacheDir == "" {
-		return c
-	}
+// guestDigests are the sha256 digests ("sha256:<hex>") of the guest
+// kernel and initrd, from the node's host facts, so that no shim hashes the
+// files again: a restore compares them with the snapshot's, and the VM's
+// fingerprint, which a checkpoint records inside its pause window, needs
+// them.
+type guestDigests struct{ kernel, initrd string }
+
+func hostGuestDigests(cfg configs.Config) (guestDigests, error) {
 	facts := newHostFacts(cfg)
-	for _, f := range []struct {
-		path string
-		to   *string
-	}{{c.Kernel, &c.KernelSHA256}, {c.Initrd, &c.InitrdSHA256}} {
-		if f.path == "" {
-			continue
-		}
-		d, err := facts.get(f.path, "sha256", digestFile)
-		if err != nil {
-			log.G(ctx).WithError(err).Debug("guest file digest from host facts")
-			continue
-		}
-		*f.to = strings.TrimPrefix(d, "sha256:")
+	var g guestDigests
+	var err error
+	if g.kernel, err = facts.get(cfg.Hypervisor.Kernel, "sha256", digestFile); err != nil {
+		return g, fmt.Errorf("guest kernel: %w", err)
 	}
+	if g.initrd, err = facts.get(cfg.Hypervisor.Initrd, "sha256", digestFile); err != nil {
+		return g, fmt.Errorf("guest initrd: %w", err)
+	}
+	return g, nil
+}
+
+// apply gives the VM config the digests (vmm takes them in hex).
+func (g guestDigests) apply(c vmm.Config) vmm.Config {
+	c.KernelSHA256 = strings.TrimPrefix(g.kernel, "sha256:")
+	c.InitrdSHA256 = strings.TrimPrefix(g.initrd, "sha256:")
 	return c
 }
 

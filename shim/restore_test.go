@@ -1,7 +1,6 @@
 package shim
 
 import (
-	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -127,14 +126,19 @@ func TestHostFactsCache(t *testing.T) {
 	}
 }
 
-func TestWithGuestDigests(t *testing.T) {
+func TestHostGuestDigests(t *testing.T) {
 	dir := t.TempDir()
 	kernel, initrd := filepath.Join(dir, "vmlinuz"), filepath.Join(dir, "initrd.img")
 	os.WriteFile(kernel, []byte("kernel"), 0o644)
 	os.WriteFile(initrd, []byte("initrd"), 0o644)
 	cfg := configs.Default()
 	cfg.Snapshot.CacheDir = filepath.Join(dir, "cache")
-	c := withGuestDigests(context.Background(), cfg, vmm.Config{Kernel: kernel, Initrd: initrd})
+	cfg.Hypervisor.Kernel, cfg.Hypervisor.Initrd = kernel, initrd
+	g, err := hostGuestDigests(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := g.apply(vmm.Config{Kernel: kernel, Initrd: initrd})
 	for _, f := range []struct{ path, got string }{{kernel, c.KernelSHA256}, {initrd, c.InitrdSHA256}} {
 		want, _ := digestFile(f.path)
 		if "sha256:"+f.got != want {
@@ -146,8 +150,10 @@ func TestWithGuestDigests(t *testing.T) {
 	if err != nil || !strings.Contains(string(b), c.KernelSHA256) || !strings.Contains(string(b), c.InitrdSHA256) {
 		t.Errorf("host facts: %s, %v", b, err)
 	}
-	// A file that cannot be read is left to the machine to hash.
-	if c := withGuestDigests(context.Background(), cfg, vmm.Config{Kernel: filepath.Join(dir, "gone")}); c.KernelSHA256 != "" {
-		t.Errorf("digest of a missing kernel: %q", c.KernelSHA256)
+	// A file that cannot be read is an error: a restore refuses, a boot
+	// leaves the hashing to the machine.
+	cfg.Hypervisor.Kernel = filepath.Join(dir, "gone")
+	if g, err := hostGuestDigests(cfg); err == nil || !strings.Contains(err.Error(), "guest kernel") {
+		t.Errorf("digests with a missing kernel: %+v, %v", g, err)
 	}
 }

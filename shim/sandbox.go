@@ -102,7 +102,7 @@ func bootSandbox(ctx context.Context, id string, cfg configs.Config, stateDir st
 		return nil, fmt.Errorf("create sandbox state dir: %w", err)
 	}
 	h := cfg.Hypervisor
-	vm, err := vmm.New(withGuestDigests(ctx, cfg, vmm.Config{
+	vmcfg := vmm.Config{
 		ID:           id,
 		StateDir:     stateDir,
 		QEMUPath:     h.Path,
@@ -120,7 +120,13 @@ func bootSandbox(ctx context.Context, id string, cfg configs.Config, stateDir st
 		NICs:         pn.nics(),
 		HotplugPorts: h.HotplugPorts,
 		VMGenID:      true,
-	}))
+	}
+	if g, err := hostGuestDigests(cfg); err == nil {
+		vmcfg = g.apply(vmcfg)
+	} else {
+		log.G(ctx).WithError(err).Debug("guest file digests from host facts; the vm hashes the files")
+	}
+	vm, err := vmm.New(vmcfg)
 	if err != nil {
 		return nil, err
 	}
