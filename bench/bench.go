@@ -355,8 +355,8 @@ func (r *runner) checkpoint(id, to string) (ckpt, error) {
 
 // clearCache empties the node cache: blobs and materialized snapshots.
 func (r *runner) clearCache() error {
-	for _, d := range []string{"blobs", "snapshots"} {
-		if err := os.RemoveAll(filepath.Join(r.s.Cfg.Snapshot.CacheDir, d)); err != nil {
+	for _, d := range []string{r.s.Cfg.Snapshot.BlobDir(), r.s.Cfg.Snapshot.MaterializedDir()} {
+		if err := os.RemoveAll(d); err != nil {
 			return err
 		}
 	}
@@ -366,7 +366,7 @@ func (r *runner) clearCache() error {
 // cacheBlobBytes is the size of the blobs in the node cache.
 func (r *runner) cacheBlobBytes() int64 {
 	var n int64
-	_ = filepath.WalkDir(filepath.Join(r.s.Cfg.Snapshot.CacheDir, "blobs"), func(p string, d os.DirEntry, err error) error {
+	_ = filepath.WalkDir(r.s.Cfg.Snapshot.BlobDir(), func(p string, d os.DirEntry, err error) error {
 		if err == nil && d.Type().IsRegular() && !strings.HasPrefix(d.Name(), ".") {
 			if st, err := d.Info(); err == nil {
 				n += st.Size()

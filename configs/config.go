@@ -86,6 +86,12 @@ type Snapshot struct {
 	LocalRoot string `toml:"local_root"`
 }
 
+// BlobDir is the node's blob cache, under CacheDir.
+func (s Snapshot) BlobDir() string { return filepath.Join(s.CacheDir, "blobs") }
+
+// MaterializedDir is where restores materialize snapshots, under CacheDir.
+func (s Snapshot) MaterializedDir() string { return filepath.Join(s.CacheDir, "snapshots") }
+
 // Stores configures where snapshots may come from and go to.
 type Stores struct {
 	// Allowed lists URL prefixes a restore or checkpoint may name, such as

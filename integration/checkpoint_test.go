@@ -175,7 +175,7 @@ func TestConcurrentRestores(t *testing.T) {
 		return *r.Materialized
 	}
 	dirs := func() []string {
-		d, _ := filepath.Glob(filepath.Join(e.Cfg.Snapshot.CacheDir, "snapshots", "[0-9a-f]*"))
+		d, _ := filepath.Glob(filepath.Join(e.Cfg.Snapshot.MaterializedDir(), "[0-9a-f]*"))
 		return d
 	}
 	if st := gc(); st.InUse != 1 || len(st.Removed) != 0 || len(dirs()) != 1 {

@@ -90,7 +90,7 @@ func (s *service) restoreSandbox(ctx context.Context, id string, spec *specs.Spe
 	if ref, err = pinRef(ref, src.Digest); err != nil {
 		return nil, nil, err
 	}
-	cache, err := fetch.NewCache(filepath.Join(cfg.Snapshot.CacheDir, "blobs"), cfg.Snapshot.CacheMaxMiB<<20)
+	cache, err := fetch.NewCache(cfg.Snapshot.BlobDir(), cfg.Snapshot.CacheMaxMiB<<20)
 	if err != nil {
 		return nil, nil, fmt.Errorf("restore: node cache: %w", err)
 	}
@@ -119,7 +119,7 @@ func (s *service) restoreSandbox(ctx context.Context, id string, spec *specs.Spe
 	// The sandbox uses the materialized files for as long as it runs: its
 	// QEMU maps the RAM file, its overlays name the disks as backing
 	// files. `cryoctl gc` leaves them alone until the shim releases them.
-	matDir := filepath.Join(cfg.Snapshot.CacheDir, "snapshots")
+	matDir := cfg.Snapshot.MaterializedDir()
 	release, err := snapshot.Use(ctx, matDir, snap.Descriptor.Digest)
 	if err != nil {
 		return nil, nil, fmt.Errorf("restore from %s: %w", src.URL, err)

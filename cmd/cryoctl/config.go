@@ -9,9 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"slices"
-	"strings"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -132,18 +130,13 @@ func (a *App) openStore(ctx context.Context, url string, needRef bool) (fetch.St
 func (a *App) cache() (*fetch.Cache, error) {
 	dir := a.CacheDir
 	if dir == "" {
-		dir = strings.TrimRight(a.Config.Snapshot.CacheDir, "/") + "/blobs"
+		dir = a.Config.Snapshot.BlobDir()
 	}
 	limit := a.CacheMaxMiB
 	if limit == 0 {
 		limit = a.Config.Snapshot.CacheMaxMiB
 	}
 	return fetch.NewCache(dir, limit<<20)
-}
-
-// materializedDir is where restores materialize snapshots on this node.
-func (a *App) materializedDir() string {
-	return filepath.Join(a.Config.Snapshot.CacheDir, "snapshots")
 }
 
 // readOptions builds the snapshot reader policy: keys and requirements.

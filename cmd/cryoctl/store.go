@@ -202,7 +202,7 @@ the store. --no-cache leaves the node alone.`,
 					}
 				}
 				res.Cache = c.Stats()
-				m, err := snapshot.PruneMaterialized(ctx, a.materializedDir(), keepMaterialized, dryRun)
+				m, err := snapshot.PruneMaterialized(ctx, a.Config.Snapshot.MaterializedDir(), keepMaterialized, dryRun)
 				if err != nil {
 					return err
 				}
