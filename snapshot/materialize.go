@@ -87,9 +87,10 @@ func (s *Snapshot) Verify(ctx context.Context) (VerifyStats, error) {
 }
 
 // Materialize rebuilds the snapshot's files under cacheDir/<hex of the
-// manifest digest>, once on the node at a time (a flock per snapshot). Chunks are fetched, verified (digest before anything
-// else, then decryption, then a bounded decompression to exactly the
-// annotated size) and written at their offsets in parallel, into sparse
+// manifest digest>, one materialization of a snapshot at a time on the node
+// (a flock per snapshot). Chunks are fetched, verified (digest before
+// anything else, then decryption, then a bounded decompression to exactly
+// the annotated size) and written at their offsets in parallel, into sparse
 // files in a temporary directory inside cacheDir that is renamed into place
 // when complete. On any error (disk full included) the temporary directory
 // is removed: nothing partial is left, nothing outside cacheDir is written.
@@ -165,7 +166,8 @@ func (s *Snapshot) Materialize(ctx context.Context, cacheDir string) (_ *Materia
 		return nil, fmt.Errorf("materialize %s: %w", s.Descriptor.Digest, err)
 	}
 	if hit {
-		// Another materialization of the same snapshot won the race.
+		// Another materialization of the same snapshot won the race: one
+		// of an older cryo, which locked the snapshot another way.
 		os.RemoveAll(tmp)
 	}
 	return s.cached(final, hit)

@@ -141,14 +141,7 @@ func PruneMaterialized(ctx context.Context, cacheDir string, grace time.Duration
 			continue
 		}
 		d := digest.NewDigestFromEncoded(digest.SHA256, e.Name())
-		removed, freed, err := pruneOne(ctx, cacheDir, d, grace, dryRun, &st)
-		if err != nil {
-			errs = append(errs, err)
-		}
-		if removed {
-			st.Removed = append(st.Removed, d.String())
-			st.FreedBytes += freed
-		}
+		errs = append(errs, pruneOne(ctx, cacheDir, d, grace, dryRun, &st))
 	}
 	if !dryRun {
 		// A temporary directory may belong to a materialization running
@@ -158,46 +151,49 @@ func PruneMaterialized(ctx context.Context, cacheDir string, grace time.Duration
 	return st, errors.Join(errs...)
 }
 
-func pruneOne(ctx context.Context, cacheDir string, d digest.Digest, grace time.Duration, dryRun bool, st *PruneStats) (bool, int64, error) {
+// pruneOne removes the materialization of d if it may go, and counts what
+// it found in st.
+func pruneOne(ctx context.Context, cacheDir string, d digest.Digest, grace time.Duration, dryRun bool, st *PruneStats) error {
 	use, err := os.OpenFile(usePath(cacheDir, d), os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
-		return false, 0, fmt.Errorf("prune %s: %w", d, err)
+		return fmt.Errorf("prune %s: %w", d, err)
 	}
 	defer use.Close()
 	if err := unix.Flock(int(use.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		if err == unix.EWOULDBLOCK {
 			st.InUse++
-			return false, 0, nil
+			return nil
 		}
-		return false, 0, fmt.Errorf("prune %s: lock: %w", d, err)
+		return fmt.Errorf("prune %s: lock: %w", d, err)
 	}
 	if !sameFile(use, use.Name()) {
 		st.InUse++ // another prune removed it just now
-		return false, 0, nil
+		return nil
 	}
 	if info, err := use.Stat(); err != nil || time.Since(info.ModTime()) < grace {
 		st.Recent++
-		return false, 0, nil
+		return nil
 	}
 	dir := CachePath(cacheDir, d)
 	freed := allocated(dir)
-	if dryRun {
-		return true, freed, nil
+	if !dryRun {
+		// Renames and removals in cacheDir happen under its lock (publish).
+		unlock, err := lockDir(ctx, cacheDir)
+		if err != nil {
+			return err
+		}
+		defer unlock()
+		if err := removeDir(cacheDir, dir); err != nil {
+			return err
+		}
+		// No Use of d runs while we hold its lock exclusively, and
+		// lockFile retries on a file removed under it.
+		os.Remove(use.Name())
+		log.G(ctx).WithFields(log.Fields{"digest": d, "freed_bytes": freed}).Info("removed an unused materialized snapshot")
 	}
-	// Renames and removals in cacheDir happen under its lock (publish).
-	unlock, err := lockDir(ctx, cacheDir)
-	if err != nil {
-		return false, 0, err
-	}
-	defer unlock()
-	if err := removeDir(cacheDir, dir); err != nil {
-		return false, 0, err
-	}
-	// No Use of d runs while we hold its lock exclusively, and lockFile
-	// retries on a file removed under it.
-	os.Remove(use.Name())
-	log.G(ctx).WithFields(log.Fields{"digest": d, "freed_bytes": freed}).Info("removed an unused materialized snapshot")
-	return true, freed, nil
+	st.Removed = append(st.Removed, d.String())
+	st.FreedBytes += freed
+	return nil
 }
 
 // allocated sums the blocks the files under dir take.
