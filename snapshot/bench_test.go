@@ -125,6 +125,26 @@ func benchKind(i int64) int {
 }
 
 func writeBenchFile(path string, size int64) error {
+	r := rand.New(rand.NewPCG(1, 2))
+	return writeChunked(path, size, func(i int64, b []byte) bool {
+		switch benchKind(i) {
+		case 0:
+			fillRandom(r, b)
+		case 1:
+			textLike(r, b)
+		case 2:
+			return false
+		case 3:
+			clear(b)
+		}
+		return true
+	})
+}
+
+// writeChunked writes a sparse file of size bytes chunk by chunk: fill
+// fills chunk i's bytes and reports whether to write them (else the chunk
+// stays a hole).
+func writeChunked(path string, size int64, fill func(i int64, b []byte) bool) error {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
 		return err
@@ -135,18 +155,10 @@ func writeBenchFile(path string, size int64) error {
 	}
 	const cs = DefaultChunkSize
 	buf := make([]byte, cs)
-	r := rand.New(rand.NewPCG(1, 2))
 	for i := int64(0); i*cs < size; i++ {
 		b := buf[:min(cs, size-i*cs)]
-		switch benchKind(i) {
-		case 0:
-			fillRandom(r, b)
-		case 1:
-			textLike(r, b)
-		case 2:
+		if !fill(i, b) {
 			continue
-		case 3:
-			clear(b)
 		}
 		if _, err := f.WriteAt(b, i*cs); err != nil {
 			return err

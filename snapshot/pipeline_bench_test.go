@@ -269,22 +269,12 @@ func writePipelineData(dir string, size int64) error {
 // writeRAMLike writes a guest-RAM-like file: one chunk in five is a hole;
 // the pages of the others are 65% text-like, 15% random, 20% zeros.
 func writeRAMLike(path string, size int64) error {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	if err := f.Truncate(size); err != nil {
-		return err
-	}
-	const cs, page = DefaultChunkSize, 4096
-	buf := make([]byte, cs)
 	r := rand.New(rand.NewPCG(3, 4))
-	for i := int64(0); i*cs < size; i++ {
+	return writeChunked(path, size, func(_ int64, b []byte) bool {
 		if r.IntN(5) == 0 {
-			continue
+			return false
 		}
-		b := buf[:min(cs, size-i*cs)]
+		const page = 4096
 		for p := 0; p < len(b); p += page {
 			pg := b[p:min(p+page, len(b))]
 			switch k := r.IntN(100); {
@@ -296,11 +286,8 @@ func writeRAMLike(path string, size int64) error {
 				clear(pg)
 			}
 		}
-		if _, err := f.WriteAt(b, i*cs); err != nil {
-			return err
-		}
-	}
-	return nil
+		return true
+	})
 }
 
 // parallelChunks calls fn for every chunk on n goroutines, each with its
