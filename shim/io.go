@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -29,15 +30,29 @@ type stdioGuest interface {
 // the task: FIFOs (ctr, CRI) or file:// URIs.
 type procIO struct {
 	stdin  io.ReadCloser
-	stdout io.WriteCloser
-	stderr io.WriteCloser
+	stdout *output
+	stderr *output
 	copies sync.WaitGroup
 	closer sync.Once
+	// moved is when the copies last moved a byte (unix nanos): a drain
+	// gives up once nothing moves, whatever the FIFOs' state.
+	moved atomic.Int64
+}
+
+// output is one of containerd's output streams. A FIFO opened non-blocking
+// has no file descriptor until its reader opens it, and anything asked of
+// it before (a write, its unread bytes) waits for that reader, for ever if
+// the reader went away. opened turns true on the first write that returns,
+// after which asking is safe.
+type output struct {
+	io.WriteCloser
+	opened atomic.Bool
 }
 
 // openIO opens containerd's side of the streams. FIFOs are opened
-// non-blocking for writing so that a client that went away cannot hang the
-// shim.
+// non-blocking so that a client that went away cannot hang the shim: the
+// open completes in the background when the reader comes, and close ends it
+// when no reader ever does.
 func openIO(ctx context.Context, s stdio) (_ *procIO, retErr error) {
 	pio := &procIO{}
 	defer func() {
@@ -62,7 +77,7 @@ func openIO(ctx context.Context, s stdio) (_ *procIO, retErr error) {
 	return pio, nil
 }
 
-func openOutput(ctx context.Context, uri string) (io.WriteCloser, error) {
+func openOutput(ctx context.Context, uri string) (*output, error) {
 	if uri == "" {
 		return nil, nil
 	}
@@ -80,71 +95,144 @@ func openOutput(ctx context.Context, uri string) (io.WriteCloser, error) {
 		if err != nil {
 			return nil, fmt.Errorf("open output %s: %w", path, err)
 		}
-		return f, nil
+		return &output{WriteCloser: f}, nil
 	case "file":
 		f, err := os.OpenFile(u.Path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o640)
 		if err != nil {
 			return nil, fmt.Errorf("open output %s: %w", u.Path, err)
 		}
-		return f, nil
+		o := &output{WriteCloser: f}
+		o.opened.Store(true)
+		return o, nil
 	default:
 		return nil, fmt.Errorf("stdio uri %q: scheme %q is not supported by cryo (use fifos or file://)", uri, u.Scheme)
 	}
 }
 
 // start begins copying. Output copies end when the guest reports EOF for the
-// stream (the process exited and its output is drained).
+// stream (the process exited and its output is drained), or when the guest
+// connection closes.
 func (pio *procIO) start(ctx context.Context, g stdioGuest, containerID, execID string) {
-	out := func(w io.WriteCloser, stderr bool) {
-		defer pio.copies.Done()
-		for {
-			b, err := g.readStdio(ctx, containerID, execID, stderr)
-			if len(b) > 0 && w != nil {
-				if _, werr := w.Write(b); werr != nil {
-					log.G(ctx).WithError(werr).Debug("write process output")
-					w = nil // the reader went away: keep draining the guest
-				}
+	pio.touch()
+	if pio.stdout != nil {
+		pio.copies.Add(1)
+		go pio.copyOut(ctx, g, pio.stdout, containerID, execID, false)
+	}
+	if pio.stderr != nil {
+		pio.copies.Add(1)
+		go pio.copyOut(ctx, g, pio.stderr, containerID, execID, true)
+	}
+	if pio.stdin != nil {
+		go pio.copyIn(ctx, g, containerID, execID)
+	}
+}
+
+func (pio *procIO) copyOut(ctx context.Context, g stdioGuest, o *output, containerID, execID string, stderr bool) {
+	defer pio.copies.Done()
+	dst := o
+	for {
+		b, err := g.readStdio(ctx, containerID, execID, stderr)
+		pio.touch()
+		if len(b) > 0 && dst != nil {
+			if _, werr := dst.Write(b); werr != nil {
+				log.G(ctx).WithError(werr).Debug("write process output")
+				dst = nil // the reader went away: keep draining the guest
+			} else {
+				dst.opened.Store(true)
+				pio.touch()
 			}
-			if err != nil {
-				if !errors.Is(err, io.EOF) && ctx.Err() == nil {
-					log.G(ctx).WithError(err).WithField("exec", execID).Debug("read process output")
-				}
+		}
+		if err != nil {
+			if !errors.Is(err, io.EOF) && ctx.Err() == nil {
+				log.G(ctx).WithError(err).WithField("exec", execID).Debug("read process output")
+			}
+			return
+		}
+	}
+}
+
+func (pio *procIO) copyIn(ctx context.Context, g stdioGuest, containerID, execID string) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := pio.stdin.Read(buf)
+		if n > 0 {
+			if werr := g.writeStdin(ctx, containerID, execID, buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			_ = g.closeStdin(ctx, containerID, execID)
+			return
+		}
+	}
+}
+
+func (pio *procIO) touch() { pio.moved.Store(time.Now().UnixNano()) }
+
+// idle returns how long no byte moved, counted from since at the earliest.
+func (pio *procIO) idle(since time.Time) time.Duration {
+	last := time.Unix(0, pio.moved.Load())
+	if last.Before(since) {
+		last = since
+	}
+	return time.Since(last)
+}
+
+const (
+	// drainIdle ends a drain when no byte moved for this long: the FIFO's
+	// reader never came, went away without closing, or stopped reading.
+	drainIdle = 500 * time.Millisecond
+	// drainMax bounds a drain whose bytes keep moving.
+	drainMax = 5 * time.Second
+)
+
+// drain waits for the process's last output to reach containerd: the
+// copies read the guest's streams to EOF, then the readers of the output
+// FIFOs take what is still in the pipes. A process that prints and exits
+// at once has its output in the pipe microseconds before its exit event;
+// containerd's CRI closes its end of the FIFOs when it handles the exit,
+// and would drop what it had not read yet. The wait ends once nothing
+// moved for drainIdle, and at drainMax: it never waits on a FIFO that was
+// never opened, nor on a reader that stopped reading.
+func (pio *procIO) drain() {
+	start := time.Now()
+	if !pio.waitCopies(start) {
+		return
+	}
+	for _, o := range []*output{pio.stdout, pio.stderr} {
+		if o == nil || !o.opened.Load() {
+			continue // nothing was written, so nothing waits to be read
+		}
+		for n := unread(o); n > 0; {
+			time.Sleep(5 * time.Millisecond)
+			m := unread(o)
+			if m < n {
+				pio.touch()
+			}
+			n = m
+			if pio.idle(start) > drainIdle || time.Since(start) > drainMax {
 				return
 			}
 		}
 	}
-	pio.copies.Add(1)
-	go out(pio.stdout, false)
-	if pio.stderr != nil {
-		pio.copies.Add(1)
-		go out(pio.stderr, true)
-	}
-	if pio.stdin != nil {
-		go func() {
-			buf := make([]byte, 32<<10)
-			for {
-				n, err := pio.stdin.Read(buf)
-				if n > 0 {
-					if werr := g.writeStdin(ctx, containerID, execID, buf[:n]); werr != nil {
-						return
-					}
-				}
-				if err != nil {
-					_ = g.closeStdin(ctx, containerID, execID)
-					return
-				}
-			}
-		}()
-	}
 }
 
-// wait waits for the output copies to finish, at most until ctx is done.
-func (pio *procIO) wait(ctx context.Context) {
+// waitCopies waits for the output copies to finish; it reports false when
+// it gave up.
+func (pio *procIO) waitCopies(start time.Time) bool {
 	done := make(chan struct{})
 	go func() { pio.copies.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-ctx.Done():
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-done:
+			return true
+		case <-tick.C:
+			if pio.idle(start) > drainIdle || time.Since(start) > drainMax {
+				return false
+			}
+		}
 	}
 }
 
@@ -154,37 +242,28 @@ func (pio *procIO) closeStdin() {
 	}
 }
 
+// close closes containerd's side of the streams; a FIFO open still waiting
+// for its reader ends, and a copy blocked writing into a full FIFO returns.
 func (pio *procIO) close() {
 	pio.closer.Do(func() {
-		for _, c := range []io.Closer{pio.stdin, pio.stdout, pio.stderr} {
-			if c != nil {
-				c.Close()
+		if pio.stdin != nil {
+			pio.stdin.Close()
+		}
+		for _, o := range []*output{pio.stdout, pio.stderr} {
+			if o != nil {
+				o.Close()
 			}
 		}
 	})
 }
 
-// drainTimeout bounds how long an exit waits for containerd to read the
-// last output out of a FIFO.
-const drainTimeout = time.Second
-
-// waitRead waits until the readers of the output FIFOs took what the shim
-// wrote (the pipe holds no unread byte), at most drainTimeout. A process
-// that prints and exits at once has its output in the pipe microseconds
-// before its exit event; containerd's CRI closes its end of the FIFOs when
-// it handles the exit, and would drop what it had not read yet.
-func (pio *procIO) waitRead() {
-	deadline := time.Now().Add(drainTimeout)
-	for _, w := range []io.WriteCloser{pio.stdout, pio.stderr} {
-		for w != nil && unread(w) > 0 && time.Now().Before(deadline) {
-			time.Sleep(5 * time.Millisecond)
-		}
-	}
-}
-
 // unread returns the bytes waiting in the pipe behind w (FIONREAD works on
-// either end of a pipe), or 0 when that cannot be told.
+// either end of a pipe), or 0 when that cannot be told. Only ask an output
+// that is opened: a FIFO still opening answers when its reader comes.
 func unread(w io.Writer) int {
+	if o, ok := w.(*output); ok {
+		w = o.WriteCloser
+	}
 	sc, ok := w.(syscall.Conn)
 	if !ok {
 		return 0

@@ -335,7 +335,49 @@ func (s *service) kill(ctx context.Context, c *container, p *process, sig uint32
 		}
 		return nil
 	}
-	return s.sandbox.agent.signal(ctx, c.guestID, p.execID, sig, all)
+	err := s.sandbox.agent.signal(ctx, c.guestID, p.execID, sig, all)
+	if sig != uint32(unix.SIGKILL) || p.execID != "" {
+		return err
+	}
+	sb := s.sandbox
+	if err != nil {
+		// SIGKILL must end the task: a guest that cannot be told to kill
+		// its container loses its VM instead.
+		log.G(ctx).WithError(err).WithField("id", c.id).Warn("guest did not take SIGKILL: stopping the sandbox vm")
+		stopVM(ctx, sb)
+		return nil
+	}
+	go backstopKill(s.ctx, sb, c, p)
+	return nil
+}
+
+// killGrace is how long a SIGKILLed init may take to be reported dead by
+// the guest before the shim stops the VM itself.
+const killGrace = 10 * time.Second
+
+// backstopKill stops the VM when the guest took a SIGKILL for p but does not
+// report its exit within killGrace: the task's exit then comes from the VM's
+// (monitor), and no Wait or Delete is left hanging on a broken guest.
+func backstopKill(ctx context.Context, sb *sandbox, c *container, p *process) {
+	t := time.NewTimer(killGrace)
+	defer t.Stop()
+	select {
+	case <-p.exited:
+	case <-sb.vm.Exited():
+	case <-t.C:
+		log.G(ctx).WithField("id", c.id).Warnf("no exit from the guest %s after SIGKILL: stopping the sandbox vm", killGrace)
+		stopVM(ctx, sb)
+	}
+}
+
+// stopVM kills the sandbox's QEMU within a few seconds; monitor then ends
+// every process of the sandbox.
+func stopVM(ctx context.Context, sb *sandbox) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 3*time.Second)
+	defer cancel()
+	if err := sb.vm.Shutdown(ctx); err != nil {
+		log.G(ctx).WithError(err).Warn("stop sandbox vm")
+	}
 }
 
 // waitExit waits for a started process to exit in the guest, drains its
@@ -350,10 +392,7 @@ func (s *service) waitExit(c *container, p *process) {
 	}
 	// Drain the output, then close containerd's side of the streams: clients
 	// such as `ctr task exec` wait for EOF on them before they delete.
-	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	p.io.wait(dctx)
-	cancel()
-	p.io.waitRead()
+	p.io.drain()
 	p.io.close()
 	if p.execID == "" {
 		deadline := time.After(5 * time.Second)
@@ -416,22 +455,10 @@ func (s *service) monitor(sb *sandbox) {
 }
 
 // deleteContainer removes a stopped container from the guest and the host;
-// the last container takes the VM with it.
+// the last container takes the VM with it, and needs no tidying inside it.
 func (s *service) deleteContainer(ctx context.Context, c *container) {
 	sb := s.sandbox
 	ctx = context.WithoutCancel(ctx)
-	select {
-	case <-sb.vm.Exited():
-	default:
-		if err := sb.agent.removeContainer(ctx, c.guestID); err != nil {
-			log.G(ctx).WithError(err).WithField("id", c.id).Warn("remove container in guest")
-		}
-		if c.hotplugged {
-			if err := sb.vm.UnplugDisk(ctx, c.disk.ID); err != nil {
-				log.G(ctx).WithError(err).WithField("id", c.id).Warn("unplug root disk")
-			}
-		}
-	}
 	s.mu.Lock()
 	delete(s.containers, c.id)
 	last := len(s.containers) == 0
@@ -442,9 +469,33 @@ func (s *service) deleteContainer(ctx context.Context, c *container) {
 			log.G(ctx).WithError(err).Warn("shut down sandbox vm")
 		}
 		_ = os.Remove(statePointerPath(sb.bundle))
+	} else {
+		removeFromGuest(ctx, sb, c)
 	}
 	if err := os.RemoveAll(c.workDir); err != nil {
 		log.G(ctx).WithError(err).Warn("remove container work dir")
+	}
+}
+
+// guestCleanupTimeout bounds what deleting a container asks of a guest that
+// keeps running: its removal and the unplug of its root disk.
+const guestCleanupTimeout = 20 * time.Second
+
+func removeFromGuest(ctx context.Context, sb *sandbox, c *container) {
+	select {
+	case <-sb.vm.Exited():
+		return
+	default:
+	}
+	ctx, cancel := context.WithTimeout(ctx, guestCleanupTimeout)
+	defer cancel()
+	if err := sb.agent.removeContainer(ctx, c.guestID); err != nil {
+		log.G(ctx).WithError(err).WithField("id", c.id).Warn("remove container in guest")
+	}
+	if c.hotplugged {
+		if err := sb.vm.UnplugDisk(ctx, c.disk.ID); err != nil {
+			log.G(ctx).WithError(err).WithField("id", c.id).Warn("unplug root disk")
+		}
 	}
 }
 

@@ -23,6 +23,7 @@ import (
 	"github.com/pelletier/go-toml/v2"
 
 	"github.com/cryo-runtime/cryo/configs"
+	"github.com/cryo-runtime/cryo/internal/watchdog"
 	"github.com/cryo-runtime/cryo/integration/testimage"
 )
 
@@ -50,6 +51,10 @@ type Options struct {
 	ContainerdConfig func(s *Stack, scratch string) (string, error)
 	// NetNS, when set, is the network namespace containerd runs in.
 	NetNS string
+	// Watchdog, when set, arms the shims' watchdog: a task API call that
+	// runs longer is logged as stuck with the shim's goroutine dump
+	// (StuckCalls finds it).
+	Watchdog time.Duration
 }
 
 // Stack is one private containerd with the cryo runtime.
@@ -256,6 +261,9 @@ func Start(ctx context.Context, o Options) (_ *Stack, retErr error) {
 		s.cmd = exec.Command("nsenter", "--net="+o.NetNS, s.Bin("containerd"), "--config", filepath.Join(dir, "containerd.toml"))
 	}
 	s.cmd.Env = append(os.Environ(), "PATH="+s.path)
+	if o.Watchdog > 0 {
+		s.cmd.Env = append(s.cmd.Env, watchdog.Env+"="+o.Watchdog.String())
+	}
 	s.cmd.Stdout, s.cmd.Stderr = logf, logf
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := s.cmd.Start(); err != nil {
@@ -416,4 +424,31 @@ func WaitFor(timeout time.Duration, cond func() bool) bool {
 		}
 	}
 	return cond()
+}
+
+// StuckCalls returns what the shims' watchdog reported in containerd's log:
+// each stuck call's log line and the goroutine dump its shim wrote after it.
+func (s *Stack) StuckCalls() []string {
+	b, err := os.ReadFile(s.LogPath)
+	if err != nil {
+		return nil
+	}
+	var found []string
+	text := string(b)
+	for {
+		i := strings.Index(text, watchdog.StuckMessage)
+		if i < 0 {
+			return found
+		}
+		start := strings.LastIndexByte(text[:i], '\n') + 1
+		report := text[start:]
+		end := strings.Index(report, watchdog.DumpEnd)
+		if end < 0 {
+			end = min(len(report), 64<<10)
+		} else {
+			end += len(watchdog.DumpEnd)
+		}
+		found = append(found, report[:end])
+		text = report[end:]
+	}
 }

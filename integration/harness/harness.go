@@ -7,6 +7,7 @@ package harness
 import (
 	"context"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -19,6 +20,11 @@ const Image = stack.Image
 
 // Runtime is cryo's runtime type.
 const Runtime = stack.Runtime
+
+// Watchdog bounds every task API call of the shims an Env starts, except
+// Wait: a call that outruns it fails the test with the shim's goroutine
+// dump.
+const Watchdog = 60 * time.Second
 
 // Env is one private containerd (a stack.Stack) bound to a test.
 type Env struct {
@@ -78,12 +84,19 @@ func start(t testing.TB, o stack.Options, opts ...Option) *Env {
 	for _, f := range opts {
 		o.Configure = append(o.Configure, f)
 	}
-	s, err := stack.Start(context.WithoutCancel(t.Context()), o)
+	if o.Watchdog == 0 {
+		o.Watchdog = Watchdog
+	}
+	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
+	s, err := stack.Start(ctx, o)
 	if err != nil {
+		cancel()
 		t.Fatal(err)
 	}
 	e := &Env{Stack: s, t: t}
+	stopWatch := e.watchStuckCalls(cancel)
 	t.Cleanup(func() {
+		stopWatch()
 		if keep := os.Getenv("CRYO_KEEP_LOG"); keep != "" {
 			// for debugging: keep containerd's (and the shims') log
 			if b, err := os.ReadFile(s.LogPath); err == nil {
@@ -119,3 +132,47 @@ func ExitCode(err error) int { return stack.ExitCode(err) }
 
 // WaitFor polls cond until it is true or timeout passes.
 func WaitFor(timeout time.Duration, cond func() bool) bool { return stack.WaitFor(timeout, cond) }
+
+// watchStuckCalls fails the test as soon as a shim reports a stuck call,
+// printing the shim's goroutine dump, and cancels the commands the Env runs
+// (ctr, cryoctl) so that the test ends instead of hanging. stop ends the
+// watch and checks the log once more.
+func (e *Env) watchStuckCalls(cancel context.CancelFunc) (stop func()) {
+	done := make(chan struct{})
+	var once sync.Once
+	report := func() bool {
+		stuck := e.StuckCalls()
+		if len(stuck) == 0 {
+			return false
+		}
+		once.Do(func() {
+			for _, r := range stuck {
+				e.t.Errorf("a shim call outran the %s watchdog:\n%s", Watchdog, r)
+			}
+			cancel()
+		})
+		return true
+	}
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		tick := time.NewTicker(2 * time.Second)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+				if report() {
+					return
+				}
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-finished
+		report()
+		cancel()
+	}
+}
