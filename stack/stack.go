@@ -23,8 +23,8 @@ import (
 	"github.com/pelletier/go-toml/v2"
 
 	"github.com/cryo-runtime/cryo/configs"
-	"github.com/cryo-runtime/cryo/internal/watchdog"
 	"github.com/cryo-runtime/cryo/integration/testimage"
+	"github.com/cryo-runtime/cryo/internal/watchdog"
 )
 
 // Image is the busybox test image every Stack imports.
