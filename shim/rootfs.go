@@ -17,6 +17,7 @@ import (
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
 
+	"github.com/cryo-runtime/cryo/internal/flock"
 	"github.com/cryo-runtime/cryo/internal/qcow2"
 	"github.com/cryo-runtime/cryo/vmm"
 )
@@ -79,6 +80,11 @@ func (b *rootfsBuilder) disk(ctx context.Context, id, bundle, workDir string, mo
 // baseImage returns a cached read-only ext4 image holding the union of the
 // lower directories (first one on top, as in overlayfs). Snapshot
 // directories of committed layers never change, so their paths key the cache.
+// baseImageWait bounds the wait for another shim that builds the same base
+// image: mkfs of a large layer chain takes seconds, a stuck one must not
+// hold every Create of the node.
+const baseImageWait = 2 * time.Minute
+
 func (b *rootfsBuilder) baseImage(ctx context.Context, lowers []string) (string, error) {
 	sum := sha256.Sum256([]byte(fmt.Sprintf("v1 %d %s", b.writableMiB, strings.Join(lowers, ":"))))
 	key := hex.EncodeToString(sum[:16])
@@ -95,10 +101,13 @@ func (b *rootfsBuilder) baseImage(ctx context.Context, lowers []string) (string,
 		return "", err
 	}
 	defer lock.Close()
-	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX); err != nil {
-		return "", err
+	lctx, cancel := context.WithTimeout(ctx, baseImageWait)
+	err = flock.Wait(lctx, lock, unix.LOCK_EX)
+	cancel()
+	if err != nil {
+		return "", fmt.Errorf("wait for the base image another shim builds: %w", err)
 	}
-	defer unix.Flock(int(lock.Fd()), unix.LOCK_UN) //nolint:errcheck
+	defer flock.Unlock(lock) //nolint:errcheck
 	if _, err := os.Stat(path); err == nil {
 		return path, nil
 	}
