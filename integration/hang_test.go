@@ -318,3 +318,28 @@ func TestWatchdogReportsStuckCall(t *testing.T) {
 		t.Fatalf("stuck call report lacks the method or the dump:\n%.3000s", r)
 	}
 }
+
+// TestKillPausedTask: `ctr task rm -f` of a paused task (SIGKILL, then
+// delete) finishes at once: SIGKILL resumes the VM, as runc thaws a frozen
+// container it kills, while another signal is refused instead of waiting
+// for an agent that cannot answer.
+func TestKillPausedTask(t *testing.T) {
+	e := harness.Start(t)
+	const id = "paused"
+	e.MustCtr(e.RunArgs("-d", harness.Image, id, "sleep", "1000")...)
+	e.MustCtr("task", "pause", id)
+	start := time.Now()
+	if _, _, err := e.Ctr("task", "kill", "-s", "SIGTERM", id); err == nil {
+		t.Fatal("SIGTERM to a paused task succeeded: it cannot reach the guest")
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("SIGTERM to a paused task took %s to be refused", d)
+	}
+	start = time.Now()
+	e.MustCtr("task", "rm", "-f", id)
+	if d := time.Since(start); d > 15*time.Second {
+		t.Fatalf("task rm -f of a paused task took %s", d)
+	}
+	e.MustCtr("c", "rm", id)
+	noLeftovers(t, e)
+}

@@ -335,11 +335,24 @@ func (s *service) kill(ctx context.Context, c *container, p *process, sig uint32
 		}
 		return nil
 	}
-	err := s.sandbox.agent.signal(ctx, c.guestID, p.execID, sig, all)
+	sb := s.sandbox
+	if s.userPaused() {
+		// A paused VM's agent cannot answer. SIGKILL resumes it, as runc
+		// thaws a frozen container it kills; other signals would wait for
+		// ever.
+		if sig != uint32(unix.SIGKILL) {
+			return fmt.Errorf("signal %d to %s: the sandbox vm is paused, resume it first: %w", sig, p.name(), errdefs.ErrFailedPrecondition)
+		}
+		if err := s.resumeAll(ctx); err != nil {
+			log.G(ctx).WithError(err).WithField("id", c.id).Warn("resume the paused vm for SIGKILL: stopping it")
+			stopVM(ctx, sb)
+			return nil
+		}
+	}
+	err := sb.agent.signal(ctx, c.guestID, p.execID, sig, all)
 	if sig != uint32(unix.SIGKILL) || p.execID != "" {
 		return err
 	}
-	sb := s.sandbox
 	if err != nil {
 		// SIGKILL must end the task: a guest that cannot be told to kill
 		// its container loses its VM instead.
@@ -348,6 +361,26 @@ func (s *service) kill(ctx context.Context, c *container, p *process, sig uint32
 		return nil
 	}
 	go backstopKill(s.ctx, sb, c, p)
+	return nil
+}
+
+// resumeAll resumes the sandbox's VM and every container paused through the
+// task API.
+func (s *service) resumeAll(ctx context.Context) error {
+	if err := s.sandbox.vm.Resume(ctx); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	var resumed []string
+	for id, c := range s.containers {
+		if c.init.current() == statePaused && c.init.transition(stateRunning) == nil {
+			resumed = append(resumed, id)
+		}
+	}
+	s.mu.Unlock()
+	for _, id := range resumed {
+		s.send(&eventstypes.TaskResumed{ContainerID: id})
+	}
 	return nil
 }
 
