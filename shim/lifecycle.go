@@ -25,6 +25,11 @@ import (
 	"github.com/cryo-runtime/cryo/vmm"
 )
 
+// restoreTimeout bounds a restore, from resolving the snapshot to a guest
+// that answers: every wait in it (store I/O, the node cache's locks held by
+// other shims, QEMU) ends with it.
+const restoreTimeout = 10 * time.Minute
+
 // exitKilled is the status of processes that die with their VM.
 const exitKilled = 128 + uint32(unix.SIGKILL)
 
@@ -182,7 +187,9 @@ func (s *service) newSandbox(ctx context.Context, r *taskAPI.CreateTaskRequest, 
 	var sb *sandbox
 	if src.URL != "" {
 		var rs *restoredSandbox
-		sb, rs, err = s.restoreSandbox(ctx, r.ID, c.spec, cfg, src, stateDir, diskDir)
+		rctx, cancel := context.WithTimeout(ctx, restoreTimeout)
+		sb, rs, err = s.restoreSandbox(rctx, r.ID, c.spec, cfg, src, stateDir, diskDir)
+		cancel()
 		switch {
 		case err == nil:
 			s.restored = rs
