@@ -89,6 +89,23 @@ func TestCRICheckpointRestore(t *testing.T) {
 	}) {
 		t.Fatalf("restored pod %s:7000 answered %q", dstIP, out)
 	}
+	// The source, still running on the same bridge, answers too, with its
+	// own counter: the clone took its own pod's MAC instead of sharing the
+	// source's.
+	mac := func(id string) string { return strings.TrimSpace(execOut(t, c, id, "cat", "/sys/class/net/eth0/address")) }
+	if sm, dm := mac(app), mac(dapp); sm == dm {
+		t.Fatalf("source and restored pod share the mac %s on one bridge", sm)
+	}
+	if !harness.WaitFor(30*time.Second, func() bool {
+		o, _ := c.InNetNS("busybox", "sh", "-c", "echo hi | busybox nc -w 3 "+srcIP+" 7000")
+		out = o
+		return strings.Contains(o, "secret "+secret)
+	}) {
+		t.Fatalf("source pod %s:7000 answered %q after the restore", srcIP, out)
+	}
+	if o, _ := c.InNetNS("busybox", "sh", "-c", "echo hi | busybox nc -w 3 "+dstIP+" 7000"); !strings.Contains(o, "secret "+secret) {
+		t.Fatalf("restored pod %s:7000 answered %q after the source did", dstIP, o)
+	}
 	for _, p := range []string{src, dst} {
 		c.MustCrictl("stopp", p)
 		c.MustCrictl("rmp", p)

@@ -42,10 +42,9 @@ func podNetNS(spec *specs.Spec) string {
 // setupNetwork bridges the pod netns named in the sandbox container's spec
 // (CRI sets it to the netns CNI configured) to a tap. It returns nil for a
 // spec without a netns path and for a netns without interfaces besides
-// loopback. A restore passes the MAC the guest NIC had at checkpoint time in
-// opts.MAC: the new pod's veth takes it over, and UpdateInterface (which
-// finds the guest NIC by MAC) then gives the guest the new pod's addresses
-// and routes.
+// loopback. A restored guest's NIC still has the MAC it had at checkpoint
+// time; UpdateInterface gives it the new pod's veth's MAC, addresses and
+// routes.
 func setupNetwork(ctx context.Context, spec *specs.Spec, opts network.Options) (*podNetwork, error) {
 	path := podNetNS(spec)
 	if path == "" {

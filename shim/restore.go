@@ -221,8 +221,8 @@ func (s *service) restoreSandbox(ctx context.Context, id string, spec *specs.Spe
 }
 
 // restoredNetwork gives a restored VM the network of the new pod: the same
-// NIC (device id and slot) as at checkpoint, its MAC taken over by the new
-// pod's veth. The VM's device layout must match the snapshot's, so a
+// NIC (device id and slot) as at checkpoint, which takes the MAC of the new
+// pod's veth once the guest answers. The VM's device layout must match the snapshot's, so a
 // snapshot with a NIC needs a pod network and one without refuses one.
 func restoredNetwork(ctx context.Context, spec *specs.Spec, rec *sandboxRecord) (*podNetwork, error) {
 	has := podNetNS(spec) != ""
@@ -234,11 +234,12 @@ func restoredNetwork(ctx context.Context, spec *specs.Spec, rec *sandboxRecord) 
 	case !has:
 		return nil, fmt.Errorf("restore: the snapshot's vm had a pod network interface, this sandbox has no network namespace: %w", errdefs.ErrFailedPrecondition)
 	}
-	mac, err := net.ParseMAC(rec.NICMAC)
-	if err != nil {
+	if _, err := net.ParseMAC(rec.NICMAC); err != nil {
 		return nil, fmt.Errorf("restore: snapshot nic mac %q: %w", rec.NICMAC, errdefs.ErrDataLoss)
 	}
-	pn, err := setupNetwork(ctx, spec, network.Options{MAC: mac})
+	// The veth keeps its own MAC and the guest NIC takes it (configureGuest):
+	// clones of one snapshot on one bridge must not share an address.
+	pn, err := setupNetwork(ctx, spec, network.Options{})
 	if err != nil {
 		return nil, err
 	}

@@ -25,7 +25,7 @@ func (s *Service) UpdateInterface(ctx context.Context, req *agentapi.UpdateInter
 	if err != nil {
 		return nil, err
 	}
-	link, err := linkByMAC(mac)
+	link, err := nicFor(mac)
 	if err != nil {
 		return nil, err
 	}
@@ -51,6 +51,60 @@ func (s *Service) UpdateInterface(ctx context.Context, req *agentapi.UpdateInter
 		return nil, fmt.Errorf("set %s up: %w", name, err)
 	}
 	return &emptypb.Empty{}, nil
+}
+
+// nicFor returns the NIC that must have mac: the one that has it, else the
+// guest's only Ethernet NIC, which then takes it. A restored guest's NIC
+// still has the MAC it had at checkpoint time, which its source and every
+// other clone of it have too: on one bridge they would steal each other's
+// frames, so each takes its own pod's.
+func nicFor(mac net.HardwareAddr) (netlink.Link, error) {
+	link, err := linkByMAC(mac)
+	if !errdefs.IsNotFound(err) {
+		return link, err
+	}
+	link, err = soleNIC()
+	if err != nil {
+		return nil, fmt.Errorf("no interface with mac %s: %w", mac, err)
+	}
+	if err := setMAC(link, mac); err != nil {
+		return nil, err
+	}
+	return netlink.LinkByIndex(link.Attrs().Index)
+}
+
+// soleNIC returns the guest's only Ethernet interface besides loopback.
+func soleNIC() (netlink.Link, error) {
+	links, err := netlink.LinkList()
+	if err != nil {
+		return nil, err
+	}
+	var nics []netlink.Link
+	for _, l := range links {
+		if a := l.Attrs(); a.EncapType == "ether" && len(a.HardwareAddr) == 6 {
+			nics = append(nics, l)
+		}
+	}
+	if len(nics) != 1 {
+		return nil, fmt.Errorf("%d ethernet interfaces, want one to take the address: %w", len(nics), errdefs.ErrNotFound)
+	}
+	return nics[0], nil
+}
+
+// setMAC changes link's hardware address, live when the driver can
+// (virtio-net with the control queue), else with the link down.
+func setMAC(link netlink.Link, mac net.HardwareAddr) error {
+	name := link.Attrs().Name
+	if err := netlink.LinkSetHardwareAddr(link, mac); err == nil {
+		return nil
+	}
+	if err := netlink.LinkSetDown(link); err != nil {
+		return fmt.Errorf("set %s down: %w", name, err)
+	}
+	if err := netlink.LinkSetHardwareAddr(link, mac); err != nil {
+		return fmt.Errorf("give %s the mac %s: %w", name, mac, err)
+	}
+	return nil
 }
 
 func linkByMAC(mac net.HardwareAddr) (netlink.Link, error) {
