@@ -78,12 +78,13 @@ func (s *service) restoreSandbox(ctx context.Context, id string, spec *specs.Spe
 	}
 
 	t0 := time.Now()
+	tenant := s.tenant(spec.Annotations)
 	if !src.Trusted {
-		if err := cfg.Stores.Allows(src.URL); err != nil {
+		if err := cfg.Stores.Allows(src.URL, tenant); err != nil {
 			return nil, nil, err
 		}
 	}
-	store, ref, err := fetch.Open(ctx, src.URL, fetch.OptionsFromConfig(cfg.Stores))
+	store, ref, err := fetch.Open(ctx, src.URL, storeOptions(cfg, tenant, src.URL, src.Trusted))
 	if err != nil {
 		return nil, nil, fmt.Errorf("restore: open store: %w", err)
 	}
@@ -94,7 +95,7 @@ func (s *service) restoreSandbox(ctx context.Context, id string, spec *specs.Spe
 	if err != nil {
 		return nil, nil, fmt.Errorf("restore: node cache: %w", err)
 	}
-	ropts, err := snapshot.ReadOptionsFromConfig(cfg.Snapshot)
+	ropts, err := snapshot.ReadOptionsForNamespace(cfg.Snapshot, tenant)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -190,7 +191,7 @@ func (s *service) restoreSandbox(ctx context.Context, id string, spec *specs.Spe
 	phase("start", t0)
 
 	t0 = time.Now()
-	ag, info, err := connectAgent(ctx, vm, cfg.Agent.DialTimeout.Duration)
+	ag, info, err := connectAgent(ctx, vm, cfg.Agent)
 	if err != nil {
 		return nil, nil, err
 	}
