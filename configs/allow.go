@@ -84,7 +84,7 @@ func normalizeStoreURL(raw string) (string, error) {
 		return "", fmt.Errorf("store url %q: %w", redact.URL(raw), errdefs.ErrInvalidArgument)
 	}
 	if u.RawQuery != "" || u.Fragment != "" || u.User != nil {
-		return "", fmt.Errorf("store url %q: queries, fragments and credentials are not allowed in a store url: %w", u.Redacted(), errdefs.ErrPermissionDenied)
+		return "", fmt.Errorf("store url %q: queries, fragments and credentials are not allowed in a store url: %w", redact.URL(raw), errdefs.ErrPermissionDenied)
 	}
 	for _, seg := range strings.Split(u.Path, "/") {
 		if seg == ".." || seg == "." {

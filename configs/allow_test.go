@@ -87,6 +87,22 @@ func TestAllowsNamespaced(t *testing.T) {
 	}
 }
 
+// TestAllowsRedacts: a refused URL's credentials and query values do not
+// appear in the error.
+func TestAllowsRedacts(t *testing.T) {
+	s := Stores{Allowed: []string{"s3://snapshots/{namespace}/"}}
+	for _, u := range []string{
+		"s3://AKIAEXAMPLE:s3cr3t-pw@snapshots/team-a/x:1",
+		"https://store.example/team-a/x:1?X-Amz-Signature=s3cr3t-pw",
+		"s3://u:s3cr3t-pw@other/x:1",
+	} {
+		err := s.Allows(u, "team-a")
+		if err == nil || strings.Contains(err.Error(), "s3cr3t-pw") {
+			t.Errorf("Allows(%q) = %v: want a refusal without the secret", u, err)
+		}
+	}
+}
+
 func TestValidateAllowed(t *testing.T) {
 	for _, p := range []string{"s3://b/{namespace}/", "file:///x/{namespace}/y/", "oci://r:5000/{namespace}/"} {
 		if err := validateAllowed([]string{p}); err != nil {

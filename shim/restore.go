@@ -21,6 +21,7 @@ import (
 	"github.com/cryo-runtime/cryo/annotations"
 	"github.com/cryo-runtime/cryo/configs"
 	"github.com/cryo-runtime/cryo/fetch"
+	"github.com/cryo-runtime/cryo/internal/redact"
 	"github.com/cryo-runtime/cryo/network"
 	"github.com/cryo-runtime/cryo/snapshot"
 	"github.com/cryo-runtime/cryo/vmm"
@@ -71,7 +72,8 @@ func (r *restoredSandbox) claim(spec map[string]string, first bool) (recordConta
 // timed. On failure nothing is left running and no partial file remains
 // (the cache only ever holds verified, complete entries).
 func (s *service) restoreSandbox(ctx context.Context, id string, spec *specs.Spec, cfg configs.Config, src restoreSource, stateDir, diskDir string) (_ *sandbox, _ *restoredSandbox, retErr error) {
-	ctx = log.WithLogger(ctx, log.G(ctx).WithFields(log.Fields{"sandbox": id, "restore_from": src.URL}))
+	// Logged before the allowlist refuses what a URL must not carry.
+	ctx = log.WithLogger(ctx, log.G(ctx).WithFields(log.Fields{"sandbox": id, "restore_from": redact.URL(src.URL)}))
 	total := time.Now()
 	phase := func(name string, t0 time.Time) {
 		log.G(ctx).WithFields(log.Fields{"phase": name, "duration": time.Since(t0)}).Info("restore phase")
