@@ -11,6 +11,7 @@ import (
 
 	"github.com/cryo-runtime/cryo/configs"
 	"github.com/cryo-runtime/cryo/integration/harness"
+	"github.com/cryo-runtime/cryo/snapshot"
 )
 
 // TestCRITenantIsolation: with a [stores] allowed entry per namespace, a
@@ -78,5 +79,46 @@ func mustNameBoth(t *testing.T, what, errs string) {
 	// crictl may escape the quotes of the shim's message.
 	if !strings.Contains(errs, `belongs to namespace \"team-a\"`) && !strings.Contains(errs, `belongs to namespace "team-a"`) || !strings.Contains(errs, "team-b") {
 		t.Fatalf("refused %s: the error does not name both namespaces: %s", what, errs)
+	}
+}
+
+// TestCRINamespaceKeys: with a key per namespace, a snapshot that team-a
+// checkpoints into a node-wide store is encrypted with team-a's key; a
+// team-b pod that names it is refused (its key is another), team-a restores
+// it.
+func TestCRINamespaceKeys(t *testing.T) {
+	keys := filepath.Join(t.TempDir(), "keys")
+	if err := os.Mkdir(keys, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for _, ns := range []string{"team-a", "team-b"} {
+		if err := snapshot.GenerateEncryptionKey(filepath.Join(keys, ns)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := harness.StartCRI(t, func(cfg *configs.Config) { cfg.Snapshot.EncryptionKeyDir = keys })
+	shared := c.StoreURL("shared:v1")
+
+	srcCfg := c.PodConfigIn("team-a", "src", map[string]string{"cryo.dev/checkpoint-to": shared})
+	src := c.RunPod(srcCfg)
+	app := c.StartContainer(src, c.ContainerConfig("app", []string{"sh", "-c", "echo a > /dev/shm/owner; exec sleep inf"}, nil), srcCfg)
+	c.MustCrictl("checkpoint", "--export="+filepath.Join(c.Dir, "a.tar"), app)
+
+	thiefCfg := c.PodConfigIn("team-b", "thief", map[string]string{"cryo.dev/restore-from": shared})
+	if out, errs, err := c.Crictl("runp", "--runtime", harness.RuntimeHandler, thiefCfg); err == nil || !strings.Contains(errs, "encrypted with key") {
+		t.Fatalf("a team-b pod restoring team-a's snapshot: pod %q, err %v\n%s", strings.TrimSpace(out), err, errs)
+	} else {
+		t.Logf("refused: %s", strings.TrimSpace(errs))
+	}
+
+	dstCfg := c.PodConfigIn("team-a", "dst", map[string]string{"cryo.dev/restore-from": shared})
+	dst := c.RunPod(dstCfg)
+	dapp := c.StartContainer(dst, c.ContainerConfig("app", []string{"sh", "-c", "echo this-never-runs"}, nil), dstCfg)
+	if got := strings.TrimSpace(execOut(t, c, dapp, "cat", "/dev/shm/owner")); got != "a" {
+		t.Fatalf("team-a's restored pod: /dev/shm/owner = %q", got)
+	}
+	for _, p := range []string{src, dst} {
+		c.MustCrictl("stopp", p)
+		c.MustCrictl("rmp", p)
 	}
 }
