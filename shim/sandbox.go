@@ -158,7 +158,8 @@ func bootSandbox(ctx context.Context, id string, cfg configs.Config, stateDir st
 }
 
 // connectAgent dials the agent's virtio-serial port and waits for it to
-// answer, within timeout. A VM that dies meanwhile ends the wait at once with
+// answer, within ac's dial timeout; the client's short calls then get ac's
+// request timeout. A VM that dies meanwhile ends the wait at once with
 // QEMU's own stderr and the tail of the guest console.
 func connectAgent(ctx context.Context, vm *vmm.Machine, ac configs.Agent) (guestAgent, guestInfo, error) {
 	timeout := ac.DialTimeout.Duration
