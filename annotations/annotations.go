@@ -27,9 +27,15 @@ const (
 	PreCheckpointExec = Prefix + "pre-checkpoint-exec"
 	PostRestoreExec   = Prefix + "post-restore-exec"
 
-	// Compatibility aliases.
+	// Compatibility aliases. Each is enabled or refused by the
+	// [annotations] enabled list like the cryo.dev/ key it stands for.
 	KruiseArchiveLocation = "agents.kruise.io/archive-location"
 	KataRestoreFrom       = "io.katacontainers.restore-from"
+
+	// CRISandboxNamespace is the Kubernetes namespace of the pod; containerd's
+	// CRI plugin sets it on sandbox and container specs, after (over) the
+	// pod's own annotations.
+	CRISandboxNamespace = "io.kubernetes.cri.sandbox-namespace"
 )
 
 var known = map[string]bool{
@@ -49,6 +55,19 @@ type Request struct {
 	RestoreFallback string
 	PreCheckpoint   string
 	PostRestore     string
+	// Namespace is the pod's Kubernetes namespace (CRISandboxNamespace),
+	// "" for a task that did not come through CRI.
+	Namespace string
+}
+
+// Tenant is the namespace a sandbox's stores and keys belong to: the pod's
+// Kubernetes namespace, or for a task created without CRI (ctr), its
+// containerd namespace.
+func Tenant(a map[string]string, containerdNS string) string {
+	if ns := a[CRISandboxNamespace]; ns != "" {
+		return ns
+	}
+	return containerdNS
 }
 
 // Parse reads annotations with the node config's defaults and limits.
@@ -60,6 +79,7 @@ func Parse(a map[string]string, cfg configs.Config) (Request, error) {
 		MemoryMiB:       cfg.Hypervisor.MemoryMiB,
 		RestoreFallback: cfg.Restore.Fallback,
 		CheckpointTo:    cfg.Stores.DefaultCheckpointTo,
+		Namespace:       a[CRISandboxNamespace],
 	}
 	for k, v := range a {
 		if !strings.HasPrefix(k, Prefix) {
@@ -100,16 +120,40 @@ func Parse(a map[string]string, cfg configs.Config) (Request, error) {
 			return r, invalid(k, v, err.Error())
 		}
 	}
+	if err := r.aliases(a, cfg); err != nil {
+		return r, err
+	}
+	return r, nil
+}
+
+// aliases reads the Kruise and Kata restore annotations when no
+// cryo.dev/restore-from is set. They stand for cryo.dev/restore-from, so
+// they are honoured only where the node enables it.
+func (r *Request) aliases(a map[string]string, cfg configs.Config) error {
+	for _, k := range []string{KruiseArchiveLocation, KataRestoreFrom} {
+		if v, ok := a[k]; ok && !enabled(RestoreFrom, cfg.Annotations.Enabled) {
+			return invalid(k, v, "an alias of "+RestoreFrom+", which is not enabled in the node's [annotations] enabled list")
+		}
+	}
 	if r.RestoreFrom == "" {
 		r.RestoreFrom = a[KruiseArchiveLocation]
 	}
-	if name := a[KataRestoreFrom]; r.RestoreFrom == "" && name != "" {
-		if cfg.Snapshot.LocalRoot == "" || strings.ContainsAny(name, "/\\") || name == "." || name == ".." {
-			return r, invalid(KataRestoreFrom, name, "must be a plain snapshot name under the node's snapshot.local_root")
-		}
-		r.RestoreFrom = "file://" + path.Join(cfg.Snapshot.LocalRoot, name)
+	name := a[KataRestoreFrom]
+	if r.RestoreFrom != "" || name == "" {
+		return nil
 	}
-	return r, nil
+	root := cfg.Snapshot.LocalRoot
+	if root == "" || strings.ContainsAny(name, "/\\") || name == "." || name == ".." {
+		return invalid(KataRestoreFrom, name, "must be a plain snapshot name under the node's snapshot.local_root")
+	}
+	if strings.Contains(root, configs.NamespacePlaceholder) {
+		if err := configs.ValidNamespace(r.Namespace); err != nil {
+			return invalid(KataRestoreFrom, name, "the node's snapshot.local_root is per namespace and the pod has no valid "+CRISandboxNamespace)
+		}
+		root = strings.ReplaceAll(root, configs.NamespacePlaceholder, r.Namespace)
+	}
+	r.RestoreFrom = "file://" + path.Join(root, name)
+	return nil
 }
 
 func enabled(key string, patterns []string) bool {

@@ -30,8 +30,11 @@ func TestParse(t *testing.T) {
 		{name: "digest", in: map[string]string{RestoreDigest: "md5:x"}, wantErr: "sha256"},
 		{name: "kruise alias", in: map[string]string{KruiseArchiveLocation: "s3://b/x:1"},
 			want: func(r Request) bool { return r.RestoreFrom == "s3://b/x:1" }},
-		{name: "kata alias", in: map[string]string{KataRestoreFrom: "demo:v1"},
-			want: func(r Request) bool { return r.RestoreFrom == "file:///var/lib/cryo/store/demo:v1" }},
+		{name: "kata alias", in: map[string]string{KataRestoreFrom: "demo:v1", CRISandboxNamespace: "team-a"},
+			want: func(r Request) bool { return r.RestoreFrom == "file:///var/lib/cryo/store/team-a/demo:v1" }},
+		{name: "kata alias without namespace", in: map[string]string{KataRestoreFrom: "demo:v1"}, wantErr: "per namespace"},
+		{name: "kata alias bad namespace", in: map[string]string{KataRestoreFrom: "demo:v1", CRISandboxNamespace: "../x"}, wantErr: "per namespace"},
+		{name: "namespace", in: map[string]string{CRISandboxNamespace: "team-a"}, want: func(r Request) bool { return r.Namespace == "team-a" }},
 		{name: "kata alias escapes", in: map[string]string{KataRestoreFrom: "../../etc/passwd"}, wantErr: "plain snapshot name"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -50,5 +53,37 @@ func TestParse(t *testing.T) {
 	cfg.Annotations.Enabled = []string{VCPUs}
 	if _, err := Parse(map[string]string{Memory: "1Gi"}, cfg); err == nil || !strings.Contains(err.Error(), "not enabled") {
 		t.Fatalf("disabled annotation accepted: %v", err)
+	}
+}
+
+// TestAliasesHonourEnabled: the Kruise and Kata aliases stand for
+// cryo.dev/restore-from and are refused where it is not enabled.
+func TestAliasesHonourEnabled(t *testing.T) {
+	cfg := configs.Default()
+	cfg.Snapshot.LocalRoot = "/var/lib/cryo/store"
+	for _, enabled := range [][]string{{VCPUs, Memory}, {}, {"cryo.dev/v*"}} {
+		cfg.Annotations.Enabled = enabled
+		for _, a := range []map[string]string{
+			{KruiseArchiveLocation: "s3://b/x:1"},
+			{KataRestoreFrom: "demo:v1"},
+		} {
+			r, err := Parse(a, cfg)
+			if err == nil || !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), RestoreFrom) {
+				t.Errorf("enabled %v, %v: Parse = %+v, %v; want a refusal naming %s", enabled, a, r, err, RestoreFrom)
+			}
+		}
+	}
+	cfg.Annotations.Enabled = []string{RestoreFrom}
+	if r, err := Parse(map[string]string{KruiseArchiveLocation: "s3://b/x:1"}, cfg); err != nil || r.RestoreFrom != "s3://b/x:1" {
+		t.Fatalf("alias with %s enabled: %+v, %v", RestoreFrom, r, err)
+	}
+}
+
+func TestTenant(t *testing.T) {
+	if got := Tenant(map[string]string{CRISandboxNamespace: "team-a"}, "k8s.io"); got != "team-a" {
+		t.Errorf("CRI pod: tenant %q", got)
+	}
+	if got := Tenant(map[string]string{}, "default"); got != "default" {
+		t.Errorf("ctr task: tenant %q", got)
 	}
 }

@@ -73,17 +73,45 @@ type Runtime struct {
 
 // Snapshot configures the snapshot format.
 type Snapshot struct {
-	ChunkSizeMiB      int    `toml:"chunk_size"`
-	CompressionLevel  int    `toml:"compression_level"`
-	SigningKey        string `toml:"signing_key"`
-	VerifyKey         string `toml:"verify_key"`
-	RequireSignature  bool   `toml:"require_signature"`
-	EncryptionKey     string `toml:"encryption_key"`
-	RequireEncryption bool   `toml:"require_encryption"`
+	ChunkSizeMiB     int    `toml:"chunk_size"`
+	CompressionLevel int    `toml:"compression_level"`
+	SigningKey       string `toml:"signing_key"`
+	VerifyKey        string `toml:"verify_key"`
+	// RequireSignature is unset (nil) unless the file says it: unset, a
+	// configured VerifyKey requires signatures (see SignatureRequired).
+	RequireSignature *bool  `toml:"require_signature"`
+	EncryptionKey    string `toml:"encryption_key"`
+	// EncryptionKeyDir holds one key file per namespace, named by the
+	// namespace: a sandbox encrypts with and decrypts with its own
+	// namespace's key only (see snapshot.LoadNamespaceKey).
+	EncryptionKeyDir string `toml:"encryption_key_dir"`
+	// RequireEncryption is unset (nil) unless the file says it: unset, a
+	// configured key requires encryption (see EncryptionRequired).
+	RequireEncryption *bool  `toml:"require_encryption"`
 	CacheDir          string `toml:"cache_dir"`
 	CacheMaxMiB       int64  `toml:"cache_size"`
-	// LocalRoot resolves io.katacontainers.restore-from names.
+	// LocalRoot resolves io.katacontainers.restore-from names; it may hold
+	// NamespacePlaceholder as a path element.
 	LocalRoot string `toml:"local_root"`
+}
+
+// SignatureRequired: as require_signature says, else whenever a verify key
+// is configured. A node that names a key has said whom it trusts; taking
+// unsigned snapshots anyway would make the key decorative.
+func (s Snapshot) SignatureRequired() bool {
+	if s.RequireSignature != nil {
+		return *s.RequireSignature
+	}
+	return s.VerifyKey != ""
+}
+
+// EncryptionRequired: as require_encryption says, else whenever an
+// encryption key or key directory is configured.
+func (s Snapshot) EncryptionRequired() bool {
+	if s.RequireEncryption != nil {
+		return *s.RequireEncryption
+	}
+	return s.EncryptionKey != "" || s.EncryptionKeyDir != ""
 }
 
 // BlobDir is the node's blob cache, under CacheDir.
@@ -95,7 +123,10 @@ func (s Snapshot) MaterializedDir() string { return filepath.Join(s.CacheDir, "s
 // Stores configures where snapshots may come from and go to.
 type Stores struct {
 	// Allowed lists URL prefixes a restore or checkpoint may name, such as
-	// "file:///var/lib/cryo/store/", "s3://snapshots/", "oci://127.0.0.1:5000/".
+	// "file:///var/lib/cryo/store/{namespace}/", "s3://snapshots/{namespace}/",
+	// "oci://127.0.0.1:5000/templates/". An entry with NamespacePlaceholder
+	// admits only the sandbox's own namespace there; one without admits
+	// every sandbox of the node (see Stores.Allows).
 	Allowed              []string `toml:"allowed"`
 	DefaultCheckpointTo  string   `toml:"default_checkpoint_to"`
 	MaxConcurrentFetches int      `toml:"max_concurrent_fetches"`
@@ -181,10 +212,10 @@ func Default() Config {
 			CompressionLevel: 1,
 			CacheDir:         "/var/lib/cryo/cache",
 			CacheMaxMiB:      20480,
-			LocalRoot:        "/var/lib/cryo/store",
+			LocalRoot:        "/var/lib/cryo/store/" + NamespacePlaceholder,
 		},
 		Stores: Stores{
-			Allowed:              []string{"file:///var/lib/cryo/store/"},
+			Allowed:              []string{"file:///var/lib/cryo/store/" + NamespacePlaceholder + "/"},
 			MaxConcurrentFetches: 8,
 		},
 		Restore:     Restore{Fallback: "fail"},
@@ -289,6 +320,19 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("snapshot.cache_dir %q: must be an absolute path", s.CacheDir)
 	case s.LocalRoot != "" && !filepath.IsAbs(s.LocalRoot):
 		return fmt.Errorf("snapshot.local_root %q: must be an absolute path", s.LocalRoot)
+	case strings.Contains(s.LocalRoot, NamespacePlaceholder) && !strings.Contains(s.LocalRoot, "/"+NamespacePlaceholder+"/") && !strings.HasSuffix(s.LocalRoot, "/"+NamespacePlaceholder):
+		return fmt.Errorf("snapshot.local_root %q: %s must be a whole path element", s.LocalRoot, NamespacePlaceholder)
+	case s.EncryptionKeyDir != "" && !filepath.IsAbs(s.EncryptionKeyDir):
+		return fmt.Errorf("snapshot.encryption_key_dir %q: must be an absolute path", s.EncryptionKeyDir)
+	case s.EncryptionKeyDir != "" && s.EncryptionKey != "":
+		return errors.New("snapshot.encryption_key and snapshot.encryption_key_dir are both set: with a key per namespace, one node key would open every tenant's snapshots")
+	case s.RequireSignature != nil && *s.RequireSignature && s.VerifyKey == "":
+		return errors.New("snapshot.require_signature is set but snapshot.verify_key is not")
+	case s.RequireEncryption != nil && *s.RequireEncryption && s.EncryptionKey == "" && s.EncryptionKeyDir == "":
+		return errors.New("snapshot.require_encryption is set but neither snapshot.encryption_key nor snapshot.encryption_key_dir is")
+	}
+	if err := validateAllowed(c.Stores.Allowed); err != nil {
+		return err
 	}
 	if c.Stores.MaxConcurrentFetches < 1 {
 		return fmt.Errorf("stores.max_concurrent_fetches %d: must be at least 1", c.Stores.MaxConcurrentFetches)

@@ -61,6 +61,58 @@ func TestLoad(t *testing.T) {
 	}
 }
 
+// TestFailClosedDefaults: a configured key requires what it is for unless
+// the file explicitly says otherwise; unset and false are told apart.
+func TestFailClosedDefaults(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		name, body string
+		sig, enc   bool
+		wantErr    string
+	}{
+		{name: "nothing", body: "", sig: false, enc: false},
+		{name: "verify key", body: "[snapshot]\nverify_key = \"/k.pub\"\n", sig: true},
+		{name: "verify key, explicitly optional", body: "[snapshot]\nverify_key = \"/k.pub\"\nrequire_signature = false\n", sig: false},
+		{name: "encryption key", body: "[snapshot]\nencryption_key = \"/k\"\n", enc: true},
+		{name: "key dir", body: "[snapshot]\nencryption_key_dir = \"/etc/cryo/keys\"\n", enc: true},
+		{name: "encryption key, explicitly optional", body: "[snapshot]\nencryption_key = \"/k\"\nrequire_encryption = false\n", enc: false},
+		{name: "require without key", body: "[snapshot]\nrequire_signature = true\n", wantErr: "verify_key is not"},
+		{name: "require encryption without key", body: "[snapshot]\nrequire_encryption = true\n", wantErr: "neither"},
+		{name: "node key and key dir", body: "[snapshot]\nencryption_key = \"/k\"\nencryption_key_dir = \"/d\"\n", wantErr: "both set"},
+		{name: "relative key dir", body: "[snapshot]\nencryption_key_dir = \"keys\"\n", wantErr: "encryption_key_dir"},
+		{name: "placeholder in host", body: "[stores]\nallowed = [\"oci://{namespace}/\"]\n", wantErr: "whole path segment"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := filepath.Join(dir, "c.toml")
+			if err := os.WriteFile(p, []byte(tc.body), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			c, err := Load(p)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("Load = %v, want error with %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := c.Snapshot.SignatureRequired(); got != tc.sig {
+				t.Errorf("SignatureRequired = %v, want %v", got, tc.sig)
+			}
+			if got := c.Snapshot.EncryptionRequired(); got != tc.enc {
+				t.Errorf("EncryptionRequired = %v, want %v", got, tc.enc)
+			}
+		})
+	}
+}
+
+func TestLoadMissing(t *testing.T) {
+	if _, err := Load(filepath.Join(t.TempDir(), "missing.toml")); err == nil {
+		t.Fatal("explicitly named missing config must be an error")
+	}
+}
+
 // TestShippedProfiles: every TOML file shipped in configs/ loads and
 // validates.
 func TestShippedProfiles(t *testing.T) {

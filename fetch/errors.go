@@ -12,6 +12,8 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/minio/minio-go/v7"
 	"oras.land/oras-go/v2/registry/remote/errcode"
+
+	"github.com/cryo-runtime/cryo/internal/redact"
 )
 
 // errStalled is the cause set on a request context that made no progress for
@@ -114,5 +116,5 @@ func checkStatus(resp *http.Response) error {
 		return nil
 	}
 	resp.Body.Close()
-	return &StatusError{Op: resp.Request.Method + " " + resp.Request.URL.Redacted(), StatusCode: resp.StatusCode}
+	return &StatusError{Op: resp.Request.Method + " " + redact.URL(resp.Request.URL.String()), StatusCode: resp.StatusCode}
 }

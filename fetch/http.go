@@ -6,11 +6,14 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 
 	"github.com/containerd/errdefs"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/cryo-runtime/cryo/internal/redact"
 )
 
 // httpStore reads an OCI image layout served over http(s) (index.json,
@@ -36,6 +39,44 @@ func NewHTTPStore(base string, opts Options) (Store, error) {
 	return &httpStore{base: strings.TrimRight(base, "/"), client: opts.HTTPClient}, nil
 }
 
+// maxRedirects bounds a redirect chain, as net/http's default does.
+const maxRedirects = 10
+
+// withRedirectPolicy returns a copy of c that follows a redirect only when
+// policy allows its target: a store reached through an allowed URL must not
+// become a way for the node to fetch from, or send credentials to, a host
+// the node never allowed.
+func withRedirectPolicy(c *http.Client, policy func(*url.URL) error) *http.Client {
+	cc := *c
+	cc.CheckRedirect = func(req *http.Request, via []*http.Request) error {
+		if len(via) >= maxRedirects {
+			return fmt.Errorf("stopped after %d redirects: %w", maxRedirects, errdefs.ErrPermissionDenied)
+		}
+		return checkRedirect(req.URL, via[0].URL, policy)
+	}
+	return &cc
+}
+
+func checkRedirect(to, first *url.URL, policy func(*url.URL) error) error {
+	target := *to
+	target.RawQuery, target.ForceQuery, target.Fragment, target.RawFragment = "", false, "", ""
+	shown := redact.URL(to.String())
+	switch {
+	case to.User != nil:
+		return fmt.Errorf("redirect to %s: credentials in a redirect target: %w", shown, errdefs.ErrPermissionDenied)
+	case first.Scheme == "https" && to.Scheme != "https":
+		return fmt.Errorf("redirect to %s: from https to %s: %w", shown, to.Scheme, errdefs.ErrPermissionDenied)
+	case policy == nil && (to.Scheme != first.Scheme || to.Host != first.Host):
+		return fmt.Errorf("redirect to %s: another host than %s: %w", shown, first.Host, errdefs.ErrPermissionDenied)
+	case policy == nil:
+		return nil
+	}
+	if err := policy(&target); err != nil {
+		return fmt.Errorf("redirect to %s: %w", shown, err)
+	}
+	return nil
+}
+
 func (h *httpStore) get(ctx context.Context, method, p string, offset, length int64) (*http.Response, error) {
 	req, err := http.NewRequestWithContext(ctx, method, h.base+"/"+p, nil)
 	if err != nil {
@@ -44,7 +85,7 @@ func (h *httpStore) get(ctx context.Context, method, p string, offset, length in
 	setRange(req, offset, length)
 	resp, err := h.client.Do(req)
 	if err != nil {
-		return nil, err
+		return nil, redact.Error(err)
 	}
 	if err := checkStatus(resp); err != nil {
 		return nil, err

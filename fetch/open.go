@@ -42,6 +42,13 @@ type Options struct {
 
 	// Getenv reads the environment (default os.Getenv); tests replace it.
 	Getenv func(string) string
+
+	// Redirect decides, hop by hop, whether the http(s) and oci stores
+	// follow a redirect to u (its query already cut off); an error refuses
+	// it. nil follows redirects only within the host of the request. S3
+	// clients never follow redirects. A redirect from https to http is
+	// always refused.
+	Redirect func(u *url.URL) error
 }
 
 // S3Options are the connection settings of an S3 or MinIO store.
@@ -91,6 +98,7 @@ func (o Options) withDefaults() Options {
 	if o.HTTPClient == nil {
 		o.HTTPClient = defaultHTTPClient()
 	}
+	o.HTTPClient = withRedirectPolicy(o.HTTPClient, o.Redirect)
 	return o
 }
 

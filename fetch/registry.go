@@ -15,6 +15,8 @@ import (
 	"oras.land/oras-go/v2/registry"
 	"oras.land/oras-go/v2/registry/remote"
 	"oras.land/oras-go/v2/registry/remote/auth"
+
+	"github.com/cryo-runtime/cryo/internal/redact"
 )
 
 // registryStore is one repository of an OCI distribution registry, through
@@ -78,6 +80,9 @@ func regErr(op string, err error) error {
 	if err == nil {
 		return nil
 	}
+	// oras quotes the request URL, which after a redirect to a blob
+	// store carries its signature.
+	err = redact.Error(err)
 	if errors.Is(err, errdef.ErrNotFound) {
 		return fmt.Errorf("%s: %w: %w", op, err, errdefs.ErrNotFound)
 	}
@@ -130,7 +135,7 @@ func (s *registryStore) Fetch(ctx context.Context, desc ocispec.Descriptor, offs
 	setRange(req, offset, length)
 	resp, err := s.client.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", op, err)
+		return nil, fmt.Errorf("%s: %w", op, redact.Error(err))
 	}
 	return rangedBody(resp, offset, length, op)
 }

@@ -14,6 +14,8 @@ import (
 	"github.com/containerd/log"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sync/semaphore"
+
+	"github.com/cryo-runtime/cryo/internal/redact"
 )
 
 // reliableStore wraps a backend store with retries on transient errors, a
@@ -36,12 +38,15 @@ func newReliableStore(s Store, opts Options) *reliableStore {
 func (r *reliableStore) Unwrap() Store { return r.s }
 
 // retry runs op until it succeeds, fails permanently, or runs out of retries.
+// Its errors, and the retries it logs, are redacted: a store client's
+// message may quote a URL with credentials or a signature.
 func (r *reliableStore) retry(ctx context.Context, what string, op func(ctx context.Context) error) error {
 	var err error
 	for attempt := 0; ; attempt++ {
 		if err = op(ctx); err == nil || !isTransient(err) || ctx.Err() != nil {
-			return err
+			return redact.Error(err)
 		}
+		err = redact.Error(err)
 		if attempt >= r.opts.Retries {
 			return fmt.Errorf("%s: giving up after %d attempts: %w", what, attempt+1, err)
 		}

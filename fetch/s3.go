@@ -16,6 +16,8 @@ import (
 	"github.com/minio/minio-go/v7/pkg/credentials"
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/cryo-runtime/cryo/internal/redact"
 )
 
 // s3Store keeps a snapshot repository in a bucket:
@@ -31,6 +33,8 @@ type s3Store struct {
 	bucket string
 	prefix string // "" or "a/b" (no slashes at the ends)
 	name   string
+	// secrets are redacted from every error.
+	secrets []string
 }
 
 var (
@@ -131,7 +135,8 @@ func NewS3Store(o S3Options, bucket, prefix, name string, opts Options) (Store, 
 	if err != nil {
 		return nil, fmt.Errorf("s3 client for %s: %w", o.Endpoint, err)
 	}
-	return &s3Store{c: c, bucket: bucket, prefix: strings.Trim(prefix, "/"), name: name}, nil
+	return &s3Store{c: c, bucket: bucket, prefix: strings.Trim(prefix, "/"), name: name,
+		secrets: []string{o.SecretAccessKey, o.SessionToken}}, nil
 }
 
 func (s *s3Store) key(parts ...string) string {
@@ -146,7 +151,13 @@ func (s *s3Store) blobKey(d digest.Digest) (string, error) {
 }
 
 // s3Err adds the object to a minio error and maps it to errdefs.
+// s3Err maps minio's errors to errdefs, redacted: an endpoint's answer can
+// quote a signed URL, and must never echo the node's keys.
 func (s *s3Store) s3Err(op, key string, err error) error {
+	return redact.Error(s.mapErr(op, key, err), s.secrets...)
+}
+
+func (s *s3Store) mapErr(op, key string, err error) error {
 	if err == nil {
 		return nil
 	}

@@ -27,8 +27,9 @@ func TestSignedEncryptedSnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := harness.Start(t, func(c *configs.Config) {
-		c.Snapshot.SigningKey, c.Snapshot.VerifyKey, c.Snapshot.RequireSignature = priv, pub, true
-		c.Snapshot.EncryptionKey, c.Snapshot.RequireEncryption = enc, true
+		// The keys alone require signatures and encryption (fail closed).
+		c.Snapshot.SigningKey, c.Snapshot.VerifyKey = priv, pub
+		c.Snapshot.EncryptionKey = enc
 	})
 	e.MustCtr(e.RunArgs("-d", harness.Image, "src", "sh", "-c", "echo TOP-SECRET-MARKER-$((6*7)) > /dev/shm/s; "+workload)...)
 	waitCounting(t, e, "src")

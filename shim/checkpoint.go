@@ -59,19 +59,20 @@ func (s *service) checkpoint(ctx context.Context, req checkpointRequest) (_ chec
 	if to == "" {
 		return checkpointResult{}, fmt.Errorf("checkpoint: no store: set %s, [stores] default_checkpoint_to, or pass a target: %w", annotations.CheckpointTo, errdefs.ErrInvalidArgument)
 	}
+	tenant := s.tenant(sb.annotations)
 	if !req.trusted {
-		if err := sb.cfg.Stores.Allows(to); err != nil {
-			return checkpointResult{}, err
+		if err := sb.cfg.Stores.Allows(to, tenant); err != nil {
+			return checkpointResult{}, fmt.Errorf("checkpoint: %w", err)
 		}
 	}
-	store, ref, err := fetch.Open(ctx, to, fetch.OptionsFromConfig(sb.cfg.Stores))
+	store, ref, err := fetch.Open(ctx, to, storeOptions(sb.cfg, tenant, to, req.trusted))
 	if err != nil {
 		return checkpointResult{}, fmt.Errorf("checkpoint: open store: %w", err)
 	}
 	if ref == "" {
 		return checkpointResult{}, fmt.Errorf("checkpoint target %s names no reference (add :tag): %w", to, errdefs.ErrInvalidArgument)
 	}
-	wopts, err := snapshot.WriteOptionsFromConfig(sb.cfg.Snapshot)
+	wopts, err := snapshot.WriteOptionsFromConfig(sb.cfg.Snapshot, tenant)
 	if err != nil {
 		return checkpointResult{}, err
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/cryo-runtime/cryo/annotations"
 	"github.com/cryo-runtime/cryo/configs"
 	"github.com/cryo-runtime/cryo/fetch"
+	"github.com/cryo-runtime/cryo/internal/redact"
 	"github.com/cryo-runtime/cryo/network"
 	"github.com/cryo-runtime/cryo/snapshot"
 	"github.com/cryo-runtime/cryo/vmm"
@@ -71,19 +72,21 @@ func (r *restoredSandbox) claim(spec map[string]string, first bool) (recordConta
 // timed. On failure nothing is left running and no partial file remains
 // (the cache only ever holds verified, complete entries).
 func (s *service) restoreSandbox(ctx context.Context, id string, spec *specs.Spec, cfg configs.Config, src restoreSource, stateDir, diskDir string) (_ *sandbox, _ *restoredSandbox, retErr error) {
-	ctx = log.WithLogger(ctx, log.G(ctx).WithFields(log.Fields{"sandbox": id, "restore_from": src.URL}))
+	// Logged before the allowlist refuses what a URL must not carry.
+	ctx = log.WithLogger(ctx, log.G(ctx).WithFields(log.Fields{"sandbox": id, "restore_from": redact.URL(src.URL)}))
 	total := time.Now()
 	phase := func(name string, t0 time.Time) {
 		log.G(ctx).WithFields(log.Fields{"phase": name, "duration": time.Since(t0)}).Info("restore phase")
 	}
 
 	t0 := time.Now()
+	tenant := s.tenant(spec.Annotations)
 	if !src.Trusted {
-		if err := cfg.Stores.Allows(src.URL); err != nil {
+		if err := cfg.Stores.Allows(src.URL, tenant); err != nil {
 			return nil, nil, err
 		}
 	}
-	store, ref, err := fetch.Open(ctx, src.URL, fetch.OptionsFromConfig(cfg.Stores))
+	store, ref, err := fetch.Open(ctx, src.URL, storeOptions(cfg, tenant, src.URL, src.Trusted))
 	if err != nil {
 		return nil, nil, fmt.Errorf("restore: open store: %w", err)
 	}
@@ -94,7 +97,7 @@ func (s *service) restoreSandbox(ctx context.Context, id string, spec *specs.Spe
 	if err != nil {
 		return nil, nil, fmt.Errorf("restore: node cache: %w", err)
 	}
-	ropts, err := snapshot.ReadOptionsFromConfig(cfg.Snapshot)
+	ropts, err := snapshot.ReadOptionsForNamespace(cfg.Snapshot, tenant)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -190,7 +193,7 @@ func (s *service) restoreSandbox(ctx context.Context, id string, spec *specs.Spe
 	phase("start", t0)
 
 	t0 = time.Now()
-	ag, info, err := connectAgent(ctx, vm, cfg.Agent.DialTimeout.Duration)
+	ag, info, err := connectAgent(ctx, vm, cfg.Agent)
 	if err != nil {
 		return nil, nil, err
 	}

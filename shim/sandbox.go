@@ -140,7 +140,7 @@ func bootSandbox(ctx context.Context, id string, cfg configs.Config, stateDir st
 			_ = vm.Shutdown(sctx)
 		}
 	}()
-	ag, info, err := connectAgent(ctx, vm, cfg.Agent.DialTimeout.Duration)
+	ag, info, err := connectAgent(ctx, vm, cfg.Agent)
 	if err != nil {
 		return nil, err
 	}
@@ -158,9 +158,11 @@ func bootSandbox(ctx context.Context, id string, cfg configs.Config, stateDir st
 }
 
 // connectAgent dials the agent's virtio-serial port and waits for it to
-// answer, within timeout. A VM that dies meanwhile ends the wait at once with
+// answer, within ac's dial timeout; the client's short calls then get ac's
+// request timeout. A VM that dies meanwhile ends the wait at once with
 // QEMU's own stderr and the tail of the guest console.
-func connectAgent(ctx context.Context, vm *vmm.Machine, timeout time.Duration) (guestAgent, guestInfo, error) {
+func connectAgent(ctx context.Context, vm *vmm.Machine, ac configs.Agent) (guestAgent, guestInfo, error) {
+	timeout := ac.DialTimeout.Duration
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	go func() {
@@ -178,7 +180,7 @@ func connectAgent(ctx context.Context, vm *vmm.Machine, timeout time.Duration) (
 			lastErr = err
 			break
 		}
-		ag := newAgentClient(conn, 0)
+		ag := newAgentClient(conn, ac.RequestTimeout.Duration)
 		pctx, pcancel := context.WithTimeout(ctx, 5*time.Second)
 		info, err := ag.ping(pctx)
 		pcancel()

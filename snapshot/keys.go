@@ -8,10 +8,15 @@ import (
 	"crypto/x509"
 	"encoding/hex"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
+	"syscall"
 
 	"github.com/containerd/errdefs"
+
+	"github.com/cryo-runtime/cryo/configs"
 )
 
 // maxKeyFile bounds what a key loader reads.
@@ -41,6 +46,10 @@ func LoadEncryptionKey(path string) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load encryption key: %w", err)
 	}
+	return parseEncryptionKey(b, path)
+}
+
+func parseEncryptionKey(b []byte, path string) ([]byte, error) {
 	if len(b) == 32 {
 		return b, nil
 	}
@@ -50,6 +59,85 @@ func LoadEncryptionKey(path string) ([]byte, error) {
 		}
 	}
 	return nil, fmt.Errorf("load encryption key %s: want 32 raw bytes or 64 hex digits: %w", path, errdefs.ErrInvalidArgument)
+}
+
+// LoadNamespaceKey reads namespace ns's encryption key from dir/ns: the
+// key that alone encrypts and decrypts that namespace's snapshots. Neither
+// dir nor the file may be a symbolic link; both must belong to root and be
+// closed to group and others (the file 0600 or stricter, the directory not
+// writable by them), as a key anyone else could swap or read protects
+// nothing. A FIFO or device in the key's place is refused without blocking.
+func LoadNamespaceKey(dir, ns string) ([]byte, error) {
+	if ns == "" {
+		return nil, fmt.Errorf("load namespace key: the sandbox has no namespace to choose a key from %s by: %w", dir, errdefs.ErrFailedPrecondition)
+	}
+	if err := configs.ValidNamespace(ns); err != nil {
+		return nil, fmt.Errorf("load namespace key: %w", err)
+	}
+	if err := checkKeyOwner(dir, true); err != nil {
+		return nil, err
+	}
+	path := filepath.Join(dir, ns)
+	fd, err := syscall.Open(path, syscall.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		if errors.Is(err, syscall.ENOENT) {
+			return nil, fmt.Errorf("load namespace key: no key for namespace %q (%s): %w", ns, path, errdefs.ErrNotFound)
+		}
+		if errors.Is(err, syscall.ELOOP) {
+			return nil, fmt.Errorf("load namespace key %s: a symbolic link: %w", path, errdefs.ErrPermissionDenied)
+		}
+		return nil, fmt.Errorf("load namespace key %s: %w", path, err)
+	}
+	f := os.NewFile(uintptr(fd), path)
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("load namespace key %s: not a regular file (%s): %w", path, st.Mode().Type(), errdefs.ErrPermissionDenied)
+	}
+	if err := ownedByRoot(path, st, 0o077); err != nil {
+		return nil, err
+	}
+	b := make([]byte, maxKeyFile+1)
+	n, err := readFull(f, b)
+	if err != nil {
+		return nil, fmt.Errorf("load namespace key %s: %w", path, err)
+	}
+	if n > maxKeyFile {
+		return nil, fmt.Errorf("load namespace key %s: over %d bytes: %w", path, maxKeyFile, errdefs.ErrInvalidArgument)
+	}
+	return parseEncryptionKey(b[:n], path)
+}
+
+// checkKeyOwner refuses a symbolic link at path and, for a directory, one
+// that group or others may write.
+func checkKeyOwner(path string, dir bool) error {
+	st, err := os.Lstat(path)
+	if err != nil {
+		return fmt.Errorf("load namespace key: %w", err)
+	}
+	switch {
+	case st.Mode()&os.ModeSymlink != 0:
+		return fmt.Errorf("load namespace key: %s is a symbolic link: %w", path, errdefs.ErrPermissionDenied)
+	case dir && !st.IsDir():
+		return fmt.Errorf("load namespace key: %s is not a directory: %w", path, errdefs.ErrInvalidArgument)
+	case dir:
+		return ownedByRoot(path, st, 0o022)
+	}
+	return nil
+}
+
+func ownedByRoot(path string, st os.FileInfo, forbidden os.FileMode) error {
+	sys, ok := st.Sys().(*syscall.Stat_t)
+	if !ok || sys.Uid != 0 {
+		return fmt.Errorf("load namespace key: %s must belong to root: %w", path, errdefs.ErrPermissionDenied)
+	}
+	if st.Mode().Perm()&forbidden != 0 {
+		return fmt.Errorf("load namespace key: %s has mode %v, must not give group or others %v: %w", path, st.Mode().Perm(), forbidden, errdefs.ErrPermissionDenied)
+	}
+	return nil
 }
 
 // KeyID identifies an encryption key in Metadata without revealing it.

@@ -36,6 +36,7 @@ type App struct {
 	VerifyKey        string
 	DecryptionKey    string
 	RequireSignature bool
+	Namespace        string
 
 	Config configs.Config
 	Stdout io.Writer
@@ -58,7 +59,8 @@ func (a *App) addGlobalFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&a.RegistryPassword, "registry-password", "", "OCI registry password (prefer the config file)")
 	fs.StringVar(&a.VerifyKey, "verify-key", "", "Ed25519 public key file that signatures must verify with (default: [snapshot] verify_key)")
 	fs.StringVar(&a.DecryptionKey, "decryption-key", "", "AES-256 key file of encrypted snapshots (default: [snapshot] encryption_key)")
-	fs.BoolVar(&a.RequireSignature, "require-signature", false, "refuse snapshots without a valid signature (default: [snapshot] require_signature)")
+	fs.BoolVar(&a.RequireSignature, "require-signature", false, "refuse snapshots without a valid signature (default: [snapshot] require_signature, on when verify_key is set)")
+	fs.StringVar(&a.Namespace, "namespace", "", "namespace whose key in [snapshot] encryption_key_dir decrypts")
 }
 
 // load reads the configuration. A missing default file yields defaults.
@@ -143,9 +145,14 @@ func (a *App) cache() (*fetch.Cache, error) {
 func (a *App) readOptions() (snapshot.ReadOptions, error) {
 	sc := a.Config.Snapshot
 	sc.VerifyKey = firstNonEmpty(a.VerifyKey, sc.VerifyKey)
-	sc.EncryptionKey = firstNonEmpty(a.DecryptionKey, sc.EncryptionKey)
-	sc.RequireSignature = sc.RequireSignature || a.RequireSignature
-	return snapshot.ReadOptionsFromConfig(sc)
+	if a.DecryptionKey != "" {
+		sc.EncryptionKey, sc.EncryptionKeyDir = a.DecryptionKey, ""
+	}
+	if a.RequireSignature {
+		t := true
+		sc.RequireSignature = &t
+	}
+	return snapshot.ReadOptionsForNamespace(sc, a.Namespace)
 }
 
 // print writes v as JSON with --output json, else calls text.

@@ -198,8 +198,14 @@ func (c *CRI) InNetNS(args ...string) (string, error) {
 // its path.
 func (c *CRI) PodConfig(name string, annotations map[string]string) string {
 	c.t.Helper()
+	return c.PodConfigIn("default", name, annotations)
+}
+
+// PodConfigIn is PodConfig for a pod in Kubernetes namespace ns.
+func (c *CRI) PodConfigIn(ns, name string, annotations map[string]string) string {
+	c.t.Helper()
 	return c.writeJSON("pod-"+name+".json", map[string]any{
-		"metadata":      map[string]any{"name": name, "namespace": "default", "uid": name + "-uid", "attempt": 1},
+		"metadata":      map[string]any{"name": name, "namespace": ns, "uid": name + "-uid", "attempt": 1},
 		"hostname":      name,
 		"log_directory": filepath.Join(c.Dir, "logs", name),
 		"annotations":   annotations,
