@@ -92,7 +92,9 @@ func TestCRICheckpointRestore(t *testing.T) {
 	// The source, still running on the same bridge, answers too, with its
 	// own counter: the clone took its own pod's MAC instead of sharing the
 	// source's.
-	mac := func(id string) string { return strings.TrimSpace(execOut(t, c, id, "cat", "/sys/class/net/eth0/address")) }
+	mac := func(id string) string {
+		return strings.TrimSpace(execOut(t, c, id, "cat", "/sys/class/net/eth0/address"))
+	}
 	if sm, dm := mac(app), mac(dapp); sm == dm {
 		t.Fatalf("source and restored pod share the mac %s on one bridge", sm)
 	}
