@@ -99,7 +99,13 @@ func (s *service) restoreSandbox(ctx context.Context, id string, spec *specs.Spe
 		return nil, nil, err
 	}
 	ropts.RefuseExpired = true
+	nodeReadLimits(&ropts, cfg)
 	snap, err := snapshot.Open(ctx, fetch.NewCachingStore(store, cache, fetch.CachingOptions{}), ref, ropts)
+	if err != nil {
+		return nil, nil, fmt.Errorf("restore from %s: %w", src.URL, err)
+	}
+	// Every field of the snapshot is decoded before anything is created.
+	rec, err := readRecord(ctx, snap, cfg)
 	if err != nil {
 		return nil, nil, fmt.Errorf("restore from %s: %w", src.URL, err)
 	}
@@ -132,14 +138,6 @@ func (s *service) restoreSandbox(ctx context.Context, id string, spec *specs.Spe
 	m, err := snap.Materialize(ctx, matDir)
 	if err != nil {
 		return nil, nil, fmt.Errorf("restore from %s: %w", src.URL, err)
-	}
-	b, err := m.ReadSpec()
-	if err != nil {
-		return nil, nil, err
-	}
-	rec, err := parseRecord(b)
-	if err != nil {
-		return nil, nil, err
 	}
 	log.G(ctx).WithFields(log.Fields{"phase": "fetch+materialize", "duration": time.Since(t0), "cache_hit": m.CacheHit, "digest": snap.Descriptor.Digest}).Info("restore phase")
 

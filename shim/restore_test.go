@@ -1,7 +1,10 @@
 package shim
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -59,15 +62,85 @@ func TestClaim(t *testing.T) {
 	}
 }
 
-func TestParseRecord(t *testing.T) {
-	good := `{"version":1,"sandboxID":"s","vcpus":1,"memoryMiB":256,"containers":[{"guestID":"s","disk":"d"}]}`
-	if r, err := parseRecord([]byte(good)); err != nil || r.SandboxID != "s" {
-		t.Fatalf("parseRecord = %+v, %v", r, err)
+// goodRecord is a record as a checkpoint writes it.
+func goodRecord() *sandboxRecord {
+	fp := vmm.Fingerprint{QEMUVersion: "7.2.19", MachineType: "pc-q35-7.2", CPUModel: "qemu64", Accel: "tcg", MemoryMiB: 256, VCPUs: 1,
+		Devices: []vmm.Device{{ID: "root-0a1b2c3d4e5f", Driver: "virtio-blk-pci", Bus: "pcie.0", Addr: "0x3"}}, KernelSHA256: strings.Repeat("ab", 32)}
+	return &sandboxRecord{
+		Version: recordVersion, SandboxID: "s", VCPUs: 1, MemoryMiB: 256, HotplugPort: 8, Fingerprint: fp, NICMAC: "02:00:00:00:00:01",
+		Disks: []recordDisk{{Name: "root-0a1b2c3d4e5f", ID: "root-0a1b2c3d4e5f", Serial: "cryo0a1b2c3d4e5f6a7b"}},
+		Containers: []recordContainer{{GuestID: "s", Name: "app", Disk: "root-0a1b2c3d4e5f", Spec: &specs.Spec{Hostname: "web-0"}}},
 	}
-	for _, bad := range []string{`{`, `{"version":2,"vcpus":1,"memoryMiB":256,"containers":[{}]}`, `{"version":1,"vcpus":0,"memoryMiB":256,"containers":[{}]}`, `{"version":1,"vcpus":1,"memoryMiB":256}`} {
-		if _, err := parseRecord([]byte(bad)); err == nil {
-			t.Errorf("parseRecord(%s) accepted", bad)
+}
+
+// TestDecodeRecord: every hostile field of a sandbox record is refused,
+// naming the field, before anything is made of it.
+func TestDecodeRecord(t *testing.T) {
+	lim := recordLimits{maxVCPUs: 4, maxMemoryMiB: 2048}
+	enc := func(r *sandboxRecord) []byte { b, _ := json.Marshal(r); return b }
+	if r, err := decodeRecord(enc(goodRecord()), lim); err != nil || r.SandboxID != "s" {
+		t.Fatalf("decodeRecord(good) = %+v, %v", r, err)
+	}
+	for _, tc := range []struct {
+		name, field string
+		edit        func(r *sandboxRecord)
+	}{
+		{"disk name escapes", "disks[0].name", func(r *sandboxRecord) { r.Disks[0].Name = "../../x" }},
+		{"disk id escapes", "disks[0].id", func(r *sandboxRecord) { r.Disks[0].ID = "../x" }},
+		{"disk id with a slash", "disks[0].id", func(r *sandboxRecord) { r.Disks[0].ID = "a/b" }},
+		{"disk id with NUL", "disks[0].id", func(r *sandboxRecord) { r.Disks[0].ID = "a\x00b" }},
+		{"disk id too long", "disks[0].id", func(r *sandboxRecord) { r.Disks[0].ID = "d" + strings.Repeat("x", 24) }},
+		{"disk serial with a comma", "disks[0].serial", func(r *sandboxRecord) { r.Disks[0].Serial = "a,file=/etc/shadow" }},
+		{"disk port", "disks[0].port", func(r *sandboxRecord) { r.Disks[0].Port = "rp0,x=y" }},
+		{"disk listed twice", "disks[1]", func(r *sandboxRecord) { r.Disks = append(r.Disks, r.Disks[0]) }},
+		{"too many disks", "disks:", func(r *sandboxRecord) {
+			for i := range maxRecordDisks {
+				r.Disks = append(r.Disks, recordDisk{Name: fmt.Sprintf("d%d", i), ID: fmt.Sprintf("d%d", i)})
+			}
+		}},
+		{"container disk escapes", "containers[0].disk", func(r *sandboxRecord) { r.Containers[0].Disk = "../../../etc" }},
+		{"container disk empty", "containers[0].disk", func(r *sandboxRecord) { r.Containers[0].Disk = "" }},
+		{"guest id with a slash", "containers[0].guestID", func(r *sandboxRecord) { r.Containers[0].GuestID = "a/b" }},
+		{"guest id dot dot", "containers[0].guestID", func(r *sandboxRecord) { r.Containers[0].GuestID = ".." }},
+		{"guest id listed twice", "containers[1].guestID", func(r *sandboxRecord) { r.Containers = append(r.Containers, r.Containers[0]) }},
+		{"container name", "containers[0].name", func(r *sandboxRecord) { r.Containers[0].Name = "a b" }},
+		{"container without a spec", "containers[0].spec", func(r *sandboxRecord) { r.Containers[0].Spec = nil }},
+		{"hostname", "containers[0].spec.hostname", func(r *sandboxRecord) { r.Containers[0].Spec.Hostname = "-x;reboot" }},
+		{"no containers", "containers:", func(r *sandboxRecord) { r.Containers = nil }},
+		{"too many containers", "containers:", func(r *sandboxRecord) {
+			for i := range maxRecordContainers {
+				r.Containers = append(r.Containers, recordContainer{GuestID: fmt.Sprintf("c%d", i), Disk: "d", Spec: &specs.Spec{}})
+			}
+		}},
+		{"sandbox id", "sandboxID", func(r *sandboxRecord) { r.SandboxID = "../s" }},
+		{"vcpus over max_vcpus", "max_vcpus", func(r *sandboxRecord) { r.VCPUs, r.Fingerprint.VCPUs = 5, 5 }},
+		{"no vcpus", "vcpus 0", func(r *sandboxRecord) { r.VCPUs, r.Fingerprint.VCPUs = 0, 0 }},
+		{"memory over max_memory", "max_memory", func(r *sandboxRecord) { r.MemoryMiB, r.Fingerprint.MemoryMiB = 4096, 4096 }},
+		{"memory under the minimum", "memoryMiB 1", func(r *sandboxRecord) { r.MemoryMiB, r.Fingerprint.MemoryMiB = 1, 1 }},
+		{"fingerprint differs from the record", "fingerprint.vcpus", func(r *sandboxRecord) { r.Fingerprint.VCPUs = 4 }},
+		{"hotplug ports", "hotplugPorts", func(r *sandboxRecord) { r.HotplugPort = 1000 }},
+		{"nic mac", "nicMAC", func(r *sandboxRecord) { r.NICMAC = "02:00:00:00:00:01:02:03" }},
+		{"machine type with a newline", "fingerprint.machineType", func(r *sandboxRecord) { r.Fingerprint.MachineType = "pc\n" }},
+		{"kernel digest", "fingerprint.kernelSHA256", func(r *sandboxRecord) { r.Fingerprint.KernelSHA256 = "../x" }},
+		{"device id", "fingerprint.devices[0].id", func(r *sandboxRecord) { r.Fingerprint.Devices[0].ID = strings.Repeat("x", 65) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := goodRecord()
+			tc.edit(r)
+			_, err := decodeRecord(enc(r), lim)
+			if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), tc.field) {
+				t.Fatalf("decodeRecord: %v, want an invalid argument naming %s", err, tc.field)
+			}
+			t.Logf("refused: %v", err)
+		})
+	}
+	for _, bad := range []string{`{`, `{"version":2}`, `[]`} {
+		if _, err := decodeRecord([]byte(bad), lim); err == nil {
+			t.Errorf("decodeRecord(%s) accepted", bad)
 		}
+	}
+	if _, err := decodeRecord(bytes.Repeat([]byte(" "), maxRecordSize+1), lim); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("oversize record: %v", err)
 	}
 }
 
