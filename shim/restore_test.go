@@ -68,7 +68,7 @@ func goodRecord() *sandboxRecord {
 		Devices: []vmm.Device{{ID: "root-0a1b2c3d4e5f", Driver: "virtio-blk-pci", Bus: "pcie.0", Addr: "0x3"}}, KernelSHA256: strings.Repeat("ab", 32)}
 	return &sandboxRecord{
 		Version: recordVersion, SandboxID: "s", VCPUs: 1, MemoryMiB: 256, HotplugPort: 8, Fingerprint: fp, NICMAC: "02:00:00:00:00:01",
-		Disks: []recordDisk{{Name: "root-0a1b2c3d4e5f", ID: "root-0a1b2c3d4e5f", Serial: "cryo0a1b2c3d4e5f6a7b"}},
+		Disks:      []recordDisk{{Name: "root-0a1b2c3d4e5f", ID: "root-0a1b2c3d4e5f", Serial: "cryo0a1b2c3d4e5f6a7b"}},
 		Containers: []recordContainer{{GuestID: "s", Name: "app", Disk: "root-0a1b2c3d4e5f", Spec: &specs.Spec{Hostname: "web-0"}}},
 	}
 }
