@@ -178,3 +178,61 @@ func must(t *testing.T, err error) {
 		t.Fatal(err)
 	}
 }
+
+// TestCacheHostileEntries: a symlink or a FIFO in place of a cached blob
+// is refused when the blob is opened, never followed or waited on; one
+// there when the cache opens is not taken for a blob, and a download
+// replaces it without writing through it.
+func TestCacheHostileEntries(t *testing.T) {
+	b := blobN(7, 4096)
+	for _, kind := range []string{"symlink", "fifo"} {
+		t.Run(kind, func(t *testing.T) {
+			parent := t.TempDir()
+			dir, outside := filepath.Join(parent, "cache"), filepath.Join(parent, "outside")
+			must(t, os.Mkdir(outside, 0o700))
+			target := filepath.Join(outside, "target")
+			must(t, os.WriteFile(target, b.Data, 0o600))
+			c, err := fetch.NewCache(dir, 1<<20)
+			must(t, err)
+			must(t, c.Add(context.Background(), b.Desc, bytes.NewReader(b.Data)))
+			p := filepath.Join(dir, "blobs", "sha256", b.Desc.Digest.Encoded())
+			plant := func() {
+				os.Remove(p)
+				if kind == "symlink" {
+					must(t, os.Symlink(target, p))
+				} else {
+					must(t, syscall.Mkfifo(p, 0o600))
+				}
+			}
+			plant()
+			done := make(chan error, 1)
+			go func() {
+				r, err := c.Open(b.Desc.Digest)
+				if err == nil {
+					r.Close()
+				}
+				done <- err
+			}()
+			select {
+			case err := <-done:
+				if !errors.Is(err, safefs.ErrUnsafe) {
+					t.Fatalf("open: %v, want a refusal", err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("open blocked")
+			}
+			c2, err := fetch.NewCache(dir, 1<<20)
+			must(t, err)
+			if c2.Has(b.Desc.Digest) {
+				t.Fatal("a new cache took the planted entry for a blob")
+			}
+			must(t, c2.Add(context.Background(), b.Desc, bytes.NewReader(b.Data)))
+			if st, err := os.Lstat(p); err != nil || !st.Mode().IsRegular() {
+				t.Fatalf("after a download: %v, %v", st, err)
+			}
+			if got, _ := os.ReadFile(target); !bytes.Equal(got, b.Data) {
+				t.Fatal("the symlink's target changed")
+			}
+		})
+	}
+}
