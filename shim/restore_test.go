@@ -8,7 +8,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -175,6 +177,61 @@ func TestGuestFiles(t *testing.T) {
 	}
 	if len(s.Mounts) != 2 || s.Mounts[0].Destination != "/proc" || s.Mounts[1].Destination != "/dev/shm" {
 		t.Fatalf("bind mounts left in the spec: %+v", s.Mounts)
+	}
+}
+
+// TestGuestFilesHostile: the host side of a bind mount, which other pods
+// may write, cannot pull host files into the guest nor block the shim: a
+// symlink out of the mount's tree, a FIFO, a socket or a device refuses
+// the mount at once; one inside the tree is followed.
+func TestGuestFilesHostile(t *testing.T) {
+	dir := t.TempDir()
+	secret := filepath.Join(dir, "host-secret")
+	os.WriteFile(secret, []byte("root's secret"), 0o600)
+	mk := func(name string, fill func(d string)) string {
+		d := filepath.Join(dir, name)
+		os.MkdirAll(d, 0o755)
+		os.WriteFile(filepath.Join(d, "ok"), []byte("ok"), 0o644)
+		fill(d)
+		return d
+	}
+	mounts := map[string]string{
+		"/abs-link": mk("abs", func(d string) { os.Symlink(secret, filepath.Join(d, "x")) }),
+		"/rel-link": mk("rel", func(d string) { os.Symlink("../host-secret", filepath.Join(d, "x")) }),
+		"/deep-link": mk("deep", func(d string) {
+			os.MkdirAll(filepath.Join(d, "a"), 0o755)
+			os.Symlink("../../host-secret", filepath.Join(d, "a", "x"))
+		}),
+		"/dir-link": mk("dirlink", func(d string) { os.Symlink(dir, filepath.Join(d, "up")) }),
+		"/fifo":     mk("fifo", func(d string) { syscall.Mkfifo(filepath.Join(d, "x"), 0o600) }),
+		"/socket":   mk("socket", func(d string) { syscall.Mknod(filepath.Join(d, "x"), syscall.S_IFSOCK|0o600, 0) }),
+		"/inside":   mk("inside", func(d string) { os.Symlink("ok", filepath.Join(d, "alias")) }),
+	}
+	fifo := filepath.Join(dir, "single-fifo")
+	syscall.Mkfifo(fifo, 0o600)
+	mounts["/single-fifo"] = fifo
+	s := &specs.Spec{}
+	for dst, src := range mounts {
+		s.Mounts = append(s.Mounts, specs.Mount{Destination: dst, Type: "bind", Source: src})
+	}
+	done := make(chan []guestFile, 1)
+	go func() { done <- guestFiles(t.Context(), s) }()
+	var files []guestFile
+	select {
+	case files = <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("guestFiles blocked")
+	}
+	got := map[string]string{}
+	for _, f := range files {
+		got[f.Path] = string(f.Content)
+		if strings.Contains(string(f.Content), "secret") {
+			t.Errorf("%s carries a host file into the guest", f.Path)
+		}
+	}
+	want := map[string]string{"/inside/ok": "ok", "/inside/alias": "ok"}
+	if len(got) != len(want) || got["/inside/ok"] != "ok" || got["/inside/alias"] != "ok" {
+		t.Fatalf("copied %v, want %v", got, want)
 	}
 }
 
