@@ -16,6 +16,8 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/cryo-runtime/cryo/configs"
+	"github.com/cryo-runtime/cryo/fetch"
+	"github.com/cryo-runtime/cryo/internal/safefs"
 	"github.com/cryo-runtime/cryo/vmm"
 )
 
@@ -232,6 +234,57 @@ func TestGuestFilesHostile(t *testing.T) {
 	want := map[string]string{"/inside/ok": "ok", "/inside/alias": "ok"}
 	if len(got) != len(want) || got["/inside/ok"] != "ok" || got["/inside/alias"] != "ok" {
 		t.Fatalf("copied %v, want %v", got, want)
+	}
+}
+
+// TestReadCheckpointRef: containerd's checkpoint directory holds what a
+// checkpoint image carried; its reference is decoded strictly and never
+// read through a symlink, and the store under it follows none.
+func TestReadCheckpointRef(t *testing.T) {
+	const d = "sha256:1111111111111111111111111111111111111111111111111111111111111111"
+	write := func(t *testing.T, ref string) string {
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, checkpointRefFile), []byte(ref), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return dir
+	}
+	dir := write(t, `{"local":"checkpoint","digest":"`+d+`"}`)
+	src, err := readCheckpointRef(dir)
+	if err != nil || !src.Trusted || src.URL != "file://"+dir+"/snapshot/cryo:checkpoint" || src.Digest != d {
+		t.Fatalf("local ref: %+v, %v", src, err)
+	}
+	if src, err := readCheckpointRef(write(t, `{"url":"s3://b/p:v1","digest":"`+d+`"}`)); err != nil || src.Trusted || src.URL != "s3://b/p:v1" {
+		t.Fatalf("url ref: %+v, %v", src, err)
+	}
+	for _, bad := range []string{
+		`{"local":"../../etc:x"}`, `{"local":"a/b"}`, `{"local":"checkpoint","digest":"sha256:../x"}`,
+		`{"local":"checkpoint","digest":"md5:1"}`, `{}`, `{"url":"s3://b/p:v1\n"}`, `[`,
+	} {
+		if _, err := readCheckpointRef(write(t, bad)); !errdefs.IsInvalidArgument(err) {
+			t.Errorf("%s: %v, want a refusal", bad, err)
+		}
+	}
+	// The reference itself a symlink to a file elsewhere, or a FIFO.
+	other := write(t, `{"local":"checkpoint"}`)
+	link := t.TempDir()
+	os.Symlink(filepath.Join(other, checkpointRefFile), filepath.Join(link, checkpointRefFile))
+	if _, err := readCheckpointRef(link); !errors.Is(err, safefs.ErrUnsafe) {
+		t.Errorf("symlinked reference: %v", err)
+	}
+	fifo := t.TempDir()
+	syscall.Mkfifo(filepath.Join(fifo, checkpointRefFile), 0o600)
+	if _, err := readCheckpointRef(fifo); !errors.Is(err, safefs.ErrUnsafe) {
+		t.Errorf("FIFO reference: %v", err)
+	}
+	// snapshot/ a symlink to a store elsewhere: the store refuses it.
+	target := t.TempDir()
+	os.Symlink(target, filepath.Join(dir, "snapshot"))
+	if _, err := fetch.NewFileStore(filepath.Join(dir, "snapshot", "cryo")); !errors.Is(err, safefs.ErrUnsafe) {
+		t.Errorf("store through a symlinked snapshot dir: %v", err)
+	}
+	if ents, _ := os.ReadDir(target); len(ents) != 0 {
+		t.Errorf("created %v through the symlink", ents)
 	}
 }
 
