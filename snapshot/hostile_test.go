@@ -196,6 +196,9 @@ func TestHostile(t *testing.T) {
 			})
 		}, ReadOptions{}, atOpen, errdefs.IsInvalidArgument},
 		{"too many layers", nil, ReadOptions{MaxLayers: 10}, atOpen, errdefs.IsInvalidArgument},
+		{"manifest annotation with an escape", func(t *testing.T, st *memStore, s *Snapshot) {
+			rewrite(t, st, "v1", func(m *ocispec.Manifest, md *Metadata) { m.Annotations = map[string]string{"note": "\x1b]0;owned\a"} })
+		}, ReadOptions{}, atOpen, names("manifest.annotations[note]")},
 		{"vcpus over the node's limit", func(t *testing.T, st *memStore, s *Snapshot) {
 			rewrite(t, st, "v1", func(m *ocispec.Manifest, md *Metadata) { md.Fingerprint.VCPUs = 64 })
 		}, ReadOptions{MaxVCPUs: 8}, atOpen, names("fingerprint.vcpus")},

@@ -200,6 +200,9 @@ func (s *Snapshot) open(ctx context.Context) error {
 	if len(m.Layers) > s.opts.MaxLayers {
 		return fmt.Errorf("%d layers, limit %d: %w", len(m.Layers), s.opts.MaxLayers, errdefs.ErrInvalidArgument)
 	}
+	if err := validateAnnotations("manifest.annotations", m.Annotations); err != nil {
+		return err
+	}
 	cb, err := fetchVerified(ctx, s.store, m.Config, s.opts.MaxConfigSize, 0, nil)
 	if err != nil {
 		return fmt.Errorf("config: %w", err)
