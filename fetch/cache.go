@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cryo-runtime/cryo/internal/bootid"
+	"github.com/cryo-runtime/cryo/internal/safefs"
 )
 
 // Cache is the node-local content-addressed blob cache:
@@ -41,9 +42,14 @@ import (
 // process, and a blob is stamped with the boot it was verified in (an
 // xattr); Open trusts a blob of this boot and hashes again one from an
 // earlier boot, which a machine crash may have torn.
+//
+// Every file is opened beneath the directory without following symlinks
+// and only if it is a regular file (safefs): a symlink or a FIFO planted
+// in the cache is refused, never followed, never waited on.
 type Cache struct {
-	dir string
-	max int64
+	dir  string
+	root *safefs.Dir
+	max  int64
 
 	mu      sync.Mutex
 	entries map[digest.Digest]*cacheEntry
@@ -82,10 +88,20 @@ func NewCache(dir string, maxBytes int64) (*Cache, error) {
 		entries: map[digest.Digest]*cacheEntry{}, lru: list.New(),
 		pins: map[digest.Digest]int{}, flights: map[digest.Digest]*flight{},
 	}
-	for _, d := range []string{filepath.Join(dir, "tmp"), filepath.Join(dir, "blobs", "sha256")} {
-		if err := os.MkdirAll(d, 0o700); err != nil {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("cache %s: %w", dir, err)
+	}
+	root, err := safefs.OpenDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("cache %s: %w", dir, err)
+	}
+	c.root = root
+	for _, d := range []string{"tmp", "blobs/sha256"} {
+		sub, err := root.MkdirAll(d, 0o700)
+		if err != nil {
 			return nil, fmt.Errorf("cache %s: %w", dir, err)
 		}
+		sub.Close()
 	}
 	if err := c.load(); err != nil {
 		return nil, fmt.Errorf("cache %s: %w", dir, err)
@@ -97,10 +113,15 @@ func NewCache(dir string, maxBytes int64) (*Cache, error) {
 // removeStaleTemps deletes downloads that crashed processes left behind.
 // Recent temp files may belong to another process using the same cache.
 func (c *Cache) removeStaleTemps(age time.Duration) {
-	ents, _ := os.ReadDir(filepath.Join(c.dir, "tmp"))
+	tmp, err := c.root.Sub("tmp")
+	if err != nil {
+		return
+	}
+	defer tmp.Close()
+	ents, _ := tmp.ReadDir()
 	for _, e := range ents {
 		if info, err := e.Info(); err == nil && time.Since(info.ModTime()) > age {
-			os.Remove(filepath.Join(c.dir, "tmp", e.Name()))
+			tmp.Remove(e.Name())
 		}
 	}
 }
@@ -113,11 +134,19 @@ func (c *Cache) load() error {
 		mtime time.Time
 	}
 	var all []found
-	algs, err := os.ReadDir(filepath.Join(c.dir, "blobs"))
+	blobs, err := c.root.Sub("blobs")
+	if err != nil {
+		return err
+	}
+	defer blobs.Close()
+	algs, err := blobs.ReadDir()
 	if err != nil {
 		return err
 	}
 	for _, a := range algs {
+		if !a.IsDir() {
+			continue // a symlink or a file: never followed
+		}
 		ents, err := os.ReadDir(filepath.Join(c.dir, "blobs", a.Name()))
 		if err != nil {
 			return err
@@ -145,7 +174,23 @@ func (c *Cache) load() error {
 func (c *Cache) Dir() string { return c.dir }
 
 func (c *Cache) blobPath(d digest.Digest) string {
-	return filepath.Join(c.dir, "blobs", d.Algorithm().String(), d.Encoded())
+	return filepath.Join(c.dir, c.blobName(d))
+}
+
+// blobName is the blob's name under the cache directory. Digests reach
+// the cache validated (copyVerified) or listed from its own directory.
+func (c *Cache) blobName(d digest.Digest) string {
+	return "blobs/" + d.Algorithm().String() + "/" + d.Encoded()
+}
+
+// removeBlob removes the blob's file, never following a symlink.
+func (c *Cache) removeBlob(d digest.Digest) error {
+	dir, err := c.root.Sub("blobs/" + d.Algorithm().String())
+	if err != nil {
+		return err
+	}
+	defer dir.Close()
+	return dir.Remove(d.Encoded())
 }
 
 // Has reports whether d is in the cache (without counting a hit).
@@ -164,8 +209,11 @@ func (c *Cache) touch(d digest.Digest) bool {
 	}
 	c.mu.Unlock()
 	if e != nil {
-		now := time.Now()
-		_ = os.Chtimes(c.blobPath(d), now, now)
+		if f, err := c.root.OpenFile(c.blobName(d), os.O_RDONLY, 0); err == nil {
+			now := unix.NsecToTimeval(time.Now().UnixNano())
+			_ = unix.Futimes(int(f.Fd()), []unix.Timeval{now, now})
+			f.Close()
+		}
 	}
 	return e != nil
 }
@@ -183,7 +231,7 @@ func (c *Cache) Open(d digest.Digest) (*VerifiedReader, error) {
 
 // open is Open without marking the blob used.
 func (c *Cache) open(d digest.Digest) (*VerifiedReader, error) {
-	f, err := os.Open(c.blobPath(d))
+	f, err := c.root.Open(c.blobName(d))
 	if errors.Is(err, fs.ErrNotExist) {
 		c.forget(d)
 		return nil, fmt.Errorf("blob %s vanished from cache: %w", d, errdefs.ErrNotFound)
@@ -201,7 +249,7 @@ func (c *Cache) open(d digest.Digest) (*VerifiedReader, error) {
 			f.Close()
 			// Torn by a crash (or changed behind our back): useless to
 			// anyone, pinned or not; the caller downloads it again.
-			if rerr := os.Remove(c.blobPath(d)); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
+			if rerr := c.removeBlob(d); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
 				return nil, fmt.Errorf("remove corrupt %w: %w", err, rerr)
 			}
 			c.forget(d)
@@ -370,23 +418,31 @@ func sizeDesc(n, want int64) string {
 
 type cacheTemp struct {
 	f        *os.File
+	dir      *safefs.Dir // tmp/
+	name     string
 	finished bool
 }
 
 func (c *Cache) newTemp() (*cacheTemp, error) {
-	// CreateTemp makes the file 0600.
-	f, err := os.CreateTemp(filepath.Join(c.dir, "tmp"), "blob-*")
+	dir, err := c.root.Sub("tmp")
 	if err != nil {
 		return nil, fmt.Errorf("cache: %w", err)
 	}
-	return &cacheTemp{f: f}, nil
+	name := "blob-" + randomSuffix()
+	f, err := dir.OpenFile(name, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		dir.Close()
+		return nil, fmt.Errorf("cache: %w", err)
+	}
+	return &cacheTemp{f: f, dir: dir, name: name}, nil
 }
 
 func (t *cacheTemp) discard() {
 	if !t.finished {
 		t.f.Close()
-		os.Remove(t.f.Name())
+		t.dir.Remove(t.name)
 	}
+	t.dir.Close()
 }
 
 // commit renames a verified temp file into the cache and evicts down to
@@ -396,11 +452,13 @@ func (c *Cache) commit(t *cacheTemp, desc ocispec.Descriptor) error {
 	if err := t.f.Close(); err != nil {
 		return fmt.Errorf("cache %s: %w", desc.Digest, err)
 	}
-	dst := c.blobPath(desc.Digest)
-	if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
+	blobs, err := c.root.MkdirAll("blobs/"+desc.Digest.Algorithm().String(), 0o700)
+	if err != nil {
 		return fmt.Errorf("cache %s: %w", desc.Digest, err)
 	}
-	if err := os.Rename(t.f.Name(), dst); err != nil {
+	err = t.dir.Rename(t.name, blobs, desc.Digest.Encoded())
+	blobs.Close()
+	if err != nil {
 		return fmt.Errorf("cache %s: %w", desc.Digest, err)
 	}
 	t.finished = true
@@ -435,7 +493,7 @@ func (c *Cache) Prune(target int64) (int64, error) {
 		if c.pins[e.d] > 0 || c.flights[e.d] != nil {
 			continue
 		}
-		if err := os.Remove(c.blobPath(e.d)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		if err := c.removeBlob(e.d); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return freed, fmt.Errorf("evict %s: %w", e.d, err)
 		}
 		c.dropLocked(e)
@@ -459,7 +517,7 @@ func (c *Cache) Remove(d digest.Digest) error {
 	if c.pins[d] > 0 {
 		return fmt.Errorf("blob %s is pinned: %w", d, errdefs.ErrFailedPrecondition)
 	}
-	if err := os.Remove(c.blobPath(d)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := c.removeBlob(d); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("remove %s: %w", d, err)
 	}
 	c.dropLocked(e)

@@ -20,6 +20,8 @@ import (
 	"github.com/opencontainers/go-digest"
 	specs "github.com/opencontainers/image-spec/specs-go"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/cryo-runtime/cryo/internal/safefs"
 )
 
 // fileStore is an OCI image layout directory (index.json, oci-layout,
@@ -27,9 +29,15 @@ import (
 // written 0600 to ingest/ and renamed into place after their digest is
 // checked; index.json is replaced atomically under an flock, so a tag is the
 // last thing a publish changes.
+//
+// Others may write the directory (a shared store, a checkpoint directory
+// containerd extracted from an image): no symlink is followed, neither in
+// the root's path nor under it, and a FIFO, socket or device where a file
+// should be is refused at once (safefs).
 type fileStore struct {
 	root string
-	mu   sync.Mutex // serializes index.json updates within this process
+	dir  *safefs.Dir // root
+	mu   sync.Mutex  // serializes index.json updates within this process
 }
 
 var (
@@ -43,49 +51,61 @@ func NewFileStore(root string) (Store, error) {
 		return nil, fmt.Errorf("file store %q: path must be absolute: %w", root, errdefs.ErrInvalidArgument)
 	}
 	root = filepath.Clean(root)
-	for _, d := range []string{root, filepath.Join(root, "blobs", "sha256"), filepath.Join(root, "ingest")} {
-		if err := os.MkdirAll(d, 0o700); err != nil {
+	dir, err := safefs.MkdirAllNoFollow(root)
+	if err != nil {
+		return nil, fmt.Errorf("file store %s (name it by a path without symlinks): %w", root, err)
+	}
+	for _, d := range []string{"blobs/sha256", "ingest"} {
+		sub, err := dir.MkdirAll(d, 0o700)
+		if err != nil {
+			dir.Close()
 			return nil, fmt.Errorf("file store %s: %w", root, err)
 		}
+		sub.Close()
 	}
-	layout := filepath.Join(root, ocispec.ImageLayoutFile)
-	if _, err := os.Stat(layout); errors.Is(err, fs.ErrNotExist) {
+	if _, err := dir.Lstat(ocispec.ImageLayoutFile); errors.Is(err, fs.ErrNotExist) {
 		b, _ := json.Marshal(ocispec.ImageLayout{Version: ocispec.ImageLayoutVersion})
-		if err := writeFileAtomic(layout, b); err != nil {
+		if err := writeFileAtomic(dir, ocispec.ImageLayoutFile, b); err != nil {
+			dir.Close()
 			return nil, fmt.Errorf("file store %s: %w", root, err)
 		}
 	}
-	return &fileStore{root: root}, nil
+	return &fileStore{root: root, dir: dir}, nil
 }
 
-func (f *fileStore) blobPath(d digest.Digest) (string, error) {
+// blobName is the blob's name under the root, blobs/<alg>/<hex>, from a
+// validated digest.
+func (f *fileStore) blobName(d digest.Digest) (string, error) {
 	if err := d.Validate(); err != nil {
 		return "", fmt.Errorf("digest %q: %w: %w", d, err, errdefs.ErrInvalidArgument)
 	}
-	return filepath.Join(f.root, "blobs", d.Algorithm().String(), d.Encoded()), nil
+	return "blobs/" + d.Algorithm().String() + "/" + d.Encoded(), nil
 }
 
 func (f *fileStore) Exists(ctx context.Context, desc ocispec.Descriptor) (bool, error) {
-	p, err := f.blobPath(desc.Digest)
+	p, err := f.blobName(desc.Digest)
 	if err != nil {
 		return false, err
 	}
-	st, err := os.Stat(p)
+	st, err := f.dir.Lstat(p)
 	if errors.Is(err, fs.ErrNotExist) {
 		return false, nil
 	}
 	if err != nil {
 		return false, fmt.Errorf("stat blob %s: %w", desc.Digest, err)
 	}
+	if !st.Mode().IsRegular() {
+		return false, fmt.Errorf("blob %s in %s is a %v, not a regular file: %w: %w", desc.Digest, f.root, st.Mode().Type(), safefs.ErrUnsafe, errdefs.ErrInvalidArgument)
+	}
 	return desc.Size <= 0 || st.Size() == desc.Size, nil
 }
 
 func (f *fileStore) Fetch(ctx context.Context, desc ocispec.Descriptor, offset, length int64) (io.ReadCloser, error) {
-	p, err := f.blobPath(desc.Digest)
+	p, err := f.blobName(desc.Digest)
 	if err != nil {
 		return nil, err
 	}
-	fh, err := os.Open(p)
+	fh, err := f.dir.Open(p)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("blob %s: %w", desc.Digest, errdefs.ErrNotFound)
 	}
@@ -105,32 +125,39 @@ func (f *fileStore) Push(ctx context.Context, desc ocispec.Descriptor, r io.Read
 	if ok, err := f.Exists(ctx, desc); err != nil || ok {
 		return err
 	}
-	p, err := f.blobPath(desc.Digest)
-	if err != nil {
+	if _, err := f.blobName(desc.Digest); err != nil {
 		return err
 	}
-	if err := ingestFile(ctx, filepath.Join(f.root, "ingest"), p, desc, r); err != nil {
+	if err := f.ingestFile(ctx, desc, r); err != nil {
 		return fmt.Errorf("push %s to %s: %w", desc.Digest, f.root, err)
 	}
 	return nil
 }
 
-// ingestFile copies r into a 0600 temp file in tmpDir, hashing it, and renames
-// it to dst only when digest and size match desc.
-func ingestFile(ctx context.Context, tmpDir, dst string, desc ocispec.Descriptor, r io.Reader) (retErr error) {
-	tmp, err := os.CreateTemp(tmpDir, ".ingest-*")
+// ingestFile copies r into a 0600 temp file in ingest/, hashing it, and
+// renames it into blobs/ only when digest and size match desc.
+func (f *fileStore) ingestFile(ctx context.Context, desc ocispec.Descriptor, r io.Reader) (retErr error) {
+	ingest, err := f.dir.Sub("ingest")
+	if err != nil {
+		return err
+	}
+	defer ingest.Close()
+	blobs, err := f.dir.MkdirAll("blobs/"+desc.Digest.Algorithm().String(), 0o700)
+	if err != nil {
+		return err
+	}
+	defer blobs.Close()
+	name := ".ingest-" + randomSuffix()
+	tmp, err := ingest.OpenFile(name, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
 	if err != nil {
 		return err
 	}
 	defer func() {
 		if retErr != nil {
 			tmp.Close()
-			os.Remove(tmp.Name())
+			ingest.Remove(name)
 		}
 	}()
-	if err := tmp.Chmod(0o600); err != nil {
-		return err
-	}
 	v := desc.Digest.Verifier()
 	n, err := io.Copy(io.MultiWriter(tmp, v), ctxReader{ctx, r})
 	if err != nil {
@@ -148,10 +175,16 @@ func ingestFile(ctx context.Context, tmpDir, dst string, desc ocispec.Descriptor
 	if err := tmp.Close(); err != nil {
 		return err
 	}
-	if err := os.Rename(tmp.Name(), dst); err != nil {
+	if err := ingest.Rename(name, blobs, desc.Digest.Encoded()); err != nil {
 		return err
 	}
-	return syncDir(filepath.Dir(dst))
+	return blobs.Sync()
+}
+
+func randomSuffix() string {
+	var rnd [6]byte
+	rand.Read(rnd[:])
+	return hex.EncodeToString(rnd[:])
 }
 
 // ctxReader stops a copy when its context is cancelled.
@@ -194,11 +227,11 @@ func (f *fileStore) resolveDigest(ctx context.Context, d digest.Digest) (ocispec
 			}
 		}
 	}
-	p, err := f.blobPath(d)
+	p, err := f.blobName(d)
 	if err != nil {
 		return ocispec.Descriptor{}, err
 	}
-	b, err := readSmallFile(p, maxManifestSize)
+	b, err := f.dir.ReadFile(p, maxManifestSize)
 	if errors.Is(err, fs.ErrNotExist) {
 		return ocispec.Descriptor{}, fmt.Errorf("manifest %s in %s: %w", d, f.root, errdefs.ErrNotFound)
 	}
@@ -265,8 +298,12 @@ func (f *fileStore) Roots(ctx context.Context) ([]ocispec.Descriptor, error) {
 }
 
 func (f *fileStore) Blobs(ctx context.Context, fn func(BlobInfo) error) error {
-	dir := filepath.Join(f.root, "blobs", "sha256")
-	ents, err := os.ReadDir(dir)
+	dir, err := f.dir.Sub("blobs/sha256")
+	if err != nil {
+		return fmt.Errorf("list blobs in %s: %w", f.root, err)
+	}
+	defer dir.Close()
+	ents, err := dir.ReadDir()
 	if err != nil {
 		return fmt.Errorf("list blobs in %s: %w", f.root, err)
 	}
@@ -287,11 +324,18 @@ func (f *fileStore) Blobs(ctx context.Context, fn func(BlobInfo) error) error {
 }
 
 func (f *fileStore) Delete(ctx context.Context, d digest.Digest) error {
-	p, err := f.blobPath(d)
-	if err != nil {
+	if _, err := f.blobName(d); err != nil {
 		return err
 	}
-	if err := os.Remove(p); err != nil {
+	dir, err := f.dir.Sub("blobs/" + d.Algorithm().String())
+	if errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("blob %s: %w", d, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return fmt.Errorf("delete blob %s: %w", d, err)
+	}
+	defer dir.Close()
+	if err := dir.Remove(d.Encoded()); err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			return fmt.Errorf("blob %s: %w", d, errdefs.ErrNotFound)
 		}
@@ -301,7 +345,7 @@ func (f *fileStore) Delete(ctx context.Context, d digest.Digest) error {
 }
 
 func (f *fileStore) readIndex() (*ocispec.Index, error) {
-	b, err := readSmallFile(filepath.Join(f.root, ocispec.ImageIndexFile), maxManifestSize)
+	b, err := f.dir.ReadFile(ocispec.ImageIndexFile, maxManifestSize)
 	if errors.Is(err, fs.ErrNotExist) {
 		return &ocispec.Index{Versioned: specs.Versioned{SchemaVersion: 2}, MediaType: ocispec.MediaTypeImageIndex}, nil
 	}
@@ -320,7 +364,7 @@ func (f *fileStore) readIndex() (*ocispec.Index, error) {
 func (f *fileStore) updateIndex(fn func(*ocispec.Index) error) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	lock, err := os.OpenFile(filepath.Join(f.root, "ingest", ".index.lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	lock, err := f.dir.OpenFile("ingest/.index.lock", os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		return fmt.Errorf("lock index of %s: %w", f.root, err)
 	}
@@ -342,25 +386,24 @@ func (f *fileStore) updateIndex(fn func(*ocispec.Index) error) error {
 	if err != nil {
 		return err
 	}
-	if err := writeFileAtomic(filepath.Join(f.root, ocispec.ImageIndexFile), b); err != nil {
+	if err := writeFileAtomic(f.dir, ocispec.ImageIndexFile, b); err != nil {
 		return fmt.Errorf("write index of %s: %w", f.root, err)
 	}
 	return nil
 }
 
-// writeFileAtomic writes b to a 0600 temp file beside p, syncs and renames it.
-func writeFileAtomic(p string, b []byte) (retErr error) {
-	var rnd [6]byte
-	rand.Read(rnd[:])
-	tmp := p + ".tmp-" + hex.EncodeToString(rnd[:])
-	fh, err := os.OpenFile(tmp, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+// writeFileAtomic writes b to a 0600 temp file beside name in dir, syncs
+// and renames it.
+func writeFileAtomic(dir *safefs.Dir, name string, b []byte) (retErr error) {
+	tmp := name + ".tmp-" + randomSuffix()
+	fh, err := dir.OpenFile(tmp, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
 	if err != nil {
 		return err
 	}
 	defer func() {
 		if retErr != nil {
 			fh.Close()
-			os.Remove(tmp)
+			dir.Remove(tmp)
 		}
 	}()
 	if _, err := fh.Write(b); err != nil {
@@ -372,36 +415,15 @@ func writeFileAtomic(p string, b []byte) (retErr error) {
 	if err := fh.Close(); err != nil {
 		return err
 	}
-	if err := os.Rename(tmp, p); err != nil {
+	if err := dir.Rename(tmp, dir, name); err != nil {
 		return err
 	}
-	return syncDir(filepath.Dir(p))
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil && !errors.Is(err, syscall.EINVAL) {
-		return err
-	}
-	return nil
+	return dir.Sync()
 }
 
 // maxManifestSize bounds the JSON documents (index, manifests, references)
 // read whole into memory.
 const maxManifestSize = 4 << 20
-
-func readSmallFile(p string, limit int64) ([]byte, error) {
-	fh, err := os.Open(p)
-	if err != nil {
-		return nil, err
-	}
-	defer fh.Close()
-	return readLimited(fh, limit)
-}
 
 func readLimited(r io.Reader, limit int64) ([]byte, error) {
 	b, err := io.ReadAll(io.LimitReader(r, limit+1))

@@ -4,10 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
-	"strings"
 	"sync"
+	"syscall"
 
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
@@ -124,49 +127,78 @@ func guestFiles(ctx context.Context, s *specs.Spec) []guestFile {
 	return files
 }
 
+// copyTree reads the host side of a bind mount for the guest: a regular
+// file, or a directory of regular files, at most maxCopiedFile bytes in
+// all. It reads nothing outside the mount's own tree: a directory is
+// opened as an os.Root, which refuses a symlink that leads out of it but
+// follows one that stays inside (Kubernetes secret and configmap volumes
+// are made of ..data symlinks). FIFOs, sockets and devices are refused
+// without blocking.
 func copyTree(src, dst string) ([]guestFile, error) {
 	st, err := os.Stat(src)
 	if err != nil {
 		return nil, err
 	}
-	if st.Mode().IsRegular() {
-		if st.Size() > maxCopiedFile {
-			return nil, fmt.Errorf("%s is larger than %d bytes", src, maxCopiedFile)
-		}
-		b, err := os.ReadFile(src)
+	if !st.IsDir() {
+		b, mode, err := readRegular(src, func(flag int) (*os.File, error) { return os.OpenFile(src, flag, 0) }, maxCopiedFile)
 		if err != nil {
 			return nil, err
 		}
-		return []guestFile{{Path: dst, Content: b, Mode: st.Mode().Perm()}}, nil
+		return []guestFile{{Path: dst, Content: b, Mode: mode}}, nil
 	}
-	if !st.IsDir() {
-		return nil, fmt.Errorf("%s is not a regular file or directory", src)
+	root, err := os.OpenRoot(src)
+	if err != nil {
+		return nil, err
 	}
+	defer root.Close()
 	var files []guestFile
-	var total int64
-	err = filepath.Walk(src, func(p string, fi os.FileInfo, err error) error {
-		if err != nil || fi.IsDir() {
+	left := int64(maxCopiedFile)
+	err = fs.WalkDir(root.FS(), ".", func(p string, e fs.DirEntry, err error) error {
+		if err != nil || e.IsDir() {
 			return err
 		}
-		// Kubernetes secret and configmap volumes use ..data symlinks.
-		if fi.Mode()&os.ModeSymlink != 0 {
-			if fi, err = os.Stat(p); err != nil || fi.IsDir() {
-				return err
+		if e.Type()&fs.ModeSymlink != 0 {
+			fi, err := root.Stat(p) // an escape fails here
+			if err != nil {
+				return fmt.Errorf("%s: %w", filepath.Join(src, p), err)
+			}
+			if fi.IsDir() {
+				return nil
 			}
 		}
-		if !fi.Mode().IsRegular() {
-			return fmt.Errorf("%s is not a regular file", p)
-		}
-		if total += fi.Size(); total > maxCopiedFile {
-			return fmt.Errorf("%s holds more than %d bytes", src, maxCopiedFile)
-		}
-		b, err := os.ReadFile(p)
+		b, mode, err := readRegular(filepath.Join(src, p), func(flag int) (*os.File, error) { return root.OpenFile(p, flag, 0) }, left)
 		if err != nil {
 			return err
 		}
-		rel := strings.TrimPrefix(p, src)
-		files = append(files, guestFile{Path: filepath.Join(dst, rel), Content: b, Mode: fi.Mode().Perm()})
+		left -= int64(len(b))
+		files = append(files, guestFile{Path: path.Join(dst, p), Content: b, Mode: mode})
 		return nil
 	})
 	return files, err
+}
+
+// readRegular opens a file with open, refuses it at once unless it is a
+// regular file (O_NONBLOCK: a FIFO does not wait for a writer), and reads
+// it whole if it holds at most limit bytes.
+func readRegular(name string, open func(flag int) (*os.File, error), limit int64) ([]byte, os.FileMode, error) {
+	f, err := open(os.O_RDONLY | syscall.O_NONBLOCK)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, 0, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, 0, fmt.Errorf("%s is not a regular file: %w", name, errdefs.ErrInvalidArgument)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, 0, err
+	}
+	if int64(len(b)) > limit {
+		return nil, 0, fmt.Errorf("%s: the mount holds more than %d bytes: %w", name, maxCopiedFile, errdefs.ErrInvalidArgument)
+	}
+	return b, st.Mode().Perm(), nil
 }

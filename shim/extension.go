@@ -118,7 +118,13 @@ func taskCheckpointRequest(r *taskAPI.CheckpointTaskRequest, sb *sandbox) (check
 		if r.Path == "" {
 			return req, fmt.Errorf("checkpoint: no store configured and no checkpoint path: %w", errdefs.ErrInvalidArgument)
 		}
-		req.To = "file://" + filepath.Join(r.Path, "snapshot", "cryo") + ":" + localTag
+		// The file store follows no symlink in its path: name
+		// containerd's directory by its real path.
+		dir := r.Path
+		if real, err := filepath.EvalSymlinks(dir); err == nil {
+			dir = real
+		}
+		req.To = "file://" + filepath.Join(dir, "snapshot", "cryo") + ":" + localTag
 		req.trusted = true
 	}
 	return req, nil

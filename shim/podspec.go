@@ -35,8 +35,8 @@ func mountedHostname(spec *specs.Spec) string {
 		if m.Destination != "/etc/hostname" {
 			continue
 		}
-		b, err := os.ReadFile(m.Source)
-		if err != nil || len(b) > 256 {
+		b, _, err := readRegular(m.Source, func(flag int) (*os.File, error) { return os.OpenFile(m.Source, flag, 0) }, 256)
+		if err != nil {
 			return ""
 		}
 		return strings.TrimSpace(string(b))

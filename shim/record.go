@@ -1,11 +1,18 @@
 package shim
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
+	"net"
+	"path/filepath"
+	"regexp"
 
+	"github.com/containerd/errdefs"
+	"github.com/opencontainers/go-digest"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/cryo-runtime/cryo/configs"
 	"github.com/cryo-runtime/cryo/snapshot"
 	"github.com/cryo-runtime/cryo/vmm"
 )
@@ -53,18 +60,209 @@ type recordContainer struct {
 
 const recordVersion = 1
 
-func parseRecord(b []byte) (*sandboxRecord, error) {
-	var r sandboxRecord
-	if err := json.Unmarshal(b, &r); err != nil {
+// maxRecordSize bounds the sandbox record, which is read into memory whole:
+// a record with a few dozen container specs is tens of KiB.
+const maxRecordSize = 1 << 20
+
+// Limits on the record beyond the node's [hypervisor] limits: what a VM of
+// this shim can have.
+const (
+	maxRecordContainers = 64
+	maxRecordDisks      = vmm.MaxBootDisks + vmm.MaxHotplugPorts
+	maxRecordDevices    = 256
+)
+
+var (
+	// recordDiskIDRE is vmm's device id syntax: a disk id names a
+	// directory under the sandbox's disk dir and a QEMU device.
+	recordDiskIDRE = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_-]{0,23}$`)
+	recordSerialRE = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,20}$`)
+	recordPortRE   = regexp.MustCompile(`^rp[0-9]{1,2}$`)
+	sha256HexRE    = regexp.MustCompile(`^[0-9a-f]{64}$`)
+)
+
+// recordLimits are the node's limits on the VM a record describes.
+type recordLimits struct {
+	maxVCPUs, maxMemoryMiB int
+}
+
+func nodeRecordLimits(cfg configs.Config) recordLimits {
+	return recordLimits{maxVCPUs: cfg.Hypervisor.MaxVCPUs, maxMemoryMiB: cfg.Hypervisor.MaxMemoryMiB}
+}
+
+// nodeReadLimits gives a snapshot read on this node the node's limits, so
+// that Open refuses a snapshot of a VM larger than the node allows.
+func nodeReadLimits(o *snapshot.ReadOptions, cfg configs.Config) {
+	o.MaxVCPUs = cfg.Hypervisor.MaxVCPUs
+	o.MaxMemoryMiB = int64(cfg.Hypervisor.MaxMemoryMiB)
+	o.MaxSpecSize = maxRecordSize
+}
+
+// readRecord fetches the sandbox record of an opened snapshot into memory
+// (at most maxRecordSize) and decodes it, before a restore creates
+// anything on the host. Its VM must be the one the snapshot's metadata
+// describes.
+func readRecord(ctx context.Context, snap *snapshot.Snapshot, cfg configs.Config) (*sandboxRecord, error) {
+	b, err := snap.ReadFile(ctx, snapshot.FileSpec, maxRecordSize)
+	if err != nil {
 		return nil, fmt.Errorf("snapshot sandbox record: %w", err)
 	}
-	if r.Version != recordVersion {
-		return nil, fmt.Errorf("snapshot sandbox record version %d: this shim reads version %d", r.Version, recordVersion)
+	r, err := decodeRecord(b, nodeRecordLimits(cfg))
+	if err != nil {
+		return nil, err
 	}
-	if r.VCPUs < 1 || r.MemoryMiB < 64 || len(r.Containers) == 0 {
-		return nil, fmt.Errorf("snapshot sandbox record is incomplete (vcpus %d, memory %d MiB, %d containers)", r.VCPUs, r.MemoryMiB, len(r.Containers))
+	fp := snap.Metadata.Fingerprint
+	if int64(r.MemoryMiB) != fp.MemoryMiB || r.VCPUs != fp.VCPUs {
+		return nil, fmt.Errorf("snapshot sandbox record: vcpus %d, memoryMiB %d differ from the metadata's fingerprint (vcpus %d, memoryMiB %d): %w",
+			r.VCPUs, r.MemoryMiB, fp.VCPUs, fp.MemoryMiB, errdefs.ErrInvalidArgument)
+	}
+	return r, nil
+}
+
+// decodeRecord parses and validates every field of a sandbox record: ids
+// and names that become path elements or QEMU arguments from a short
+// charset, sizes within the node's limits. The error names the field.
+func decodeRecord(b []byte, lim recordLimits) (*sandboxRecord, error) {
+	if len(b) > maxRecordSize {
+		return nil, recordErr("%d bytes, at most %d", len(b), maxRecordSize)
+	}
+	var r sandboxRecord
+	if err := json.Unmarshal(b, &r); err != nil {
+		return nil, recordErr("%v", err)
+	}
+	if r.Version != recordVersion {
+		return nil, fmt.Errorf("snapshot sandbox record version %d: this shim reads version %d: %w", r.Version, recordVersion, errdefs.ErrNotImplemented)
+	}
+	for _, check := range []func() error{r.checkVM(lim), r.checkFingerprint, r.checkDisks, r.checkContainers} {
+		if err := check(); err != nil {
+			return nil, err
+		}
 	}
 	return &r, nil
+}
+
+// recordWrap names the record in an error that already names its field.
+func recordWrap(err error) error { return fmt.Errorf("snapshot sandbox record: %w", err) }
+
+func recordErr(format string, a ...any) error {
+	return fmt.Errorf("snapshot sandbox record: %s: %w", fmt.Sprintf(format, a...), errdefs.ErrInvalidArgument)
+}
+
+func (r *sandboxRecord) checkVM(lim recordLimits) func() error {
+	return func() error {
+		if err := snapshot.CheckID("sandboxID", r.SandboxID); err != nil {
+			return recordWrap(err)
+		}
+		if r.VCPUs < 1 || r.VCPUs > lim.maxVCPUs {
+			return recordErr("vcpus %d: outside [1, %d] ([hypervisor] max_vcpus)", r.VCPUs, lim.maxVCPUs)
+		}
+		if r.MemoryMiB < vmm.MinMemoryMiB || r.MemoryMiB > lim.maxMemoryMiB {
+			return recordErr("memoryMiB %d: outside [%d, %d] ([hypervisor] max_memory)", r.MemoryMiB, vmm.MinMemoryMiB, lim.maxMemoryMiB)
+		}
+		if r.HotplugPort > vmm.MaxHotplugPorts {
+			return recordErr("hotplugPorts %d: at most %d", r.HotplugPort, vmm.MaxHotplugPorts)
+		}
+		if r.NICMAC != "" {
+			if hw, err := net.ParseMAC(r.NICMAC); err != nil || len(hw) != 6 {
+				return recordErr("nicMAC %q: not a 48-bit MAC", r.NICMAC)
+			}
+		}
+		return nil
+	}
+}
+
+func (r *sandboxRecord) checkFingerprint() error {
+	f := &r.Fingerprint
+	if f.VCPUs != r.VCPUs || f.MemoryMiB != r.MemoryMiB {
+		return recordErr("fingerprint.vcpus %d, fingerprint.memoryMiB %d: the record says %d, %d", f.VCPUs, f.MemoryMiB, r.VCPUs, r.MemoryMiB)
+	}
+	for _, t := range []struct{ field, v string }{
+		{"fingerprint.qemuVersion", f.QEMUVersion}, {"fingerprint.machineType", f.MachineType},
+		{"fingerprint.cpuModel", f.CPUModel}, {"fingerprint.accel", f.Accel},
+	} {
+		if err := snapshot.CheckText(t.field, t.v, 128); err != nil {
+			return recordWrap(err)
+		}
+	}
+	if err := snapshot.CheckText("fingerprint.kernelArgs", f.KernelArgs, 4096); err != nil {
+		return recordWrap(err)
+	}
+	for _, t := range []struct{ field, v string }{{"fingerprint.kernelSHA256", f.KernelSHA256}, {"fingerprint.initrdSHA256", f.InitrdSHA256}} {
+		if t.v != "" && !sha256HexRE.MatchString(t.v) {
+			return recordErr("%s %q: not a sha256 in hex", t.field, t.v)
+		}
+	}
+	if len(f.Devices) > maxRecordDevices {
+		return recordErr("fingerprint.devices: %d, at most %d", len(f.Devices), maxRecordDevices)
+	}
+	for i, d := range f.Devices {
+		for _, t := range []struct{ field, v string }{{"id", d.ID}, {"driver", d.Driver}, {"bus", d.Bus}, {"addr", d.Addr}} {
+			if err := snapshot.CheckText(fmt.Sprintf("fingerprint.devices[%d].%s", i, t.field), t.v, 64); err != nil {
+				return recordWrap(err)
+			}
+		}
+	}
+	return nil
+}
+
+func (r *sandboxRecord) checkDisks() error {
+	if len(r.Disks) > maxRecordDisks {
+		return recordErr("disks: %d, at most %d", len(r.Disks), maxRecordDisks)
+	}
+	names, ids := map[string]bool{}, map[string]bool{}
+	for i, d := range r.Disks {
+		if err := snapshot.CheckDiskName(fmt.Sprintf("disks[%d].name", i), d.Name); err != nil {
+			return recordWrap(err)
+		}
+		if !recordDiskIDRE.MatchString(d.ID) {
+			return recordErr("disks[%d].id %q: want %s", i, d.ID, recordDiskIDRE)
+		}
+		if d.Serial != "" && !recordSerialRE.MatchString(d.Serial) {
+			return recordErr("disks[%d].serial %q: want %s", i, d.Serial, recordSerialRE)
+		}
+		if d.Port != "" && !recordPortRE.MatchString(d.Port) {
+			return recordErr("disks[%d].port %q: want %s", i, d.Port, recordPortRE)
+		}
+		if names[d.Name] || ids[d.ID] {
+			return recordErr("disks[%d]: name %q or id %q listed twice", i, d.Name, d.ID)
+		}
+		names[d.Name], ids[d.ID] = true, true
+	}
+	return nil
+}
+
+func (r *sandboxRecord) checkContainers() error {
+	if len(r.Containers) == 0 || len(r.Containers) > maxRecordContainers {
+		return recordErr("containers: %d, want 1 to %d", len(r.Containers), maxRecordContainers)
+	}
+	ids := map[string]bool{}
+	for i, c := range r.Containers {
+		f := fmt.Sprintf("containers[%d]", i)
+		if err := snapshot.CheckID(f+".guestID", c.GuestID); err != nil {
+			return recordWrap(err)
+		}
+		if ids[c.GuestID] {
+			return recordErr("%s.guestID %q listed twice", f, c.GuestID)
+		}
+		ids[c.GuestID] = true
+		if c.Name != "" {
+			if err := snapshot.CheckID(f+".name", c.Name); err != nil {
+				return recordWrap(err)
+			}
+		}
+		// The disk id names the container's work dir under the
+		// sandbox's disk dir.
+		if !recordDiskIDRE.MatchString(c.Disk) {
+			return recordErr("%s.disk %q: want %s", f, c.Disk, recordDiskIDRE)
+		}
+		if c.Spec == nil {
+			return recordErr("%s.spec: missing", f)
+		}
+		if err := snapshot.CheckHostname(f+".spec.hostname", c.Spec.Hostname); err != nil {
+			return recordWrap(err)
+		}
+	}
+	return nil
 }
 
 // snapshotFingerprint turns the VM's fingerprint into the snapshot format's.
@@ -87,4 +285,37 @@ func snapshotFingerprint(f vmm.Fingerprint) snapshot.Fingerprint {
 		sf.Devices = append(sf.Devices, snapshot.Device{ID: d.ID, Driver: d.Driver, PCIAddr: d.Bus + "/" + d.Addr})
 	}
 	return sf
+}
+
+// maxCheckpointRef bounds cryo-checkpoint.json (a URL and a digest).
+const maxCheckpointRef = 16 << 10
+
+var localTagRE = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$`)
+
+// decodeCheckpointRef validates the reference of a checkpoint directory
+// (at dir, a resolved path): a local tag from the tag charset, or a URL
+// (which the allowlist checks later), and a sha256 digest.
+func decodeCheckpointRef(b []byte, dir string) (restoreSource, error) {
+	var r checkpointRef
+	if err := json.Unmarshal(b, &r); err != nil {
+		return restoreSource{}, fmt.Errorf("parse %s: %v: %w", checkpointRefFile, err, errdefs.ErrInvalidArgument)
+	}
+	if r.Digest != "" {
+		if d, err := digest.Parse(r.Digest); err != nil || d.Algorithm() != digest.SHA256 {
+			return restoreSource{}, fmt.Errorf("%s: digest %q: not a sha256 digest: %w", checkpointRefFile, r.Digest, errdefs.ErrInvalidArgument)
+		}
+	}
+	if r.Local != "" {
+		if !localTagRE.MatchString(r.Local) {
+			return restoreSource{}, fmt.Errorf("%s: local %q: want %s: %w", checkpointRefFile, r.Local, localTagRE, errdefs.ErrInvalidArgument)
+		}
+		return restoreSource{URL: "file://" + filepath.Join(dir, "snapshot", "cryo") + ":" + r.Local, Digest: r.Digest, Trusted: true}, nil
+	}
+	if r.URL == "" {
+		return restoreSource{}, fmt.Errorf("%s names no snapshot: %w", checkpointRefFile, errdefs.ErrInvalidArgument)
+	}
+	if err := snapshot.CheckText(checkpointRefFile+": url", r.URL, 4096); err != nil {
+		return restoreSource{}, err
+	}
+	return restoreSource{URL: r.URL, Digest: r.Digest}, nil
 }

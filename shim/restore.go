@@ -22,6 +22,7 @@ import (
 	"github.com/cryo-runtime/cryo/configs"
 	"github.com/cryo-runtime/cryo/fetch"
 	"github.com/cryo-runtime/cryo/internal/redact"
+	"github.com/cryo-runtime/cryo/internal/safefs"
 	"github.com/cryo-runtime/cryo/network"
 	"github.com/cryo-runtime/cryo/snapshot"
 	"github.com/cryo-runtime/cryo/vmm"
@@ -102,7 +103,13 @@ func (s *service) restoreSandbox(ctx context.Context, id string, spec *specs.Spe
 		return nil, nil, err
 	}
 	ropts.RefuseExpired = true
+	nodeReadLimits(&ropts, cfg)
 	snap, err := snapshot.Open(ctx, fetch.NewCachingStore(store, cache, fetch.CachingOptions{}), ref, ropts)
+	if err != nil {
+		return nil, nil, fmt.Errorf("restore from %s: %w", src.URL, err)
+	}
+	// Every field of the snapshot is decoded before anything is created.
+	rec, err := readRecord(ctx, snap, cfg)
 	if err != nil {
 		return nil, nil, fmt.Errorf("restore from %s: %w", src.URL, err)
 	}
@@ -135,14 +142,6 @@ func (s *service) restoreSandbox(ctx context.Context, id string, spec *specs.Spe
 	m, err := snap.Materialize(ctx, matDir)
 	if err != nil {
 		return nil, nil, fmt.Errorf("restore from %s: %w", src.URL, err)
-	}
-	b, err := m.ReadSpec()
-	if err != nil {
-		return nil, nil, err
-	}
-	rec, err := parseRecord(b)
-	if err != nil {
-		return nil, nil, err
 	}
 	log.G(ctx).WithFields(log.Fields{"phase": "fetch+materialize", "duration": time.Since(t0), "cache_hit": m.CacheHit, "digest": snap.Descriptor.Digest}).Info("restore phase")
 
@@ -423,19 +422,26 @@ type checkpointRef struct {
 
 const checkpointRefFile = "cryo-checkpoint.json"
 
+// readCheckpointRef reads the reference a checkpoint left in containerd's
+// checkpoint directory. The directory is containerd's, but its contents
+// came from a checkpoint image that anyone may have built: the reference
+// is read without following a symlink and decoded strictly
+// (decodeCheckpointRef), and the store under it follows no symlink.
 func readCheckpointRef(dir string) (restoreSource, error) {
-	b, err := os.ReadFile(filepath.Join(dir, checkpointRefFile))
+	real, err := filepath.EvalSymlinks(dir) // containerd's own path
+	if err != nil {
+		return restoreSource{}, fmt.Errorf("containerd checkpoint %s: %w", dir, err)
+	}
+	d, err := safefs.OpenDir(real)
+	if err != nil {
+		return restoreSource{}, fmt.Errorf("containerd checkpoint %s: %w", dir, err)
+	}
+	defer d.Close()
+	b, err := d.ReadFile(checkpointRefFile, maxCheckpointRef)
 	if err != nil {
 		return restoreSource{}, fmt.Errorf("containerd checkpoint %s is not a cryo checkpoint: %w", dir, err)
 	}
-	var r checkpointRef
-	if err := json.Unmarshal(b, &r); err != nil {
-		return restoreSource{}, fmt.Errorf("parse %s: %w", checkpointRefFile, err)
-	}
-	if r.Local != "" {
-		return restoreSource{URL: "file://" + filepath.Join(dir, "snapshot", "cryo") + ":" + r.Local, Digest: r.Digest, Trusted: true}, nil
-	}
-	return restoreSource{URL: r.URL, Digest: r.Digest}, nil
+	return decodeCheckpointRef(b, real)
 }
 
 func digestFile(path string) (string, error) {

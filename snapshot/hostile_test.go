@@ -9,12 +9,14 @@ import (
 	"os"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
 
 	"github.com/containerd/errdefs"
 	"github.com/klauspost/compress/zstd"
+	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 )
 
@@ -79,6 +81,11 @@ func replaceChunk(t *testing.T, store *memStore, file string, stored []byte) fun
 		d := store.put(stored)
 		m.Layers[i].Digest, m.Layers[i].Size = d.Digest, d.Size
 	}
+}
+
+// names returns a check that err is an invalid argument naming field.
+func names(field string) func(error) bool {
+	return func(err error) bool { return errdefs.IsInvalidArgument(err) && strings.Contains(err.Error(), field) }
 }
 
 func TestHostile(t *testing.T) {
@@ -185,10 +192,81 @@ func TestHostile(t *testing.T) {
 		}, ReadOptions{}, atOpen, errdefs.IsInvalidArgument},
 		{"plaintext chunk in encrypted snapshot", func(t *testing.T, st *memStore, s *Snapshot) {
 			rewrite(t, st, "v1", func(m *ocispec.Manifest, md *Metadata) {
-				md.Encryption = &Encryption{Algorithm: algAES256GCM, KeyID: "x"}
+				md.Encryption = &Encryption{Algorithm: algAES256GCM, KeyID: KeyID(bytes.Repeat([]byte{1}, 32))}
 			})
 		}, ReadOptions{}, atOpen, errdefs.IsInvalidArgument},
 		{"too many layers", nil, ReadOptions{MaxLayers: 10}, atOpen, errdefs.IsInvalidArgument},
+		{"manifest annotation with an escape", func(t *testing.T, st *memStore, s *Snapshot) {
+			rewrite(t, st, "v1", func(m *ocispec.Manifest, md *Metadata) { m.Annotations = map[string]string{"note": "\x1b]0;owned\a"} })
+		}, ReadOptions{}, atOpen, names("manifest.annotations[note]")},
+		{"vcpus over the node's limit", func(t *testing.T, st *memStore, s *Snapshot) {
+			rewrite(t, st, "v1", func(m *ocispec.Manifest, md *Metadata) { md.Fingerprint.VCPUs = 64 })
+		}, ReadOptions{MaxVCPUs: 8}, atOpen, names("fingerprint.vcpus")},
+		{"memory over the node's limit", func(t *testing.T, st *memStore, s *Snapshot) {
+			rewrite(t, st, "v1", func(m *ocispec.Manifest, md *Metadata) { md.Fingerprint.MemoryMiB = 1 << 20 })
+		}, ReadOptions{MaxMemoryMiB: 16384}, atOpen, names("fingerprint.memoryMiB")},
+		{"ram file over the node's memory", func(t *testing.T, st *memStore, s *Snapshot) {
+			rewrite(t, st, "v1", func(m *ocispec.Manifest, md *Metadata) { md.Fingerprint.MemoryMiB = 1 })
+		}, ReadOptions{MaxMemoryMiB: 1}, atOpen, names("files[ram].size")},
+		{"spec file over its cap", nil, ReadOptions{MaxSpecSize: 8}, atOpen, names("files[spec].size")},
+		{"too many files", nil, ReadOptions{MaxFiles: 3}, atOpen, names("files:")},
+		{"container id with a slash", func(t *testing.T, st *memStore, s *Snapshot) {
+			rewrite(t, st, "v1", func(m *ocispec.Manifest, md *Metadata) { md.Containers[0].ID = "../c1" })
+		}, ReadOptions{}, atOpen, names("containers[0].id")},
+		{"container id with NUL", func(t *testing.T, st *memStore, s *Snapshot) {
+			rewrite(t, st, "v1", func(m *ocispec.Manifest, md *Metadata) { md.Containers[0].ID = "c\x001" })
+		}, ReadOptions{}, atOpen, names("containers[0].id")},
+		{"too many containers", func(t *testing.T, st *memStore, s *Snapshot) {
+			rewrite(t, st, "v1", func(m *ocispec.Manifest, md *Metadata) { md.Containers = make([]Container, maxContainers+1) })
+		}, ReadOptions{}, atOpen, names("containers:")},
+		{"container image with an escape", func(t *testing.T, st *memStore, s *Snapshot) {
+			rewrite(t, st, "v1", func(m *ocispec.Manifest, md *Metadata) { md.Containers[0].Image = "busybox\x1b[2J" })
+		}, ReadOptions{}, atOpen, names("containers[0].image")},
+		{"container layer chain digest", func(t *testing.T, st *memStore, s *Snapshot) {
+			rewrite(t, st, "v1", func(m *ocispec.Manifest, md *Metadata) {
+				md.Containers[0].LayerChain = []digest.Digest{"sha256:../../x"}
+			})
+		}, ReadOptions{}, atOpen, names("containers[0].layerChain")},
+		{"container spec over its cap", func(t *testing.T, st *memStore, s *Snapshot) {
+			rewrite(t, st, "v1", func(m *ocispec.Manifest, md *Metadata) {
+				md.Containers[0].Spec = json.RawMessage(`"` + strings.Repeat("x", 64) + `"`)
+			})
+		}, ReadOptions{MaxSpecSize: 32}, atOpen, names("containers[0].spec")},
+		{"hostname", func(t *testing.T, st *memStore, s *Snapshot) {
+			rewrite(t, st, "v1", func(m *ocispec.Manifest, md *Metadata) { md.Network.Hostname = "web/../x" })
+		}, ReadOptions{}, atOpen, names("network.hostname")},
+		{"interface name", func(t *testing.T, st *memStore, s *Snapshot) {
+			rewrite(t, st, "v1", func(m *ocispec.Manifest, md *Metadata) { md.Network.Interfaces[0].Name = "eth0/x" })
+		}, ReadOptions{}, atOpen, names("network.interfaces[0].name")},
+		{"interface mac", func(t *testing.T, st *memStore, s *Snapshot) {
+			rewrite(t, st, "v1", func(m *ocispec.Manifest, md *Metadata) { md.Network.Interfaces[0].MAC = "zz" })
+		}, ReadOptions{}, atOpen, names("network.interfaces[0].mac")},
+		{"interface address", func(t *testing.T, st *memStore, s *Snapshot) {
+			rewrite(t, st, "v1", func(m *ocispec.Manifest, md *Metadata) { md.Network.Interfaces[0].Addresses = []string{"10.0.0.2"} })
+		}, ReadOptions{}, atOpen, names("network.interfaces[0].addresses")},
+		{"dns server", func(t *testing.T, st *memStore, s *Snapshot) {
+			rewrite(t, st, "v1", func(m *ocispec.Manifest, md *Metadata) { md.Network.DNS = []string{"ns1;rm"} })
+		}, ReadOptions{}, atOpen, names("network.dns")},
+		{"source with a newline", func(t *testing.T, st *memStore, s *Snapshot) {
+			rewrite(t, st, "v1", func(m *ocispec.Manifest, md *Metadata) { md.Source.PodName = "web\nFAKE LOG LINE" })
+		}, ReadOptions{}, atOpen, names("source.podName")},
+		{"source too long", func(t *testing.T, st *memStore, s *Snapshot) {
+			rewrite(t, st, "v1", func(m *ocispec.Manifest, md *Metadata) { md.Source.Node = strings.Repeat("n", 257) })
+		}, ReadOptions{}, atOpen, names("source.node")},
+		{"annotation value with NUL", func(t *testing.T, st *memStore, s *Snapshot) {
+			rewrite(t, st, "v1", func(m *ocispec.Manifest, md *Metadata) { md.Annotations = map[string]string{"k": "v\x00"} })
+		}, ReadOptions{}, atOpen, names("annotations[k]")},
+		{"fingerprint device", func(t *testing.T, st *memStore, s *Snapshot) {
+			rewrite(t, st, "v1", func(m *ocispec.Manifest, md *Metadata) {
+				md.Fingerprint.Devices = []Device{{ID: strings.Repeat("d", 129)}}
+			})
+		}, ReadOptions{}, atOpen, names("fingerprint.devices[0].id")},
+		{"negative vcpus", func(t *testing.T, st *memStore, s *Snapshot) {
+			rewrite(t, st, "v1", func(m *ocispec.Manifest, md *Metadata) { md.Fingerprint.VCPUs = -1 })
+		}, ReadOptions{}, atOpen, names("fingerprint.vcpus")},
+		{"negative totals", func(t *testing.T, st *memStore, s *Snapshot) {
+			rewrite(t, st, "v1", func(m *ocispec.Manifest, md *Metadata) { md.Totals.Chunks = -1 })
+		}, ReadOptions{}, atOpen, names("totals")},
 		{"config over the limit", nil, ReadOptions{MaxConfigSize: 100}, atOpen, errdefs.IsInvalidArgument},
 		{"chunk changes between two ranged reads", func(t *testing.T, st *memStore, s *Snapshot) {
 			d := s.chunks[0].desc.Digest

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cryo-runtime/cryo/internal/bootid"
+	"github.com/cryo-runtime/cryo/internal/safefs"
 )
 
 // Materialized is a snapshot rebuilt as plain sparse files in a cache
@@ -35,14 +36,22 @@ type Materialized struct {
 	Disks map[string]string
 	// CacheHit is true when Dir already existed and nothing was fetched.
 	CacheHit bool
+
+	specLimit int64
 }
 
-// ReadSpec returns the spec file's contents.
+// ReadSpec returns the spec file's contents (at most ReadOptions.MaxSpecSize
+// bytes, never through a symlink).
 func (m *Materialized) ReadSpec() ([]byte, error) {
 	if m.Spec == "" {
 		return nil, fmt.Errorf("snapshot has no spec: %w", errdefs.ErrNotFound)
 	}
-	return os.ReadFile(m.Spec)
+	d, err := safefs.OpenDir(m.Dir)
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	return d.ReadFile(localName(FileSpec), m.specLimit)
 }
 
 // writerAt is what Materialize writes chunks to (an *os.File).
@@ -184,10 +193,17 @@ func (s *Snapshot) completeMarker(boot string) []byte {
 // isComplete reports whether dir is a directory whose completion marker is
 // marker (this snapshot, this boot).
 func isComplete(dir string, marker []byte) bool {
-	if st, err := os.Lstat(dir); err != nil || !st.IsDir() {
+	parent, err := safefs.OpenDir(filepath.Dir(dir))
+	if err != nil {
 		return false
 	}
-	b, err := os.ReadFile(filepath.Join(dir, completeFile))
+	defer parent.Close()
+	d, err := parent.Sub(filepath.Base(dir)) // not a symlink
+	if err != nil {
+		return false
+	}
+	defer d.Close()
+	b, err := d.ReadFile(completeFile, int64(len(marker)))
 	return err == nil && bytes.Equal(b, marker)
 }
 
@@ -250,7 +266,7 @@ func lockDir(ctx context.Context, dir string) (unlock func(), _ error) {
 
 // cached describes the complete directory dir.
 func (s *Snapshot) cached(dir string, hit bool) (*Materialized, error) {
-	m := &Materialized{Dir: dir, ManifestDigest: s.Descriptor.Digest, Disks: map[string]string{}, CacheHit: hit}
+	m := &Materialized{Dir: dir, ManifestDigest: s.Descriptor.Digest, Disks: map[string]string{}, CacheHit: hit, specLimit: s.opts.MaxSpecSize}
 	for _, f := range s.Metadata.Files {
 		p := filepath.Join(dir, localName(f.Name))
 		st, err := os.Lstat(p)
@@ -271,7 +287,12 @@ func (s *Snapshot) cached(dir string, hit bool) (*Materialized, error) {
 	return m, nil
 }
 
-func (s *Snapshot) materializeInto(ctx context.Context, dir string) (retErr error) {
+func (s *Snapshot) materializeInto(ctx context.Context, path string) (retErr error) {
+	dir, err := safefs.OpenDir(path)
+	if err != nil {
+		return err
+	}
+	defer dir.Close()
 	files := map[string]*os.File{}
 	defer func() {
 		for _, f := range files {
@@ -281,7 +302,7 @@ func (s *Snapshot) materializeInto(ctx context.Context, dir string) (retErr erro
 		}
 	}()
 	for _, fi := range s.Metadata.Files {
-		f, err := os.OpenFile(filepath.Join(dir, localName(fi.Name)), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+		f, err := dir.OpenFile(localName(fi.Name), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 		if err != nil {
 			return err
 		}
@@ -294,7 +315,7 @@ func (s *Snapshot) materializeInto(ctx context.Context, dir string) (retErr erro
 	if writeAt == nil {
 		writeAt = func(f writerAt, b []byte, off int64) (int, error) { return f.WriteAt(b, off) }
 	}
-	err := s.forEachChunk(ctx, func(c chunkRef, b []byte) error {
+	err = s.forEachChunk(ctx, func(c chunkRef, b []byte) error {
 		if err := writeSparse(writeAt, files[c.file], b, c.off); err != nil {
 			return fmt.Errorf("write %s at %d: %w", c.file, c.off, err)
 		}

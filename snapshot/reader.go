@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -35,10 +36,21 @@ type ReadOptions struct {
 	RefuseExpired bool
 
 	MaxManifestSize int64 // (16 MiB)
-	MaxConfigSize   int64 // (4 MiB)
+	MaxConfigSize   int64 // (1 MiB)
 	MaxLayers       int   // (262144)
 	MaxFileSize     int64 // per file (4 TiB)
 	MaxChunkSize    int64 // (MaxChunkSize)
+	// MaxFiles bounds the files a snapshot may list, each of which
+	// Materialize creates (64).
+	MaxFiles int
+	// MaxSpecSize bounds the "spec" file, which ReadFile reads into
+	// memory, and every container spec in the config (1 MiB).
+	MaxSpecSize int64
+	// MaxVCPUs and MaxMemoryMiB are this node's limits on the VM a
+	// snapshot describes: its fingerprint and the size of its "ram" file
+	// (0: not checked, e.g. to inspect a snapshot of another node).
+	MaxVCPUs     int
+	MaxMemoryMiB int64
 
 	// Workers fetch, verify and decompress chunks in parallel (2 x
 	// GOMAXPROCS, fewer when MaxMemory asks for it).
@@ -56,7 +68,13 @@ func (o *ReadOptions) defaults() {
 		o.MaxManifestSize = 16 << 20
 	}
 	if o.MaxConfigSize <= 0 {
-		o.MaxConfigSize = 4 << 20
+		o.MaxConfigSize = 1 << 20
+	}
+	if o.MaxFiles <= 0 {
+		o.MaxFiles = 64
+	}
+	if o.MaxSpecSize <= 0 {
+		o.MaxSpecSize = 1 << 20
 	}
 	if o.MaxLayers <= 0 {
 		o.MaxLayers = 1 << 18
@@ -182,6 +200,9 @@ func (s *Snapshot) open(ctx context.Context) error {
 	if len(m.Layers) > s.opts.MaxLayers {
 		return fmt.Errorf("%d layers, limit %d: %w", len(m.Layers), s.opts.MaxLayers, errdefs.ErrInvalidArgument)
 	}
+	if err := validateAnnotations("manifest.annotations", m.Annotations); err != nil {
+		return err
+	}
 	cb, err := fetchVerified(ctx, s.store, m.Config, s.opts.MaxConfigSize, 0, nil)
 	if err != nil {
 		return fmt.Errorf("config: %w", err)
@@ -252,6 +273,9 @@ func (s *Snapshot) validateMetadata() error {
 	} else if s.opts.RequireEncryption {
 		return fmt.Errorf("snapshot is not encrypted, encryption is required: %w", errdefs.ErrFailedPrecondition)
 	}
+	if err := checkCount("files", len(md.Files), s.opts.MaxFiles); err != nil {
+		return err
+	}
 	seen := map[string]bool{}
 	for _, f := range md.Files {
 		if err := validFileName(f.Name); err != nil {
@@ -264,6 +288,21 @@ func (s *Snapshot) validateMetadata() error {
 		if f.Size < 0 || f.Size > s.opts.MaxFileSize {
 			return fmt.Errorf("file %s: size %d outside [0, %d]: %w", f.Name, f.Size, s.opts.MaxFileSize, errdefs.ErrInvalidArgument)
 		}
+		if err := s.checkFileLimit(f); err != nil {
+			return err
+		}
+	}
+	return s.validateFields()
+}
+
+// checkFileLimit refuses a RAM file larger than the node's memory limit
+// and a spec file larger than MaxSpecSize.
+func (s *Snapshot) checkFileLimit(f FileInfo) error {
+	switch {
+	case f.Name == FileRAM && s.opts.MaxMemoryMiB > 0 && f.Size > s.opts.MaxMemoryMiB<<20:
+		return fmt.Errorf("files[ram].size %d: this node allows at most %d MiB of memory: %w", f.Size, s.opts.MaxMemoryMiB, errdefs.ErrInvalidArgument)
+	case f.Name == FileSpec && f.Size > s.opts.MaxSpecSize:
+		return fmt.Errorf("files[spec].size %d: at most %d: %w", f.Size, s.opts.MaxSpecSize, errdefs.ErrInvalidArgument)
 	}
 	return nil
 }
@@ -363,3 +402,33 @@ func (s *Snapshot) Encrypted() bool { return s.Metadata.Encryption != nil }
 
 // Chunks returns the number of stored chunks.
 func (s *Snapshot) Chunks() int { return len(s.chunks) + len(s.deltas) }
+
+// ReadFile fetches, verifies and decodes the snapshot file name (e.g.
+// [FileSpec]) into memory, without writing anything: a restore decodes
+// its sandbox record before it creates anything on the host. A file
+// larger than limit is refused before any chunk is fetched.
+func (s *Snapshot) ReadFile(ctx context.Context, name string, limit int64) ([]byte, error) {
+	i := slices.IndexFunc(s.Metadata.Files, func(f FileInfo) bool { return f.Name == name })
+	if i < 0 {
+		return nil, fmt.Errorf("snapshot has no file %s: %w", name, errdefs.ErrNotFound)
+	}
+	size := s.Metadata.Files[i].Size
+	if size > limit {
+		return nil, fmt.Errorf("file %s: %d bytes, at most %d: %w", name, size, limit, errdefs.ErrInvalidArgument)
+	}
+	sub := *s
+	sub.chunks = slices.DeleteFunc(slices.Clone(s.chunks), func(c chunkRef) bool { return c.file != name })
+	sub.deltas = slices.DeleteFunc(slices.Clone(s.deltas), func(d deltaRef) bool { return d.file != name })
+	buf := make([]byte, size)
+	// Chunks are validated to lie inside the file and never to overlap:
+	// workers copy into disjoint ranges.
+	put := func(c chunkRef, raw []byte) error { copy(buf[c.off:c.off+c.size], raw); return nil }
+	err := sub.forEachChunk(ctx, put)
+	if err == nil {
+		err = sub.forEachDelta(ctx, put)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read %s of snapshot %s: %w", name, s.Descriptor.Digest, err)
+	}
+	return buf, nil
+}

@@ -14,6 +14,8 @@ import (
 	"github.com/containerd/log"
 	"github.com/opencontainers/go-digest"
 	"golang.org/x/sys/unix"
+
+	"github.com/cryo-runtime/cryo/internal/safefs"
 )
 
 // A materialized snapshot is in use while a sandbox restored from it runs:
@@ -49,8 +51,8 @@ func Use(ctx context.Context, cacheDir string, d digest.Digest) (release func(),
 	if err != nil {
 		return nil, fmt.Errorf("use %s: %w", d, err)
 	}
-	now := time.Now()
-	if err := os.Chtimes(f.Name(), now, now); err != nil {
+	now := unix.NsecToTimeval(time.Now().UnixNano())
+	if err := unix.Futimes(int(f.Fd()), []unix.Timeval{now, now}); err != nil {
 		log.G(ctx).WithError(err).Warn("record the use of a materialized snapshot")
 	}
 	return func() { f.Close() }, nil // closing releases the lock
@@ -61,7 +63,7 @@ func Use(ctx context.Context, cacheDir string, d digest.Digest) (release func(),
 // the lock counts only if path still names the locked file.
 func lockFile(ctx context.Context, path string, how int) (*os.File, error) {
 	for {
-		f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+		f, err := openInDir(path, os.O_CREATE|os.O_RDWR)
 		if err != nil {
 			return nil, err
 		}
@@ -76,12 +78,24 @@ func lockFile(ctx context.Context, path string, how int) (*os.File, error) {
 	}
 }
 
+// openInDir opens (flag as os.OpenFile, creating 0600) the regular file
+// at path, a name in a directory of the node's: a symlink, FIFO or device
+// planted there is refused, never followed or waited on.
+func openInDir(path string, flag int) (*os.File, error) {
+	d, err := safefs.OpenDir(filepath.Dir(path))
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	return d.OpenFile(filepath.Base(path), flag, 0o600)
+}
+
 func sameFile(f *os.File, path string) bool {
 	a, err := f.Stat()
 	if err != nil {
 		return false
 	}
-	b, err := os.Stat(path)
+	b, err := os.Lstat(path)
 	return err == nil && os.SameFile(a, b)
 }
 
@@ -154,7 +168,7 @@ func PruneMaterialized(ctx context.Context, cacheDir string, grace time.Duration
 // pruneOne removes the materialization of d if it may go, and counts what
 // it found in st.
 func pruneOne(ctx context.Context, cacheDir string, d digest.Digest, grace time.Duration, dryRun bool, st *PruneStats) error {
-	use, err := os.OpenFile(usePath(cacheDir, d), os.O_CREATE|os.O_RDWR, 0o600)
+	use, err := openInDir(usePath(cacheDir, d), os.O_CREATE|os.O_RDWR)
 	if err != nil {
 		return fmt.Errorf("prune %s: %w", d, err)
 	}
