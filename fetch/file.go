@@ -13,14 +13,15 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/containerd/errdefs"
 	"github.com/opencontainers/go-digest"
 	specs "github.com/opencontainers/image-spec/specs-go"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"golang.org/x/sys/unix"
 
+	"github.com/cryo-runtime/cryo/internal/flock"
 	"github.com/cryo-runtime/cryo/internal/safefs"
 )
 
@@ -250,7 +251,7 @@ func (f *fileStore) Tag(ctx context.Context, desc ocispec.Descriptor, ref string
 	} else if !ok {
 		return fmt.Errorf("tag %s: manifest %s is not in the store: %w", ref, desc.Digest, errdefs.ErrFailedPrecondition)
 	}
-	return f.updateIndex(func(idx *ocispec.Index) error {
+	return f.updateIndex(ctx, func(idx *ocispec.Index) error {
 		desc.Annotations = map[string]string{ocispec.AnnotationRefName: ref}
 		idx.Manifests = slices.DeleteFunc(idx.Manifests, func(m ocispec.Descriptor) bool {
 			return m.Annotations[ocispec.AnnotationRefName] == ref
@@ -276,7 +277,7 @@ func (f *fileStore) Tags(ctx context.Context) ([]string, error) {
 }
 
 func (f *fileStore) Untag(ctx context.Context, ref string) error {
-	return f.updateIndex(func(idx *ocispec.Index) error {
+	return f.updateIndex(ctx, func(idx *ocispec.Index) error {
 		n := len(idx.Manifests)
 		idx.Manifests = slices.DeleteFunc(idx.Manifests, func(m ocispec.Descriptor) bool {
 			return m.Annotations[ocispec.AnnotationRefName] == ref
@@ -359,9 +360,13 @@ func (f *fileStore) readIndex() (*ocispec.Index, error) {
 	return &idx, nil
 }
 
+// indexLockWait bounds the wait for the index lock: another writer holds it
+// for a moment, a stuck or hostile one (the store may be shared) for ever.
+const indexLockWait = 30 * time.Second
+
 // updateIndex applies fn to index.json under an exclusive flock (other
 // processes, NFS permitting) and the store mutex, and replaces it atomically.
-func (f *fileStore) updateIndex(fn func(*ocispec.Index) error) error {
+func (f *fileStore) updateIndex(ctx context.Context, fn func(*ocispec.Index) error) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	lock, err := f.dir.OpenFile("ingest/.index.lock", os.O_CREATE|os.O_RDWR, 0o600)
@@ -369,7 +374,10 @@ func (f *fileStore) updateIndex(fn func(*ocispec.Index) error) error {
 		return fmt.Errorf("lock index of %s: %w", f.root, err)
 	}
 	defer lock.Close()
-	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+	lctx, cancel := context.WithTimeout(ctx, indexLockWait)
+	err = flock.Wait(lctx, lock, unix.LOCK_EX)
+	cancel()
+	if err != nil {
 		return fmt.Errorf("lock index of %s: %w", f.root, err)
 	}
 	idx, err := f.readIndex()

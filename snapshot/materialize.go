@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cryo-runtime/cryo/internal/bootid"
+	"github.com/cryo-runtime/cryo/internal/flock"
 	"github.com/cryo-runtime/cryo/internal/safefs"
 )
 
@@ -257,7 +258,7 @@ func lockDir(ctx context.Context, dir string) (unlock func(), _ error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := flockWait(ctx, d, unix.LOCK_EX); err != nil {
+	if err := flock.Wait(ctx, d, unix.LOCK_EX); err != nil {
 		d.Close()
 		return nil, err
 	}

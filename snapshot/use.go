@@ -15,6 +15,7 @@ import (
 	"github.com/opencontainers/go-digest"
 	"golang.org/x/sys/unix"
 
+	"github.com/cryo-runtime/cryo/internal/flock"
 	"github.com/cryo-runtime/cryo/internal/safefs"
 )
 
@@ -67,7 +68,7 @@ func lockFile(ctx context.Context, path string, how int) (*os.File, error) {
 		if err != nil {
 			return nil, err
 		}
-		if err := flockWait(ctx, f, how); err != nil {
+		if err := flock.Wait(ctx, f, how); err != nil {
 			f.Close()
 			return nil, err
 		}
@@ -97,25 +98,6 @@ func sameFile(f *os.File, path string) bool {
 	}
 	b, err := os.Lstat(path)
 	return err == nil && os.SameFile(a, b)
-}
-
-// flockWait takes a flock (unix.LOCK_SH or LOCK_EX) on f, waiting until ctx
-// is done.
-func flockWait(ctx context.Context, f *os.File, how int) error {
-	for {
-		err := unix.Flock(int(f.Fd()), how|unix.LOCK_NB)
-		if err == nil {
-			return nil
-		}
-		if err != unix.EWOULDBLOCK && err != unix.EINTR {
-			return fmt.Errorf("lock %s: %w", f.Name(), err)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
 }
 
 // tempGrace is the least age of a temporary directory that PruneMaterialized
