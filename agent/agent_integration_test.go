@@ -286,8 +286,15 @@ func TestAgentVM(t *testing.T) {
 		if !strings.Contains(out, "inet 10.99.0.7/16") || strings.Contains(out, "10.88.0.5") || !strings.Contains(out, "default via 10.99.0.1") || strings.Contains(out, "192.168.7.0") {
 			t.Fatalf("network after update:\n%s", out)
 		}
-		if _, err := c.UpdateInterface(ctx, &agentapi.UpdateInterfaceRequest{Mac: "02:00:00:00:00:99"}); !errdefs.IsNotFound(err) {
-			t.Fatalf("unknown mac: %v", err)
+		// a MAC no NIC has: the only NIC takes it, as a restored clone's
+		// takes its new pod's; then it goes back
+		for _, mac := range []string{"02:00:00:00:00:99", testMAC} {
+			if _, err := c.UpdateInterface(ctx, &agentapi.UpdateInterfaceRequest{Mac: mac}); err != nil {
+				t.Fatalf("give the nic mac %s: %v", mac, err)
+			}
+			if out, _ := runExec(t, ctx, c, "c2", "mac-"+mac[len(mac)-2:], "cat", "/sys/class/net/eth0/address"); strings.TrimSpace(out) != mac {
+				t.Fatalf("nic mac after the update = %q, want %s", out, mac)
+			}
 		}
 	})
 
