@@ -25,7 +25,7 @@ type Row struct {
 	Note    string    `json:"note,omitempty"`
 }
 
-// Target is one of issue 6's goals, checked on this run's numbers.
+// Target is one of the performance goals, checked on this run's numbers.
 type Target struct {
 	Name   string  `json:"name"`
 	Want   string  `json:"want"`

@@ -41,7 +41,7 @@ func (r *runner) shimRSS() error {
 	return nil
 }
 
-// targets checks issue 6's goals on this run's rows.
+// targets checks the performance goals on this run's rows.
 func (r *runner) targets() {
 	rep := r.r
 	cold := rep.value("cold_boot_to_exec")

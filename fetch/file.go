@@ -266,6 +266,12 @@ func (f *fileStore) Tags(ctx context.Context) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	return indexTags(idx), nil
+}
+
+// indexTags returns the sorted tags of an OCI layout's index (the
+// org.opencontainers.image.ref.name of its manifests).
+func indexTags(idx *ocispec.Index) []string {
 	var tags []string
 	for _, m := range idx.Manifests {
 		if t := m.Annotations[ocispec.AnnotationRefName]; t != "" {
@@ -273,7 +279,7 @@ func (f *fileStore) Tags(ctx context.Context) ([]string, error) {
 		}
 	}
 	slices.Sort(tags)
-	return tags, nil
+	return tags
 }
 
 func (f *fileStore) Untag(ctx context.Context, ref string) error {

@@ -7,7 +7,6 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"slices"
 	"strings"
 
 	"github.com/containerd/errdefs"
@@ -180,14 +179,7 @@ func (h *httpStore) Tags(ctx context.Context) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	var tags []string
-	for _, m := range idx.Manifests {
-		if t := m.Annotations[ocispec.AnnotationRefName]; t != "" {
-			tags = append(tags, t)
-		}
-	}
-	slices.Sort(tags)
-	return tags, nil
+	return indexTags(idx), nil
 }
 
 func (h *httpStore) Push(ctx context.Context, desc ocispec.Descriptor, r io.Reader) error {

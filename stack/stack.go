@@ -64,9 +64,9 @@ type Stack struct {
 	Namespace  string
 	ConfigPath string // cryo's config.toml
 	StateRoot  string // cryo's runtime.state_root
-	// MemoryDir is hypervisor.memory_dir, one per Stack under /dev/shm: the
-	// shim names RAM files by namespace and container id only, so two
-	// stacks sharing /dev/shm would collide on a container id.
+	// MemoryDir is hypervisor.memory_dir, one per Stack under /dev/shm, so
+	// that Close removes every RAM file the Stack's sandboxes left (the shim
+	// names them by a hash of their state dir, which no two stacks share).
 	MemoryDir string
 	Cfg       configs.Config
 	LogPath   string

@@ -20,7 +20,7 @@ func newBenchCommand(a *App) *cobra.Command {
 		Use:   "bench",
 		Short: "Measure cold boot, restore, clone fan-out, pause windows and the restore pipeline on this machine",
 		Long: `bench starts a private containerd with the cryo runtime and a loopback S3 server
-(versitygw), runs real VMs and prints medians, ratios and issue 6's targets
+(versitygw), runs real VMs and prints medians, ratios and the performance targets
 (PASS/MISS). Everything it starts is stopped and removed at the end, on error and
 on Ctrl-C. It needs root, QEMU, the tools of ` + "`make tools`" + ` and the binaries and guest
 image of ` + "`make binaries guest`" + ` (--bin, --guest-dir, --tools or CRYO_BIN,
@@ -66,7 +66,7 @@ warm-up. Flags given explicitly override the preset.`,
 	}
 	f := cmd.Flags()
 	f.BoolVar(&quick, "quick", false, "smallest sizes, one run per row (what the integration test runs)")
-	f.BoolVar(&full, "full", false, "issue 6's sizes: 1 GiB guests, 8 GiB disks, 8 clones, 20s warm-up")
+	f.BoolVar(&full, "full", false, "the targets' sizes: 1 GiB guests, 8 GiB disks, 8 clones, 20s warm-up")
 	f.IntVar(&sz.Runs, "runs", sz.Runs, "samples per median")
 	f.IntVar(&sz.GuestMiB, "guest-memory", sz.GuestMiB, "guest RAM (MiB) of the latency and fan-out rows")
 	f.IntVar(&sz.SmallGuestMiB, "small-guest", sz.SmallGuestMiB, "small guest RAM (MiB) for the pause window")
