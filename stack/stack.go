@@ -23,7 +23,7 @@ import (
 	"github.com/pelletier/go-toml/v2"
 
 	"github.com/cryo-runtime/cryo/configs"
-	"github.com/cryo-runtime/cryo/integration/testimage"
+	"github.com/cryo-runtime/cryo/internal/busybox"
 	"github.com/cryo-runtime/cryo/internal/watchdog"
 )
 
@@ -284,7 +284,7 @@ func Start(ctx context.Context, o Options) (_ *Stack, retErr error) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	img := filepath.Join(dir, "busybox.tar")
-	if err := testimage.WriteFile(img, Image, []string{"/bin/sh"}); err != nil {
+	if err := busybox.WriteFile(img, Image, []string{"/bin/sh"}); err != nil {
 		return nil, err
 	}
 	for _, sn := range []string{"overlayfs", "blockfile"} {

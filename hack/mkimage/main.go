@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/cryo-runtime/cryo/integration/testimage"
+	"github.com/cryo-runtime/cryo/internal/busybox"
 )
 
 func main() {
@@ -19,7 +19,7 @@ func main() {
 	if len(cmd) == 0 {
 		cmd = []string{"/bin/sh"}
 	}
-	if err := testimage.WriteFile(os.Args[1], os.Args[2], cmd); err != nil {
+	if err := busybox.WriteFile(os.Args[1], os.Args[2], cmd); err != nil {
 		fmt.Fprintln(os.Stderr, "mkimage:", err)
 		os.Exit(1)
 	}

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cryo-runtime/cryo/integration/testimage"
+	"github.com/cryo-runtime/cryo/internal/busybox"
 	"github.com/cryo-runtime/cryo/stack"
 )
 
@@ -81,7 +81,7 @@ func StartCRIWith(t testing.TB, c *CRI, opts ...Option) *CRI {
 	Need(t, c.Path(), "crictl", "bridge", "host-local", "loopback")
 
 	pause := filepath.Join(c.Dir, "pause.tar")
-	if err := testimage.WriteFile(pause, PauseImage, []string{"sleep", "inf"}); err != nil {
+	if err := busybox.WriteFile(pause, PauseImage, []string{"sleep", "inf"}); err != nil {
 		t.Fatal(err)
 	}
 	c.MustCtr("image", "import", pause)

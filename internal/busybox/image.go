@@ -1,7 +1,7 @@
-// Package testimage writes a small OCI image (busybox-static from Debian's
+// Package busybox writes a small OCI image (busybox-static from Debian's
 // busybox-static package) as an OCI layout tar that `ctr image import`
 // accepts: the demo and the integration tests need no registry.
-package testimage
+package busybox
 
 import (
 	"archive/tar"

@@ -1,4 +1,4 @@
-package testimage
+package busybox
 
 import (
 	"github.com/opencontainers/go-digest"
