@@ -103,11 +103,11 @@ func (r *runner) diffRAM(url1, url2, dir string) (ramDiff, error) {
 // materializeRAM materializes a snapshot into dir (in this process, as
 // the shim would) and returns its RAM file.
 func (r *runner) materializeRAM(ctx context.Context, url, dir string) (string, error) {
-	store, ref, err := fetch.Open(ctx, url, fetch.OptionsFromConfig(r.s.Cfg.Stores))
+	store, ref, err := fetch.Open(ctx, url, r.s.Cfg.Stores.FetchOptions())
 	if err != nil {
 		return "", err
 	}
-	ropts, err := snapshot.ReadOptionsFromConfig(r.s.Cfg.Snapshot)
+	ropts, err := r.s.Cfg.Snapshot.ReadOptions("")
 	if err != nil {
 		return "", err
 	}

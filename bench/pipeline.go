@@ -33,11 +33,11 @@ type chunk struct {
 // non-zero) MiB per second.
 func (r *runner) pipeline() error {
 	ctx := r.ctx
-	store, ref, err := fetch.Open(ctx, r.large, fetch.OptionsFromConfig(r.s.Cfg.Stores))
+	store, ref, err := fetch.Open(ctx, r.large, r.s.Cfg.Stores.FetchOptions())
 	if err != nil {
 		return err
 	}
-	ropts, err := snapshot.ReadOptionsFromConfig(r.s.Cfg.Snapshot)
+	ropts, err := r.s.Cfg.Snapshot.ReadOptions("")
 	if err != nil {
 		return err
 	}

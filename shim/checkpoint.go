@@ -72,7 +72,7 @@ func (s *service) checkpoint(ctx context.Context, req checkpointRequest) (_ chec
 	if ref == "" {
 		return checkpointResult{}, fmt.Errorf("checkpoint target %s names no reference (add :tag): %w", to, errdefs.ErrInvalidArgument)
 	}
-	wopts, err := snapshot.WriteOptionsFromConfig(sb.cfg.Snapshot, tenant)
+	wopts, err := sb.cfg.Snapshot.WriteOptions(tenant)
 	if err != nil {
 		return checkpointResult{}, err
 	}

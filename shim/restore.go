@@ -98,7 +98,7 @@ func (s *service) restoreSandbox(ctx context.Context, id string, spec *specs.Spe
 	if err != nil {
 		return nil, nil, fmt.Errorf("restore: node cache: %w", err)
 	}
-	ropts, err := snapshot.ReadOptionsForNamespace(cfg.Snapshot, tenant)
+	ropts, err := cfg.Snapshot.ReadOptions(tenant)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -24,7 +24,7 @@ func (s *service) tenant(a map[string]string) string {
 // names (its blob paths are not store URLs). Stores the shim chose itself
 // (trusted) are local and never redirect.
 func storeOptions(cfg configs.Config, tenant, storeURL string, trusted bool) fetch.Options {
-	o := fetch.OptionsFromConfig(cfg.Stores)
+	o := cfg.Stores.FetchOptions()
 	if trusted {
 		return o
 	}

@@ -15,8 +15,6 @@ import (
 	"syscall"
 
 	"github.com/containerd/errdefs"
-
-	"github.com/cryo-runtime/cryo/configs"
 )
 
 // maxKeyFile bounds what a key loader reads.
@@ -71,7 +69,7 @@ func LoadNamespaceKey(dir, ns string) ([]byte, error) {
 	if ns == "" {
 		return nil, fmt.Errorf("load namespace key: the sandbox has no namespace to choose a key from %s by: %w", dir, errdefs.ErrFailedPrecondition)
 	}
-	if err := configs.ValidNamespace(ns); err != nil {
+	if err := CheckID("namespace", ns); err != nil {
 		return nil, fmt.Errorf("load namespace key: %w", err)
 	}
 	if err := checkKeyOwner(dir, true); err != nil {

@@ -12,8 +12,6 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
-
-	"github.com/cryo-runtime/cryo/configs"
 )
 
 // keyDir makes a root-owned 0700 key directory with a key for each
@@ -105,29 +103,27 @@ func TestLoadNamespaceKey(t *testing.T) {
 	}
 }
 
-// TestNamespaceKeysSeparateTenants: with encryption_key_dir, a checkpoint
-// of namespace A is encrypted with A's key; B's options cannot open it,
-// and a plaintext snapshot is refused (the key dir requires encryption).
+// TestNamespaceKeysSeparateTenants: a checkpoint encrypted with namespace
+// A's key cannot be opened with B's, and a plaintext snapshot is refused
+// where encryption is required (configs maps encryption_key_dir onto these
+// options).
 func TestNamespaceKeysSeparateTenants(t *testing.T) {
 	ctx := context.Background()
-	sc := configs.Default().Snapshot
-	sc.EncryptionKeyDir = keyDir(t, "team-a", "team-b")
-	wa, err := WriteOptionsFromConfig(sc, "team-a")
+	dir := keyDir(t, "team-a", "team-b")
+	ka, err := LoadNamespaceKey(dir, "team-a")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := WriteOptionsFromConfig(sc, ""); err == nil {
-		t.Fatal("a checkpoint without a namespace got a key from the key dir")
+	kb, err := LoadNamespaceKey(dir, "team-b")
+	if err != nil {
+		t.Fatal(err)
 	}
 	ts := newTestSnap(t)
 	store := newMemStore()
-	ts.write(t, store, "a", wa)
+	ts.write(t, store, "a", WriteOptions{EncryptionKey: ka})
 	ts.write(t, store, "plain", WriteOptions{})
 
-	ra, err := ReadOptionsForNamespace(sc, "team-a")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ra := ReadOptions{DecryptionKey: ka, RequireEncryption: true}
 	s, err := Open(ctx, store, "a", ra)
 	if err != nil {
 		t.Fatalf("team-a opens its own snapshot: %v", err)
@@ -135,48 +131,32 @@ func TestNamespaceKeysSeparateTenants(t *testing.T) {
 	if _, err := s.Verify(ctx); err != nil {
 		t.Fatalf("team-a verifies its own snapshot: %v", err)
 	}
-	rb, err := ReadOptionsForNamespace(sc, "team-b")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := Open(ctx, store, "a", rb); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "key") {
+	if _, err := Open(ctx, store, "a", ReadOptions{DecryptionKey: kb, RequireEncryption: true}); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "key") {
 		t.Fatalf("team-b opened team-a's snapshot: %v", err)
 	}
 	if _, err := Open(ctx, store, "plain", ra); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "not encrypted") {
-		t.Fatalf("plaintext snapshot with a key dir: %v", err)
-	}
-	f := false
-	sc.RequireEncryption = &f
-	if ro, err := ReadOptionsForNamespace(sc, "team-a"); err != nil || ro.RequireEncryption {
-		t.Fatalf("require_encryption = false: %+v, %v", ro.RequireEncryption, err)
+		t.Fatalf("plaintext snapshot where encryption is required: %v", err)
 	}
 }
 
-// TestVerifyKeyRequiresSignature: naming a verify key refuses unsigned
-// snapshots unless require_signature = false is set explicitly.
-func TestVerifyKeyRequiresSignature(t *testing.T) {
+// TestRequireSignature: with a verify key and RequireSignature, an unsigned
+// snapshot is refused; without RequireSignature it opens.
+func TestRequireSignature(t *testing.T) {
 	dir := t.TempDir()
 	priv, pub := filepath.Join(dir, "k"), filepath.Join(dir, "k.pub")
 	if err := GenerateSigningKey(priv, pub); err != nil {
 		t.Fatal(err)
 	}
-	sc := configs.Default().Snapshot
-	sc.VerifyKey = pub
-	store := newMemStore()
-	newTestSnap(t).write(t, store, "unsigned", WriteOptions{})
-	ro, err := ReadOptionsFromConfig(sc)
+	pk, err := LoadPublicKey(pub)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Open(context.Background(), store, "unsigned", ro); !errors.Is(err, errdefs.ErrUnauthenticated) {
+	store := newMemStore()
+	newTestSnap(t).write(t, store, "unsigned", WriteOptions{})
+	if _, err := Open(context.Background(), store, "unsigned", ReadOptions{PublicKey: pk, RequireSignature: true}); !errors.Is(err, errdefs.ErrUnauthenticated) {
 		t.Fatalf("unsigned snapshot with a verify key: %v", err)
 	}
-	f := false
-	sc.RequireSignature = &f
-	if ro, err = ReadOptionsFromConfig(sc); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := Open(context.Background(), store, "unsigned", ro); err != nil {
-		t.Fatalf("require_signature = false: %v", err)
+	if _, err := Open(context.Background(), store, "unsigned", ReadOptions{PublicKey: pk}); err != nil {
+		t.Fatalf("signature not required: %v", err)
 	}
 }

@@ -82,7 +82,7 @@ func (a *App) load(cmd *cobra.Command) error {
 
 // storeOptions builds fetch options: flags over config over environment.
 func (a *App) storeOptions() (fetch.Options, error) {
-	o := fetch.OptionsFromConfig(a.Config.Stores)
+	o := a.Config.Stores.FetchOptions()
 	s3 := o.S3
 	over := func(v *string, flag string) {
 		if flag != "" {
@@ -152,7 +152,7 @@ func (a *App) readOptions() (snapshot.ReadOptions, error) {
 		t := true
 		sc.RequireSignature = &t
 	}
-	return snapshot.ReadOptionsForNamespace(sc, a.Namespace)
+	return sc.ReadOptions(a.Namespace)
 }
 
 // print writes v as JSON with --output json, else calls text.
