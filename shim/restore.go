@@ -158,7 +158,7 @@ func (s *service) restoreSandbox(ctx context.Context, id string, spec *specs.Spe
 		}
 	}()
 	vmcfg.NICs = pn.nics()
-	vm, err := vmm.New(digests.apply(vmcfg))
+	vm, err := vmm.New(confined(digests.apply(vmcfg), cfg))
 	if err != nil {
 		return nil, nil, err
 	}

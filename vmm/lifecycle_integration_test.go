@@ -46,7 +46,7 @@ func TestShutdownLeavesNothing(t *testing.T) {
 		t.Fatalf("pid %d not running", pid)
 	}
 	b, _ := os.ReadFile(filepath.Join(cfg.StateDir, PidFileName))
-	if strings.TrimSpace(string(b)) == "" || !isOurQEMU(pid, cfg.StateDir) {
+	if strings.TrimSpace(string(b)) == "" || !isOurQEMU(pid, cfg.StateDir, m.Args()) {
 		t.Errorf("pid file %q / cmdline check failed for %d", b, pid)
 	}
 	if st, err := os.Stat(cfg.MemoryPath); err != nil || st.Mode().Perm() != 0o600 {

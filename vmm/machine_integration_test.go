@@ -25,6 +25,7 @@ func TestBootQueryStatusPauseResume(t *testing.T) {
 		t.Fatalf("status = %q, %v; want running", st, err)
 	}
 	waitConsole(t, m, "cryo-test-ready", 60*time.Second)
+	assertConfined(t, m)
 	a := dialAgent(t, m)
 	if got := a.run(t, "echo hello-$((6*7))"); got != "hello-42" {
 		t.Fatalf("agent replied %q", got)
@@ -150,6 +151,10 @@ func TestSaveStateLoadStateRestoresGuest(t *testing.T) {
 	}
 	b := dialAgent(t, dst)
 	t.Logf("LoadState+Resume+agent answer took %v", time.Since(start))
+	assertConfined(t, dst)
+	if priv, _ := dst.cfg.privateMemory(); priv == "" || dst.ramFile() != priv {
+		t.Errorf("restored qemu maps %s, want its private copy of %s", dst.ramFile(), ram)
+	}
 	if got := b.run(t, "echo $TOKEN"); got != token {
 		t.Errorf("restored guest token = %q, want %q (the guest rebooted instead of resuming?)", got, token)
 	}
@@ -222,6 +227,8 @@ func TestHotplugAndUnplugDisk(t *testing.T) {
 		t.Fatalf("HotplugDisk: %v", err)
 	}
 	waitGuest(t, a, "cat /sys/block/vd*/serial", func(s string) bool { return strings.Contains(s, "cryo-hp1") })
+	assertConfined(t, m)
+	waitGuest(t, a, "dd if=/dev/zero of=/dev/vda bs=4k count=1 2>&1 && echo wrote", func(s string) bool { return strings.Contains(s, "wrote") })
 	disks := m.Disks()
 	if len(disks) != 1 || disks[0].Port != "rp0" {
 		t.Errorf("Disks() = %+v, want hp1 on rp0", disks)
@@ -394,6 +401,10 @@ func TestRestoreWithHotpluggedDisk(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := dialAgent(t, dst)
+	assertConfined(t, dst)
+	if priv, _ := dst.cfg.privateMemory(); priv == "" || dst.ramFile() != priv {
+		t.Errorf("restored qemu maps %s, want its private copy of %s", dst.ramFile(), ram)
+	}
 	if got := b.run(t, "echo $TOKEN"); got != token {
 		t.Errorf("token %q, want %q", got, token)
 	}
