@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 )
@@ -149,7 +150,12 @@ func buildArgs(cfg Config, chains []*image) ([]string, bootFDs) {
 		return 3 + len(cfg.NICs) + len(fds.slots) - 1
 	}
 	nextSet := func() int { fds.lastSet++; return fds.lastSet }
-	addFD := func(fd, set int) []string { return []string{"-add-fd", fmt.Sprintf("fd=%d,set=%d", fd, set)} }
+	// The opaque string is only a label (query-fdsets shows it); it also
+	// keeps the sandbox's state dir in QEMU's command line, by which tools
+	// find the QEMUs of a state root.
+	addFD := func(fd, set int, label string) []string {
+		return []string{"-add-fd", fmt.Sprintf("fd=%d,set=%d,opaque=%s", fd, set, optEscape(label))}
+	}
 
 	qmpFD, agentFD := slot(fdSlot{kind: fdQMP}), slot(fdSlot{kind: fdAgent})
 	consoleSet := nextSet()
@@ -183,7 +189,7 @@ func buildArgs(cfg Config, chains []*image) ([]string, bootFDs) {
 		a = append(a, "-initrd", procFD(fd))
 	}
 	a = append(a, "-append", kernelCmdline(cfg))
-	a = append(a, addFD(consoleFD, consoleSet)...)
+	a = append(a, addFD(consoleFD, consoleSet, filepath.Join(cfg.StateDir, ConsoleLogName))...)
 	a = append(a,
 		// append=on: QEMU would truncate the pipe (ftruncate) otherwise.
 		"-chardev", "file,id=serial0,append=on,path="+fdsetPath(consoleSet),
@@ -198,7 +204,7 @@ func buildArgs(cfg Config, chains []*image) ([]string, bootFDs) {
 	for i, d := range cfg.Disks {
 		sets, files := chainFiles(chains[i], d.ReadOnly, nextSet)
 		for _, f := range files {
-			a = append(a, addFD(slot(fdSlot{passedFile: f}), f.set)...)
+			a = append(a, addFD(slot(fdSlot{passedFile: f}), f.set, f.path)...)
 		}
 		fds.diskSets = append(fds.diskSets, sets)
 		a = append(a, "-blockdev", jsonArg(chainNode(chains[i], sets, nodeName(d.ID), d.ReadOnly)))

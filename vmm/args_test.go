@@ -208,10 +208,16 @@ func TestArgsLayoutAndDefaults(t *testing.T) {
 	if !slices.Contains(chardevs, "file,id=serial0,append=on,path=/dev/fdset/1") || setFiles(t, m, a, "/dev/fdset/1") != nil {
 		t.Errorf("console chardev %q: want the pipe in fd set 1", chardevs)
 	}
-	for _, arg := range a {
+	for i, arg := range a {
+		if i > 0 && a[i-1] == "-add-fd" {
+			continue // labels only
+		}
 		if strings.Contains(arg, cfg.StateDir) || strings.Contains(arg, filepath.Dir(cfg.Kernel)) {
 			t.Errorf("argument %q names a host path: a confined QEMU opens only what it is passed", arg)
 		}
+	}
+	if want := "fd=6,set=1,opaque=" + filepath.Join(cfg.StateDir, ConsoleLogName); !slices.Contains(argsAfter(a, "-add-fd"), want) {
+		t.Errorf("no -add-fd %s: the state dir must stay in the command line", want)
 	}
 	if slices.Contains(a, "-incoming") || slices.Contains(a, "-S") {
 		t.Error("cold boot has -incoming or -S")

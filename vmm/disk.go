@@ -115,7 +115,7 @@ func addFD(ctx context.Context, mon *qmp.Client, pf passedFile) error {
 	defer f.Close() // QEMU keeps its own copy
 	ctx, cancel := withDefaultTimeout(ctx, DefaultCommandTimeout)
 	defer cancel()
-	_, err = mon.ExecuteWithFile(ctx, "add-fd", map[string]any{"fdset-id": pf.set}, f)
+	_, err = mon.ExecuteWithFile(ctx, "add-fd", map[string]any{"fdset-id": pf.set, "opaque": pf.path}, f)
 	return err
 }
 
