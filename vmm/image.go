@@ -132,14 +132,18 @@ type passedFile struct {
 }
 
 // chainFiles lists the descriptors for a chain, one fd set per image: a
-// writable top image gets a read-write and a read-only descriptor (QEMU
-// reopens an image read-only once a snapshot overlay sits on it).
+// writable top image gets a read-write descriptor, every other a read-only
+// one. (Only one per set: QEMU's fd set keeps every descriptor's open file,
+// and with it the image locks QEMU took through it, alive; a second
+// descriptor that QEMU used once makes the next activation of the image
+// fail with "Failed to get shared "write" lock".)
 func chainFiles(top *image, readOnly bool, nextSet func() int) (sets []int, files []passedFile) {
 	for im, first := top, true; im != nil; im, first = im.backing, false {
 		s := nextSet()
 		sets = append(sets, s)
 		if first && !readOnly {
 			files = append(files, passedFile{path: im.path, flag: os.O_RDWR, set: s})
+			continue
 		}
 		files = append(files, passedFile{path: im.path, flag: os.O_RDONLY, set: s})
 	}

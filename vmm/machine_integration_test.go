@@ -5,6 +5,7 @@ package vmm
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -272,28 +273,33 @@ func TestSnapshotDiskFreezesImage(t *testing.T) {
 	a.run(t, "echo before-snapshot | dd of=/dev/vda bs=512 count=1 conv=sync 2>/dev/null; sync")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	overlay := filepath.Join(t.TempDir(), "data0.qcow2")
-	if err := m.Pause(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := m.SnapshotDisk(ctx, "data0", overlay); err != nil {
-		t.Fatalf("SnapshotDisk: %v", err)
-	}
-	// The keep-running checkpoint: device state saved, then the guest goes on
-	// (cont re-activates the images the migration inactivated).
-	w, err := os.Create(filepath.Join(t.TempDir(), "devstate"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
-	if err := m.SaveState(ctx, w); err != nil {
-		t.Fatalf("SaveState: %v", err)
-	}
-	if err := m.Resume(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if st, _ := m.Status(ctx); st != "running" {
-		t.Errorf("status after checkpoint and Resume = %q", st)
+	// Three keep-running checkpoints, each freezing the previous overlay:
+	// device state saved, then the guest goes on (cont re-activates the
+	// images the migration inactivated).
+	var overlay string
+	for i := 0; i < 3; i++ {
+		overlay = filepath.Join(t.TempDir(), fmt.Sprintf("data0-%d.qcow2", i))
+		if err := m.Pause(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.SnapshotDisk(ctx, "data0", overlay); err != nil {
+			t.Fatalf("SnapshotDisk %d: %v", i, err)
+		}
+		w, err := os.Create(filepath.Join(t.TempDir(), "devstate"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer w.Close()
+		if err := m.SaveState(ctx, w); err != nil {
+			t.Fatalf("SaveState %d: %v", i, err)
+		}
+		if err := m.Resume(ctx); err != nil {
+			t.Fatalf("Resume after checkpoint %d: %v", i, err)
+		}
+		if st, _ := m.Status(ctx); st != "running" {
+			t.Errorf("status after checkpoint %d and Resume = %q", i, st)
+		}
+		a.run(t, fmt.Sprintf("echo on-overlay-%d | dd of=/dev/vda bs=512 seek=8 count=1 conv=sync 2>/dev/null; sync", i))
 	}
 	frozen := fileSHA256(base)
 	a.run(t, "echo after-snapshot | dd of=/dev/vda bs=512 count=1 conv=sync 2>/dev/null; sync")
