@@ -85,6 +85,10 @@ func (m *Machine) command() (_ *exec.Cmd, retErr error) {
 		return nil, err
 	}
 	defer logf.Close() // QEMU has its own copy
+	// As QEMU's uid, exec reports a missing binary as "permission denied".
+	if _, err := exec.LookPath(m.cfg.QEMUPath); err != nil {
+		return nil, err
+	}
 	files, console, err := m.openSlots()
 	defer closeAll(files)
 	if err != nil {
