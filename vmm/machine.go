@@ -35,6 +35,7 @@ type Machine struct {
 	cmd      *exec.Cmd
 	mon      *qmp.Client
 	version  string
+	cpuFlags []string          // host CPU flags the guest's CPU model uses (KVM)
 	disks    []Disk            // attached now, hot-plugged ones with Port set
 	nodes    map[string]string // disk id -> top block node
 	nodeSeq  int
@@ -190,8 +191,13 @@ func (m *Machine) Start(ctx context.Context) (retErr error) {
 	if err := m.execute(ctx, "query-version", nil, &v); err != nil {
 		return err
 	}
+	flags, err := m.cpuModelFlags(ctx)
+	if err != nil {
+		return err
+	}
 	m.mu.Lock()
 	m.version = fmt.Sprintf("%d.%d.%d", v.QEMU.Major, v.QEMU.Minor, v.QEMU.Micro)
+	m.cpuFlags = flags
 	m.running = true
 	m.mu.Unlock()
 	l.WithField("incoming", m.cfg.Incoming).Debug("qemu started")
