@@ -78,6 +78,20 @@ func (m *Machine) prepareFiles(uid int) error {
 	return nil
 }
 
+// disownFiles gives the RAM files that QEMU's uid owned back to root before
+// the uid is freed: the next QEMU of that uid must not be able to open them,
+// nor a hard link the caller made to keep the RAM (checkpoint, then stop).
+func (m *Machine) disownFiles() {
+	priv, _ := m.cfg.privateMemory()
+	for _, p := range []string{m.ramFile(), priv} {
+		if p != "" && (p == priv || m.cfg.ownsMemory()) {
+			if err := os.Lchown(p, 0, 0); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				log.L.WithError(err).WithField("id", m.cfg.ID).Warn("give qemu's ram file back to root")
+			}
+		}
+	}
+}
+
 // ramFile is the RAM file QEMU maps.
 func (m *Machine) ramFile() string {
 	if p, ok := m.cfg.privateMemory(); ok {

@@ -250,7 +250,10 @@ func (m *Machine) exitedDuringStart() error {
 // reap waits for QEMU and publishes how it ended.
 func (m *Machine) reap(cmd *exec.Cmd) {
 	err := cmd.Wait()
-	m.lease.release() // no process of the uid is left: QEMU cannot fork
+	if m.lease != nil {
+		m.disownFiles()
+		m.lease.release() // no process of the uid is left: QEMU cannot fork
+	}
 	<-m.consoleDone
 	m.mu.Lock()
 	stopping, running := m.stopping, m.running

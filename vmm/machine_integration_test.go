@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -120,6 +121,10 @@ func TestSaveStateLoadStateRestoresGuest(t *testing.T) {
 	t.Cleanup(func() { os.Remove(ram) })
 	if err := src.Shutdown(ctx); err != nil {
 		t.Fatal(err)
+	}
+	var st0 syscall.Stat_t
+	if err := syscall.Stat(ram, &st0); err != nil || st0.Uid != 0 || st0.Gid != 0 {
+		t.Errorf("kept RAM file owned by %d:%d (%v) after its qemu's uid was freed, want root", st0.Uid, st0.Gid, err)
 	}
 	if _, err := os.Stat(cfg.MemoryPath); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("owned RAM file still there after Shutdown: %v", err)
