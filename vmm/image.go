@@ -104,7 +104,7 @@ func qcow2Backing(path string) (name, format string, err error) {
 }
 
 // virtualSize is the guest-visible size of an image: the qcow2 header's, or
-// a raw file's length.
+// a raw file's length rounded up to whole sectors, as QEMU sees it.
 func virtualSize(path, format string) (int64, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -121,7 +121,7 @@ func virtualSize(path, format string) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	return st.Size(), nil
+	return (st.Size() + 511) / 512 * 512, nil
 }
 
 // passedFile is a file the machine opens and hands to QEMU in fd set set.
