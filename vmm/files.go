@@ -166,8 +166,10 @@ func tail(path string, max int64) string {
 	}
 	b, _ := io.ReadAll(io.NewSectionReader(f, off, max))
 	if off > 0 {
-		if i := bytes.IndexByte(b, '\n'); i >= 0 {
-			b = b[i+1:] // drop the cut line
+		// Drop the cut line, unless it is all there is (a guest may write
+		// one endless line).
+		if i := bytes.IndexByte(b, '\n'); i >= 0 && i < len(bytes.TrimRight(b, "\r\n")) {
+			b = b[i+1:]
 		}
 	}
 	return strings.TrimSpace(string(b))

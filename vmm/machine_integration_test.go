@@ -428,3 +428,29 @@ func TestRestoreWithHotpluggedDisk(t *testing.T) {
 	}
 	waitGuest(t, b, "ls /sys/block", func(s string) bool { return s == "" })
 }
+
+// TestConsoleFloodIsCapped: a guest writing its serial console without end
+// leaves a console log no larger than the cap, whose tail is the newest
+// output.
+func TestConsoleFloodIsCapped(t *testing.T) {
+	cfg := testConfig(t, "flood")
+	cfg.ConsoleMaxBytes = 16 << 10
+	m := startVM(t, cfg)
+	waitConsole(t, m, "cryo-test-ready", 60*time.Second)
+	a := dialAgent(t, m)
+	a.run(t, "head -c 400000 /dev/zero | tr '\\000' x > /dev/ttyS0; echo flood-end > /dev/ttyS0; echo sent")
+	waitConsole(t, m, "flood-end", 60*time.Second)
+	st, err := os.Stat(m.ConsolePath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Size() > cfg.ConsoleMaxBytes {
+		t.Errorf("console log is %d bytes after a 400 kB flood, cap %d", st.Size(), cfg.ConsoleMaxBytes)
+	}
+	if b, _ := os.ReadFile(m.ConsolePath()); !strings.HasPrefix(string(b), consoleTruncated) {
+		t.Errorf("console log of %d bytes does not start with the truncation mark: the flood did not reach it", len(b))
+	}
+	if tail := ConsoleTail(m.ConsolePath(), 2000); !strings.HasSuffix(tail, "flood-end") {
+		t.Errorf("console tail ends %q", tail[max(0, len(tail)-40):])
+	}
+}
