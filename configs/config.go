@@ -48,6 +48,16 @@ type Hypervisor struct {
 	// HotplugPorts is how many PCIe root ports are created for disks added
 	// after boot (containers of a pod created after the sandbox).
 	HotplugPorts int `toml:"hotplug_ports"`
+	// ConfineQEMU runs QEMU under its seccomp sandbox as an unprivileged
+	// uid of its own. Only an explicit false turns it off.
+	ConfineQEMU bool `toml:"confine_qemu"`
+	// QEMUUIDBase and QEMUUIDCount are the uids (and gids) confined QEMUs
+	// run as, one per running sandbox; no passwd entries are needed, but no
+	// other user of the host may use them.
+	QEMUUIDBase  int `toml:"qemu_uid_base"`
+	QEMUUIDCount int `toml:"qemu_uid_count"`
+	// ConsoleLogKiB caps each sandbox's guest console log.
+	ConsoleLogKiB int `toml:"console_log_size"`
 }
 
 // Agent configures the host side of the guest agent channel.
@@ -113,6 +123,10 @@ func (s Snapshot) EncryptionRequired() bool {
 	}
 	return s.EncryptionKey != "" || s.EncryptionKeyDir != ""
 }
+
+// QEMUUIDLockDir holds a lock file per confined QEMU's uid, under the
+// state root.
+func (r Runtime) QEMUUIDLockDir() string { return filepath.Join(r.StateRoot, "qemu-uids") }
 
 // BlobDir is the node's blob cache, under CacheDir.
 func (s Snapshot) BlobDir() string { return filepath.Join(s.CacheDir, "blobs") }
@@ -184,18 +198,22 @@ func (d Duration) MarshalText() ([]byte, error) { return []byte(d.String()), nil
 func Default() Config {
 	return Config{
 		Hypervisor: Hypervisor{
-			Path:         "qemu-system-x86_64",
-			Kernel:       "/usr/share/cryo/vmlinuz",
-			Initrd:       "/usr/share/cryo/initrd.img",
-			MachineType:  "pc-q35-7.2",
-			CPUModel:     "qemu64",
-			Accel:        "tcg",
-			VCPUs:        1,
-			MemoryMiB:    512,
-			MaxVCPUs:     8,
-			MaxMemoryMiB: 16384,
-			MemoryDir:    "/dev/shm",
-			HotplugPorts: 8,
+			Path:          "qemu-system-x86_64",
+			Kernel:        "/usr/share/cryo/vmlinuz",
+			Initrd:        "/usr/share/cryo/initrd.img",
+			MachineType:   "pc-q35-7.2",
+			CPUModel:      "qemu64",
+			Accel:         "tcg",
+			VCPUs:         1,
+			MemoryMiB:     512,
+			MaxVCPUs:      8,
+			MaxMemoryMiB:  16384,
+			MemoryDir:     "/dev/shm",
+			HotplugPorts:  8,
+			ConfineQEMU:   true,
+			QEMUUIDBase:   1_500_000,
+			QEMUUIDCount:  4096,
+			ConsoleLogKiB: 1024,
 		},
 		Agent: Agent{
 			DialTimeout:    Duration{60 * time.Second},
@@ -294,6 +312,10 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("hypervisor.hotplug_ports %d: must be between 0 and 16", h.HotplugPorts)
 	case !filepath.IsAbs(h.MemoryDir):
 		return fmt.Errorf("hypervisor.memory_dir %q: must be an absolute path", h.MemoryDir)
+	case h.QEMUUIDBase < 1 || h.QEMUUIDCount < 1 || int64(h.QEMUUIDBase)+int64(h.QEMUUIDCount) > 1<<31:
+		return fmt.Errorf("hypervisor.qemu_uid_base %d, qemu_uid_count %d: must be a range of positive uids below 2^31", h.QEMUUIDBase, h.QEMUUIDCount)
+	case h.ConsoleLogKiB < 4:
+		return fmt.Errorf("hypervisor.console_log_size %d KiB: must be at least 4", h.ConsoleLogKiB)
 	}
 	if c.Agent.DialTimeout.Duration <= 0 || c.Agent.RequestTimeout.Duration <= 0 {
 		return errors.New("agent timeouts must be positive")

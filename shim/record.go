@@ -274,6 +274,8 @@ func snapshotFingerprint(f vmm.Fingerprint) snapshot.Fingerprint {
 		MemoryMiB:   int64(f.MemoryMiB),
 		VCPUs:       f.VCPUs,
 		Accel:       f.Accel,
+		// The host CPU features the guest's model uses (KVM only).
+		HostCPUFlags: f.HostCPUFlags,
 	}
 	if f.KernelSHA256 != "" {
 		sf.KernelDigest = "sha256:" + f.KernelSHA256

@@ -160,7 +160,7 @@ func (s *service) restoreSandbox(ctx context.Context, id string, spec *specs.Spe
 		}
 	}()
 	vmcfg.NICs = pn.nics()
-	vm, err := vmm.New(digests.apply(vmcfg))
+	vm, err := vmm.New(confined(digests.apply(vmcfg), cfg))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -321,10 +321,19 @@ func checkHost(cfg configs.Config, fp snapshot.Fingerprint, g guestDigests) erro
 	}
 	host.QEMUVersion = v
 	host.KernelDigest, host.InitrdDigest = g.kernel, g.initrd
+	// A guest that used a CPU feature this host lacks would fault (KVM
+	// cannot emulate it); Compare names the missing flags.
 	host.HostCPUFlags = nil
-	fp.HostCPUFlags = nil
+	if len(fp.HostCPUFlags) > 0 {
+		if host.HostCPUFlags, err = hostCPUFlags(); err != nil {
+			return fmt.Errorf("host cpu flags: %w", err)
+		}
+	}
 	return fp.Compare(host)
 }
+
+// hostCPUFlags is this host's /proc/cpuinfo flags (a variable for tests).
+var hostCPUFlags = vmm.HostCPUFlags
 
 var qemuVersionRe = regexp.MustCompile(`version ([0-9]+\.[0-9]+\.[0-9]+)`)
 

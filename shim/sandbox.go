@@ -121,6 +121,7 @@ func bootSandbox(ctx context.Context, id string, cfg configs.Config, stateDir st
 		HotplugPorts: h.HotplugPorts,
 		VMGenID:      true,
 	}
+	vmcfg = confined(vmcfg, cfg)
 	if g, err := hostGuestDigests(cfg); err == nil {
 		vmcfg = g.apply(vmcfg)
 	} else {
@@ -204,15 +205,26 @@ func connectAgent(ctx context.Context, vm *vmm.Machine, ac configs.Agent) (guest
 	return nil, guestInfo{}, fmt.Errorf("guest agent did not answer within %s: %w; console: %s", timeout, lastErr, consoleTail(vm.ConsolePath()))
 }
 
+// consoleTail is the end of a guest console log, read without the rest: the
+// guest wrote it, up to its cap.
 func consoleTail(path string) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return "(no console log)"
+	if s := vmm.ConsoleTail(path, 2000); s != "" {
+		return s
 	}
-	if len(b) > 2000 {
-		b = b[len(b)-2000:]
+	return "(no console log)"
+}
+
+// confined applies the node's QEMU confinement and console cap to c.
+func confined(c vmm.Config, cfg configs.Config) vmm.Config {
+	h := cfg.Hypervisor
+	c.Confine = vmm.Confinement{
+		Disabled: !h.ConfineQEMU,
+		UIDBase:  h.QEMUUIDBase, UIDCount: h.QEMUUIDCount,
+		LockDir: cfg.Runtime.QEMUUIDLockDir(),
 	}
-	return string(b)
+	c.PrivateMemoryDir = h.MemoryDir
+	c.ConsoleMaxBytes = int64(h.ConsoleLogKiB) << 10
+	return c
 }
 
 // shutdown stops the VM and removes the sandbox state. It is idempotent.

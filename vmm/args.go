@@ -3,6 +3,7 @@ package vmm
 import (
 	"encoding/json"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -98,21 +99,6 @@ func jsonArg(v any) string {
 	return string(b)
 }
 
-// blockdevArgs is the blockdev-add argument for disk d (used both for
-// -blockdev and for the QMP command, so boot and hot-plug agree).
-func blockdevArgs(d Disk, node string) map[string]any {
-	return map[string]any{
-		"driver":    d.Format,
-		"node-name": node,
-		"read-only": d.ReadOnly,
-		"file": map[string]any{
-			"driver":    "file",
-			"filename":  d.Path,
-			"read-only": d.ReadOnly,
-		},
-	}
-}
-
 // diskDeviceArgs is the device_add argument for disk d at dev.
 func diskDeviceArgs(d Disk, dev Device, node string) map[string]any {
 	a := map[string]any{"driver": dev.Driver, "id": d.ID, "drive": node, "bus": dev.Bus, "addr": dev.Addr}
@@ -127,44 +113,103 @@ func kernelCmdline(cfg Config) string {
 	return strings.TrimSpace(DefaultKernelArgs + " " + cfg.KernelArgs)
 }
 
-// buildArgs returns QEMU's argv (without argv[0]) for a defaulted, valid cfg.
-// NIC i's tap is expected as file descriptor 3+i (exec.Cmd.ExtraFiles).
-func buildArgs(cfg Config) []string {
-	dir := cfg.StateDir
+// fdKind says what a descriptor passed to QEMU is.
+type fdKind int
+
+const (
+	fdFile    fdKind = iota // a file opened with passedFile's path and flag
+	fdQMP                   // the QMP socket, listening
+	fdAgent                 // the agent port's socket, listening
+	fdConsole               // the write end of the console pipe
+	fdRAM                   // the guest RAM file, read-write
+)
+
+// fdSlot is one descriptor QEMU gets at exec, after the taps.
+type fdSlot struct {
+	kind fdKind
+	passedFile
+}
+
+// bootFDs is what buildArgs derives besides the argv: the descriptors to
+// pass (fd 3+len(NICs)+i is slots[i]) and each disk's fd sets.
+type bootFDs struct {
+	slots    []fdSlot
+	diskSets [][]int // per cfg.Disks entry, one set per image of its chain
+	lastSet  int
+}
+
+// buildArgs returns QEMU's argv (without argv[0]) for a defaulted, valid
+// cfg whose disks have the backing chains chains. NIC i's tap is expected as
+// file descriptor 3+i (exec.Cmd.ExtraFiles), then the descriptors of
+// bootFDs.slots: QEMU opens nothing by a path of the host's (see
+// Confinement).
+func buildArgs(cfg Config, chains []*image) ([]string, bootFDs) {
+	var fds bootFDs
+	slot := func(s fdSlot) int {
+		fds.slots = append(fds.slots, s)
+		return 3 + len(cfg.NICs) + len(fds.slots) - 1
+	}
+	nextSet := func() int { fds.lastSet++; return fds.lastSet }
+	// The opaque string is only a label (query-fdsets shows it); it also
+	// keeps the sandbox's state dir in QEMU's command line, by which tools
+	// find the QEMUs of a state root.
+	addFD := func(fd, set int, label string) []string {
+		return []string{"-add-fd", fmt.Sprintf("fd=%d,set=%d,opaque=%s", fd, set, optEscape(label))}
+	}
+
+	qmpFD, agentFD := slot(fdSlot{kind: fdQMP}), slot(fdSlot{kind: fdAgent})
+	consoleSet := nextSet()
+	consoleFD := slot(fdSlot{kind: fdConsole, passedFile: passedFile{set: consoleSet}})
+	ramFD := slot(fdSlot{kind: fdRAM})
+	kernelFD := slot(fdSlot{passedFile: passedFile{path: cfg.Kernel, flag: os.O_RDONLY}})
 	a := []string{
 		"-name", "guest=" + cfg.ID + ",debug-threads=on",
 		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
-		"-machine", cfg.MachineType + ",memory-backend=ram0",
+	}
+	if !cfg.Confine.Disabled {
+		a = append(a, "-sandbox", SandboxOptions)
+	}
+	a = append(a,
+		"-machine", cfg.MachineType+",memory-backend=ram0",
 		"-accel", cfg.Accel,
-		"-cpu", cfg.CPUModel,
+		"-cpu", cpuArg(cfg),
 		"-smp", strconv.Itoa(cfg.VCPUs),
-		"-m", strconv.Itoa(cfg.MemoryMiB) + "M",
+		"-m", strconv.Itoa(cfg.MemoryMiB)+"M",
 		"-object", jsonArg(map[string]any{
 			"qom-type": "memory-backend-file",
 			"id":       "ram0",
 			"size":     int64(cfg.MemoryMiB) << 20,
-			"mem-path": cfg.MemoryPath,
+			"mem-path": procFD(ramFD),
 			"share":    cfg.MemoryShared,
 		}),
-		"-kernel", cfg.Kernel,
-	}
+		"-kernel", procFD(kernelFD),
+	)
 	if cfg.Initrd != "" {
-		a = append(a, "-initrd", cfg.Initrd)
+		fd := slot(fdSlot{passedFile: passedFile{path: cfg.Initrd, flag: os.O_RDONLY}})
+		a = append(a, "-initrd", procFD(fd))
 	}
-	a = append(a, "-append", kernelCmdline(cfg),
-		"-chardev", "file,id=serial0,append=on,path="+optEscape(filepath.Join(dir, ConsoleLogName)),
+	a = append(a, "-append", kernelCmdline(cfg))
+	a = append(a, addFD(consoleFD, consoleSet, filepath.Join(cfg.StateDir, ConsoleLogName))...)
+	a = append(a,
+		// append=on: QEMU would truncate the pipe (ftruncate) otherwise.
+		"-chardev", "file,id=serial0,append=on,path="+fdsetPath(consoleSet),
 		"-serial", "chardev:serial0",
-		"-chardev", "socket,id=qmp,server=on,wait=off,path="+optEscape(filepath.Join(dir, QMPSocketName)),
+		"-chardev", fmt.Sprintf("socket,id=qmp,fd=%d,server=on,wait=off", qmpFD),
 		"-mon", "chardev=qmp,mode=control",
-		"-chardev", "socket,id=agent,server=on,wait=off,path="+optEscape(filepath.Join(dir, AgentSocketName)),
+		"-chardev", fmt.Sprintf("socket,id=agent,fd=%d,server=on,wait=off", agentFD),
 	)
 	for i, n := range cfg.NICs {
 		a = append(a, "-netdev", fmt.Sprintf("tap,id=net-%s,fd=%d", n.ID, 3+i))
 	}
-	di := 0 // layout lists the disks in cfg.Disks order
-	for _, d := range cfg.Disks {
-		a = append(a, "-blockdev", jsonArg(blockdevArgs(d, nodeName(d.ID))))
+	for i, d := range cfg.Disks {
+		sets, files := chainFiles(chains[i], d.ReadOnly, nextSet)
+		for _, f := range files {
+			a = append(a, addFD(slot(fdSlot{passedFile: f}), f.set, f.path)...)
+		}
+		fds.diskSets = append(fds.diskSets, sets)
+		a = append(a, "-blockdev", jsonArg(chainNode(chains[i], sets, nodeName(d.ID), d.ReadOnly)))
 	}
+	di := 0 // layout lists the disks in cfg.Disks order
 	for _, dev := range layout(cfg, cfg.Disks) {
 		var opts string
 		switch dev.Driver {
@@ -194,7 +239,7 @@ func buildArgs(cfg Config) []string {
 		// -S: stay paused after the incoming migration; the caller resumes.
 		a = append(a, "-S", "-incoming", "defer")
 	}
-	return a
+	return a, fds
 }
 
 // slot parses a root-bus address such as "0x6".
@@ -204,4 +249,14 @@ func (d Device) slot() int {
 		return -1
 	}
 	return int(n)
+}
+
+// cpuArg is the -cpu value. Under KVM a named model gets enforce: QEMU then
+// refuses to start on a host that lacks one of the model's features instead
+// of silently hiding it from a guest (whose restored kernel uses it).
+func cpuArg(cfg Config) string {
+	if cfg.Accel == "kvm" && cfg.CPUModel != "host" && cfg.CPUModel != "max" {
+		return cfg.CPUModel + ",enforce"
+	}
+	return cfg.CPUModel
 }

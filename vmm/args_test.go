@@ -2,13 +2,18 @@ package vmm
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/containerd/errdefs"
+
+	"github.com/cryo-runtime/cryo/internal/qcow2"
 )
 
 // unitConfig returns a valid config with real (empty) kernel, initrd and
@@ -36,6 +41,38 @@ func unitConfig(t *testing.T) Config {
 			{ID: "c1", Path: touch("c1.qcow2"), Format: "qcow2", Serial: "c1"},
 		},
 	}
+}
+
+// slotAt returns the passed descriptor a /proc/self/fd/N argument names.
+func slotAt(t *testing.T, m *Machine, arg string) fdSlot {
+	t.Helper()
+	n, err := strconv.Atoi(strings.TrimPrefix(arg, "/proc/self/fd/"))
+	i := n - 3 - len(m.cfg.NICs)
+	if err != nil || i < 0 || i >= len(m.boot.slots) {
+		t.Fatalf("%q is not a passed descriptor", arg)
+	}
+	return m.boot.slots[i]
+}
+
+// setFiles lists the files (path and "rw"/"ro") that -add-fd puts in the
+// fd set a /dev/fdset/N path names.
+func setFiles(t *testing.T, m *Machine, a []string, fdset string) []string {
+	t.Helper()
+	var out []string
+	for _, v := range argsAfter(a, "-add-fd") {
+		var fd, set int
+		if _, err := fmt.Sscanf(v, "fd=%d,set=%d", &fd, &set); err != nil {
+			t.Fatalf("-add-fd %q: %v", v, err)
+		}
+		if fdsetPath(set) != fdset {
+			continue
+		}
+		s := slotAt(t, m, procFD(fd))
+		if s.kind == fdFile {
+			out = append(out, s.path+map[int]string{os.O_RDONLY: " ro", os.O_RDWR: " rw"}[s.flag])
+		}
+	}
+	return out
 }
 
 // argAfter returns the values following each occurrence of flag.
@@ -68,7 +105,8 @@ func TestArgsLayoutAndDefaults(t *testing.T) {
 	}
 	defer tap.Close()
 	cfg.NICs = []NIC{{ID: "eth0", Tap: tap, MAC: "52:54:00:12:34:56"}}
-	a := mustNew(t, cfg).Args()
+	m := mustNew(t, cfg)
+	a := m.Args()
 
 	for _, flag := range []string{"-nodefaults", "-no-user-config", "-no-reboot"} {
 		if !slices.Contains(a, flag) {
@@ -83,9 +121,8 @@ func TestArgsLayoutAndDefaults(t *testing.T) {
 		"-m":       "256M",
 		"-display": "none",
 		"-append":  "console=ttyS0 panic=-1 reboot=k quiet cryo.debug=1",
-		"-kernel":  cfg.Kernel,
-		"-initrd":  cfg.Initrd,
 		"-netdev":  "tap,id=net-eth0,fd=3",
+		"-sandbox": SandboxOptions,
 	}
 	for flag, want := range checks {
 		if got := argsAfter(a, flag); len(got) != 1 || got[0] != want {
@@ -96,8 +133,16 @@ func TestArgsLayoutAndDefaults(t *testing.T) {
 	if err := json.Unmarshal([]byte(argsAfter(a, "-object")[0]), &mem); err != nil {
 		t.Fatal(err)
 	}
-	if mem["qom-type"] != "memory-backend-file" || mem["share"] != true || mem["size"] != float64(256<<20) || mem["mem-path"] != cfg.MemoryPath {
+	if mem["qom-type"] != "memory-backend-file" || mem["share"] != true || mem["size"] != float64(256<<20) || slotAt(t, m, mem["mem-path"].(string)).kind != fdRAM {
 		t.Errorf("memory backend = %v", mem)
+	}
+	if m.ramFile() != cfg.MemoryPath {
+		t.Errorf("ram file %s, want %s", m.ramFile(), cfg.MemoryPath)
+	}
+	for flag, want := range map[string]string{"-kernel": cfg.Kernel, "-initrd": cfg.Initrd} {
+		if s := slotAt(t, m, argsAfter(a, flag)[0]); s.kind != fdFile || s.path != want || s.flag != os.O_RDONLY {
+			t.Errorf("%s is %+v, want %s read-only", flag, s, want)
+		}
 	}
 
 	wantDevices := []string{
@@ -134,13 +179,45 @@ func TestArgsLayoutAndDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	file := bd["file"].(map[string]any)
-	if bd["node-name"] != "nrootfs" || bd["read-only"] != true || bd["driver"] != "raw" || file["filename"] != cfg.Disks[0].Path {
-		t.Errorf("blockdev = %v (a comma in the path must survive)", bd)
+	if bd["node-name"] != "nrootfs" || bd["read-only"] != true || bd["driver"] != "raw" {
+		t.Errorf("blockdev = %v", bd)
+	}
+	if got := setFiles(t, m, a, file["filename"].(string)); !slices.Equal(got, []string{cfg.Disks[0].Path + " ro"}) {
+		t.Errorf("rootfs fd set holds %q, want its image read-only (a comma in the path must survive)", got)
+	}
+	if err := json.Unmarshal([]byte(bds[1]), &bd); err != nil {
+		t.Fatal(err)
+	}
+	file = bd["file"].(map[string]any)
+	if got := setFiles(t, m, a, file["filename"].(string)); !slices.Equal(got, []string{cfg.Disks[1].Path + " rw"}) {
+		t.Errorf("c1 fd set holds %q, want its image read-write", got)
 	}
 	chardevs := argsAfter(a, "-chardev")
-	wantQMP := "socket,id=qmp,server=on,wait=off,path=" + filepath.Join(cfg.StateDir, QMPSocketName)
-	if !slices.Contains(chardevs, wantQMP) {
-		t.Errorf("chardevs %q lack %q", chardevs, wantQMP)
+	for _, kind := range []fdKind{fdQMP, fdAgent} {
+		found := false
+		for _, c := range chardevs {
+			if fd, ok := strings.CutPrefix(c, "socket,id="); ok && strings.HasSuffix(fd, ",server=on,wait=off") {
+				n := strings.TrimSuffix(strings.SplitN(fd, ",fd=", 2)[1], ",server=on,wait=off")
+				found = found || slotAt(t, m, "/proc/self/fd/"+n).kind == kind
+			}
+		}
+		if !found {
+			t.Errorf("chardevs %q: no socket on a passed listener of kind %d", chardevs, kind)
+		}
+	}
+	if !slices.Contains(chardevs, "file,id=serial0,append=on,path=/dev/fdset/1") || setFiles(t, m, a, "/dev/fdset/1") != nil {
+		t.Errorf("console chardev %q: want the pipe in fd set 1", chardevs)
+	}
+	for i, arg := range a {
+		if i > 0 && a[i-1] == "-add-fd" {
+			continue // labels only
+		}
+		if strings.Contains(arg, cfg.StateDir) || strings.Contains(arg, filepath.Dir(cfg.Kernel)) {
+			t.Errorf("argument %q names a host path: a confined QEMU opens only what it is passed", arg)
+		}
+	}
+	if want := "fd=6,set=1,opaque=" + filepath.Join(cfg.StateDir, ConsoleLogName); !slices.Contains(argsAfter(a, "-add-fd"), want) {
+		t.Errorf("no -add-fd %s: the state dir must stay in the command line", want)
 	}
 	if slices.Contains(a, "-incoming") || slices.Contains(a, "-S") {
 		t.Error("cold boot has -incoming or -S")
@@ -164,11 +241,120 @@ func TestArgsIncomingSharedOff(t *testing.T) {
 	if got := argsAfter(a, "-cpu"); got[0] != "host" {
 		t.Errorf("kvm default cpu = %q", got)
 	}
+	m := mustNew(t, cfg)
+	if priv, ok := m.cfg.privateMemory(); !ok || m.ramFile() != priv || filepath.Dir(priv) != "/dev/shm" {
+		t.Errorf("confined restore maps %s (private %s %v), want its own copy in /dev/shm", m.ramFile(), priv, ok)
+	}
 	devs := argsAfter(a, "-device")
 	port := slices.Index(devs, "pcie-root-port,id=rp3,bus=pcie.0,addr=0x13,chassis=4")
 	disk := slices.Index(devs, "virtio-blk-pci,id=c1,drive=nc1,bus=rp3,addr=0x0,serial=c1")
 	if port < 0 || disk < 0 || disk < port {
 		t.Errorf("port at %d, disk on it at %d in\n%s", port, disk, strings.Join(devs, "\n"))
+	}
+}
+
+func TestArgsCPUEnforceUnderKVM(t *testing.T) {
+	for _, c := range []struct{ accel, model, want string }{
+		{"kvm", "Skylake-Client-v4", "Skylake-Client-v4,enforce"},
+		{"kvm", "host", "host"},
+		{"kvm", "max", "max"},
+		{"tcg", "qemu64", "qemu64"},
+	} {
+		cfg := unitConfig(t)
+		cfg.Accel, cfg.CPUModel = c.accel, c.model
+		if got := argsAfter(mustNew(t, cfg).Args(), "-cpu"); len(got) != 1 || got[0] != c.want {
+			t.Errorf("%s %s: -cpu %q, want %q", c.accel, c.model, got, c.want)
+		}
+	}
+}
+
+func TestArgsConfinementOff(t *testing.T) {
+	cfg := unitConfig(t)
+	cfg.Confine.Disabled = true
+	cfg.Incoming, cfg.MemoryShared = true, false
+	m := mustNew(t, cfg)
+	if slices.Contains(m.Args(), "-sandbox") {
+		t.Error("-sandbox with confinement disabled")
+	}
+	if m.ramFile() != cfg.MemoryPath {
+		t.Errorf("unconfined restore maps %s, want %s itself", m.ramFile(), cfg.MemoryPath)
+	}
+}
+
+func TestArgsBackingChainIsPassed(t *testing.T) {
+	cfg := unitConfig(t)
+	dir := t.TempDir()
+	base := filepath.Join(dir, "base.raw")
+	if err := os.WriteFile(base, make([]byte, 1<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mid, top := filepath.Join(dir, "mid.qcow2"), filepath.Join(dir, "top.qcow2")
+	if err := qcow2.CreateOverlay(mid, base, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	if err := qcow2.CreateOverlayOf(top, mid, "qcow2", 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Disks = []Disk{{ID: "c1", Path: top, Format: "qcow2"}}
+	m := mustNew(t, cfg)
+	a := m.Args()
+	var bd map[string]any
+	if err := json.Unmarshal([]byte(argsAfter(a, "-blockdev")[0]), &bd); err != nil {
+		t.Fatal(err)
+	}
+	want := []struct {
+		format string
+		files  []string
+	}{
+		{"qcow2", []string{top + " rw"}},
+		{"qcow2", []string{mid + " ro"}},
+		{"raw", []string{base + " ro"}},
+	}
+	n := bd
+	for i, w := range want {
+		file := n["file"].(map[string]any)
+		if got := setFiles(t, m, a, file["filename"].(string)); n["driver"] != w.format || !slices.Equal(got, w.files) || (i > 0) != (n["read-only"] == true) {
+			t.Errorf("chain[%d] = %v with files %q, want %s with %q", i, n, got, w.format, w.files)
+		}
+		b, has := n["backing"]
+		switch {
+		case i < 2 && !has:
+			t.Fatalf("chain[%d] has no explicit backing: QEMU would open the header's name itself", i)
+		case i < 2:
+			n = b.(map[string]any)
+		case has:
+			t.Errorf("raw image with backing %v", b)
+		}
+	}
+}
+
+func TestImageChainRefusals(t *testing.T) {
+	dir := t.TempDir()
+	loop := filepath.Join(dir, "loop.qcow2")
+	if err := qcow2.CreateOverlayOf(loop, loop, "qcow2", 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := imageChain(loop, "qcow2"); err == nil || !strings.Contains(err.Error(), "longer than") {
+		t.Errorf("self-backed image: %v", err)
+	}
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	onFifo := filepath.Join(dir, "on-fifo.qcow2")
+	if err := qcow2.CreateOverlay(onFifo, fifo, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := imageChain(onFifo, "qcow2"); err == nil || !strings.Contains(err.Error(), "not a regular file") {
+		t.Errorf("image over a fifo: %v", err)
+	}
+	// A raw image's bytes are the guest's: a qcow2 header in them is data.
+	fake := filepath.Join(dir, "raw-with-header")
+	if err := os.Rename(onFifo, fake); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := imageChain(fake, "raw"); err != nil || c.backing != nil {
+		t.Errorf("raw image parsed as qcow2: %+v %v", c, err)
 	}
 }
 

@@ -1,6 +1,8 @@
 package vmm
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"net"
 	"os"
@@ -22,6 +24,8 @@ const (
 	AgentPortName = "agent.0"
 	// MinMemoryMiB is the smallest guest accepted.
 	MinMemoryMiB = 64
+
+	minConsoleMaxBytes = 4096
 )
 
 // Files in Config.StateDir.
@@ -74,6 +78,17 @@ type Config struct {
 	HotplugPorts int
 	Incoming     bool // start paused with -incoming defer, for LoadState
 	VMGenID      bool // -device vmgenid,guid=auto
+
+	// Confine says how QEMU is confined; the zero value confines it.
+	Confine Confinement
+	// PrivateMemoryDir (tmpfs, default /dev/shm) holds a confined restore's
+	// own copy of MemoryPath: QEMU 7.2 opens a memory-backend-file
+	// read-write even for share=off, and a materialized RAM file is shared
+	// by every restore of its snapshot, so it must not be writable by any
+	// QEMU.
+	PrivateMemoryDir string
+	// ConsoleMaxBytes caps console.log (default DefaultConsoleMaxBytes).
+	ConsoleMaxBytes int64
 }
 
 // Disk is a virtio-blk disk.
@@ -142,6 +157,15 @@ func (cfg Config) withDefaults() Config {
 	}
 	cfg.Disks = append([]Disk(nil), cfg.Disks...)
 	cfg.NICs = append([]NIC(nil), cfg.NICs...)
+	if !cfg.Confine.Disabled {
+		cfg.Confine = cfg.Confine.withDefaults()
+	}
+	if cfg.PrivateMemoryDir == "" {
+		cfg.PrivateMemoryDir = "/dev/shm"
+	}
+	if cfg.ConsoleMaxBytes == 0 {
+		cfg.ConsoleMaxBytes = DefaultConsoleMaxBytes
+	}
 	return cfg
 }
 
@@ -202,6 +226,15 @@ func (cfg Config) validate() error {
 	if !cfg.MemoryShared && !cfg.Incoming {
 		// Not wrong for QEMU, but SaveState could not keep RAM out of the stream.
 		return bad("memory share=off is only for restores (Incoming)")
+	}
+	if err := cfg.Confine.validate(); err != nil {
+		return bad("%v", err)
+	}
+	if !filepath.IsAbs(cfg.PrivateMemoryDir) {
+		return bad("private memory dir %q is not an absolute path", cfg.PrivateMemoryDir)
+	}
+	if cfg.ConsoleMaxBytes < minConsoleMaxBytes {
+		return bad("console cap %d bytes: at least %d", cfg.ConsoleMaxBytes, minConsoleMaxBytes)
 	}
 	if cfg.HotplugPorts > MaxHotplugPorts {
 		return bad("hotplug ports %d: at most %d", cfg.HotplugPorts, MaxHotplugPorts)
@@ -273,6 +306,16 @@ func (d Disk) validate() error {
 		return fmt.Errorf("disk %s: port %q: want rp0..rp%d", d.ID, d.Port, MaxHotplugPorts-1)
 	}
 	return nil
+}
+
+// privateMemory reports whether the machine gives QEMU its own copy of
+// MemoryPath (a confined restore), and names it.
+func (cfg Config) privateMemory() (string, bool) {
+	if cfg.ownsMemory() || cfg.Confine.Disabled {
+		return "", false
+	}
+	sum := sha256.Sum256([]byte(cfg.StateDir))
+	return filepath.Join(cfg.PrivateMemoryDir, "cryo-vm-"+hex.EncodeToString(sum[:8])+".ram"), true
 }
 
 // ownsMemory reports whether the machine creates and removes MemoryPath.

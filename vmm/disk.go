@@ -3,6 +3,7 @@ package vmm
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/containerd/errdefs"
 
+	"github.com/cryo-runtime/cryo/internal/qcow2"
 	"github.com/cryo-runtime/cryo/vmm/qmp"
 )
 
@@ -59,15 +61,70 @@ func (m *Machine) HotplugDisk(ctx context.Context, d Disk) (retErr error) {
 		}
 	}()
 
-	if err := m.execute(ctx, "blockdev-add", blockdevArgs(d, node), nil); err != nil {
+	chain, err := imageChain(d.Path, d.Format)
+	if err != nil {
+		return wrap(fmt.Errorf("%w: %v", errdefs.ErrInvalidArgument, err))
+	}
+	sets, err := m.passChain(ctx, chain, d.ReadOnly)
+	if err != nil {
+		return wrap(err)
+	}
+	if err := m.execute(ctx, "blockdev-add", chainNode(chain, sets, node, d.ReadOnly), nil); err != nil {
+		m.removeFDSets(ctx, sets)
 		return wrap(err)
 	}
 	dev := diskDevice(d, 0)
 	if err := m.execute(ctx, "device_add", diskDeviceArgs(d, dev, node), nil); err != nil {
 		m.execute(context.WithoutCancel(ctx), "blockdev-del", map[string]any{"node-name": node}, nil)
+		m.removeFDSets(ctx, sets)
 		return wrap(err)
 	}
+	m.mu.Lock()
+	m.fdsets[d.ID] = sets
+	m.mu.Unlock()
 	return nil
+}
+
+// passChain opens every file of chain (as root) and adds it to a new fd set
+// of QEMU's (QMP add-fd), one set per image; it returns the sets.
+func (m *Machine) passChain(ctx context.Context, chain *image, readOnly bool) ([]int, error) {
+	mon, err := m.monitor()
+	if err != nil {
+		return nil, err
+	}
+	sets, files := chainFiles(chain, readOnly, func() int {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		m.lastSet++
+		return m.lastSet
+	})
+	for _, pf := range files {
+		if err := addFD(ctx, mon, pf); err != nil {
+			m.removeFDSets(ctx, sets)
+			return nil, m.explain("add-fd", err)
+		}
+	}
+	return sets, nil
+}
+
+func addFD(ctx context.Context, mon *qmp.Client, pf passedFile) error {
+	f, err := os.OpenFile(pf.path, pf.flag, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close() // QEMU keeps its own copy
+	ctx, cancel := withDefaultTimeout(ctx, DefaultCommandTimeout)
+	defer cancel()
+	_, err = mon.ExecuteWithFile(ctx, "add-fd", map[string]any{"fdset-id": pf.set, "opaque": pf.path}, f)
+	return err
+}
+
+// removeFDSets drops fd sets QEMU no longer uses (best effort: QEMU closes
+// a descriptor once no block node holds a duplicate of it).
+func (m *Machine) removeFDSets(ctx context.Context, sets []int) {
+	for _, s := range sets {
+		m.execute(context.WithoutCancel(ctx), "remove-fd", map[string]any{"fdset-id": s}, nil)
+	}
 }
 
 // reservePort checks d against the attached disks and returns its port.
@@ -102,7 +159,8 @@ func (m *Machine) reservePort(d Disk) (string, error) {
 	return "", fmt.Errorf("%w: all %d hot-plug ports are in use", errdefs.ErrResourceExhausted, m.cfg.HotplugPorts)
 }
 
-func (m *Machine) forgetDisk(id string) {
+// forgetDisk drops disk id and returns the fd sets its nodes used.
+func (m *Machine) forgetDisk(id string) []int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for i, x := range m.disks {
@@ -112,6 +170,9 @@ func (m *Machine) forgetDisk(id string) {
 		}
 	}
 	delete(m.nodes, id)
+	sets := m.fdsets[id]
+	delete(m.fdsets, id)
+	return sets
 }
 
 // UnplugDisk detaches a hot-plugged disk: device_del, wait for the guest to
@@ -151,7 +212,7 @@ func (m *Machine) UnplugDisk(ctx context.Context, id string) error {
 	if err := m.execute(ctx, "blockdev-del", map[string]any{"node-name": node}, nil); err != nil {
 		return wrap(err)
 	}
-	m.forgetDisk(id)
+	m.removeFDSets(ctx, m.forgetDisk(id))
 	return nil
 }
 
@@ -191,9 +252,14 @@ func (m *Machine) waitDeviceGone(ctx context.Context, id string, events <-chan q
 }
 
 // SnapshotDisk freezes disk id's current image and redirects its writes to a
-// new qcow2 overlay at overlayPath, which QEMU creates with the old image as
-// backing file (blockdev-snapshot-sync). The frozen image can then be read
-// while the guest runs. Call it while the guest is paused, before SaveState.
+// new qcow2 overlay at overlayPath (mode 0600), whose header names the old
+// image as backing file. The frozen image can then be read while the guest
+// runs. Call it while the guest is paused, before SaveState.
+//
+// The machine writes the overlay itself and hands it to QEMU as a
+// descriptor (blockdev-add with no backing, then blockdev-snapshot):
+// blockdev-snapshot-sync would have a confined QEMU create the file, and
+// name its backing file by the descriptor path QEMU opened it by.
 func (m *Machine) SnapshotDisk(ctx context.Context, id, overlayPath string) error {
 	wrap := func(err error) error { return fmt.Errorf("snapshot disk %s of vm %s: %w", id, m.cfg.ID, err) }
 	if !filepath.IsAbs(overlayPath) {
@@ -207,21 +273,13 @@ func (m *Machine) SnapshotDisk(ctx context.Context, id, overlayPath string) erro
 	if !ok {
 		return wrap(errdefs.ErrNotFound)
 	}
-	// QEMU would create the overlay world-readable; the guest's data is not.
-	f, err := os.OpenFile(overlayPath, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return wrap(err)
+	var cur Disk
+	for _, x := range m.Disks() {
+		if x.ID == id {
+			cur = x
+		}
 	}
-	f.Chmod(0o600)
-	f.Close()
-	args := map[string]any{
-		"node-name":          node,
-		"snapshot-file":      overlayPath,
-		"snapshot-node-name": newNode,
-		"format":             "qcow2",
-		"mode":               "absolute-paths",
-	}
-	if err := m.execute(ctx, "blockdev-snapshot-sync", args, nil); err != nil {
+	if err := m.createOverlay(ctx, cur, overlayPath, node, newNode); err != nil {
 		os.Remove(overlayPath)
 		return wrap(err)
 	}
@@ -233,5 +291,42 @@ func (m *Machine) SnapshotDisk(ctx context.Context, id, overlayPath string) erro
 			m.disks[i].Path, m.disks[i].Format = overlayPath, "qcow2"
 		}
 	}
+	return nil
+}
+
+// createOverlay writes an empty overlay over cur at path and makes it the
+// top of node (as newNode).
+func (m *Machine) createOverlay(ctx context.Context, cur Disk, path, node, newNode string) error {
+	size, err := virtualSize(cur.Path, cur.Format)
+	if err != nil {
+		return err
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	if err := qcow2.CreateOverlayOf(path, cur.Path, cur.Format, size); err != nil {
+		return err
+	}
+	top := &image{path: path, format: "qcow2"} // its backing is node, already open
+	sets, err := m.passChain(ctx, top, false)
+	if err != nil {
+		return err
+	}
+	add := map[string]any{
+		"driver": "qcow2", "node-name": newNode, "backing": nil,
+		"file": map[string]any{"driver": "file", "filename": fdsetPath(sets[0])},
+	}
+	if err := m.execute(ctx, "blockdev-add", add, nil); err != nil {
+		m.removeFDSets(ctx, sets)
+		return err
+	}
+	if err := m.execute(ctx, "blockdev-snapshot", map[string]any{"node": node, "overlay": newNode}, nil); err != nil {
+		m.execute(context.WithoutCancel(ctx), "blockdev-del", map[string]any{"node-name": newNode}, nil)
+		m.removeFDSets(ctx, sets)
+		return err
+	}
+	m.mu.Lock()
+	m.fdsets[cur.ID] = append(m.fdsets[cur.ID], sets...)
+	m.mu.Unlock()
 	return nil
 }

@@ -9,6 +9,10 @@
 // what a dead machine left in its state directory, from the files alone (for
 // `shim delete`).
 //
+// QEMU is confined unless Config.Confine says otherwise: it runs as an
+// unprivileged uid of its own under its seccomp sandbox, and opens no host
+// path itself; see Confinement.
+//
 // Checkpoint, as the shim is expected to drive it:
 //
 //	m.Pause(ctx)

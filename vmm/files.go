@@ -11,12 +11,14 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
 )
 
 // record is what the state directory keeps for Cleanup besides qemu.pid.
@@ -25,12 +27,18 @@ type record struct {
 	Pid        int    `json:"pid"`
 	MemoryPath string `json:"memory_path"`
 	OwnsMemory bool   `json:"owns_memory"` // Cleanup removes MemoryPath
+	// PrivateMemory is a confined restore's copy of the RAM file.
+	PrivateMemory string `json:"private_memory,omitempty"`
+	// Args is QEMU's argv (without argv[0]): Cleanup kills only a process
+	// whose command line is exactly this.
+	Args []string `json:"args,omitempty"`
 }
 
 // prepareFiles creates the state directory, removes stale sockets and, for
 // an owned RAM file, creates it 0600 (QEMU would create it world-readable,
-// and guest RAM holds the guest's secrets).
-func (m *Machine) prepareFiles() error {
+// and guest RAM holds the guest's secrets) and owned by QEMU's uid (uid < 0:
+// root). A confined restore gets a private copy of the RAM file.
+func (m *Machine) prepareFiles(uid int) error {
 	if err := os.MkdirAll(m.cfg.StateDir, 0o700); err != nil {
 		return err
 	}
@@ -39,25 +47,63 @@ func (m *Machine) prepareFiles() error {
 			return err
 		}
 	}
-	if m.cfg.ownsMemory() {
-		// A leftover file of this sandbox would hand the new guest stale RAM.
-		if err := os.Remove(m.cfg.MemoryPath); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return fmt.Errorf("remove stale ram file: %w", err)
+	if priv, ok := m.cfg.privateMemory(); ok {
+		start := time.Now()
+		if err := copySparse(priv, m.cfg.MemoryPath, uid); err != nil {
+			return fmt.Errorf("private copy of ram file: %w", err)
 		}
-		f, err := os.OpenFile(m.cfg.MemoryPath, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
-		if err != nil {
-			return fmt.Errorf("create ram file: %w", err)
+		log.L.WithFields(log.Fields{"id": m.cfg.ID, "duration": time.Since(start)}).Debug("ram file copied for a confined qemu")
+		return nil
+	}
+	if !m.cfg.ownsMemory() {
+		if _, err := os.Stat(m.cfg.MemoryPath); err != nil {
+			return fmt.Errorf("ram file: %w", err)
 		}
-		f.Close()
-	} else if _, err := os.Stat(m.cfg.MemoryPath); err != nil {
-		return fmt.Errorf("ram file: %w", err)
+		return nil
+	}
+	// A leftover file of this sandbox would hand the new guest stale RAM.
+	if err := os.Remove(m.cfg.MemoryPath); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("remove stale ram file: %w", err)
+	}
+	f, err := os.OpenFile(m.cfg.MemoryPath, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return fmt.Errorf("create ram file: %w", err)
+	}
+	defer f.Close()
+	if uid >= 0 {
+		if err := f.Chown(uid, uid); err != nil {
+			return fmt.Errorf("ram file: %w", err)
+		}
 	}
 	return nil
 }
 
+// disownFiles gives the RAM files that QEMU's uid owned back to root before
+// the uid is freed: the next QEMU of that uid must not be able to open them,
+// nor a hard link the caller made to keep the RAM (checkpoint, then stop).
+func (m *Machine) disownFiles() {
+	priv, _ := m.cfg.privateMemory()
+	for _, p := range []string{m.ramFile(), priv} {
+		if p != "" && (p == priv || m.cfg.ownsMemory()) {
+			if err := os.Lchown(p, 0, 0); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				log.L.WithError(err).WithField("id", m.cfg.ID).Warn("give qemu's ram file back to root")
+			}
+		}
+	}
+}
+
+// ramFile is the RAM file QEMU maps.
+func (m *Machine) ramFile() string {
+	if p, ok := m.cfg.privateMemory(); ok {
+		return p
+	}
+	return m.cfg.MemoryPath
+}
+
 // writeRecords writes qemu.pid and vmm.json.
 func (m *Machine) writeRecords(pid int) error {
-	b, _ := json.Marshal(record{ID: m.cfg.ID, Pid: pid, MemoryPath: m.cfg.MemoryPath, OwnsMemory: m.cfg.ownsMemory()})
+	priv, _ := m.cfg.privateMemory()
+	b, _ := json.Marshal(record{ID: m.cfg.ID, Pid: pid, MemoryPath: m.cfg.MemoryPath, OwnsMemory: m.cfg.ownsMemory(), PrivateMemory: priv, Args: m.args})
 	if err := writeFileAtomic(m.path(metaFileName), b); err != nil {
 		return err
 	}
@@ -75,10 +121,11 @@ func writeFileAtomic(path string, b []byte) error {
 // removeFiles removes what the machine made in its state directory (logs
 // stay) and an owned RAM file.
 func (m *Machine) removeFiles() error {
-	return removeStateFiles(m.cfg.StateDir, m.cfg.MemoryPath, m.cfg.ownsMemory())
+	priv, _ := m.cfg.privateMemory()
+	return removeStateFiles(m.cfg.StateDir, m.cfg.MemoryPath, m.cfg.ownsMemory(), priv)
 }
 
-func removeStateFiles(dir, memPath string, ownsMemory bool) error {
+func removeStateFiles(dir, memPath string, ownsMemory bool, private string) error {
 	var errs []error
 	names := []string{QMPSocketName, AgentSocketName, PidFileName, metaFileName}
 	for _, n := range names {
@@ -86,8 +133,14 @@ func removeStateFiles(dir, memPath string, ownsMemory bool) error {
 			errs = append(errs, err)
 		}
 	}
-	if ownsMemory && memPath != "" {
-		if err := os.Remove(memPath); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if !ownsMemory {
+		memPath = ""
+	}
+	for _, p := range []string{memPath, private} {
+		if p == "" {
+			continue
+		}
+		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			errs = append(errs, err)
 		}
 	}
@@ -113,8 +166,10 @@ func tail(path string, max int64) string {
 	}
 	b, _ := io.ReadAll(io.NewSectionReader(f, off, max))
 	if off > 0 {
-		if i := bytes.IndexByte(b, '\n'); i >= 0 {
-			b = b[i+1:] // drop the cut line
+		// Drop the cut line, unless it is all there is (a guest may write
+		// one endless line).
+		if i := bytes.IndexByte(b, '\n'); i >= 0 && i < len(bytes.TrimRight(b, "\r\n")) {
+			b = b[i+1:]
 		}
 	}
 	return strings.TrimSpace(string(b))
@@ -177,18 +232,19 @@ func Cleanup(stateDir string) error {
 		if err != nil || pid <= 1 {
 			return fmt.Errorf("cleanup %s: bad pid file %q", stateDir, b)
 		}
-		if err := killQEMU(pid, stateDir); err != nil {
+		if err := killQEMU(pid, stateDir, rec.Args); err != nil {
 			return fmt.Errorf("cleanup %s: %w", stateDir, err)
 		}
 	}
-	if err := removeStateFiles(stateDir, rec.MemoryPath, rec.OwnsMemory); err != nil {
+	if err := removeStateFiles(stateDir, rec.MemoryPath, rec.OwnsMemory, rec.PrivateMemory); err != nil {
 		return fmt.Errorf("cleanup %s: %w", stateDir, err)
 	}
 	return nil
 }
 
-// killQEMU kills pid if it is a QEMU of stateDir and waits until it is gone.
-func killQEMU(pid int, stateDir string) error {
+// killQEMU kills pid if it is a QEMU of stateDir (with args, when known)
+// and waits until it is gone.
+func killQEMU(pid int, stateDir string, args []string) error {
 	// os.FindProcess holds a pidfd: once it is open, the checks below and the
 	// signal concern the same process even if the pid is reused meanwhile.
 	p, err := os.FindProcess(pid)
@@ -196,7 +252,7 @@ func killQEMU(pid int, stateDir string) error {
 		return nil
 	}
 	defer p.Release()
-	if !isOurQEMU(pid, stateDir) {
+	if !isOurQEMU(pid, stateDir, args) {
 		return nil // gone, or the pid now belongs to someone else
 	}
 	if err := p.Signal(syscall.SIGKILL); err != nil {
@@ -215,9 +271,10 @@ func killQEMU(pid int, stateDir string) error {
 	return fmt.Errorf("qemu %d still alive after SIGKILL", pid)
 }
 
-// isOurQEMU reports whether /proc/<pid>/cmdline is a qemu program whose QMP
-// socket is in stateDir.
-func isOurQEMU(pid int, stateDir string) bool {
+// isOurQEMU reports whether /proc/<pid>/cmdline is a qemu program with
+// argv args, or, for a record without them (written by an older shim),
+// whose QMP socket is in stateDir.
+func isOurQEMU(pid int, stateDir string, args []string) bool {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
 	if err != nil || len(b) == 0 {
 		return false
@@ -225,6 +282,9 @@ func isOurQEMU(pid int, stateDir string) bool {
 	argv := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
 	if !strings.Contains(filepath.Base(argv[0]), "qemu") {
 		return false
+	}
+	if len(args) > 0 {
+		return slices.Equal(argv[1:], args)
 	}
 	want := "path=" + optEscape(filepath.Join(stateDir, QMPSocketName))
 	for _, a := range argv[1:] {

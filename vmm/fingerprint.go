@@ -26,6 +26,9 @@ type Fingerprint struct {
 	KernelArgs   string   `json:"kernelArgs"`
 	KernelSHA256 string   `json:"kernelSHA256"`
 	InitrdSHA256 string   `json:"initrdSHA256,omitempty"`
+	// HostCPUFlags are the host CPU flags (/proc/cpuinfo names) the CPU
+	// model uses, under KVM; a restore needs a host that has them all.
+	HostCPUFlags []string `json:"hostCPUFlags,omitempty"`
 }
 
 // Fingerprint describes the machine as it is now (devices include
@@ -42,7 +45,7 @@ func (m *Machine) Fingerprint() Fingerprint {
 		}
 	})
 	m.mu.Lock()
-	version := m.version
+	version, flags := m.version, m.cpuFlags
 	m.mu.Unlock()
 	return Fingerprint{
 		QEMUVersion:  version,
@@ -55,6 +58,7 @@ func (m *Machine) Fingerprint() Fingerprint {
 		KernelArgs:   kernelCmdline(m.cfg),
 		KernelSHA256: m.fp.KernelSHA256,
 		InitrdSHA256: m.fp.InitrdSHA256,
+		HostCPUFlags: flags,
 	}
 }
 

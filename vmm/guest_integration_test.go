@@ -295,3 +295,17 @@ func (a *agentConn) run(t *testing.T, cmd string) string {
 	}
 	return strings.TrimSpace(line)
 }
+
+// assertConfined checks that m's QEMU runs under its seccomp filter as an
+// unprivileged uid of the configured range.
+func assertConfined(t *testing.T, m *Machine) {
+	t.Helper()
+	uid, mode, err := ProcessConfinement(m.Pid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := m.Config().Confine
+	if mode != 2 || uid == 0 || uid < c.UIDBase || uid >= c.UIDBase+c.UIDCount {
+		t.Errorf("qemu pid %d: uid %d, seccomp %d; want a uid in [%d,%d) and seccomp 2", m.Pid(), uid, mode, c.UIDBase, c.UIDBase+c.UIDCount)
+	}
+}

@@ -46,7 +46,7 @@ func TestShutdownLeavesNothing(t *testing.T) {
 		t.Fatalf("pid %d not running", pid)
 	}
 	b, _ := os.ReadFile(filepath.Join(cfg.StateDir, PidFileName))
-	if strings.TrimSpace(string(b)) == "" || !isOurQEMU(pid, cfg.StateDir) {
+	if strings.TrimSpace(string(b)) == "" || !isOurQEMU(pid, cfg.StateDir, m.Args()) {
 		t.Errorf("pid file %q / cmdline check failed for %d", b, pid)
 	}
 	if st, err := os.Stat(cfg.MemoryPath); err != nil || st.Mode().Perm() != 0o600 {
@@ -112,9 +112,15 @@ func TestStartFailuresAreClearAndClean(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	script := func(body string) string {
-		p := filepath.Join(t.TempDir(), "fake-qemu")
+		dir := t.TempDir()
+		p := filepath.Join(dir, "fake-qemu")
 		if err := os.WriteFile(p, []byte("#!/bin/sh\n"+body+"\n"), 0o755); err != nil {
 			t.Fatal(err)
+		}
+		for _, d := range []string{dir, filepath.Dir(dir)} { // the confined uid runs it
+			if err := os.Chmod(d, 0o755); err != nil {
+				t.Fatal(err)
+			}
 		}
 		return p
 	}
@@ -129,7 +135,7 @@ func TestStartFailuresAreClearAndClean(t *testing.T) {
 			name:   "kernel removed before start",
 			mutate: func(c *Config) { c.Kernel = copyFile(t, c.Kernel) },
 			before: func(c Config) { os.Remove(c.Kernel) },
-			want:   "could not open kernel file",
+			want:   "vmlinuz: no such file or directory",
 		},
 		{
 			name:   "unknown machine version",

@@ -25,25 +25,33 @@ const (
 
 // Machine is one QEMU process. Its methods are safe for concurrent use.
 type Machine struct {
-	cfg  Config
-	args []string
+	cfg    Config
+	args   []string
+	chains []*image // cfg.Disks' backing chains
+	boot   bootFDs
 
 	mu       sync.Mutex
 	started  bool
 	cmd      *exec.Cmd
 	mon      *qmp.Client
 	version  string
+	cpuFlags []string          // host CPU flags the guest's CPU model uses (KVM)
 	disks    []Disk            // attached now, hot-plugged ones with Port set
 	nodes    map[string]string // disk id -> top block node
 	nodeSeq  int
 	fdSeq    int
-	running  bool // Start succeeded
-	stopping bool // Shutdown asked QEMU to exit
+	fdsets   map[string][]int // disk id -> the fd sets of its images
+	lastSet  int              // highest fd set id in use
+	lease    *uidLease        // the uid QEMU runs as; nil when not confined
+	running  bool             // Start succeeded
+	stopping bool             // Shutdown asked QEMU to exit
 
 	shutdownMu sync.Mutex // serializes Shutdown
 
 	exited  chan struct{} // closed once QEMU was reaped
 	exitErr error         // set before exited is closed
+
+	consoleDone chan struct{} // closed once the console pump ended
 
 	fpOnce sync.Once
 	fp     Fingerprint
@@ -56,15 +64,29 @@ func New(cfg Config) (*Machine, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	m := &Machine{
-		cfg:    cfg,
-		args:   buildArgs(cfg),
-		disks:  append([]Disk(nil), cfg.Disks...),
-		nodes:  make(map[string]string),
-		exited: make(chan struct{}),
-	}
+	var chains []*image
 	for _, d := range cfg.Disks {
+		c, err := imageChain(d.Path, d.Format)
+		if err != nil {
+			return nil, fmt.Errorf("%w: vm config: disk %s: %v", errdefs.ErrInvalidArgument, d.ID, err)
+		}
+		chains = append(chains, c)
+	}
+	args, boot := buildArgs(cfg, chains)
+	m := &Machine{
+		cfg:     cfg,
+		args:    args,
+		chains:  chains,
+		boot:    boot,
+		disks:   append([]Disk(nil), cfg.Disks...),
+		nodes:   make(map[string]string),
+		fdsets:  make(map[string][]int),
+		lastSet: boot.lastSet,
+		exited:  make(chan struct{}),
+	}
+	for i, d := range cfg.Disks {
 		m.nodes[d.ID] = nodeName(d.ID)
+		m.fdsets[d.ID] = boot.diskSets[i]
 	}
 	return m, nil
 }
@@ -123,27 +145,10 @@ func (m *Machine) Start(ctx context.Context) (retErr error) {
 	defer cancel()
 	wrap := func(err error) error { return fmt.Errorf("start vm %s: %w", m.cfg.ID, err) }
 
-	if err := m.prepareFiles(); err != nil {
+	cmd, err := m.command()
+	if err != nil {
 		m.closeExited(err)
 		return wrap(err)
-	}
-	logf, err := os.OpenFile(m.path(QEMULogName), os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		m.removeFiles()
-		m.closeExited(err)
-		return wrap(err)
-	}
-	cmd := exec.Command(m.cfg.QEMUPath, m.args...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	for _, n := range m.cfg.NICs {
-		cmd.ExtraFiles = append(cmd.ExtraFiles, n.Tap)
-	}
-	err = startQEMU(cmd)
-	logf.Close() // QEMU has its own copy
-	if err != nil {
-		m.removeFiles()
-		m.closeExited(err)
-		return wrap(fmt.Errorf("spawn %s: %w", m.cfg.QEMUPath, err))
 	}
 	m.mu.Lock()
 	m.cmd = cmd
@@ -186,8 +191,13 @@ func (m *Machine) Start(ctx context.Context) (retErr error) {
 	if err := m.execute(ctx, "query-version", nil, &v); err != nil {
 		return err
 	}
+	flags, err := m.cpuModelFlags(ctx)
+	if err != nil {
+		return err
+	}
 	m.mu.Lock()
 	m.version = fmt.Sprintf("%d.%d.%d", v.QEMU.Major, v.QEMU.Minor, v.QEMU.Micro)
+	m.cpuFlags = flags
 	m.running = true
 	m.mu.Unlock()
 	l.WithField("incoming", m.cfg.Incoming).Debug("qemu started")
@@ -240,6 +250,11 @@ func (m *Machine) exitedDuringStart() error {
 // reap waits for QEMU and publishes how it ended.
 func (m *Machine) reap(cmd *exec.Cmd) {
 	err := cmd.Wait()
+	if m.lease != nil {
+		m.disownFiles()
+		m.lease.release() // no process of the uid is left: QEMU cannot fork
+	}
+	<-m.consoleDone
 	m.mu.Lock()
 	stopping, running := m.stopping, m.running
 	m.mu.Unlock()

@@ -5,9 +5,11 @@ package vmm
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -25,6 +27,7 @@ func TestBootQueryStatusPauseResume(t *testing.T) {
 		t.Fatalf("status = %q, %v; want running", st, err)
 	}
 	waitConsole(t, m, "cryo-test-ready", 60*time.Second)
+	assertConfined(t, m)
 	a := dialAgent(t, m)
 	if got := a.run(t, "echo hello-$((6*7))"); got != "hello-42" {
 		t.Fatalf("agent replied %q", got)
@@ -119,6 +122,10 @@ func TestSaveStateLoadStateRestoresGuest(t *testing.T) {
 	if err := src.Shutdown(ctx); err != nil {
 		t.Fatal(err)
 	}
+	var st0 syscall.Stat_t
+	if err := syscall.Stat(ram, &st0); err != nil || st0.Uid != 0 || st0.Gid != 0 {
+		t.Errorf("kept RAM file owned by %d:%d (%v) after its qemu's uid was freed, want root", st0.Uid, st0.Gid, err)
+	}
 	if _, err := os.Stat(cfg.MemoryPath); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("owned RAM file still there after Shutdown: %v", err)
 	}
@@ -150,6 +157,10 @@ func TestSaveStateLoadStateRestoresGuest(t *testing.T) {
 	}
 	b := dialAgent(t, dst)
 	t.Logf("LoadState+Resume+agent answer took %v", time.Since(start))
+	assertConfined(t, dst)
+	if priv, _ := dst.cfg.privateMemory(); priv == "" || dst.ramFile() != priv {
+		t.Errorf("restored qemu maps %s, want its private copy of %s", dst.ramFile(), ram)
+	}
 	if got := b.run(t, "echo $TOKEN"); got != token {
 		t.Errorf("restored guest token = %q, want %q (the guest rebooted instead of resuming?)", got, token)
 	}
@@ -222,6 +233,8 @@ func TestHotplugAndUnplugDisk(t *testing.T) {
 		t.Fatalf("HotplugDisk: %v", err)
 	}
 	waitGuest(t, a, "cat /sys/block/vd*/serial", func(s string) bool { return strings.Contains(s, "cryo-hp1") })
+	assertConfined(t, m)
+	waitGuest(t, a, "dd if=/dev/zero of=/dev/vda bs=4k count=1 2>&1 && echo wrote", func(s string) bool { return strings.Contains(s, "wrote") })
 	disks := m.Disks()
 	if len(disks) != 1 || disks[0].Port != "rp0" {
 		t.Errorf("Disks() = %+v, want hp1 on rp0", disks)
@@ -265,28 +278,33 @@ func TestSnapshotDiskFreezesImage(t *testing.T) {
 	a.run(t, "echo before-snapshot | dd of=/dev/vda bs=512 count=1 conv=sync 2>/dev/null; sync")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	overlay := filepath.Join(t.TempDir(), "data0.qcow2")
-	if err := m.Pause(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := m.SnapshotDisk(ctx, "data0", overlay); err != nil {
-		t.Fatalf("SnapshotDisk: %v", err)
-	}
-	// The keep-running checkpoint: device state saved, then the guest goes on
-	// (cont re-activates the images the migration inactivated).
-	w, err := os.Create(filepath.Join(t.TempDir(), "devstate"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
-	if err := m.SaveState(ctx, w); err != nil {
-		t.Fatalf("SaveState: %v", err)
-	}
-	if err := m.Resume(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if st, _ := m.Status(ctx); st != "running" {
-		t.Errorf("status after checkpoint and Resume = %q", st)
+	// Three keep-running checkpoints, each freezing the previous overlay:
+	// device state saved, then the guest goes on (cont re-activates the
+	// images the migration inactivated).
+	var overlay string
+	for i := 0; i < 3; i++ {
+		overlay = filepath.Join(t.TempDir(), fmt.Sprintf("data0-%d.qcow2", i))
+		if err := m.Pause(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.SnapshotDisk(ctx, "data0", overlay); err != nil {
+			t.Fatalf("SnapshotDisk %d: %v", i, err)
+		}
+		w, err := os.Create(filepath.Join(t.TempDir(), "devstate"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer w.Close()
+		if err := m.SaveState(ctx, w); err != nil {
+			t.Fatalf("SaveState %d: %v", i, err)
+		}
+		if err := m.Resume(ctx); err != nil {
+			t.Fatalf("Resume after checkpoint %d: %v", i, err)
+		}
+		if st, _ := m.Status(ctx); st != "running" {
+			t.Errorf("status after checkpoint %d and Resume = %q", i, st)
+		}
+		a.run(t, fmt.Sprintf("echo on-overlay-%d | dd of=/dev/vda bs=512 seek=8 count=1 conv=sync 2>/dev/null; sync", i))
 	}
 	frozen := fileSHA256(base)
 	a.run(t, "echo after-snapshot | dd of=/dev/vda bs=512 count=1 conv=sync 2>/dev/null; sync")
@@ -394,6 +412,10 @@ func TestRestoreWithHotpluggedDisk(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := dialAgent(t, dst)
+	assertConfined(t, dst)
+	if priv, _ := dst.cfg.privateMemory(); priv == "" || dst.ramFile() != priv {
+		t.Errorf("restored qemu maps %s, want its private copy of %s", dst.ramFile(), ram)
+	}
 	if got := b.run(t, "echo $TOKEN"); got != token {
 		t.Errorf("token %q, want %q", got, token)
 	}
@@ -405,4 +427,30 @@ func TestRestoreWithHotpluggedDisk(t *testing.T) {
 		t.Fatalf("UnplugDisk after restore: %v", err)
 	}
 	waitGuest(t, b, "ls /sys/block", func(s string) bool { return s == "" })
+}
+
+// TestConsoleFloodIsCapped: a guest writing its serial console without end
+// leaves a console log no larger than the cap, whose tail is the newest
+// output.
+func TestConsoleFloodIsCapped(t *testing.T) {
+	cfg := testConfig(t, "flood")
+	cfg.ConsoleMaxBytes = 16 << 10
+	m := startVM(t, cfg)
+	waitConsole(t, m, "cryo-test-ready", 60*time.Second)
+	a := dialAgent(t, m)
+	a.run(t, "head -c 400000 /dev/zero | tr '\\000' x > /dev/ttyS0; echo flood-end > /dev/ttyS0; echo sent")
+	waitConsole(t, m, "flood-end", 60*time.Second)
+	st, err := os.Stat(m.ConsolePath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Size() > cfg.ConsoleMaxBytes {
+		t.Errorf("console log is %d bytes after a 400 kB flood, cap %d", st.Size(), cfg.ConsoleMaxBytes)
+	}
+	if b, _ := os.ReadFile(m.ConsolePath()); !strings.HasPrefix(string(b), consoleTruncated) {
+		t.Errorf("console log of %d bytes does not start with the truncation mark: the flood did not reach it", len(b))
+	}
+	if tail := ConsoleTail(m.ConsolePath(), 2000); !strings.HasSuffix(tail, "flood-end") {
+		t.Errorf("console tail ends %q", tail[max(0, len(tail)-40):])
+	}
 }

@@ -166,8 +166,13 @@ func TestHotplugRollsBackAndReusesPorts(t *testing.T) {
 	if !errors.As(err, &qe) || !strings.Contains(err.Error(), "does not support hotplugging") {
 		t.Fatalf("err = %v", err)
 	}
-	if got := srv.Commands(); !slices.Equal(got, []string{"blockdev-add", "device_add", "blockdev-del"}) {
+	if got := srv.Commands(); !slices.Equal(got, []string{"add-fd", "blockdev-add", "device_add", "blockdev-del", "remove-fd"}) {
 		t.Errorf("commands = %v", got)
+	}
+	for _, r := range srv.Requests()[:1] {
+		if len(r.Files) != 1 || args(t, r)["fdset-id"] != float64(m.boot.lastSet+1) {
+			t.Errorf("add-fd %s with %d files", r.Arguments, len(r.Files))
+		}
 	}
 	if len(m.Disks()) != 0 {
 		t.Errorf("failed disk still listed: %+v", m.Disks())
@@ -175,7 +180,7 @@ func TestHotplugRollsBackAndReusesPorts(t *testing.T) {
 	if err := m.HotplugDisk(ctx, disk); err != nil {
 		t.Fatal(err)
 	}
-	dev := args(t, srv.Requests()[4])
+	dev := args(t, srv.Requests()[7])
 	if dev["bus"] != "rp0" || dev["addr"] != "0x0" || dev["driver"] != "virtio-blk-pci" || dev["serial"] != "c1" || dev["drive"] != "nc1" {
 		t.Errorf("device_add %v", dev)
 	}
@@ -230,7 +235,7 @@ func TestUnplugWaitsForDeviceDeleted(t *testing.T) {
 		t.Fatal(err)
 	}
 	cmds := srv.Commands()
-	if cmds[0] != "device_del" || cmds[len(cmds)-1] != "blockdev-del" {
+	if cmds[0] != "device_del" || cmds[len(cmds)-2] != "blockdev-del" || cmds[len(cmds)-1] != "remove-fd" {
 		t.Errorf("commands = %v", cmds)
 	}
 	if d := m.Disks(); len(d) != 1 || d[0].ID != "rootfs" {
@@ -239,20 +244,44 @@ func TestUnplugWaitsForDeviceDeleted(t *testing.T) {
 }
 
 func TestSnapshotDiskNodeNames(t *testing.T) {
-	m, srv := fakeMachine(t, unitConfig(t), func(qmptest.Request) (any, *qmp.Error) { return nil, nil })
+	cfg := unitConfig(t)
+	base := cfg.Disks[1].Path
+	if err := os.WriteFile(base, make([]byte, 1<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Disks[1].Format = "raw"
+	m, srv := fakeMachine(t, cfg, func(qmptest.Request) (any, *qmp.Error) { return nil, nil })
 	dir := t.TempDir()
+	prev := base
 	for i, overlay := range []string{filepath.Join(dir, "a.qcow2"), filepath.Join(dir, "b.qcow2")} {
+		n := len(srv.Requests())
 		if err := m.SnapshotDisk(context.Background(), "c1", overlay); err != nil {
 			t.Fatal(err)
 		}
-		a := args(t, srv.Requests()[i])
-		wantNode := []string{"nc1", "nc1-1"}[i]
-		if a["node-name"] != wantNode || a["snapshot-file"] != overlay || a["format"] != "qcow2" {
-			t.Errorf("snapshot %d args %v", i, a)
+		reqs := srv.Requests()[n:]
+		if got := srv.Commands()[n:]; !slices.Equal(got, []string{"add-fd", "blockdev-add", "blockdev-snapshot"}) {
+			t.Fatalf("snapshot %d commands %v", i, got)
+		}
+		oldNode, newNode := []string{"nc1", "nc1-1"}[i], []string{"nc1-1", "nc1-2"}[i]
+		add := args(t, reqs[1])
+		if b, ok := add["backing"]; !ok || b != nil || add["node-name"] != newNode || add["driver"] != "qcow2" {
+			t.Errorf("snapshot %d blockdev-add %v: want the overlay with backing null", i, add)
+		}
+		if a := args(t, reqs[2]); a["node"] != oldNode || a["overlay"] != newNode {
+			t.Errorf("snapshot %d blockdev-snapshot %v", i, a)
 		}
 		if st, err := os.Stat(overlay); err != nil || st.Mode().Perm() != 0o600 {
 			t.Errorf("overlay %s: %v %v", overlay, st, err)
 		}
+		name, format, err := qcow2Backing(overlay)
+		wantFormat := []string{"raw", "qcow2"}[i]
+		if err != nil || name != prev || format != wantFormat {
+			t.Errorf("overlay %d names backing %q (%s), %v; want %s (%s)", i, name, format, err, prev, wantFormat)
+		}
+		if size, _ := virtualSize(overlay, "qcow2"); size != 1<<20 {
+			t.Errorf("overlay %d size %d", i, size)
+		}
+		prev = overlay
 	}
 	if err := m.SnapshotDisk(context.Background(), "nope", filepath.Join(dir, "c.qcow2")); !errdefs.IsNotFound(err) {
 		t.Errorf("unknown disk: %v", err)

@@ -1,6 +1,9 @@
 package vmm
 
 import (
+	"fmt"
+	"net"
+	"os"
 	"os/exec"
 	"runtime"
 	"sync"
@@ -55,4 +58,116 @@ func startQEMU(cmd *exec.Cmd) error {
 	done := make(chan error, 1)
 	spawnCh <- spawnReq{cmd: cmd, done: done}
 	return <-done
+}
+
+// command prepares QEMU's files and descriptors and starts it. On failure
+// nothing it made is left but the logs.
+func (m *Machine) command() (_ *exec.Cmd, retErr error) {
+	uid := -1
+	if !m.cfg.Confine.Disabled {
+		l, err := leaseUID(m.cfg.Confine)
+		if err != nil {
+			return nil, err
+		}
+		m.lease, uid = l, l.uid
+	}
+	defer func() {
+		if retErr != nil {
+			m.lease.release()
+			m.removeFiles()
+		}
+	}()
+	if err := m.prepareFiles(uid); err != nil {
+		return nil, err
+	}
+	logf, err := os.OpenFile(m.path(QEMULogName), os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close() // QEMU has its own copy
+	// As QEMU's uid, exec reports a missing binary as "permission denied".
+	if _, err := exec.LookPath(m.cfg.QEMUPath); err != nil {
+		return nil, err
+	}
+	files, console, err := m.openSlots()
+	defer closeAll(files)
+	if err != nil {
+		return nil, err
+	}
+	clog, err := openCappedLog(m.path(ConsoleLogName), m.cfg.ConsoleMaxBytes)
+	if err != nil {
+		console.Close()
+		return nil, fmt.Errorf("console log: %w", err)
+	}
+	cmd := exec.Command(m.cfg.QEMUPath, m.args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	for _, n := range m.cfg.NICs {
+		cmd.ExtraFiles = append(cmd.ExtraFiles, n.Tap)
+	}
+	cmd.ExtraFiles = append(cmd.ExtraFiles, files...)
+	if uid >= 0 {
+		cred, err := credential(uid, m.cfg.Accel)
+		if err != nil {
+			console.Close()
+			clog.Close()
+			return nil, err
+		}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	}
+	if err := startQEMU(cmd); err != nil {
+		console.Close()
+		clog.Close()
+		return nil, fmt.Errorf("spawn %s: %w", m.cfg.QEMUPath, err)
+	}
+	m.consoleDone = make(chan struct{})
+	go pumpConsole(console, clog, m.consoleDone)
+	return cmd, nil
+}
+
+// openSlots opens the descriptors of m.boot.slots, in order. console is
+// the read end of the console pipe (whose write end is in files).
+func (m *Machine) openSlots() (files []*os.File, console *os.File, retErr error) {
+	defer func() {
+		if retErr != nil && console != nil {
+			console.Close()
+		}
+	}()
+	for _, s := range m.boot.slots {
+		var f *os.File
+		var err error
+		switch s.kind {
+		case fdQMP:
+			f, err = listenUnix(m.path(QMPSocketName))
+		case fdAgent:
+			f, err = listenUnix(m.path(AgentSocketName))
+		case fdConsole:
+			console, f, err = os.Pipe()
+		case fdRAM:
+			f, err = os.OpenFile(m.ramFile(), os.O_RDWR, 0)
+		default:
+			f, err = os.OpenFile(s.path, s.flag, 0)
+		}
+		if err != nil {
+			return files, console, err
+		}
+		files = append(files, f)
+	}
+	return files, console, nil
+}
+
+// listenUnix makes a listening unix socket at path for QEMU to accept on.
+func listenUnix(path string) (*os.File, error) {
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return nil, err
+	}
+	l.SetUnlinkOnClose(false) // the socket stays for QEMU; Shutdown removes it
+	defer l.Close()
+	return l.File()
+}
+
+func closeAll(files []*os.File) {
+	for _, f := range files {
+		f.Close()
+	}
 }

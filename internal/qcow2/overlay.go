@@ -37,7 +37,16 @@ const (
 // CreateOverlay makes path (it must not exist; mode 0600: it will hold
 // guest data) an empty qcow2 image of size bytes over the raw image
 // backing, named in the image as given.
-func CreateOverlay(path, backing string, size int64) (retErr error) {
+func CreateOverlay(path, backing string, size int64) error {
+	return CreateOverlayOf(path, backing, "raw", size)
+}
+
+// CreateOverlayOf is CreateOverlay over a backing image of the given format
+// ("raw" or "qcow2").
+func CreateOverlayOf(path, backing, format string, size int64) (retErr error) {
+	if format != "raw" && format != "qcow2" {
+		return fmt.Errorf("qcow2 overlay %s: backing format %q: want raw or qcow2", path, format)
+	}
 	if size <= 0 || size%512 != 0 {
 		return fmt.Errorf("qcow2 overlay %s: size %d is not a positive multiple of 512", path, size)
 	}
@@ -45,7 +54,6 @@ func CreateOverlay(path, backing string, size int64) (retErr error) {
 	if l1 > maxL1 {
 		return fmt.Errorf("qcow2 overlay %s: %d bytes is larger than this writer supports (4 TiB)", path, size)
 	}
-	const format = "raw"
 	ext := 8 + (len(format)+7)/8*8 + 8 // backing format extension, then the end marker
 	nameOff := headerLength + ext
 	if backing == "" || nameOff+len(backing) > clusterSize || len(backing) > 1023 {

@@ -1,0 +1,70 @@
+package vmm
+
+import (
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+
+	"github.com/containerd/errdefs"
+)
+
+func TestLeaseUIDOnePerMachine(t *testing.T) {
+	c := Confinement{UIDBase: 4000, UIDCount: 2, LockDir: filepath.Join(t.TempDir(), "uids")}
+	a, err := leaseUID(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := leaseUID(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.uid == b.uid || a.uid < 4000 || b.uid > 4001 {
+		t.Errorf("leased %d and %d from 4000+2", a.uid, b.uid)
+	}
+	if _, err := leaseUID(c); !errdefs.IsResourceExhausted(err) {
+		t.Errorf("third lease of two uids: %v", err)
+	}
+	a.release()
+	c2, err := leaseUID(c)
+	if err != nil || c2.uid != a.uid {
+		t.Errorf("after release: %+v %v, want uid %d again", c2, err, a.uid)
+	}
+	b.release()
+	c2.release()
+}
+
+func TestCopySparseKeepsHolesAndOwner(t *testing.T) {
+	dir := t.TempDir()
+	src, dst := filepath.Join(dir, "src.ram"), filepath.Join(dir, "dst.ram")
+	f, err := os.OpenFile(src, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Truncate(64 << 20)
+	f.WriteAt([]byte("page at 1 MiB"), 1<<20)
+	f.WriteAt([]byte("last page"), 64<<20-9)
+	f.Close()
+	if err := os.WriteFile(dst, []byte("stale"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := copySparse(dst, src, 4242); err != nil {
+		t.Fatal(err)
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(dst, &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Uid != 4242 || st.Gid != 4242 || st.Mode&0o777 != 0o600 || st.Size != 64<<20 {
+		t.Errorf("copy: uid %d gid %d mode %o size %d", st.Uid, st.Gid, st.Mode&0o777, st.Size)
+	}
+	if st.Blocks*512 > 4<<20 {
+		t.Errorf("copy allocates %d bytes: holes were filled", st.Blocks*512)
+	}
+	if fileSHA256(dst) != fileSHA256(src) {
+		t.Error("copy differs")
+	}
+	if err := copySparse(dst, dir, -1); err == nil {
+		t.Error("copied a directory")
+	}
+}
