@@ -109,7 +109,7 @@ func Parse(a map[string]string, cfg configs.Config) (Request, error) {
 		}
 		r.RestoreFrom = "file://" + path.Join(cfg.Snapshot.LocalRoot, name)
 	}
-	return r, nil
+	return withPodSize(r, a, cfg)
 }
 
 func enabled(key string, patterns []string) bool {

@@ -141,6 +141,9 @@ func (s *service) restoreSandbox(ctx context.Context, id string, spec *specs.Spe
 	if err != nil {
 		return nil, nil, err
 	}
+	if err := annotations.CheckRestoredSize(spec.Annotations, cfg, rec.VCPUs, rec.MemoryMiB); err != nil {
+		return nil, nil, fmt.Errorf("restore from %s: %w", src.URL, err)
+	}
 	log.G(ctx).WithFields(log.Fields{"phase": "fetch+materialize", "duration": time.Since(t0), "cache_hit": m.CacheHit, "digest": snap.Descriptor.Digest}).Info("restore phase")
 
 	t0 = time.Now()
