@@ -80,6 +80,16 @@ func TestK8s(t *testing.T) {
 			t.Fatalf("guest MemTotal %d kB, want about 512 MiB (256 default + 256Mi limit)", kb)
 		}
 		logOverhead(t, k, "sized")
+		// No cryo.dev/checkpoint-to and no default store: the kubelet's
+		// checkpoint is refused with what to set, and the pod runs on.
+		_, err := k.KubeletCheckpoint("default", "sized", "sized")
+		if err == nil || !strings.Contains(err.Error(), "cryo.dev/checkpoint-to") || !strings.Contains(err.Error(), "default_checkpoint_to") {
+			t.Fatalf("kubelet checkpoint of a pod without a store: %v; want a refusal naming cryo.dev/checkpoint-to and default_checkpoint_to", err)
+		}
+		t.Logf("kubelet checkpoint without a store: %.300s", err)
+		if out := k.Exec("sized", "sized", "echo", "alive"); out != "alive" {
+			t.Fatalf("pod after a refused checkpoint: %q", out)
+		}
 		deleteAndCheck(t, k, "sized")
 	})
 
