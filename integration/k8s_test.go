@@ -272,6 +272,32 @@ func TestK8s(t *testing.T) {
 		}
 	})
 
+	t.Run("containerd restart leaves pods running and managed", func(t *testing.T) {
+		k := k.T(t)
+		id := k.MustCrictl("pods", "-q", "--name", "^web$")
+		qemu := sandboxQEMU(id)
+		if err := k.RestartContainerd(); err != nil {
+			t.Fatal(err)
+		}
+		if q := sandboxQEMU(id); len(q) != 1 || len(qemu) != 1 || q[0] != qemu[0] {
+			t.Fatalf("QEMU of pod web %v before the containerd restart, %v after", qemu, q)
+		}
+		var out string
+		if !harness.WaitFor(2*time.Minute, func() bool {
+			o, _, err := k.Kubectl("exec", "web", "-c", "web", "--", "cat", "/proc/sys/kernel/random/boot_id")
+			out = strings.TrimSpace(o)
+			return err == nil
+		}) {
+			t.Fatalf("kubectl exec web after the containerd restart: %s\n%s", out, k.LogTail(20))
+		}
+		if out != boot {
+			t.Fatalf("guest boot id %s after the containerd restart, was %s", out, boot)
+		}
+		if n := k.MustKubectl("get", "pod", "web", "-o", "jsonpath={.status.containerStatuses[0].restartCount}"); n != "0" {
+			t.Fatalf("restartCount %s after the containerd restart", n)
+		}
+	})
+
 	t.Run("delete leaves no qemu, mount or netns", func(t *testing.T) {
 		k := k.T(t)
 		id := k.MustCrictl("pods", "-q", "--name", "^web$")
