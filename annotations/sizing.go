@@ -107,8 +107,8 @@ func int64Annotation(a map[string]string, k string) (int64, error) {
 // cryo.dev size annotation or a pod limit): the pod would run with more or
 // less than its spec says and the node accounts for. A dimension the pod
 // leaves open takes the snapshot's value. The error is
-// errdefs.ErrFailedPrecondition, so restore-fallback cold boots the pod at
-// its own size instead.
+// errdefs.ErrFailedPrecondition; under restore-fallback cold the pod then
+// boots cold at its own size.
 func CheckRestoredSize(a map[string]string, cfg configs.Config, vcpus, memoryMiB int) error {
 	h := cfg.Hypervisor
 	if vcpus > h.MaxVCPUs || memoryMiB > h.MaxMemoryMiB {
