@@ -11,7 +11,7 @@ CRYO_TOOLS ?= /var/cache/cryo/tools
 export CRYO_TOOLS
 GOFLAGS_BUILD := -trimpath -ldflags "-s -w"
 
-.PHONY: all build binaries guest deps tools test unit integration critest demo clean
+.PHONY: all build binaries guest deps tools test unit integration critest demo demo-k8s clean
 
 all: build
 
@@ -29,7 +29,8 @@ guest:
 	packaging/guest/build.sh $(GUEST)
 
 # Debian packages and the Go-built tools (containerd, ctr, crictl, CNI
-# plugins, versitygw, registry), cached by version under $(CRYO_TOOLS).
+# plugins, versitygw, registry, kube-apiserver, kubelet, kubectl, etcd),
+# cached by version under $(CRYO_TOOLS).
 deps:
 	hack/deps.sh all
 
@@ -58,6 +59,12 @@ critest: deps build
 demo: deps build
 	CRYO_BIN=$(BIN) CRYO_GUEST_DIR=$(GUEST) PATH=$(CRYO_TOOLS)/bin:$$PATH hack/demo.sh
 	CRYO_BIN=$(BIN) CRYO_GUEST_DIR=$(GUEST) PATH=$(CRYO_TOOLS)/bin:$$PATH hack/demo-cri.sh
+
+# A one-node Kubernetes (etcd, kube-apiserver, kubelet from `make deps`) on
+# the CRI demo's containerd: a pod with runtimeClassName cryo, kubectl logs
+# and exec, a checkpoint through the kubelet's API, a pod restored from it.
+demo-k8s: deps build
+	CRYO_BIN=$(BIN) CRYO_GUEST_DIR=$(GUEST) PATH=$(CRYO_TOOLS)/bin:$$PATH hack/demo-k8s.sh
 
 clean:
 	rm -rf $(OUT)

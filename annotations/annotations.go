@@ -123,7 +123,7 @@ func Parse(a map[string]string, cfg configs.Config) (Request, error) {
 	if err := r.aliases(a, cfg); err != nil {
 		return r, err
 	}
-	return r, nil
+	return withPodSize(r, a, cfg)
 }
 
 // aliases reads the Kruise and Kata restore annotations when no

@@ -2,8 +2,9 @@
 # Builds the test and demo tools from the Go module proxy into a version-keyed cache
 # that survives fresh clones on the same machine:
 #   $CRYO_TOOLS/<name>@<version>/bin/...   and symlinks in $CRYO_TOOLS/bin
-# usage: hack/tools.sh [containerd|crictl|critest|cni|versitygw|registry|all]...
+# usage: hack/tools.sh [containerd|crictl|critest|cni|versitygw|registry|k8s|etcd|all]...
 set -euo pipefail
+HACK=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 CRYO_TOOLS=${CRYO_TOOLS:-/var/cache/cryo/tools}
 CONTAINERD_VERSION=${CONTAINERD_VERSION:-v2.4.2}
 CRICTL_VERSION=${CRICTL_VERSION:-v1.37.0}
@@ -46,6 +47,55 @@ install_critest() {
 	ln -sfn "$dir/bin/critest" "$CRYO_TOOLS/bin/critest"
 }
 
+# modversion MODDIR MODULE: the version MODDIR/go.mod requires MODULE at; the
+# wrapper modules' go.mod files are where the Kubernetes and etcd versions are set.
+modversion() {
+	awk -v m="$2" '$1 == "require" && $2 == m {print $3; exit} $1 == m && $2 ~ /^v/ {print $2; exit}' "$1/go.mod"
+}
+
+# install_wrapped NAME VERSION MODDIR LDFLAGS PKG...: go build PKGs inside the
+# wrapper module MODDIR (hack/k8s, hack/etcd), which pins the modules that the
+# tools' own go.mod replaces with local paths, so `go install pkg@version`
+# cannot build them. A PKG written BIN=PKG is built as bin/BIN (etcd's main
+# package is go.etcd.io/etcd/server/v3, which go build would name "server").
+install_wrapped() {
+	local name=$1 version=$2 moddir=$3 ldflags=$4; shift 4
+	local dir="$CRYO_TOOLS/$name@$version"
+	if [ ! -f "$dir/.done" ]; then
+		echo "tools: building $name $version from $moddir (cached in $dir)" >&2
+		rm -rf "$dir"; mkdir -p "$dir/bin"
+		local start=$SECONDS
+		local pkgs=() p
+		for p in "$@"; do
+			case $p in
+			*=*) (cd "$moddir" && go build -trimpath -buildvcs=false -ldflags "$ldflags" -o "$dir/bin/${p%%=*}" "${p#*=}") ;;
+			*) pkgs+=("$p") ;;
+			esac
+		done
+		[ ${#pkgs[@]} -eq 0 ] || (cd "$moddir" && go build -trimpath -buildvcs=false -ldflags "$ldflags" -o "$dir/bin/" "${pkgs[@]}")
+		echo "tools: built $name $version in $((SECONDS - start))s" >&2
+		touch "$dir/.done"
+	fi
+	local b
+	for b in "$dir"/bin/*; do ln -sfn "$b" "$CRYO_TOOLS/bin/$(basename "$b")"; done
+}
+
+install_k8s() {
+	local v minor cv=k8s.io/component-base/version
+	v=$(modversion "$HACK/k8s" k8s.io/kubernetes)
+	minor=${v#v1.}; minor=${minor%%.*}
+	# The version the binaries report (kubelet and apiserver compare them);
+	# without these -X flags they say v0.0.0-master.
+	install_wrapped k8s "$v" "$HACK/k8s" \
+		"-s -w -X $cv.gitVersion=$v -X $cv.gitMajor=1 -X $cv.gitMinor=$minor -X $cv.gitTreeState=clean -X k8s.io/client-go/pkg/version.gitVersion=$v" \
+		k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kubectl
+}
+
+install_etcd() {
+	install_wrapped etcd "$(modversion "$HACK/etcd" go.etcd.io/etcd/server/v3)" "$HACK/etcd" "-s -w" \
+		etcd=go.etcd.io/etcd/server/v3
+}
+
 want=("$@"); [ ${#want[@]} -gt 0 ] || want=(all)
 for w in "${want[@]}"; do
 	case $w in
@@ -62,7 +112,9 @@ for w in "${want[@]}"; do
 			github.com/containernetworking/plugins/plugins/ipam/host-local ;;&
 	versitygw|all) install versitygw "$VERSITYGW_VERSION" "" github.com/versity/versitygw/cmd/versitygw ;;&
 	registry|all) install registry "$REGISTRY_VERSION" "" github.com/distribution/distribution/v3/cmd/registry ;;&
-	containerd|crictl|critest|cni|versitygw|registry|all) ;;
+	k8s|all) install_k8s ;;&
+	etcd|all) install_etcd ;;&
+	containerd|crictl|critest|cni|versitygw|registry|k8s|etcd|all) ;;
 	*) echo "tools: unknown tool $w" >&2; exit 2 ;;
 	esac
 done

@@ -254,33 +254,58 @@ func TestCRIPodNetwork(t *testing.T) {
 }
 
 // TestCRIPodSizing: cryo.dev/vcpus and cryo.dev/memory size the pod's VM;
-// values out of bounds and unknown cryo.dev/ keys are refused with an error
-// naming the annotation, and leave nothing running.
+// without them the pod's CPU and memory limits (as the kubelet sends them
+// in LinuxPodSandboxConfig.resources) do, on top of the node's default
+// size. Annotation values out of bounds, limits above the node's maximum
+// and unknown cryo.dev/ keys are refused with an error naming the
+// annotation, and leave nothing running.
 func TestCRIPodSizing(t *testing.T) {
 	c := harness.StartCRI(t)
-	pcfg := c.PodConfig("big", map[string]string{"cryo.dev/vcpus": "2", "cryo.dev/memory": "384Mi"})
-	pod := c.RunPod(pcfg)
-	id := c.StartContainer(pod, c.ContainerConfig("probe", []string{"sleep", "inf"}, nil), pcfg)
-	if n := execOut(t, c, id, "sh", "-c", "grep -c ^processor /proc/cpuinfo"); n != "2" {
-		t.Fatalf("guest cpus = %q, want 2", n)
+	guestSize := func(pcfg string) (cpus string, memKB int) {
+		t.Helper()
+		pod := c.RunPod(pcfg)
+		id := c.StartContainer(pod, c.ContainerConfig("probe", []string{"sleep", "inf"}, nil), pcfg)
+		cpus = execOut(t, c, id, "sh", "-c", "grep -c ^processor /proc/cpuinfo")
+		mem := execOut(t, c, id, "sh", "-c", "grep MemTotal /proc/meminfo | tr -s ' ' | cut -d' ' -f2")
+		kb, err := strconv.Atoi(mem)
+		if err != nil {
+			t.Fatalf("guest MemTotal = %q", mem)
+		}
+		c.MustCrictl("stopp", pod)
+		c.MustCrictl("rmp", pod)
+		return cpus, kb
 	}
-	mem := execOut(t, c, id, "sh", "-c", "grep MemTotal /proc/meminfo | tr -s ' ' | cut -d' ' -f2")
-	kb, err := strconv.Atoi(mem)
-	if err != nil || kb < 300*1024 || kb > 384*1024 {
-		t.Fatalf("guest MemTotal = %q kB, want about 384 MiB", mem)
+	if n, kb := guestSize(c.PodConfig("big", map[string]string{"cryo.dev/vcpus": "2", "cryo.dev/memory": "384Mi"})); n != "2" || kb < 300*1024 || kb > 384*1024 {
+		t.Fatalf("cryo.dev/vcpus=2 cryo.dev/memory=384Mi: guest has %s cpus, MemTotal %d kB", n, kb)
 	}
-	c.MustCrictl("stopp", pod)
-	c.MustCrictl("rmp", pod)
+	// 1.5 CPUs and 384 MiB of limits on the stack's default 1 vCPU, 256 MiB.
+	limits := func(quota, mem int64) map[string]any {
+		return map[string]any{"resources": map[string]any{"cpu_period": 100000, "cpu_quota": quota, "memory_limit_in_bytes": mem}}
+	}
+	if n, kb := guestSize(c.PodConfigLinux("default", "limits", nil, limits(150000, 384<<20))); n != "3" || kb < 520*1024 || kb > 640*1024 {
+		t.Fatalf("pod limits 1.5 cpu, 384Mi: guest has %s cpus, MemTotal %d kB; want 3 and about 640 MiB", n, kb)
+	}
 
 	for _, tc := range []struct {
 		name, key, value, want string
+		linux                  map[string]any
 	}{
-		{"too many vcpus", "cryo.dev/vcpus", "99", "between 1 and"},
-		{"too much memory", "cryo.dev/memory", "1000Gi", "MiB"},
-		{"unknown key", "cryo.dev/bogus", "1", "unknown cryo annotation"},
+		{"too many vcpus", "cryo.dev/vcpus", "99", "between 1 and", nil},
+		{"too much memory", "cryo.dev/memory", "1000Gi", "MiB", nil},
+		{"unknown key", "cryo.dev/bogus", "1", "unknown cryo annotation", nil},
+		{"cpu limit above max_vcpus", "io.kubernetes.cri.sandbox-cpu-quota", "", "max_vcpus", limits(1600000, 0)},
+		{"memory limit above max_memory", "io.kubernetes.cri.sandbox-memory", "", "max_memory", limits(0, 32<<30)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg := c.PodConfig("bad", map[string]string{tc.key: tc.value})
+			var ann map[string]string
+			if tc.value != "" {
+				ann = map[string]string{tc.key: tc.value}
+			}
+			linux := tc.linux
+			if linux == nil {
+				linux = map[string]any{}
+			}
+			cfg := c.PodConfigLinux("default", "bad", ann, linux)
 			out, errs, err := c.Crictl("runp", "--runtime", harness.RuntimeHandler, cfg)
 			if err == nil {
 				t.Fatalf("runp with %s=%s succeeded: %s", tc.key, tc.value, out)

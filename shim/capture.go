@@ -189,7 +189,9 @@ func (s *service) userPaused() bool {
 
 // CRI annotations cryo reads.
 const (
+	criContainerType    = "io.kubernetes.cri.container-type"
 	criContainerName    = "io.kubernetes.cri.container-name"
+	criSandboxID        = "io.kubernetes.cri.sandbox-id"
 	criSandboxName      = "io.kubernetes.cri.sandbox-name"
 	criSandboxNamespace = "io.kubernetes.cri.sandbox-namespace"
 	criSandboxUID       = "io.kubernetes.cri.sandbox-uid"

@@ -115,6 +115,9 @@ func taskCheckpointRequest(r *taskAPI.CheckpointTaskRequest, sb *sandbox) (check
 		}
 	}
 	if sb != nil && sb.req.CheckpointTo == "" {
+		if err := refuseCRILocalCheckpoint(sb); err != nil {
+			return req, err
+		}
 		if r.Path == "" {
 			return req, fmt.Errorf("checkpoint: no store configured and no checkpoint path: %w", errdefs.ErrInvalidArgument)
 		}

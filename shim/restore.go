@@ -113,6 +113,9 @@ func (s *service) restoreSandbox(ctx context.Context, id string, spec *specs.Spe
 	if err != nil {
 		return nil, nil, fmt.Errorf("restore from %s: %w", src.URL, err)
 	}
+	if err := annotations.CheckRestoredSize(spec.Annotations, cfg, rec.VCPUs, rec.MemoryMiB); err != nil {
+		return nil, nil, fmt.Errorf("restore from %s: %w", src.URL, err)
+	}
 	phase("resolve", t0)
 
 	t0 = time.Now()

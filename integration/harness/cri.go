@@ -198,18 +198,25 @@ func (c *CRI) InNetNS(args ...string) (string, error) {
 // its path.
 func (c *CRI) PodConfig(name string, annotations map[string]string) string {
 	c.t.Helper()
-	return c.PodConfigIn("default", name, annotations)
+	return c.PodConfigLinux("default", name, annotations, map[string]any{})
 }
 
 // PodConfigIn is PodConfig for a pod in Kubernetes namespace ns.
 func (c *CRI) PodConfigIn(ns, name string, annotations map[string]string) string {
+	c.t.Helper()
+	return c.PodConfigLinux(ns, name, annotations, map[string]any{})
+}
+
+// PodConfigLinux is PodConfigIn with the pod's LinuxPodSandboxConfig (its
+// resources, as the kubelet sends them, for example).
+func (c *CRI) PodConfigLinux(ns, name string, annotations map[string]string, linux map[string]any) string {
 	c.t.Helper()
 	return c.writeJSON("pod-"+name+".json", map[string]any{
 		"metadata":      map[string]any{"name": name, "namespace": ns, "uid": name + "-uid", "attempt": 1},
 		"hostname":      name,
 		"log_directory": filepath.Join(c.Dir, "logs", name),
 		"annotations":   annotations,
-		"linux":         map[string]any{},
+		"linux":         linux,
 	})
 }
 

@@ -1,0 +1,389 @@
+//go:build integration
+
+package integration
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cryo-runtime/cryo/integration/harness"
+	"github.com/cryo-runtime/cryo/stack"
+)
+
+// k8sCounter keeps its state in the guest's RAM only (/dev/shm) and serves
+// HTTP (busybox httpd) and TCP (nc) for the kubelet's probes.
+const k8sCounter = `echo hello from $(hostname); mkdir -p /www; echo ok > /www/healthz
+httpd -p 8080 -h /www
+(while true; do echo tcp-ok | nc -l -p 7000; done) &
+i=0; while true; do i=$((i+1)); echo $i > /dev/shm/n; echo counter $i; sleep 1; done`
+
+// TestK8s drives cryo through a real kube-apiserver and kubelet (one
+// control plane for all subtests, which run in order): probes, logs, exec,
+// VM size from limits, checkpoint through the kubelet's API and restore by
+// annotation, a failed restore's events, restarts in the same VM, and
+// deletes that leave no QEMU.
+func TestK8s(t *testing.T) {
+	k := harness.StartK8s(t)
+	store := k.StoreURL("k8s-web:v1")
+	var boot string
+	var counterAtCheckpoint int
+
+	t.Run("probes, logs, exec", func(t *testing.T) {
+		k := k.T(t)
+		c := harness.Container("web", k8sCounter)
+		c["readinessProbe"] = map[string]any{"httpGet": map[string]any{"path": "/healthz", "port": 8080}, "periodSeconds": 1}
+		c["livenessProbe"] = map[string]any{"tcpSocket": map[string]any{"port": 7000}, "periodSeconds": 2}
+		c["startupProbe"] = map[string]any{"exec": map[string]any{"command": []string{"sh", "-c", "test -s /dev/shm/n"}}, "periodSeconds": 1, "failureThreshold": 120}
+		start := time.Now()
+		k.Apply(harness.Pod("web", map[string]string{"cryo.dev/checkpoint-to": store}, c))
+		t.Logf("pod web Ready after %s (cold boot)", k.WaitReady("web", start, 3*time.Minute))
+		if !harness.WaitFor(30*time.Second, func() bool {
+			out, _, _ := k.Kubectl("logs", "web")
+			return strings.Contains(out, "hello from web") && strings.Contains(out, "counter 3")
+		}) {
+			out, errs, _ := k.Kubectl("logs", "web")
+			t.Fatalf("kubectl logs web: %q %q", out, errs)
+		}
+		if out := k.Exec("web", "web", "sh", "-c", "echo exec-$(hostname)"); out != "exec-web" {
+			t.Fatalf("kubectl exec = %q", out)
+		}
+		cmd := k.Cluster.KubectlCmd(t.Context(), "exec", "-i", "web", "--", "tr", "a-z", "A-Z")
+		cmd.Stdin = strings.NewReader("through stdin\n")
+		if out, err := cmd.Output(); err != nil || strings.TrimSpace(string(out)) != "THROUGH STDIN" {
+			t.Fatalf("kubectl exec -i = %q, %v", out, err)
+		}
+		// The probes passed through the kubelet (Ready), and keep passing.
+		if n := k.MustKubectl("get", "pod", "web", "-o", "jsonpath={.status.containerStatuses[0].restartCount}"); n != "0" {
+			t.Fatalf("restartCount %s: the liveness probe failed", n)
+		}
+		boot = k.Exec("web", "web", "cat", "/proc/sys/kernel/random/boot_id")
+		logOverhead(t, k, "web")
+	})
+
+	t.Run("limits size the vm", func(t *testing.T) {
+		k := k.T(t)
+		c := harness.Container("sized", "sleep inf")
+		c["resources"] = map[string]any{"limits": map[string]any{"cpu": "1", "memory": "256Mi"}}
+		k.Apply(harness.Pod("sized", nil, c))
+		k.WaitReady("sized", time.Now(), 3*time.Minute)
+		// The stack's default VM: 1 vCPU, 256 MiB; plus the limits.
+		if n := k.Exec("sized", "sized", "sh", "-c", "nproc"); n != "2" {
+			t.Fatalf("guest nproc = %s, want 2 (1 default + 1 cpu limit)", n)
+		}
+		kb, _ := strconv.Atoi(k.Exec("sized", "sized", "sh", "-c", "grep MemTotal /proc/meminfo | tr -s ' ' | cut -d' ' -f2"))
+		if kb < 400*1024 || kb > 512*1024 {
+			t.Fatalf("guest MemTotal %d kB, want about 512 MiB (256 default + 256Mi limit)", kb)
+		}
+		logOverhead(t, k, "sized")
+		// No cryo.dev/checkpoint-to and no default store: the kubelet's
+		// checkpoint is refused with what to set, and the pod runs on.
+		_, err := k.KubeletCheckpoint("default", "sized", "sized")
+		if err == nil || !strings.Contains(err.Error(), "cryo.dev/checkpoint-to") || !strings.Contains(err.Error(), "default_checkpoint_to") {
+			t.Fatalf("kubelet checkpoint of a pod without a store: %v; want a refusal naming cryo.dev/checkpoint-to and default_checkpoint_to", err)
+		}
+		t.Logf("kubelet checkpoint without a store: %.300s", err)
+		if out := k.Exec("sized", "sized", "echo", "alive"); out != "alive" {
+			t.Fatalf("pod after a refused checkpoint: %q", out)
+		}
+		deleteAndCheck(t, k, "sized")
+	})
+
+	t.Run("checkpoint through the kubelet, restore by annotation", func(t *testing.T) {
+		k := k.T(t)
+		if boot == "" {
+			t.Fatal("no source pod")
+		}
+		start := time.Now()
+		items, err := k.KubeletCheckpoint("default", "web", "web")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("kubelet checkpoint took %s: %v", time.Since(start), items)
+		counterAtCheckpoint, _ = strconv.Atoi(k.Exec("web", "web", "cat", "/dev/shm/n"))
+		if out, errs, err := k.Cryoctl("inspect", store); err != nil || !strings.Contains(out, "sha256:") {
+			t.Fatalf("cryoctl inspect %s: %v\n%s%s", store, err, out, errs)
+		}
+		start = time.Now()
+		k.Apply(harness.Pod("web-restored", map[string]string{"cryo.dev/restore-from": store},
+			harness.Container("web", "echo this never runs; sleep inf")))
+		t.Logf("pod web-restored Ready after %s (restored)", k.WaitReady("web-restored", start, 3*time.Minute))
+		if b := k.Exec("web-restored", "web", "cat", "/proc/sys/kernel/random/boot_id"); b != boot {
+			t.Fatalf("restored guest boot id %s, want the checkpointed guest's %s", b, boot)
+		}
+		n, _ := strconv.Atoi(k.Exec("web-restored", "web", "cat", "/dev/shm/n"))
+		if n < counterAtCheckpoint-2 || n == 0 {
+			t.Fatalf("restored counter %d, checkpointed around %d: the RAM state did not carry over", n, counterAtCheckpoint)
+		}
+		if h := k.Exec("web-restored", "web", "hostname"); h != "web-restored" {
+			t.Fatalf("restored pod's hostname %q", h)
+		}
+		deleteAndCheck(t, k, "web-restored")
+	})
+
+	t.Run("restore with other limits than the snapshot is refused", func(t *testing.T) {
+		k := k.T(t)
+		c := harness.Container("web", "sleep inf")
+		c["resources"] = map[string]any{"limits": map[string]any{"memory": "128Mi"}}
+		k.Apply(harness.Pod("web-resized", map[string]string{"cryo.dev/restore-from": store}, c))
+		var ev string
+		if !harness.WaitFor(2*time.Minute, func() bool {
+			ev, _, _ = k.Kubectl("get", "events", "--field-selector", "involvedObject.name=web-resized", "-o", "jsonpath={range .items[*]}{.reason}: {.message}{\"\\n\"}{end}")
+			return strings.Contains(ev, "FailedCreatePodSandBox") && strings.Contains(ev, "asks for 384 MiB of memory")
+		}) {
+			d, _, _ := k.Kubectl("describe", "pod", "web-resized")
+			t.Fatalf("no FailedCreatePodSandBox event with the size mismatch:\n%s\n%s", ev, d)
+		}
+		deleteAndCheck(t, k, "web-resized")
+	})
+
+	t.Run("failed restore under fail shows the reason in events; cold boots", func(t *testing.T) {
+		k := k.T(t)
+		missing := k.StoreURL("nothing-here:v1")
+		k.Apply(harness.Pod("broken", map[string]string{"cryo.dev/restore-from": missing, "cryo.dev/restore-fallback": "fail"},
+			harness.Container("app", "sleep inf")))
+		var ev string
+		if !harness.WaitFor(2*time.Minute, func() bool {
+			ev, _, _ = k.Kubectl("get", "events", "--field-selector", "involvedObject.name=broken", "-o", "jsonpath={range .items[*]}{.reason}: {.message}{\"\\n\"}{end}")
+			return strings.Contains(ev, "FailedCreatePodSandBox") && strings.Contains(ev, "nothing-here")
+		}) {
+			d, _, _ := k.Kubectl("describe", "pod", "broken")
+			t.Fatalf("no FailedCreatePodSandBox event naming the snapshot:\n%s\n%s", ev, d)
+		}
+		if phase := k.MustKubectl("get", "pod", "broken", "-o", "jsonpath={.status.phase}"); phase != "Pending" {
+			t.Fatalf("pod with a failed restore is %s, want Pending", phase)
+		}
+		for _, l := range strings.Split(ev, "\n") {
+			if strings.HasPrefix(l, "FailedCreatePodSandBox") {
+				t.Logf("event: %.400s", l)
+				break
+			}
+		}
+		deleteAndCheck(t, k, "broken")
+
+		k.Apply(harness.Pod("coldfb", map[string]string{"cryo.dev/restore-from": missing, "cryo.dev/restore-fallback": "cold"},
+			harness.Container("app", "echo booted-cold; sleep inf")))
+		k.WaitReady("coldfb", time.Now(), 3*time.Minute)
+		if out := k.MustKubectl("logs", "coldfb"); !strings.Contains(out, "booted-cold") {
+			t.Fatalf("cold fallback pod's log %q", out)
+		}
+		deleteAndCheck(t, k, "coldfb")
+	})
+
+	t.Run("restartPolicy Always restarts in the same vm", func(t *testing.T) {
+		k := k.T(t)
+		p := harness.Pod("restarts", nil, harness.Container("app", "cat /proc/sys/kernel/random/boot_id; sleep 5; exit 3"))
+		p["spec"].(map[string]any)["restartPolicy"] = "Always"
+		k.Apply(p)
+		k.WaitReady("restarts", time.Now(), 3*time.Minute)
+		sandbox := k.MustCrictl("pods", "-q", "--name", "^restarts$")
+		qemu := sandboxQEMU(sandbox)
+		if len(qemu) != 1 {
+			t.Fatalf("QEMU of the pod: %v", qemu)
+		}
+		// Each run prints the guest's boot id: one VM for all of them.
+		bootID := func() string {
+			out, _, _ := k.Kubectl("logs", "restarts")
+			return strings.TrimSpace(out)
+		}
+		var first string
+		if !harness.WaitFor(30*time.Second, func() bool { first = bootID(); return len(first) == 36 }) {
+			t.Fatalf("first run's log %q, want its boot id", first)
+		}
+		if !harness.WaitFor(3*time.Minute, func() bool {
+			n, _, _ := k.Kubectl("get", "pod", "restarts", "-o", "jsonpath={.status.containerStatuses[0].restartCount}")
+			c, _ := strconv.Atoi(strings.TrimSpace(n))
+			return c >= 2
+		}) {
+			d, _, _ := k.Kubectl("describe", "pod", "restarts")
+			t.Fatalf("container not restarted twice:\n%s", d)
+		}
+		code := k.MustKubectl("get", "pod", "restarts", "-o", "jsonpath={.status.containerStatuses[0].lastState.terminated.exitCode}")
+		if code != "3" {
+			t.Fatalf("last exit code %q, want 3", code)
+		}
+		if q := sandboxQEMU(sandbox); len(q) != 1 || q[0] != qemu[0] {
+			t.Fatalf("QEMU pids %v, at the first run %v: the restart made a new VM", q, qemu)
+		}
+		// The log now is the third (or later) run's.
+		if !harness.WaitFor(30*time.Second, func() bool { return bootID() == first }) {
+			t.Fatalf("boot id of a later run %q, of the first %q", bootID(), first)
+		}
+		deleteAndCheck(t, k, "restarts")
+	})
+
+	t.Run("init container and two containers in one vm", func(t *testing.T) {
+		k := k.T(t)
+		p := harness.Pod("multi", nil, harness.Container("a", "sleep inf"), harness.Container("b", "sleep inf"))
+		init := harness.Container("init", "echo init ran")
+		init["image"], init["imagePullPolicy"] = harness.Image, "Never"
+		p["spec"].(map[string]any)["initContainers"] = []any{init}
+		k.Apply(p)
+		k.WaitReady("multi", time.Now(), 3*time.Minute)
+		if st := k.MustKubectl("get", "pod", "multi", "-o", "jsonpath={.status.initContainerStatuses[0].state.terminated.reason}/{.status.initContainerStatuses[0].state.terminated.exitCode}"); st != "Completed/0" {
+			t.Fatalf("init container state %q, want Completed/0", st)
+		}
+		if out := k.MustKubectl("logs", "multi", "-c", "init"); out != "init ran" {
+			t.Fatalf("init container log %q", out)
+		}
+		ba := k.Exec("multi", "a", "cat", "/proc/sys/kernel/random/boot_id")
+		if bb := k.Exec("multi", "b", "cat", "/proc/sys/kernel/random/boot_id"); ba != bb {
+			t.Fatalf("containers a and b run in different guests: boot ids %s, %s", ba, bb)
+		}
+		if q := sandboxQEMU(k.MustCrictl("pods", "-q", "--name", "^multi$")); len(q) != 1 {
+			t.Fatalf("QEMU of pod multi: %v, want one", q)
+		}
+		deleteAndCheck(t, k, "multi")
+	})
+
+	t.Run("kubelet restart leaves pods running and managed", func(t *testing.T) {
+		k := k.T(t)
+		n0, _ := strconv.Atoi(k.Exec("web", "web", "cat", "/dev/shm/n"))
+		k.RestartKubelet(func() {
+			// Without a kubelet the pod's VM runs on.
+			time.Sleep(3 * time.Second)
+			if out := execOut(t, k.CRI, k.MustCrictl("ps", "-q", "--name", "^web$", "--pod", k.MustCrictl("pods", "-q", "--name", "^web$")), "cat", "/dev/shm/n"); out == "" {
+				t.Fatal("no counter without the kubelet")
+			}
+		})
+		// The new kubelet takes the pod over from CRI; until then its
+		// streaming endpoints do not know the pod.
+		var out string
+		if !harness.WaitFor(2*time.Minute, func() bool {
+			o, _, err := k.Kubectl("exec", "web", "-c", "web", "--", "cat", "/dev/shm/n")
+			out = strings.TrimSpace(o)
+			return err == nil
+		}) {
+			t.Fatalf("kubectl exec web after the kubelet restart: %s", k.Cluster.LogTail("kubelet", 20))
+		}
+		n1, _ := strconv.Atoi(out)
+		if n1 <= n0 {
+			t.Fatalf("counter %d before the kubelet restart, %d after: the pod did not run on", n0, n1)
+		}
+		if b := k.Exec("web", "web", "cat", "/proc/sys/kernel/random/boot_id"); b != boot {
+			t.Fatalf("guest boot id %s after the kubelet restart, was %s: the VM was replaced", b, boot)
+		}
+		if n := k.MustKubectl("get", "pod", "web", "-o", "jsonpath={.status.containerStatuses[0].restartCount}"); n != "0" {
+			t.Fatalf("restartCount %s after the kubelet restart", n)
+		}
+	})
+
+	t.Run("containerd restart leaves pods running and managed", func(t *testing.T) {
+		k := k.T(t)
+		id := k.MustCrictl("pods", "-q", "--name", "^web$")
+		qemu := sandboxQEMU(id)
+		if err := k.RestartContainerd(); err != nil {
+			t.Fatal(err)
+		}
+		if q := sandboxQEMU(id); len(q) != 1 || len(qemu) != 1 || q[0] != qemu[0] {
+			t.Fatalf("QEMU of pod web %v before the containerd restart, %v after", qemu, q)
+		}
+		var out string
+		if !harness.WaitFor(2*time.Minute, func() bool {
+			o, _, err := k.Kubectl("exec", "web", "-c", "web", "--", "cat", "/proc/sys/kernel/random/boot_id")
+			out = strings.TrimSpace(o)
+			return err == nil
+		}) {
+			t.Fatalf("kubectl exec web after the containerd restart: %s\n%s", out, k.LogTail(20))
+		}
+		if out != boot {
+			t.Fatalf("guest boot id %s after the containerd restart, was %s", out, boot)
+		}
+		if n := k.MustKubectl("get", "pod", "web", "-o", "jsonpath={.status.containerStatuses[0].restartCount}"); n != "0" {
+			t.Fatalf("restartCount %s after the containerd restart", n)
+		}
+	})
+
+	t.Run("delete leaves no qemu, mount or netns", func(t *testing.T) {
+		k := k.T(t)
+		id := k.MustCrictl("pods", "-q", "--name", "^web$")
+		netns := k.MustCrictl("inspectp", "-o", "go-template", "--template",
+			`{{range .info.runtimeSpec.linux.namespaces}}{{if eq .type "network"}}{{.path}}{{end}}{{end}}`, id)
+		if netns == "" {
+			t.Fatal("no network namespace path in the sandbox's spec")
+		}
+		deleteAndCheck(t, k, "web")
+		// The kubelet's garbage collection removes the sandbox (every minute).
+		if !harness.WaitFor(150*time.Second, func() bool {
+			out, _, err := k.Crictl("pods", "-q", "--name", "^web$")
+			return err == nil && strings.TrimSpace(out) == ""
+		}) {
+			out, _, _ := k.Crictl("pods")
+			t.Fatalf("sandbox of pod web still in CRI after kubectl delete:\n%s", out)
+		}
+		mounts, err := os.ReadFile("/proc/self/mountinfo")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range strings.Split(string(mounts), "\n") {
+			if strings.Contains(l, id) || strings.Contains(l, netns) {
+				t.Fatalf("mount of the deleted pod left: %s", l)
+			}
+		}
+		if _, err := os.Stat(netns); err == nil {
+			t.Fatalf("network namespace file %s left", netns)
+		}
+	})
+}
+
+// deleteAndCheck deletes a pod through the API server and checks that the
+// kubelet stopped its sandboxes: each one NotReady, no QEMU of theirs.
+// (Removing them is the kubelet's garbage collection, once a minute.)
+func deleteAndCheck(t *testing.T, k *harness.K8s, pod string) {
+	t.Helper()
+	ids := strings.Fields(k.MustCrictl("pods", "-q", "--name", "^"+pod+"$"))
+	k.MustKubectl("delete", "pod", pod, "--wait=true", "--timeout=120s")
+	for _, id := range ids {
+		if !harness.WaitFor(60*time.Second, func() bool {
+			st, _, err := k.Crictl("inspectp", "-o", "go-template", "--template", "{{.status.state}}", id)
+			return len(sandboxQEMU(id)) == 0 && (err != nil || strings.TrimSpace(st) == "SANDBOX_NOTREADY")
+		}) {
+			t.Fatalf("pod %s (sandbox %s) not stopped after kubectl delete: QEMU %v", pod, id, sandboxQEMU(id))
+		}
+	}
+}
+
+// logOverhead logs what the pod's VM costs beyond its guest RAM: QEMU's
+// resident memory other than the guest RAM file (shared memory), and the
+// shim's, against the RuntimeClass's overhead.podFixed.memory.
+func logOverhead(t *testing.T, k *harness.K8s, pod string) {
+	t.Helper()
+	id := k.MustCrictl("pods", "-q", "--name", "^"+pod+"$")
+	q := sandboxQEMU(id)
+	shim := stack.ProcsMatching("containerd-shim-cryo-v2", id)
+	if len(q) != 1 || len(shim) != 1 {
+		t.Fatalf("pod %s: QEMU %v, shim %v", pod, q, shim)
+	}
+	qs, ss := procStatus(t, q[0]), procStatus(t, shim[0])
+	over := qs["RssAnon"] + qs["RssFile"] + ss["VmRSS"]
+	t.Logf("pod %s: QEMU RssAnon %d MiB, RssFile %d MiB, RssShmem (guest RAM) %d MiB; shim VmRSS %d MiB; overhead beyond guest RAM %d MiB",
+		pod, qs["RssAnon"]>>10, qs["RssFile"]>>10, qs["RssShmem"]>>10, ss["VmRSS"]>>10, over>>10)
+}
+
+// procStatus reads the kB fields of /proc/PID/status.
+func procStatus(t *testing.T, pid int) map[string]int {
+	t.Helper()
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := map[string]int{}
+	for _, l := range strings.Split(string(b), "\n") {
+		f := strings.Fields(l)
+		if len(f) == 3 && f[2] == "kB" {
+			m[strings.TrimSuffix(f[0], ":")], _ = strconv.Atoi(f[1])
+		}
+	}
+	return m
+}
+
+// sandboxQEMU is the QEMU of a CRI sandbox: its command line names the
+// sandbox's state dir, which is named by a hash of namespace/id.
+func sandboxQEMU(id string) []int {
+	sum := sha256.Sum256([]byte(harness.CRINamespace + "/" + id))
+	return stack.ProcsMatching("qemu-system", "/vm/"+hex.EncodeToString(sum[:8]))
+}

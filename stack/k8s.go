@@ -1,0 +1,477 @@
+package stack
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// K8sOptions say where a one-node control plane runs: in the network
+// namespace of a Stack's containerd (with CRI), so that 127.0.0.1 is the
+// same for etcd, the API server, the kubelet and containerd's streaming
+// server, and nothing listens on the host's network.
+type K8sOptions struct {
+	Dir       string // state, logs, credentials (a Stack's Dir)
+	NetNS     string // the network namespace's path (/run/netns/NAME)
+	CRISocket string // containerd's socket, serving CRI
+	Tools     string // kube-apiserver, kubelet, kubectl, etcd under bin/ ($CRYO_TOOLS)
+	// NodeIP is added as a /32 to lo of NetNS: the kubelet refuses a
+	// loopback node IP, and the API server reaches the kubelet there.
+	NodeIP   string
+	NodeName string
+}
+
+// K8s is etcd, kube-apiserver and a kubelet (no scheduler: pods name their
+// node) for one Stack. Close stops them and undoes what the kubelet changes
+// on the host: global sysctls and directories outside its root dir.
+type K8s struct {
+	Dir        string
+	NetNS      string
+	NodeIP     string
+	NodeName   string
+	Kubeconfig string
+	Token      string // the admin's bearer token (system:masters)
+	Tools      string
+
+	path  string
+	procs map[string]*proc
+	undo  []func() error // host changes, undone last first
+}
+
+// Sysctls the kubelet sets for itself (pkg/kubelet/cm's setupKernelTunables)
+// though they are global, not per network namespace.
+var kubeletSysctls = []string{
+	"vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops",
+	"kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes",
+}
+
+// Paths the kubelet creates whatever its --root-dir says.
+var kubeletHostPaths = []string{"/var/lib/kubelet", "/var/lib/kubelet/device-plugins", "/var/log/containers"}
+
+// StartK8s starts etcd, kube-apiserver and the kubelet and waits until the
+// node is Ready and labelled cryo.dev/runtime=true (what the RuntimeClass's
+// nodeSelector asks for). On error everything is stopped and undone.
+func StartK8s(ctx context.Context, o K8sOptions) (_ *K8s, retErr error) {
+	k := &K8s{
+		Dir: filepath.Join(o.Dir, "k8s"), NetNS: o.NetNS, NodeIP: o.NodeIP, NodeName: o.NodeName,
+		Tools: ToolsDir(o.Tools), procs: map[string]*proc{},
+	}
+	k.path = filepath.Join(k.Tools, "bin") + ":" + os.Getenv("PATH")
+	if err := Need(k.path, "etcd", "kube-apiserver", "kubelet", "kubectl", "nsenter", "ip"); err != nil {
+		return nil, fmt.Errorf("%w (hack/tools.sh k8s etcd)", err)
+	}
+	defer func() {
+		if retErr != nil {
+			_ = k.Close()
+		}
+	}()
+	k.saveHost()
+	for _, d := range []string{"logs", "etcd", "kubelet", "pod-logs", "apiserver-certs"} {
+		if err := os.MkdirAll(filepath.Join(k.Dir, d), 0o700); err != nil {
+			return nil, err
+		}
+	}
+	if out, err := k.inNetNS(ctx, "ip", "addr", "replace", o.NodeIP+"/32", "dev", "lo").CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("node ip on lo: %w: %s", err, out)
+	}
+	if err := k.writeCredentials(); err != nil {
+		return nil, err
+	}
+	if err := k.startEtcd(ctx); err != nil {
+		return nil, err
+	}
+	if err := k.startAPIServer(ctx); err != nil {
+		return nil, err
+	}
+	if err := k.StartKubelet(ctx, o.CRISocket); err != nil {
+		return nil, err
+	}
+	if _, err := k.KubectlOK(ctx, "wait", "--for=condition=Ready", "node/"+k.NodeName, "--timeout=120s"); err != nil {
+		return nil, fmt.Errorf("node %s not ready: %w\nkubelet log:\n%s", k.NodeName, err, k.LogTail("kubelet", 30))
+	}
+	if _, err := k.KubectlOK(ctx, "label", "node", k.NodeName, "cryo.dev/runtime=true", "--overwrite"); err != nil {
+		return nil, err
+	}
+	return k, nil
+}
+
+// saveHost records what Close must put back: the sysctls' values and which
+// of the kubelet's host paths did not exist.
+func (k *K8s) saveHost() {
+	for _, s := range kubeletSysctls {
+		p := "/proc/sys/" + s
+		if v, err := os.ReadFile(p); err == nil {
+			k.undo = append(k.undo, func() error { return os.WriteFile(p, v, 0o644) })
+		}
+	}
+	for _, p := range kubeletHostPaths {
+		if _, err := os.Lstat(p); errors.Is(err, os.ErrNotExist) {
+			k.undo = append(k.undo, func() error { return os.RemoveAll(p) })
+		}
+	}
+	// Links the kubelet made to this control plane's pod logs, in a
+	// /var/log/containers that was there before.
+	k.undo = append(k.undo, func() error { removeLinksInto("/var/log/containers", k.Dir); return nil })
+}
+
+func removeLinksInto(dir, target string) {
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		p := filepath.Join(dir, e.Name())
+		if t, err := os.Readlink(p); err == nil && strings.HasPrefix(t, target+"/") {
+			_ = os.Remove(p)
+		}
+	}
+}
+
+// writeCredentials writes the service-account key pair, the admin token
+// and the kubeconfig everything uses (token auth; the API server's
+// self-signed certificate is not verified).
+func (k *K8s) writeCredentials() error {
+	key, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		return err
+	}
+	pub, err := x509.MarshalPKIXPublicKey(&key.PublicKey)
+	if err != nil {
+		return err
+	}
+	tok := make([]byte, 16)
+	if _, err := rand.Read(tok); err != nil {
+		return err
+	}
+	k.Token = hex.EncodeToString(tok)
+	k.Kubeconfig = filepath.Join(k.Dir, "kubeconfig")
+	files := map[string][]byte{
+		"sa.key":     pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)}),
+		"sa.pub":     pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pub}),
+		"tokens.csv": []byte(k.Token + ",admin,admin-uid,\"system:masters\"\n"),
+		"kubeconfig": []byte(fmt.Sprintf(kubeconfig, k.Token)),
+	}
+	for name, b := range files {
+		if err := os.WriteFile(filepath.Join(k.Dir, name), b, 0o600); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+const kubeconfig = `apiVersion: v1
+kind: Config
+clusters:
+- name: local
+  cluster: {server: "https://127.0.0.1:6443", insecure-skip-tls-verify: true}
+users:
+- name: admin
+  user: {token: "%s"}
+contexts:
+- name: local
+  context: {cluster: local, user: admin, namespace: default}
+current-context: local
+`
+
+func (k *K8s) startEtcd(ctx context.Context) error {
+	if err := k.start("etcd", "--name", "k8s", "--data-dir", filepath.Join(k.Dir, "etcd"),
+		"--listen-client-urls", "http://127.0.0.1:2379", "--advertise-client-urls", "http://127.0.0.1:2379",
+		"--listen-peer-urls", "http://127.0.0.1:2380", "--initial-advertise-peer-urls", "http://127.0.0.1:2380",
+		"--initial-cluster", "k8s=http://127.0.0.1:2380", "--initial-cluster-state", "new"); err != nil {
+		return err
+	}
+	return k.waitHTTP(ctx, "etcd", "http://127.0.0.1:2379/health", 60*time.Second)
+}
+
+func (k *K8s) startAPIServer(ctx context.Context) error {
+	d := k.Dir
+	if err := k.start("kube-apiserver",
+		"--etcd-servers=http://127.0.0.1:2379",
+		"--bind-address=127.0.0.1", "--secure-port=6443", "--advertise-address="+k.NodeIP,
+		"--cert-dir="+filepath.Join(d, "apiserver-certs"),
+		"--service-account-key-file="+filepath.Join(d, "sa.pub"),
+		"--service-account-signing-key-file="+filepath.Join(d, "sa.key"),
+		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+		"--token-auth-file="+filepath.Join(d, "tokens.csv"),
+		"--authorization-mode=Node,RBAC",
+		// No controller manager: nothing would make the token volumes.
+		"--disable-admission-plugins=ServiceAccount",
+		"--service-cluster-ip-range=10.96.0.0/24",
+		// By default it dials the node by host name, which nothing resolves.
+		"--kubelet-preferred-address-types=InternalIP,Hostname",
+		"--allow-privileged=true"); err != nil {
+		return err
+	}
+	return k.waitHTTP(ctx, "kube-apiserver", "https://127.0.0.1:6443/readyz", 180*time.Second)
+}
+
+// StartKubelet starts (or, after StopKubelet, restarts) the kubelet on
+// containerd's CRI socket.
+func (k *K8s) StartKubelet(ctx context.Context, criSocket string) error {
+	cfg := filepath.Join(k.Dir, "kubelet-config.yaml")
+	y := fmt.Sprintf(kubeletConfig, criSocket, criSocket, filepath.Join(k.Dir, "pod-logs"), filepath.Join(k.Dir, "kubelet", "volume-plugins"))
+	if err := os.WriteFile(cfg, []byte(y), 0o600); err != nil {
+		return err
+	}
+	if err := k.start("kubelet", "--config="+cfg, "--kubeconfig="+k.Kubeconfig,
+		"--root-dir="+filepath.Join(k.Dir, "kubelet"), "--cert-dir="+filepath.Join(k.Dir, "kubelet", "pki"),
+		"--hostname-override="+k.NodeName, "--node-ip="+k.NodeIP, "--v=2"); err != nil {
+		return err
+	}
+	return k.waitHTTP(ctx, "kubelet", "http://127.0.0.1:10248/healthz", 120*time.Second)
+}
+
+// The kubelet on a cgroup v1 host without systemd: no QoS cgroups, no node
+// allocatable enforcement. Anonymous, always-allowed access to its API (on
+// the test's own network namespace) lets the tests POST /checkpoint.
+const kubeletConfig = `apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: 0.0.0.0
+port: 10250
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: 10248
+containerRuntimeEndpoint: unix://%s
+imageServiceEndpoint: unix://%s
+runtimeRequestTimeout: 10m
+cgroupDriver: cgroupfs
+cgroupsPerQOS: false
+enforceNodeAllocatable: []
+failSwapOn: false
+failCgroupV1: false
+serverTLSBootstrap: false
+authentication:
+  anonymous: {enabled: true}
+  webhook: {enabled: false}
+authorization:
+  mode: AlwaysAllow
+podLogsDir: %s
+volumePluginDir: %s
+resolvConf: /etc/resolv.conf
+clusterDomain: cluster.local
+`
+
+// StopKubelet stops the kubelet; the pods run on.
+func (k *K8s) StopKubelet() { k.stop("kubelet") }
+
+// start runs bin from the tools in the network namespace, logging to
+// logs/NAME.log.
+func (k *K8s) start(name string, args ...string) error {
+	bin, err := LookPath(name, k.path)
+	if err != nil {
+		return err
+	}
+	logf, err := os.OpenFile(filepath.Join(k.Dir, "logs", name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	cmd := exec.Command("nsenter", append([]string{"--net=" + k.NetNS, bin}, args...)...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Env = append(os.Environ(), "PATH="+k.path)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start %s: %w", name, err)
+	}
+	p := &proc{cmd: cmd, done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); close(p.done) }()
+	k.procs[name] = p
+	return nil
+}
+
+type proc struct {
+	cmd  *exec.Cmd
+	done chan struct{} // closed when it has exited
+}
+
+func (p *proc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// stop sends SIGTERM to the process group of name, SIGKILL after 15 s.
+func (k *K8s) stop(name string) {
+	p := k.procs[name]
+	if p == nil {
+		return
+	}
+	delete(k.procs, name)
+	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(15 * time.Second):
+		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+		<-p.done
+	}
+}
+
+// Close stops the kubelet, the API server and etcd, and puts back the
+// host's sysctls and paths. The pods are containerd's: the Stack's Close
+// removes them.
+func (k *K8s) Close() error {
+	for _, name := range []string{"kubelet", "kube-apiserver", "etcd"} {
+		k.stop(name)
+	}
+	var errs []error
+	for i := len(k.undo) - 1; i >= 0; i-- {
+		if err := k.undo[i](); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	k.undo = nil
+	return errors.Join(errs...)
+}
+
+// LogTail is the last n lines of a component's log.
+func (k *K8s) LogTail(name string, n int) string {
+	b, _ := os.ReadFile(filepath.Join(k.Dir, "logs", name+".log"))
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+func (k *K8s) inNetNS(ctx context.Context, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, "nsenter", append([]string{"--net=" + k.NetNS}, args...)...)
+	cmd.Env = append(os.Environ(), "PATH="+k.path)
+	return cmd
+}
+
+// KubectlCmd is kubectl as the admin, in the network namespace; stdin
+// can be set before it runs.
+func (k *K8s) KubectlCmd(ctx context.Context, args ...string) *exec.Cmd {
+	return k.inNetNS(ctx, append([]string{filepath.Join(k.Tools, "bin", "kubectl"), "--kubeconfig", k.Kubeconfig}, args...)...)
+}
+
+// Kubectl runs kubectl with a 3 minute deadline.
+func (k *K8s) Kubectl(ctx context.Context, args ...string) (stdout, stderr string, err error) {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	cmd := k.KubectlCmd(ctx, args...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err = cmd.Run()
+	if ctx.Err() != nil {
+		err = fmt.Errorf("kubectl %s: timed out", strings.Join(args, " "))
+	}
+	return out.String(), errb.String(), err
+}
+
+// KubectlOK is Kubectl with its stderr in the error.
+func (k *K8s) KubectlOK(ctx context.Context, args ...string) (string, error) {
+	out, errs, err := k.Kubectl(ctx, args...)
+	if err != nil {
+		return out, fmt.Errorf("kubectl %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(errs))
+	}
+	return strings.TrimSpace(out), nil
+}
+
+// HTTPClient reaches the network namespace's addresses (the kubelet's API
+// on NodeIP:10250, the API server); it does not verify certificates.
+func (k *K8s) HTTPClient() *http.Client {
+	return &http.Client{Timeout: 5 * time.Minute, Transport: &http.Transport{
+		DialContext:     dialInNetNS(k.NetNS),
+		TLSClientConfig: &tls.Config{InsecureSkipVerify: true},
+	}}
+}
+
+// dialInNetNS dials from a thread that has entered the namespace: a socket
+// belongs to the namespace it was made in, wherever it is used later. The
+// thread goes back to its own namespace before it is unlocked. It must not
+// be left to die locked: the processes the Stack starts have Pdeathsig set,
+// which fires when the thread that forked them exits, and any thread may
+// have.
+func dialInNetNS(path string) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		type result struct {
+			c   net.Conn
+			err error
+		}
+		ch := make(chan result, 1)
+		go func() {
+			runtime.LockOSThread()
+			c, back, err := dialFromThread(ctx, path, network, addr)
+			if back {
+				runtime.UnlockOSThread()
+			}
+			ch <- result{c, err}
+		}()
+		r := <-ch
+		return r.c, r.err
+	}
+}
+
+// dialFromThread dials in path's namespace from the locked thread; back says
+// whether the thread is in its own namespace again.
+func dialFromThread(ctx context.Context, path, network, addr string) (_ net.Conn, back bool, _ error) {
+	own, err := os.Open(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()))
+	if err != nil {
+		return nil, true, err
+	}
+	defer own.Close()
+	target, err := os.Open(path)
+	if err != nil {
+		return nil, true, err
+	}
+	defer target.Close()
+	if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
+		return nil, true, fmt.Errorf("enter %s: %w", path, err)
+	}
+	var d net.Dialer
+	c, err := d.DialContext(ctx, network, addr)
+	return c, unix.Setns(int(own.Fd()), unix.CLONE_NEWNET) == nil, err
+}
+
+// waitHTTP polls url (in the namespace) until it answers 200.
+func (k *K8s) waitHTTP(ctx context.Context, name, url string, timeout time.Duration) error {
+	c := k.HTTPClient()
+	c.Timeout = 5 * time.Second
+	deadline := time.Now().Add(timeout)
+	var last string
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		req.Header.Set("Authorization", "Bearer "+k.Token)
+		resp, err := c.Do(req)
+		if err == nil {
+			b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+			last = fmt.Sprintf("%s: %s", resp.Status, b)
+		} else {
+			last = err.Error()
+		}
+		if p := k.procs[name]; p != nil && p.exited() {
+			return fmt.Errorf("%s exited:\n%s", name, k.LogTail(name, 30))
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s did not answer at %s within %s (%s):\n%s", name, url, timeout, last, k.LogTail(name, 30))
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
