@@ -11,6 +11,7 @@ import (
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
 
+	"github.com/cryo-runtime/cryo/internal/sparse"
 	"github.com/cryo-runtime/cryo/snapshot"
 	"github.com/cryo-runtime/cryo/vmm"
 )
@@ -94,7 +95,7 @@ func (s *service) capture(ctx context.Context, sb *sandbox, work string, exit bo
 		if exit {
 			err = os.Link(cfg.MemoryPath, c.ram)
 		} else {
-			err = copySparse(c.ram, cfg.MemoryPath)
+			err = sparse.Copy(c.ram, cfg.MemoryPath, -1)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("checkpoint: capture guest ram: %w", err)

@@ -3,7 +3,6 @@ package vmm
 import (
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -129,66 +128,6 @@ func credential(uid int, accel string) (*syscall.Credential, error) {
 // procFD is how QEMU reopens a passed descriptor by path. Linux checks the
 // file's own permissions, not those of the directories above it.
 func procFD(fd int) string { return "/proc/self/fd/" + strconv.Itoa(fd) }
-
-// copySparse copies src into a new file dst (mode 0600, owned by uid:gid
-// when uid >= 0), data extents only: a guest's RAM file is mostly holes.
-func copySparse(dst, src string, uid int) (retErr error) {
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	st, err := in.Stat()
-	if err != nil {
-		return err
-	}
-	if !st.Mode().IsRegular() {
-		return fmt.Errorf("%s is not a regular file", src)
-	}
-	if err := os.Remove(dst); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return err
-	}
-	out, err := os.OpenFile(dst, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if cerr := out.Close(); retErr == nil {
-			retErr = cerr
-		}
-		if retErr != nil {
-			os.Remove(dst)
-		}
-	}()
-	if uid >= 0 {
-		if err := out.Chown(uid, uid); err != nil {
-			return err
-		}
-	}
-	size := st.Size()
-	if err := out.Truncate(size); err != nil {
-		return err
-	}
-	buf := make([]byte, 1<<20)
-	for off := int64(0); off < size; {
-		data, err := unix.Seek(int(in.Fd()), off, unix.SEEK_DATA)
-		if errors.Is(err, unix.ENXIO) {
-			break // only holes remain
-		}
-		if err != nil {
-			return fmt.Errorf("seek data in %s: %w", src, err)
-		}
-		hole, err := unix.Seek(int(in.Fd()), data, unix.SEEK_HOLE)
-		if err != nil {
-			return fmt.Errorf("seek hole in %s: %w", src, err)
-		}
-		if _, err := io.CopyBuffer(io.NewOffsetWriter(out, data), io.NewSectionReader(in, data, hole-data), buf); err != nil {
-			return err
-		}
-		off = hole
-	}
-	return nil
-}
 
 // ProcessConfinement reads a process's real uid and seccomp mode (2: a
 // filter) from /proc/<pid>/status.

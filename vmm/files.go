@@ -19,6 +19,8 @@ import (
 
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
+
+	"github.com/cryo-runtime/cryo/internal/sparse"
 )
 
 // record is what the state directory keeps for Cleanup besides qemu.pid.
@@ -49,7 +51,10 @@ func (m *Machine) prepareFiles(uid int) error {
 	}
 	if priv, ok := m.cfg.privateMemory(); ok {
 		start := time.Now()
-		if err := copySparse(priv, m.cfg.MemoryPath, uid); err != nil {
+		if err := os.Remove(priv); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+		if err := sparse.Copy(priv, m.cfg.MemoryPath, uid); err != nil {
 			return fmt.Errorf("private copy of ram file: %w", err)
 		}
 		log.L.WithFields(log.Fields{"id": m.cfg.ID, "duration": time.Since(start)}).Debug("ram file copied for a confined qemu")

@@ -1,4 +1,4 @@
-package shim
+package sparse
 
 import (
 	"bytes"
@@ -31,12 +31,12 @@ func sparseSource(t *testing.T, dir string, size int64, data []byte, offs ...int
 	return src
 }
 
-// copyChecked copies src with copySparse to dir/dst, checks that the copy
+// copyChecked copies src with Copy to dir/dst, checks that the copy
 // reads as the source, and returns its path.
 func copyChecked(t *testing.T, dir, src string) string {
 	t.Helper()
 	dst := filepath.Join(dir, "dst")
-	if err := copySparse(dst, src); err != nil {
+	if err := Copy(dst, src, -1); err != nil {
 		t.Fatal(err)
 	}
 	a, _ := os.ReadFile(src)
@@ -63,8 +63,8 @@ func TestCopySparse(t *testing.T) {
 	if fi, _ := os.Stat(dst); fi.Mode().Perm() != 0o600 {
 		t.Fatalf("copy mode %v, want 0600: it holds guest memory", fi.Mode().Perm())
 	}
-	if err := copySparse(dst, src); err == nil {
-		t.Fatal("copySparse overwrote an existing file")
+	if err := Copy(dst, src, -1); err == nil {
+		t.Fatal("Copy overwrote an existing file")
 	}
 }
 

@@ -1,4 +1,6 @@
-package shim
+// Package sparse copies files that are mostly holes (a guest's RAM file)
+// fast: data extents only, in the kernel (copy_file_range), on every core.
+package sparse
 
 import (
 	"errors"
@@ -14,14 +16,16 @@ import (
 // spread a few large extents over every worker.
 const copyPiece = 4 << 20
 
-// copySparse copies src to a new file dst (0600: it holds guest memory),
-// skipping holes (an idle guest's RAM file is mostly holes). It runs inside
-// the checkpoint's pause window, while the guest's vCPUs are stopped, so
-// it uses every core: the data extents are cut into pieces that
-// copy_file_range(2) moves in the kernel on GOMAXPROCS goroutines, without
-// a round trip through user memory. Where the kernel cannot (EXDEV, a file
-// system without support), pieces are copied with pread/pwrite.
-func copySparse(dst, src string) (retErr error) {
+// Copy copies src to a new file dst (0600: it holds guest memory, owned by
+// uid:uid when uid >= 0), skipping holes (an idle guest's RAM file is
+// mostly holes). It runs inside a checkpoint's pause window, while the
+// guest's vCPUs are stopped, and before a restored QEMU starts, so it uses
+// every core: the data extents are cut into pieces that copy_file_range(2)
+// moves in the kernel on GOMAXPROCS goroutines, without a round trip
+// through user memory. Where the kernel cannot (EXDEV, a file system
+// without support), pieces are copied with pread/pwrite. dst must not
+// exist; on failure it is removed.
+func Copy(dst, src string, uid int) (retErr error) {
 	in, err := os.Open(src)
 	if err != nil {
 		return err
@@ -31,6 +35,9 @@ func copySparse(dst, src string) (retErr error) {
 	if err != nil {
 		return err
 	}
+	if !st.Mode().IsRegular() {
+		return fmt.Errorf("copy %s: not a regular file", src)
+	}
 	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return err
@@ -39,7 +46,15 @@ func copySparse(dst, src string) (retErr error) {
 		if err := out.Close(); err != nil && retErr == nil {
 			retErr = err
 		}
+		if retErr != nil {
+			os.Remove(dst)
+		}
 	}()
+	if uid >= 0 {
+		if err := out.Chown(uid, uid); err != nil {
+			return err
+		}
+	}
 	if err := out.Truncate(st.Size()); err != nil {
 		return err
 	}
