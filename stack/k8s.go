@@ -105,6 +105,11 @@ func StartK8s(ctx context.Context, o K8sOptions) (_ *K8s, retErr error) {
 	if err := k.StartKubelet(ctx, o.CRISocket); err != nil {
 		return nil, err
 	}
+	// kubectl wait fails at once on a node the kubelet has not registered
+	// yet: wait for the object first, then for its Ready condition.
+	if _, err := k.KubectlOK(ctx, "wait", "--for=create", "node/"+k.NodeName, "--timeout=120s"); err != nil {
+		return nil, fmt.Errorf("node %s not registered: %w\nkubelet log:\n%s", k.NodeName, err, k.LogTail("kubelet", 30))
+	}
 	if _, err := k.KubectlOK(ctx, "wait", "--for=condition=Ready", "node/"+k.NodeName, "--timeout=120s"); err != nil {
 		return nil, fmt.Errorf("node %s not ready: %w\nkubelet log:\n%s", k.NodeName, err, k.LogTail("kubelet", 30))
 	}
