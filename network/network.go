@@ -39,6 +39,7 @@ type Endpoint struct {
 	Routes    []Route
 
 	origMAC net.HardwareAddr // the veth's MAC before Setup changed it
+	held    bool             // the tap's frames are not redirected yet (Options.HoldGuest)
 }
 
 // Route is a route of the pod netns, in the guest agent's terms.
@@ -58,6 +59,12 @@ type Options struct {
 	// guest restored from a snapshot keeps the NIC address it had when it
 	// was checkpointed, and the new pod's veth takes it over.
 	MAC net.HardwareAddr
+	// HoldGuest keeps the guest's frames off the pod network until
+	// ReleaseGuest: a restored guest sends with the MAC it had at
+	// checkpoint time until it takes the veth's, and one frame with its
+	// source's MAC would teach the bridge to send the source's traffic to
+	// this pod.
+	HoldGuest bool
 }
 
 // Setup bridges the pod network namespace at nsPath to a new tap and
@@ -121,13 +128,41 @@ func Setup(ctx context.Context, nsPath string, opts Options) (_ *Endpoint, retEr
 	if err := redirect(h, va.Index, tap.Attrs().Index); err != nil {
 		return nil, fmt.Errorf("redirect %s to %s: %w", va.Name, opts.TapName, err)
 	}
-	if err := redirect(h, tap.Attrs().Index, va.Index); err != nil {
+	if opts.HoldGuest {
+		ep.held = true
+	} else if err := redirect(h, tap.Attrs().Index, va.Index); err != nil {
 		return nil, fmt.Errorf("redirect %s to %s: %w", opts.TapName, va.Name, err)
 	}
 	log.G(ctx).WithFields(log.Fields{
 		"netns": nsPath, "veth": va.Name, "tap": opts.TapName, "mac": ep.MAC.String(), "addresses": ep.Addresses,
 	}).Debug("pod network bridged to tap")
 	return ep, nil
+}
+
+// ReleaseGuest passes the guest's frames to the pod network, after Setup
+// with HoldGuest. It does nothing otherwise.
+func (ep *Endpoint) ReleaseGuest(ctx context.Context) error {
+	if ep == nil || !ep.held {
+		return nil
+	}
+	h, closeH, err := handleAt(ep.NetNS)
+	if err != nil {
+		return err
+	}
+	defer closeH()
+	veth, err := h.LinkByName(ep.Name)
+	if err != nil {
+		return fmt.Errorf("find %s: %w", ep.Name, err)
+	}
+	tap, err := h.LinkByName(ep.TapName)
+	if err != nil {
+		return fmt.Errorf("find tap %s: %w", ep.TapName, err)
+	}
+	if err := redirect(h, tap.Attrs().Index, veth.Attrs().Index); err != nil {
+		return fmt.Errorf("redirect %s to %s: %w", ep.TapName, ep.Name, err)
+	}
+	ep.held = false
+	return nil
 }
 
 // Teardown removes the tc redirection and the tap, gives the veth its MAC

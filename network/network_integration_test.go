@@ -218,3 +218,34 @@ func TestSetupWithoutCNIInterface(t *testing.T) {
 		t.Fatalf("Setup in a missing netns: %v, want not found", err)
 	}
 }
+
+// A restored guest's frames are held off the pod network until it has taken
+// the veth's MAC: its tap has no redirect until ReleaseGuest.
+func TestSetupHoldsGuestUntilReleased(t *testing.T) {
+	podPath, _ := netnsPair(t)
+	pod := strings.TrimPrefix(podPath, "/run/netns/")
+	ctx := context.Background()
+	ep, err := Setup(ctx, podPath, Options{HoldGuest: true, TapName: "tap2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ep.Teardown(ctx) })
+	filters := func(dev string) string {
+		return run(t, "ip", "netns", "exec", pod, "tc", "filter", "show", "dev", dev, "ingress")
+	}
+	if out := filters("tap2"); strings.Contains(out, "mirred") {
+		t.Fatalf("a held guest's tap redirects already:\n%s", out)
+	}
+	if out := filters("eth0"); !strings.Contains(out, "mirred") {
+		t.Fatalf("the pod network does not reach a held guest:\n%s", out)
+	}
+	if err := ep.ReleaseGuest(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if out := filters("tap2"); !strings.Contains(out, "mirred") {
+		t.Fatalf("the tap does not redirect after ReleaseGuest:\n%s", out)
+	}
+	if err := ep.ReleaseGuest(ctx); err != nil {
+		t.Fatalf("second ReleaseGuest: %v", err)
+	}
+}

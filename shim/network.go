@@ -99,6 +99,18 @@ func guestNetworkRequests(ep *network.Endpoint) (*agentapi.UpdateInterfaceReques
 	return iface, routes
 }
 
+// releaseGuest lets a guest that was held back (a restore) reach the pod
+// network.
+func (n *podNetwork) releaseGuest(ctx context.Context) error {
+	if n == nil {
+		return nil
+	}
+	if err := n.ep.ReleaseGuest(ctx); err != nil {
+		return fmt.Errorf("release guest network %s: %w", n.ep.Name, err)
+	}
+	return nil
+}
+
 // teardown undoes setupNetwork; after the VM is gone. Idempotent.
 func (n *podNetwork) teardown(ctx context.Context) {
 	if n == nil {

@@ -209,8 +209,13 @@ func (s *service) restoreSandbox(ctx context.Context, id string, spec *specs.Spe
 		ag.close()
 		return nil, nil, fmt.Errorf("restore: fix up guest: %w", err)
 	}
-	// The new pod's addresses and routes, before any hook or task runs.
+	// The new pod's MAC, addresses and routes, before any hook or task
+	// runs; only then do the guest's frames reach the pod network.
 	if err := pn.configureGuest(ctx, ag); err != nil {
+		ag.close()
+		return nil, nil, fmt.Errorf("restore: %w", err)
+	}
+	if err := pn.releaseGuest(ctx); err != nil {
 		ag.close()
 		return nil, nil, fmt.Errorf("restore: %w", err)
 	}
@@ -243,8 +248,10 @@ func restoredNetwork(ctx context.Context, spec *specs.Spec, rec *sandboxRecord) 
 		return nil, fmt.Errorf("restore: snapshot nic mac %q: %w", rec.NICMAC, errdefs.ErrDataLoss)
 	}
 	// The veth keeps its own MAC and the guest NIC takes it (configureGuest):
-	// clones of one snapshot on one bridge must not share an address.
-	pn, err := setupNetwork(ctx, spec, network.Options{})
+	// clones of one snapshot on one bridge must not share an address. Until
+	// then the guest's frames are held back, or its first one would carry
+	// the source's MAC onto the bridge.
+	pn, err := setupNetwork(ctx, spec, network.Options{HoldGuest: true})
 	if err != nil {
 		return nil, err
 	}

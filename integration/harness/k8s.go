@@ -1,10 +1,12 @@
 package harness
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -42,7 +44,16 @@ func StartK8s(t testing.TB, opts ...Option) *K8s {
 	x := &K8s{CRI: c, Cluster: k}
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("kubelet log:\n%s", k.LogTail("kubelet", 40))
+			ctx := context.WithoutCancel(t.Context())
+			pods, _, _ := k.Kubectl(ctx, "get", "pods", "-A", "-o", "wide")
+			events, _, _ := k.Kubectl(ctx, "get", "events", "-A", "--sort-by=.lastTimestamp")
+			t.Logf("pods:\n%s\nevents:\n%s\nkubelet log:\n%s", pods, events, k.LogTail("kubelet", 40))
+		}
+		if keep := os.Getenv("CRYO_KEEP_LOG"); keep != "" {
+			// for debugging: keep the kubelet's log beside containerd's
+			if b, err := os.ReadFile(filepath.Join(k.Dir, "logs", "kubelet.log")); err == nil {
+				_ = os.WriteFile(keep+".kubelet", b, 0o600)
+			}
 		}
 		if err := k.Close(); err != nil {
 			t.Errorf("stop the control plane: %v", err)
