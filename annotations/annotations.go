@@ -13,6 +13,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/cryo-runtime/cryo/configs"
+	"github.com/cryo-runtime/cryo/internal/tenant"
 )
 
 // Keys cryo reads.
@@ -147,7 +148,7 @@ func (r *Request) aliases(a map[string]string, cfg configs.Config) error {
 		return invalid(KataRestoreFrom, name, "must be a plain snapshot name under the node's snapshot.local_root")
 	}
 	if strings.Contains(root, configs.NamespacePlaceholder) {
-		if err := configs.ValidNamespace(r.Namespace); err != nil {
+		if err := tenant.CheckNamespace(r.Namespace); err != nil {
 			return invalid(KataRestoreFrom, name, "the node's snapshot.local_root is per namespace and the pod has no valid "+CRISandboxNamespace)
 		}
 		root = strings.ReplaceAll(root, configs.NamespacePlaceholder, r.Namespace)

@@ -4,12 +4,12 @@ import (
 	"fmt"
 	"net/url"
 	"path"
-	"regexp"
 	"strings"
 
 	"github.com/containerd/errdefs"
 
 	"github.com/cryo-runtime/cryo/internal/redact"
+	"github.com/cryo-runtime/cryo/internal/tenant"
 )
 
 // NamespacePlaceholder, as a whole path segment of a [stores] allowed entry
@@ -18,20 +18,6 @@ import (
 // store. An entry without it is node-wide: every sandbox of the node may use
 // it, as before namespaces existed.
 const NamespacePlaceholder = "{namespace}"
-
-// namespaceRe accepts Kubernetes namespaces (DNS labels) and containerd
-// namespaces; the value becomes a URL path segment and a key file name, so
-// it has no '/', no "..", no leading dot.
-var namespaceRe = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._-]{0,74}[A-Za-z0-9])?$`)
-
-// ValidNamespace checks a tenant namespace before it is put into a store
-// URL or a key file name.
-func ValidNamespace(ns string) error {
-	if !namespaceRe.MatchString(ns) || strings.Contains(ns, "..") {
-		return fmt.Errorf("namespace %q: want letters, digits, '.', '_', '-' (at most 76, no '..'): %w", ns, errdefs.ErrInvalidArgument)
-	}
-	return nil
-}
 
 // Allows checks a snapshot store URL that a sandbox of namespace ns names
 // against the node's [stores] allowed list. A URL is allowed when it lies
@@ -46,7 +32,7 @@ func (s Stores) Allows(raw, ns string) error {
 	if err != nil {
 		return err
 	}
-	nsOK := ns != "" && ValidNamespace(ns) == nil
+	nsOK := ns != "" && tenant.CheckNamespace(ns) == nil
 	owner := ""
 	for _, p := range s.Allowed {
 		i := strings.Index(p, NamespacePlaceholder)

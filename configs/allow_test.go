@@ -115,16 +115,3 @@ func TestValidateAllowed(t *testing.T) {
 		}
 	}
 }
-
-func TestValidNamespace(t *testing.T) {
-	for _, ns := range []string{"default", "k8s.io", "team-a", "a", "cryo_test-1"} {
-		if err := ValidNamespace(ns); err != nil {
-			t.Errorf("%q: %v", ns, err)
-		}
-	}
-	for _, ns := range []string{"", ".", "..", "a/b", "a..b", ".hidden", "a\x00b", "x-", strings.Repeat("a", 77)} {
-		if err := ValidNamespace(ns); err == nil {
-			t.Errorf("%q accepted", ns)
-		}
-	}
-}

@@ -15,6 +15,8 @@ import (
 	"syscall"
 
 	"github.com/containerd/errdefs"
+
+	"github.com/cryo-runtime/cryo/internal/tenant"
 )
 
 // maxKeyFile bounds what a key loader reads.
@@ -69,7 +71,7 @@ func LoadNamespaceKey(dir, ns string) ([]byte, error) {
 	if ns == "" {
 		return nil, fmt.Errorf("load namespace key: the sandbox has no namespace to choose a key from %s by: %w", dir, errdefs.ErrFailedPrecondition)
 	}
-	if err := CheckID("namespace", ns); err != nil {
+	if err := tenant.CheckNamespace(ns); err != nil {
 		return nil, fmt.Errorf("load namespace key: %w", err)
 	}
 	if err := checkKeyOwner(dir, true); err != nil {
