@@ -257,14 +257,11 @@ func (pio *procIO) close() {
 	})
 }
 
-// unread returns the bytes waiting in the pipe behind w (FIONREAD works on
+// unread returns the bytes waiting in the pipe behind o (FIONREAD works on
 // either end of a pipe), or 0 when that cannot be told. Only ask an output
 // that is opened: a FIFO still opening answers when its reader comes.
-func unread(w io.Writer) int {
-	if o, ok := w.(*output); ok {
-		w = o.WriteCloser
-	}
-	sc, ok := w.(syscall.Conn)
+func unread(o *output) int {
+	sc, ok := o.WriteCloser.(syscall.Conn)
 	if !ok {
 		return 0
 	}
