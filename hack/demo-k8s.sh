@@ -68,7 +68,7 @@ YAML
 STORE="file://$CRI_DIR/store/agent:v1"
 say "pod agent: runtimeClassName cryo, cryo.dev/checkpoint-to $STORE"
 t0=$(now)
-pod agent cryo.dev/checkpoint-to "$STORE" 'echo hello from $(hostname), kernel $(uname -r); i=0; while true; do i=$((i+1)); echo $i > /dev/shm/n; echo counter $i; sleep 1; done' | k apply -f -
+pod agent cryo.dev/checkpoint-to "$STORE" 'echo hello from $(hostname), kernel $(uname -r); i=0; while true; do i=$((i+1)); echo $i > /dev/shm/n.new; mv /dev/shm/n.new /dev/shm/n; echo counter $i; sleep 1; done' | k apply -f -
 k wait --for=condition=Ready pod/agent --timeout=300s >/dev/null
 t_cold=$(since "$t0")
 k get pod agent -o wide

@@ -87,7 +87,7 @@ first_exec() { # wait until the container answers an exec
 }
 
 say "a warm workload: a counter and a random secret in RAM only"
-WORK='head -c 8 /dev/urandom | od -An -tx1 | tr -d " \n" > /dev/shm/secret; i=0; while true; do i=$((i+1)); echo $i > /dev/shm/n; sleep 0.1; done'
+WORK='head -c 8 /dev/urandom | od -An -tx1 | tr -d " \n" > /dev/shm/secret; i=0; while true; do i=$((i+1)); echo $i > /dev/shm/n.new; mv /dev/shm/n.new /dev/shm/n; sleep 0.1; done'
 t0=$(now)
 $RUN -d "$IMAGE" agent sh -c "$WORK"
 first_exec agent

@@ -21,7 +21,7 @@ import (
 // variable and /dev/shm, a tmpfs) and a file on its rootfs.
 const workload = `head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n' > /dev/shm/secret
 echo on-rootfs > /data/file; sync
-i=0; while true; do i=$((i+1)); echo $i > /dev/shm/counter; sleep 0.1; done`
+i=0; while true; do i=$((i+1)); echo $i > /dev/shm/counter.new; mv /dev/shm/counter.new /dev/shm/counter; sleep 0.1; done`
 
 type guestState struct {
 	bootID, secret, file string

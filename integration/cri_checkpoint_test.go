@@ -18,7 +18,7 @@ import (
 // criWorkload keeps state in RAM only and answers on TCP port 7000 with it.
 const criWorkload = `head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n' > /dev/shm/secret
 (while true; do echo "counter $(cat /dev/shm/counter) secret $(cat /dev/shm/secret)" | nc -l -p 7000; done) &
-i=0; while true; do i=$((i+1)); echo $i > /dev/shm/counter; sleep 0.1; done`
+i=0; while true; do i=$((i+1)); echo $i > /dev/shm/counter.new; mv /dev/shm/counter.new /dev/shm/counter; sleep 0.1; done`
 
 // TestCRICheckpointRestore: the kubelet's checkpoint path (CRI
 // CheckpointContainer, `crictl checkpoint --export`) publishes the pod's VM

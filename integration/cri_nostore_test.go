@@ -22,7 +22,7 @@ func TestCRICheckpointNoStore(t *testing.T) {
 	c := harness.StartCRI(t)
 	pcfg := c.PodConfig("nostore", nil)
 	pod := c.RunPod(pcfg)
-	app := c.StartContainer(pod, c.ContainerConfig("app", []string{"sh", "-c", "i=0; while true; do i=$((i+1)); echo $i > /dev/shm/n; sleep 0.1; done"}, nil), pcfg)
+	app := c.StartContainer(pod, c.ContainerConfig("app", []string{"sh", "-c", "i=0; while true; do i=$((i+1)); echo $i > /dev/shm/n.new; mv /dev/shm/n.new /dev/shm/n; sleep 0.1; done"}, nil), pcfg)
 	counter := func() int {
 		n, _ := strconv.Atoi(execOut(t, c, app, "cat", "/dev/shm/n"))
 		return n

@@ -20,7 +20,7 @@ import (
 const k8sCounter = `echo hello from $(hostname); mkdir -p /www; echo ok > /www/healthz
 httpd -p 8080 -h /www
 (while true; do echo tcp-ok | nc -l -p 7000; done) &
-i=0; while true; do i=$((i+1)); echo $i > /dev/shm/n; echo counter $i; sleep 1; done`
+i=0; while true; do i=$((i+1)); echo $i > /dev/shm/n.new; mv /dev/shm/n.new /dev/shm/n; echo counter $i; sleep 1; done`
 
 // TestK8s drives cryo through a real kube-apiserver and kubelet (one
 // control plane for all subtests, which run in order): probes, logs, exec,
@@ -104,7 +104,7 @@ func TestK8s(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Logf("kubelet checkpoint took %s: %v", time.Since(start), items)
-		counterAtCheckpoint, _ = strconv.Atoi(k.Exec("web", "web", "cat", "/dev/shm/n"))
+		counterAtCheckpoint = podCounter(t, k, "web")
 		if out, errs, err := k.Cryoctl("inspect", store); err != nil || !strings.Contains(out, "sha256:") {
 			t.Fatalf("cryoctl inspect %s: %v\n%s%s", store, err, out, errs)
 		}
@@ -115,7 +115,7 @@ func TestK8s(t *testing.T) {
 		if b := k.Exec("web-restored", "web", "cat", "/proc/sys/kernel/random/boot_id"); b != boot {
 			t.Fatalf("restored guest boot id %s, want the checkpointed guest's %s", b, boot)
 		}
-		n, _ := strconv.Atoi(k.Exec("web-restored", "web", "cat", "/dev/shm/n"))
+		n := podCounter(t, k, "web-restored")
 		if n < counterAtCheckpoint-2 || n == 0 {
 			t.Fatalf("restored counter %d, checkpointed around %d: the RAM state did not carry over", n, counterAtCheckpoint)
 		}
@@ -242,7 +242,7 @@ func TestK8s(t *testing.T) {
 
 	t.Run("kubelet restart leaves pods running and managed", func(t *testing.T) {
 		k := k.T(t)
-		n0, _ := strconv.Atoi(k.Exec("web", "web", "cat", "/dev/shm/n"))
+		n0 := podCounter(t, k, "web")
 		k.RestartKubelet(func() {
 			// Without a kubelet the pod's VM runs on.
 			time.Sleep(3 * time.Second)
@@ -386,4 +386,16 @@ func procStatus(t *testing.T, pid int) map[string]int {
 func sandboxQEMU(id string) []int {
 	sum := sha256.Sum256([]byte(harness.CRINamespace + "/" + id))
 	return stack.ProcsMatching("qemu-system", "/vm/"+hex.EncodeToString(sum[:8]))
+}
+
+// podCounter reads the counter k8sCounter writes (by rename, so a read
+// never sees it half written).
+func podCounter(t *testing.T, k *harness.K8s, pod string) int {
+	t.Helper()
+	out := k.Exec(pod, "web", "cat", "/dev/shm/n")
+	n, err := strconv.Atoi(out)
+	if err != nil {
+		t.Fatalf("counter of pod %s: %q is not a number", pod, out)
+	}
+	return n
 }
