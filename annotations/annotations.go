@@ -33,10 +33,16 @@ const (
 	KruiseArchiveLocation = "agents.kruise.io/archive-location"
 	KataRestoreFrom       = "io.katacontainers.restore-from"
 
-	// CRISandboxNamespace is the Kubernetes namespace of the pod; containerd's
-	// CRI plugin sets it on sandbox and container specs, after (over) the
-	// pod's own annotations.
+	// containerd's CRI plugin sets these on sandbox and container specs,
+	// after (over) the pod's own annotations. CRISandboxNamespace is the
+	// pod's Kubernetes namespace.
 	CRISandboxNamespace = "io.kubernetes.cri.sandbox-namespace"
+	CRIContainerType    = "io.kubernetes.cri.container-type"
+	CRIContainerName    = "io.kubernetes.cri.container-name"
+	CRISandboxID        = "io.kubernetes.cri.sandbox-id"
+	CRISandboxName      = "io.kubernetes.cri.sandbox-name"
+	CRISandboxUID       = "io.kubernetes.cri.sandbox-uid"
+	CRIImageName        = "io.kubernetes.cri.image-name"
 )
 
 var known = map[string]bool{

@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/cryo-runtime/cryo/internal/atomicfile"
 )
 
 // Files the shim keeps in a container's bundle so that the delete action can
@@ -32,7 +34,7 @@ func sandboxStateDir(root, namespace, id string) string {
 }
 
 func writeStatePointer(bundle, stateDir string) error {
-	return writeFileAtomic(filepath.Join(bundle, statePointerFile), []byte(stateDir+"\n"), 0o600)
+	return atomicfile.Write(filepath.Join(bundle, statePointerFile), []byte(stateDir+"\n"), 0o600)
 }
 
 func readStatePointer(bundle string) (string, error) {
@@ -72,7 +74,7 @@ func writeExitRecord(bundle string, e exitRecord) error {
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(filepath.Join(bundle, exitRecordFile), b, 0o600)
+	return atomicfile.Write(filepath.Join(bundle, exitRecordFile), b, 0o600)
 }
 
 func readExitRecord(bundle string) (exitRecord, error) {
@@ -82,24 +84,4 @@ func readExitRecord(bundle string) (exitRecord, error) {
 		return e, err
 	}
 	return e, json.Unmarshal(b, &e)
-}
-
-func writeFileAtomic(path string, b []byte, mode os.FileMode) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(b); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Chmod(mode); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
 }

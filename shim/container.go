@@ -9,6 +9,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"sync"
 	"syscall"
 
@@ -16,6 +17,7 @@ import (
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/cryo-runtime/cryo/sandbox"
 	"github.com/cryo-runtime/cryo/vmm"
 )
 
@@ -25,9 +27,6 @@ type container struct {
 	// guestID names the container in the guest: its own id, or, in a
 	// sandbox restored from a snapshot, the id it had when checkpointed.
 	guestID string
-	// adopted is set when the task took over a guest container that a
-	// restore brought back, instead of creating one.
-	adopted bool
 	bundle  string
 	spec    *specs.Spec
 	disk    vmm.Disk
@@ -106,11 +105,11 @@ const maxCopiedFile = 1 << 20
 // container, and drops them from the spec: the guest cannot see host paths.
 // Bind mounts of directories are copied when they hold only small regular
 // files; anything else is dropped with a warning.
-func guestFiles(ctx context.Context, s *specs.Spec) []guestFile {
-	var files []guestFile
+func guestFiles(ctx context.Context, s *specs.Spec) []sandbox.GuestFile {
+	var files []sandbox.GuestFile
 	kept := s.Mounts[:0]
 	for _, m := range s.Mounts {
-		if m.Type != "bind" && !hasOption(m.Options, "bind") && !hasOption(m.Options, "rbind") || m.Destination == "/dev/shm" {
+		if m.Type != "bind" && !slices.Contains(m.Options, "bind") && !slices.Contains(m.Options, "rbind") || m.Destination == "/dev/shm" {
 			// /dev/shm (the pod's shared memory, a host path under CRI)
 			// stays: the guest agent turns it into a tmpfs of the VM.
 			kept = append(kept, m)
@@ -134,7 +133,7 @@ func guestFiles(ctx context.Context, s *specs.Spec) []guestFile {
 // follows one that stays inside (Kubernetes secret and configmap volumes
 // are made of ..data symlinks). FIFOs, sockets and devices are refused
 // without blocking.
-func copyTree(src, dst string) ([]guestFile, error) {
+func copyTree(src, dst string) ([]sandbox.GuestFile, error) {
 	st, err := os.Stat(src)
 	if err != nil {
 		return nil, err
@@ -144,14 +143,14 @@ func copyTree(src, dst string) ([]guestFile, error) {
 		if err != nil {
 			return nil, err
 		}
-		return []guestFile{{Path: dst, Content: b, Mode: mode}}, nil
+		return []sandbox.GuestFile{{Path: dst, Content: b, Mode: mode}}, nil
 	}
 	root, err := os.OpenRoot(src)
 	if err != nil {
 		return nil, err
 	}
 	defer root.Close()
-	var files []guestFile
+	var files []sandbox.GuestFile
 	left := int64(maxCopiedFile)
 	err = fs.WalkDir(root.FS(), ".", func(p string, e fs.DirEntry, err error) error {
 		if err != nil || e.IsDir() {
@@ -171,7 +170,7 @@ func copyTree(src, dst string) ([]guestFile, error) {
 			return err
 		}
 		left -= int64(len(b))
-		files = append(files, guestFile{Path: path.Join(dst, p), Content: b, Mode: mode})
+		files = append(files, sandbox.GuestFile{Path: path.Join(dst, p), Content: b, Mode: mode})
 		return nil
 	})
 	return files, err

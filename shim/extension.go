@@ -2,23 +2,21 @@ package shim
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
 
-	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
-	runcoptions "github.com/containerd/containerd/api/types/runc/options"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/containerd/log"
 	"github.com/containerd/ttrpc"
-	"github.com/containerd/typeurl/v2"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/cryo-runtime/cryo/internal/atomicfile"
+	"github.com/cryo-runtime/cryo/sandbox"
 	shimapi "github.com/cryo-runtime/cryo/shim/api/v1"
 )
 
@@ -32,7 +30,7 @@ func (x *sandboxAPI) Checkpoint(ctx context.Context, r *shimapi.CheckpointReques
 	if _, err := x.s.container(r.Id); err != nil {
 		return nil, err
 	}
-	res, err := x.s.checkpoint(ctx, checkpointRequest{To: r.To, Exit: r.Exit, TTL: r.Ttl.AsDuration()})
+	res, err := x.s.checkpoint(ctx, sandbox.CheckpointRequest{To: r.To, Exit: r.Exit, TTL: r.Ttl.AsDuration()})
 	if err != nil {
 		return nil, err
 	}
@@ -45,11 +43,14 @@ func (x *sandboxAPI) Checkpoint(ctx context.Context, r *shimapi.CheckpointReques
 }
 
 func (x *sandboxAPI) Info(ctx context.Context, r *shimapi.InfoRequest) (*shimapi.InfoResponse, error) {
-	sb := x.s.sandbox
+	x.s.mu.Lock()
+	sb := x.s.sb
+	x.s.mu.Unlock()
 	if sb == nil {
 		return nil, fmt.Errorf("no sandbox: %w", errdefs.ErrNotFound)
 	}
-	resp := &shimapi.InfoResponse{SandboxId: sb.id, QemuPid: int32(sb.vm.Pid()), BootId: sb.info.BootID, RestoredFrom: sb.restoredFrom}
+	in := sb.Info()
+	resp := &shimapi.InfoResponse{SandboxId: in.ID, QemuPid: int32(in.QEMUPid), BootId: in.BootID, RestoredFrom: in.RestoredFrom}
 	x.s.mu.Lock()
 	for id := range x.s.containers {
 		resp.Containers = append(resp.Containers, id)
@@ -59,8 +60,8 @@ func (x *sandboxAPI) Info(ctx context.Context, r *shimapi.InfoRequest) (*shimapi
 }
 
 // serveExtension serves the shim's own API on the sandbox's state dir.
-func (s *service) serveExtension(sb *sandbox) error {
-	path := filepath.Join(sb.stateDir, shimapi.ExtensionSocket)
+func (s *service) serveExtension(sb vmSandbox) error {
+	path := filepath.Join(sb.StateDir(), shimapi.ExtensionSocket)
 	_ = os.Remove(path)
 	l, err := net.Listen("unix", path)
 	if err != nil {
@@ -80,15 +81,28 @@ func (s *service) serveExtension(sb *sandbox) error {
 	}
 	shimapi.RegisterSandboxService(srv, &sandboxAPI{s: s})
 	go func() { _ = srv.Serve(context.WithoutCancel(s.ctx), l) }()
-	sb.ext = srv
+	s.mu.Lock()
+	s.ext = srv
+	s.mu.Unlock()
 	return nil
+}
+
+// closeExtension stops serving the shim's own API.
+func (s *service) closeExtension() {
+	s.mu.Lock()
+	srv := s.ext
+	s.ext = nil
+	s.mu.Unlock()
+	if srv != nil {
+		srv.Close()
+	}
 }
 
 // writeContainerIndex rewrites the sandbox's shimapi.ContainersFile.
 func (s *service) writeContainerIndex() {
 	ns, _ := namespaces.Namespace(s.ctx)
 	s.mu.Lock()
-	sb := s.sandbox
+	sb := s.sb
 	var lines []string
 	for id := range s.containers {
 		lines = append(lines, ns+"/"+id)
@@ -97,58 +111,7 @@ func (s *service) writeContainerIndex() {
 	if sb == nil {
 		return
 	}
-	if err := writeFileAtomic(filepath.Join(sb.stateDir, shimapi.ContainersFile), []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
+	if err := atomicfile.Write(filepath.Join(sb.StateDir(), shimapi.ContainersFile), []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
 		log.G(s.ctx).WithError(err).Warn("write container index")
 	}
-}
-
-// taskCheckpointRequest reads containerd's checkpoint request: runc's
-// CheckpointOptions (Exit) when present, and where the snapshot goes.
-func taskCheckpointRequest(r *taskAPI.CheckpointTaskRequest, sb *sandbox) (checkpointRequest, error) {
-	var req checkpointRequest
-	if r.Options != nil {
-		v, err := typeurl.UnmarshalAny(r.Options)
-		if err == nil {
-			if o, ok := v.(*runcoptions.CheckpointOptions); ok {
-				req.Exit = o.Exit
-			}
-		}
-	}
-	if sb != nil && sb.req.CheckpointTo == "" {
-		if err := refuseCRILocalCheckpoint(sb); err != nil {
-			return req, err
-		}
-		if r.Path == "" {
-			return req, fmt.Errorf("checkpoint: no store configured and no checkpoint path: %w", errdefs.ErrInvalidArgument)
-		}
-		// The file store follows no symlink in its path: name
-		// containerd's directory by its real path.
-		dir := r.Path
-		if real, err := filepath.EvalSymlinks(dir); err == nil {
-			dir = real
-		}
-		req.To = "file://" + filepath.Join(dir, "snapshot", "cryo") + ":" + localTag
-		req.trusted = true
-	}
-	return req, nil
-}
-
-const localTag = "checkpoint"
-
-func writeCheckpointRef(dir string, req checkpointRequest, res checkpointResult) error {
-	if dir == "" {
-		return nil
-	}
-	ref := checkpointRef{URL: res.Ref, Digest: res.Digest}
-	if req.trusted {
-		ref = checkpointRef{Local: localTag, Digest: res.Digest}
-	}
-	b, err := json.Marshal(ref)
-	if err != nil {
-		return err
-	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return err
-	}
-	return writeFileAtomic(filepath.Join(dir, checkpointRefFile), b, 0o600)
 }

@@ -19,11 +19,11 @@ import (
 
 // stdioGuest is what process I/O needs from the guest agent.
 type stdioGuest interface {
-	// readStdio blocks until output is available; it returns io.EOF once the
-	// stream is closed and drained.
-	readStdio(ctx context.Context, containerID, execID string, stderr bool) ([]byte, error)
-	writeStdin(ctx context.Context, containerID, execID string, data []byte) error
-	closeStdin(ctx context.Context, containerID, execID string) error
+	// ReadStdio blocks until output is available; it returns io.EOF once
+	// the stream is closed and drained.
+	ReadStdio(ctx context.Context, containerID, execID string, stderr bool) ([]byte, error)
+	WriteStdin(ctx context.Context, containerID, execID string, data []byte) error
+	CloseStdin(ctx context.Context, containerID, execID string) error
 }
 
 // procIO copies a guest process's streams to and from what containerd gave
@@ -61,16 +61,16 @@ func openIO(ctx context.Context, s stdio) (_ *procIO, retErr error) {
 		}
 	}()
 	var err error
-	if s.stdin != "" {
-		if pio.stdin, err = fifo.OpenFifo(context.WithoutCancel(ctx), s.stdin, syscall.O_RDONLY|syscall.O_NONBLOCK, 0); err != nil {
-			return nil, fmt.Errorf("open stdin %s: %w", s.stdin, err)
+	if s.Stdin != "" {
+		if pio.stdin, err = fifo.OpenFifo(context.WithoutCancel(ctx), s.Stdin, syscall.O_RDONLY|syscall.O_NONBLOCK, 0); err != nil {
+			return nil, fmt.Errorf("open stdin %s: %w", s.Stdin, err)
 		}
 	}
-	if pio.stdout, err = openOutput(ctx, s.stdout); err != nil {
+	if pio.stdout, err = openOutput(ctx, s.Stdout); err != nil {
 		return nil, err
 	}
-	if !s.terminal {
-		if pio.stderr, err = openOutput(ctx, s.stderr); err != nil {
+	if !s.Terminal {
+		if pio.stderr, err = openOutput(ctx, s.Stderr); err != nil {
 			return nil, err
 		}
 	}
@@ -131,7 +131,7 @@ func (pio *procIO) copyOut(ctx context.Context, g stdioGuest, o *output, contain
 	defer pio.copies.Done()
 	dst := o
 	for {
-		b, err := g.readStdio(ctx, containerID, execID, stderr)
+		b, err := g.ReadStdio(ctx, containerID, execID, stderr)
 		pio.touch()
 		if len(b) > 0 && dst != nil {
 			if _, werr := dst.Write(b); werr != nil {
@@ -156,12 +156,12 @@ func (pio *procIO) copyIn(ctx context.Context, g stdioGuest, containerID, execID
 	for {
 		n, err := pio.stdin.Read(buf)
 		if n > 0 {
-			if werr := g.writeStdin(ctx, containerID, execID, buf[:n]); werr != nil {
+			if werr := g.WriteStdin(ctx, containerID, execID, buf[:n]); werr != nil {
 				return
 			}
 		}
 		if err != nil {
-			_ = g.closeStdin(ctx, containerID, execID)
+			_ = g.CloseStdin(ctx, containerID, execID)
 			return
 		}
 	}

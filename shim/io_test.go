@@ -67,7 +67,7 @@ func newChunkGuest(chunks ...[]byte) *chunkGuest {
 	return g
 }
 
-func (g *chunkGuest) readStdio(ctx context.Context, _, _ string, stderr bool) ([]byte, error) {
+func (g *chunkGuest) ReadStdio(ctx context.Context, _, _ string, stderr bool) ([]byte, error) {
 	if stderr {
 		return nil, io.EOF
 	}
@@ -77,8 +77,8 @@ func (g *chunkGuest) readStdio(ctx context.Context, _, _ string, stderr bool) ([
 	}
 	return b, nil
 }
-func (g *chunkGuest) writeStdin(context.Context, string, string, []byte) error { return nil }
-func (g *chunkGuest) closeStdin(context.Context, string, string) error         { return nil }
+func (g *chunkGuest) WriteStdin(context.Context, string, string, []byte) error { return nil }
+func (g *chunkGuest) CloseStdin(context.Context, string, string) error         { return nil }
 
 // exitIO runs what waitExit does with a process's streams and fails the
 // test unless it ends within bound: the drain, the close, and the end of

@@ -21,8 +21,8 @@ import (
 
 	"github.com/cryo-runtime/cryo/annotations"
 	"github.com/cryo-runtime/cryo/configs"
-	"github.com/cryo-runtime/cryo/network"
-	"github.com/cryo-runtime/cryo/vmm"
+	"github.com/cryo-runtime/cryo/internal/atomicfile"
+	"github.com/cryo-runtime/cryo/sandbox"
 )
 
 // restoreTimeout bounds a restore, from resolving the snapshot to a guest
@@ -44,10 +44,10 @@ func (s *service) createContainer(ctx context.Context, r *taskAPI.CreateTaskRequ
 	}
 	dropHostNamespacePaths(spec)
 	c := &container{id: r.ID, guestID: r.ID, bundle: r.Bundle, spec: spec, execs: map[string]*process{}}
-	c.init = newProcess(r.ID, "", stdio{stdin: r.Stdin, stdout: r.Stdout, stderr: r.Stderr, terminal: r.Terminal})
+	c.init = newProcess(r.ID, "", stdio{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal})
 
 	s.mu.Lock()
-	sb := s.sandbox
+	sb := s.sb
 	s.mu.Unlock()
 	first := sb == nil
 	if first {
@@ -61,78 +61,77 @@ func (s *service) createContainer(ctx context.Context, r *taskAPI.CreateTaskRequ
 		}()
 	}
 	if s.restored != nil {
-		if rc, ok := s.restored.claim(spec.Annotations, first); ok {
+		if rc, ok := s.restored.Claim(spec.Annotations, first); ok {
 			return c, s.adoptContainer(ctx, sb, c, rc)
 		}
 	}
 	if !first || c.disk.ID == "" {
-		// Not attached at boot (coldBoot made the first container's disk):
-		// hot-plug it.
-		c.workDir = filepath.Join(sb.diskDir, diskID(r.ID))
-		if err := os.MkdirAll(c.workDir, 0o700); err != nil {
+		if err := s.hotplugRoot(ctx, sb, c, r); err != nil {
 			return nil, err
 		}
 		defer func() {
 			if retErr != nil {
-				os.RemoveAll(c.workDir)
-			}
-		}()
-		if c.disk, err = sb.rootfs.disk(ctx, r.ID, r.Bundle, c.workDir, r.Rootfs); err != nil {
-			return nil, err
-		}
-		if err := sb.vm.HotplugDisk(ctx, c.disk); err != nil {
-			return nil, fmt.Errorf("hot-plug root disk of %s: %w", r.ID, err)
-		}
-		c.hotplugged = true
-		defer func() {
-			if retErr != nil {
-				_ = sb.vm.UnplugDisk(context.WithoutCancel(ctx), c.disk.ID)
+				s.unplugRoot(ctx, sb, c)
 			}
 		}()
 	}
 
 	files := guestFiles(ctx, spec)
-	if err := sb.agent.createContainer(ctx, createRequest{ID: c.guestID, Spec: spec, Serial: c.disk.Serial, Files: files, Stdio: c.init.stdio}); err != nil {
+	g := sb.Guest()
+	if err := g.CreateContainer(ctx, sandbox.CreateRequest{ID: c.guestID, Spec: spec, Serial: c.disk.Serial, Files: files, Stdio: c.init.stdio}); err != nil {
 		return nil, fmt.Errorf("create container %s in guest: %w", r.ID, err)
 	}
 	if c.init.io, err = openIO(ctx, c.init.stdio); err != nil {
-		_ = sb.agent.removeContainer(context.WithoutCancel(ctx), c.guestID)
+		_ = g.RemoveContainer(context.WithoutCancel(ctx), c.guestID)
 		return nil, err
 	}
-	c.init.io.start(s.ctx, sb.agent, c.guestID, "")
+	c.init.io.start(s.ctx, g, c.guestID, "")
 	s.addContainer(c)
 	return c, nil
 }
 
+// hotplugRoot makes the root disk of a container that the VM did not boot
+// with, and hot-plugs it.
+func (s *service) hotplugRoot(ctx context.Context, sb vmSandbox, c *container, r *taskAPI.CreateTaskRequest) error {
+	c.workDir = filepath.Join(s.diskDir, sandbox.DiskID(r.ID))
+	if err := os.MkdirAll(c.workDir, 0o700); err != nil {
+		return err
+	}
+	d, err := sb.AddRootDisk(ctx, sandbox.RootSpec{ContainerID: r.ID, Bundle: r.Bundle, WorkDir: c.workDir, Mounts: r.Rootfs})
+	if err != nil {
+		os.RemoveAll(c.workDir)
+		return err
+	}
+	c.disk, c.hotplugged = d, true
+	return nil
+}
+
+// unplugRoot undoes hotplugRoot.
+func (s *service) unplugRoot(ctx context.Context, sb vmSandbox, c *container) {
+	_ = sb.RemoveRootDisk(context.WithoutCancel(ctx), c.disk.ID)
+	os.RemoveAll(c.workDir)
+}
+
 // adoptContainer makes c the task of a guest container that a restore
 // brought back: its processes are the checkpointed ones, still running.
-func (s *service) adoptContainer(ctx context.Context, sb *sandbox, c *container, rc recordContainer) error {
-	c.guestID, c.adopted = rc.GuestID, true
+func (s *service) adoptContainer(ctx context.Context, sb vmSandbox, c *container, rc sandbox.RecordContainer) error {
+	c.guestID = rc.GuestID
 	c.disk.ID = rc.Disk
-	c.workDir = filepath.Join(sb.diskDir, rc.Disk)
-	infos, err := sb.agent.listContainers(ctx)
+	c.workDir = filepath.Join(s.diskDir, rc.Disk)
+	pid, err := sb.Adopt(ctx, rc, c.spec.Hostname)
 	if err != nil {
-		return fmt.Errorf("restore: list guest containers: %w", err)
+		return err
 	}
-	for _, in := range infos {
-		if in.Id == rc.GuestID {
-			c.init.setPid(in.InitPid)
-		}
-	}
-	if c.init.getPid() == 0 {
-		return fmt.Errorf("restore: guest has no running container %s: %w", rc.GuestID, errdefs.ErrNotFound)
-	}
-	if h := c.spec.Hostname; h != "" && h != rc.Spec.Hostname {
-		if _, _, err := sb.agent.runHook(ctx, rc.GuestID, []string{"hostname", h}, 10*time.Second); err != nil {
-			return fmt.Errorf("restore: set hostname: %w", err)
-		}
+	c.init.setPid(pid)
+	if err := c.init.transition(stateCreatedCheckpoint); err != nil {
+		return err
 	}
 	if c.init.io, err = openIO(ctx, c.init.stdio); err != nil {
 		return err
 	}
-	c.init.io.start(s.ctx, sb.agent, c.guestID, "")
+	c.init.io.start(s.ctx, sb.Guest(), c.guestID, "")
 	s.addContainer(c)
-	log.G(ctx).WithFields(log.Fields{"id": c.id, "guest_id": c.guestID, "pid": c.init.getPid()}).Info("took over restored container")
+	log.G(ctx).WithFields(log.Fields{"id": c.id, "guest_id": c.guestID, "pid": pid}).Info("took over restored container")
 	return nil
 }
 
@@ -147,79 +146,37 @@ func (s *service) addContainer(c *container) {
 // when c's annotations or containerd's checkpoint ask for it (falling back
 // to a cold boot when the policy says so), and boots it otherwise, with c's
 // root disk attached at boot.
-func (s *service) newSandbox(ctx context.Context, r *taskAPI.CreateTaskRequest, c *container) (_ *sandbox, retErr error) {
-	cfg, err := loadConfig(r)
+func (s *service) newSandbox(ctx context.Context, r *taskAPI.CreateTaskRequest, c *container) (_ vmSandbox, retErr error) {
+	spec, src, err := s.sandboxSpec(ctx, r, c)
 	if err != nil {
 		return nil, err
-	}
-	req, err := annotations.Parse(c.spec.Annotations, cfg)
-	if err != nil {
-		return nil, err
-	}
-	src := restoreSource{URL: req.RestoreFrom, Digest: req.RestoreDigest}
-	if r.Checkpoint != "" {
-		if src, err = readCheckpointRef(r.Checkpoint); err != nil {
-			return nil, err
-		}
-	}
-	ns, _ := namespaces.Namespace(ctx)
-	stateDir := sandboxStateDir(cfg.Runtime.StateRoot, ns, r.ID)
-	diskDir := filepath.Join(cfg.Runtime.DiskRoot, filepath.Base(stateDir))
-	for _, d := range []string{stateDir, diskDir} {
-		if err := os.MkdirAll(d, 0o700); err != nil {
-			return nil, fmt.Errorf("create sandbox dir: %w", err)
-		}
 	}
 	cleanup := func() {
-		os.RemoveAll(stateDir)
-		os.RemoveAll(diskDir)
+		os.RemoveAll(spec.StateDir)
+		os.RemoveAll(spec.DiskDir)
 		_ = os.Remove(statePointerPath(r.Bundle))
 	}
-	err = writeStatePointer(r.Bundle, stateDir)
-	if err == nil {
-		err = writeFileAtomic(filepath.Join(stateDir, diskPointerFile), []byte(diskDir+"\n"), 0o600)
+	if err := writePointers(r.Bundle, spec.StateDir, spec.DiskDir); err != nil {
+		cleanup()
+		return nil, err
 	}
+	s.diskDir, s.bundle = spec.DiskDir, r.Bundle
+	sb, rs, err := s.restoreOrBoot(ctx, r, c, spec, src)
 	if err != nil {
 		cleanup()
 		return nil, err
 	}
-
-	var sb *sandbox
-	if src.URL != "" {
-		var rs *restoredSandbox
-		rctx, cancel := context.WithTimeout(ctx, restoreTimeout)
-		sb, rs, err = s.restoreSandbox(rctx, r.ID, c.spec, cfg, src, stateDir, diskDir)
-		cancel()
-		switch {
-		case err == nil:
-			s.restored = rs
-		case req.RestoreFallback == "cold" && r.Checkpoint == "":
-			log.G(ctx).WithError(err).Warn("restore failed; booting cold (restore-fallback: cold)")
-			// Drop the restore's overlays; coldBoot makes the disk dirs anew.
-			os.RemoveAll(diskDir)
-		default:
-			cleanup()
-			return nil, err
-		}
-	}
-	if sb == nil {
-		if sb, err = s.coldBoot(ctx, r, c, cfg, req, stateDir, diskDir); err != nil {
-			cleanup()
-			return nil, err
-		}
-	}
-	sb.bundle, sb.req, sb.annotations = r.Bundle, req, c.spec.Annotations
-	if s.restored != nil {
+	if rs != nil {
 		// The hook runs in the sandbox's own container (in a pod, the one
 		// that booted the VM) before any task is handed over.
-		if err := runHook(ctx, sb, s.restored.record.SandboxID, req.PostRestore, "post-restore"); err != nil {
-			_ = sb.shutdown(ctx)
+		if err := sb.RunHook(ctx, rs.SandboxID(), spec.Request.PostRestore, "post-restore"); err != nil {
+			_ = sb.Shutdown(ctx)
 			cleanup()
 			return nil, err
 		}
 	}
 	s.mu.Lock()
-	s.sandbox = sb
+	s.sb, s.restored = sb, rs
 	s.mu.Unlock()
 	if err := s.serveExtension(sb); err != nil {
 		log.G(ctx).WithError(err).Warn("serve cryo api: cryoctl cannot reach this sandbox")
@@ -228,38 +185,85 @@ func (s *service) newSandbox(ctx context.Context, r *taskAPI.CreateTaskRequest, 
 	return sb, nil
 }
 
-// coldBoot boots a new VM with c's root disk attached at boot.
-func (s *service) coldBoot(ctx context.Context, r *taskAPI.CreateTaskRequest, c *container, cfg configs.Config, req annotations.Request, stateDir, diskDir string) (*sandbox, error) {
-	c.workDir = filepath.Join(diskDir, diskID(r.ID))
+// sandboxSpec is the sandbox of the first container c: the node config,
+// what c's annotations ask for, its directories, and where a restore comes
+// from (none: Source.URL is empty).
+func (s *service) sandboxSpec(ctx context.Context, r *taskAPI.CreateTaskRequest, c *container) (sandbox.Spec, sandbox.Source, error) {
+	cfg, err := loadConfig(r)
+	if err != nil {
+		return sandbox.Spec{}, sandbox.Source{}, err
+	}
+	req, err := annotations.Parse(c.spec.Annotations, cfg)
+	if err != nil {
+		return sandbox.Spec{}, sandbox.Source{}, err
+	}
+	src := sandbox.Source{URL: req.RestoreFrom, Digest: req.RestoreDigest}
+	if r.Checkpoint != "" {
+		if src, err = readCheckpointRef(r.Checkpoint); err != nil {
+			return sandbox.Spec{}, sandbox.Source{}, err
+		}
+	}
+	ns, _ := namespaces.Namespace(ctx)
+	stateDir := sandboxStateDir(cfg.Runtime.StateRoot, ns, r.ID)
+	spec := sandbox.Spec{
+		ID: r.ID, Config: cfg, StateDir: stateDir, DiskDir: filepath.Join(cfg.Runtime.DiskRoot, filepath.Base(stateDir)),
+		Pod: c.spec, Request: req, Tenant: s.tenant(c.spec.Annotations),
+	}
+	return spec, src, nil
+}
+
+// writePointers makes the sandbox's directories and the files that lead
+// `shim delete` to them from the bundle.
+func writePointers(bundle, stateDir, diskDir string) error {
+	for _, d := range []string{stateDir, diskDir} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return fmt.Errorf("create sandbox dir: %w", err)
+		}
+	}
+	if err := writeStatePointer(bundle, stateDir); err != nil {
+		return err
+	}
+	return atomicfile.Write(filepath.Join(stateDir, diskPointerFile), []byte(diskDir+"\n"), 0o600)
+}
+
+// restoreOrBoot restores the sandbox when src names a snapshot, and boots
+// it otherwise or, when the restore fails and the policy says so, instead.
+func (s *service) restoreOrBoot(ctx context.Context, r *taskAPI.CreateTaskRequest, c *container, spec sandbox.Spec, src sandbox.Source) (vmSandbox, *sandbox.Restored, error) {
+	if src.URL != "" {
+		rctx, cancel := context.WithTimeout(ctx, restoreTimeout)
+		sb, rs, err := s.vms.Restore(rctx, spec, src)
+		cancel()
+		switch {
+		case err == nil:
+			return sb, rs, nil
+		case spec.Request.RestoreFallback == "cold" && r.Checkpoint == "":
+			log.G(ctx).WithError(err).Warn("restore failed; booting cold (restore-fallback: cold)")
+			// Drop the restore's overlays; the boot makes the disk dirs anew.
+			os.RemoveAll(spec.DiskDir)
+		default:
+			return nil, nil, err
+		}
+	}
+	c.workDir = filepath.Join(spec.DiskDir, sandbox.DiskID(r.ID))
 	if err := os.MkdirAll(c.workDir, 0o700); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	rb := &rootfsBuilder{cacheDir: cfg.Runtime.ImageCache, writableMiB: cfg.Runtime.WritableDiskMiB}
-	disk, err := rb.disk(ctx, r.ID, r.Bundle, c.workDir, r.Rootfs)
+	sb, err := s.vms.Boot(ctx, spec, sandbox.RootSpec{ContainerID: r.ID, Bundle: r.Bundle, WorkDir: c.workDir, Mounts: r.Rootfs})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	c.disk = disk
-	pn, err := setupNetwork(ctx, c.spec, network.Options{})
-	if err != nil {
-		return nil, err
-	}
-	sb, err := bootSandbox(ctx, r.ID, cfg, stateDir, vmSize{vcpus: req.VCPUs, memoryMiB: req.MemoryMiB}, []vmm.Disk{disk}, pn)
-	if err != nil {
-		pn.teardown(ctx)
-		return nil, err
-	}
-	sb.diskDir = diskDir
-	return sb, nil
+	c.disk = sb.RootDisk()
+	return sb, nil, nil
 }
 
 // removeSandbox undoes newSandbox after a later step of Create failed.
-func (s *service) removeSandbox(ctx context.Context, sb *sandbox) {
-	_ = sb.shutdown(ctx)
-	_ = os.RemoveAll(sb.diskDir)
-	_ = os.Remove(statePointerPath(sb.bundle))
+func (s *service) removeSandbox(ctx context.Context, sb vmSandbox) {
+	s.closeExtension()
+	_ = sb.Shutdown(ctx)
+	_ = os.RemoveAll(s.diskDir)
+	_ = os.Remove(statePointerPath(s.bundle))
 	s.mu.Lock()
-	s.sandbox, s.restored = nil, nil
+	s.sb, s.restored = nil, nil
 	s.mu.Unlock()
 }
 
@@ -280,23 +284,13 @@ func loadConfig(r *taskAPI.CreateTaskRequest) (configs.Config, error) {
 }
 
 func (s *service) startProcess(ctx context.Context, c *container, p *process) error {
-	if err := p.transition(stateRunning); err != nil {
-		return err
-	}
-	if c.adopted && p.execID == "" {
-		// The restored init process has been running since before the
-		// checkpoint: starting the task takes it over.
-		return nil
-	}
-	pid, err := s.sandbox.agent.startProcess(ctx, c.guestID, p.execID)
-	if err != nil {
-		p.mu.Lock()
-		p.state = stateCreated
-		p.mu.Unlock()
-		return fmt.Errorf("start %s: %w", p.name(), err)
-	}
-	p.setPid(pid)
-	return nil
+	return p.start(func() (uint32, error) {
+		pid, err := s.sb.Guest().StartProcess(ctx, c.guestID, p.execID)
+		if err != nil {
+			return 0, fmt.Errorf("start %s: %w", p.name(), err)
+		}
+		return pid, nil
+	})
 }
 
 func (s *service) execProcess(ctx context.Context, c *container, r *taskAPI.ExecProcessRequest) (retErr error) {
@@ -310,7 +304,7 @@ func (s *service) execProcess(ctx context.Context, c *container, r *taskAPI.Exec
 	if init := c.init.current(); init != stateRunning {
 		return fmt.Errorf("exec in container %s that is %s: %w", c.id, init, errdefs.ErrFailedPrecondition)
 	}
-	p := newProcess(c.id, r.ExecID, stdio{stdin: r.Stdin, stdout: r.Stdout, stderr: r.Stderr, terminal: r.Terminal})
+	p := newProcess(c.id, r.ExecID, stdio{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal})
 	if err := c.addExec(p); err != nil {
 		return err
 	}
@@ -319,31 +313,24 @@ func (s *service) execProcess(ctx context.Context, c *container, r *taskAPI.Exec
 			c.removeExec(r.ExecID)
 		}
 	}()
-	if err := s.sandbox.agent.execProcess(ctx, c.guestID, r.ExecID, &spec, p.stdio); err != nil {
+	g := s.sb.Guest()
+	if err := g.ExecProcess(ctx, c.guestID, r.ExecID, &spec, p.stdio); err != nil {
 		return fmt.Errorf("exec %s in guest: %w", p.name(), err)
 	}
 	var err error
 	if p.io, err = openIO(ctx, p.stdio); err != nil {
 		return err
 	}
-	p.io.start(s.ctx, s.sandbox.agent, c.guestID, r.ExecID)
+	p.io.start(s.ctx, g, c.guestID, r.ExecID)
 	return nil
 }
 
 func (s *service) kill(ctx context.Context, c *container, p *process, sig uint32, all bool) error {
-	switch p.current() {
-	case stateStopped, stateDeleted:
-		return fmt.Errorf("process %s already finished: %w", p.name(), errdefs.ErrNotFound)
-	case stateCreated:
-		// Nothing runs yet: the process ends without ever starting.
-		if p.setExited(128+sig, time.Now()) {
-			p.io.close()
-			s.publishExit(c, p)
-		}
-		return nil
+	if done, err := s.killUnstarted(c, p, sig); done {
+		return err
 	}
-	sb := s.sandbox
-	if s.userPaused() {
+	sb := s.sb
+	if sb.Paused() {
 		// A paused VM's agent cannot answer. SIGKILL resumes it, as runc
 		// thaws a frozen container it kills; other signals would wait for
 		// ever.
@@ -352,11 +339,11 @@ func (s *service) kill(ctx context.Context, c *container, p *process, sig uint32
 		}
 		if err := s.resumeAll(ctx); err != nil {
 			log.G(ctx).WithError(err).WithField("id", c.id).Warn("resume the paused vm for SIGKILL: stopping it")
-			stopVM(ctx, sb)
+			sb.Stop(ctx)
 			return nil
 		}
 	}
-	err := sb.agent.signal(ctx, c.guestID, p.execID, sig, all)
+	err := sb.Guest().Signal(ctx, c.guestID, p.execID, sig, all)
 	if sig != uint32(unix.SIGKILL) || p.execID != "" {
 		return err
 	}
@@ -364,17 +351,36 @@ func (s *service) kill(ctx context.Context, c *container, p *process, sig uint32
 		// SIGKILL must end the task: a guest that cannot be told to kill
 		// its container loses its VM instead.
 		log.G(ctx).WithError(err).WithField("id", c.id).Warn("guest did not take SIGKILL: stopping the sandbox vm")
-		stopVM(ctx, sb)
+		sb.Stop(ctx)
 		return nil
 	}
 	go backstopKill(s.ctx, sb, c, p)
 	return nil
 }
 
+// killUnstarted ends a process that has not started (nothing runs yet: it
+// ends without ever starting) or refuses one that has finished; done is
+// false for a process that runs.
+func (s *service) killUnstarted(c *container, p *process, sig uint32) (done bool, _ error) {
+	p.startMu.Lock()
+	defer p.startMu.Unlock()
+	switch p.current() {
+	case stateStopped, stateDeleted:
+		return true, fmt.Errorf("process %s already finished: %w", p.name(), errdefs.ErrNotFound)
+	case stateCreated:
+		if p.setExited(128+sig, time.Now()) {
+			p.io.close()
+			s.publishExit(c, p)
+		}
+		return true, nil
+	}
+	return false, nil
+}
+
 // resumeAll resumes the sandbox's VM and every container paused through the
 // task API.
 func (s *service) resumeAll(ctx context.Context) error {
-	if err := s.sandbox.vm.Resume(ctx); err != nil {
+	if err := s.sb.Resume(ctx); err != nil {
 		return err
 	}
 	s.mu.Lock()
@@ -398,25 +404,15 @@ const killGrace = 10 * time.Second
 // backstopKill stops the VM when the guest took a SIGKILL for p but does not
 // report its exit within killGrace: the task's exit then comes from the VM's
 // (monitor), and no Wait or Delete is left hanging on a broken guest.
-func backstopKill(ctx context.Context, sb *sandbox, c *container, p *process) {
+func backstopKill(ctx context.Context, sb vmSandbox, c *container, p *process) {
 	t := time.NewTimer(killGrace)
 	defer t.Stop()
 	select {
 	case <-p.exited:
-	case <-sb.vm.Exited():
+	case <-sb.Exited():
 	case <-t.C:
 		log.G(ctx).WithField("id", c.id).Warnf("no exit from the guest %s after SIGKILL: stopping the sandbox vm", killGrace)
-		stopVM(ctx, sb)
-	}
-}
-
-// stopVM kills the sandbox's QEMU within a few seconds; monitor then ends
-// every process of the sandbox.
-func stopVM(ctx context.Context, sb *sandbox) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 3*time.Second)
-	defer cancel()
-	if err := sb.vm.Shutdown(ctx); err != nil {
-		log.G(ctx).WithError(err).Warn("stop sandbox vm")
+		sb.Stop(ctx)
 	}
 }
 
@@ -425,7 +421,7 @@ func stopVM(ctx context.Context, sb *sandbox) {
 // of the container's execs, as the runtime-v2 contract requires.
 func (s *service) waitExit(c *container, p *process) {
 	ctx := log.WithLogger(s.ctx, log.G(s.ctx).WithField("process", p.name()))
-	status, at, err := s.sandbox.agent.wait(ctx, c.guestID, p.execID)
+	status, at, err := s.sb.Guest().Wait(ctx, c.guestID, p.execID)
 	if err != nil {
 		log.G(ctx).WithError(err).Debug("wait for process in guest")
 		status, at = exitKilled, time.Now()
@@ -467,9 +463,9 @@ func processEventID(c *container, p *process) string {
 
 // monitor ends every process of the sandbox when its VM dies (QEMU killed or
 // crashed): containerd learns of the exits instead of waiting forever.
-func (s *service) monitor(sb *sandbox) {
-	<-sb.vm.Exited()
-	log.G(s.ctx).WithField("stderr", sb.vm.Stderr()).Warn("sandbox vm exited")
+func (s *service) monitor(sb vmSandbox) {
+	<-sb.Exited()
+	log.G(s.ctx).WithField("stderr", sb.Stderr()).Warn("sandbox vm exited")
 	s.mu.Lock()
 	cs := make([]*container, 0, len(s.containers))
 	for _, c := range s.containers {
@@ -484,7 +480,7 @@ func (s *service) monitor(sb *sandbox) {
 				s.publishExit(c, e)
 			}
 		}
-		if st := c.init.current(); st == stateRunning || st == statePaused || st == stateCreated {
+		if st := c.init.current(); st == stateRunning || st == statePaused || st == stateCreated || st == stateCreatedCheckpoint {
 			_ = writeExitRecord(c.bundle, exitRecord{Pid: int(c.init.getPid()), Status: int(exitKilled), ExitedAt: now})
 			if c.init.setExited(exitKilled, now) {
 				c.init.io.close()
@@ -497,7 +493,7 @@ func (s *service) monitor(sb *sandbox) {
 // deleteContainer removes a stopped container from the guest and the host;
 // the last container takes the VM with it, and needs no tidying inside it.
 func (s *service) deleteContainer(ctx context.Context, c *container) {
-	sb := s.sandbox
+	sb := s.sb
 	ctx = context.WithoutCancel(ctx)
 	s.mu.Lock()
 	delete(s.containers, c.id)
@@ -505,10 +501,11 @@ func (s *service) deleteContainer(ctx context.Context, c *container) {
 	s.mu.Unlock()
 	s.writeContainerIndex()
 	if last {
-		if err := sb.shutdown(ctx); err != nil {
+		s.closeExtension()
+		if err := sb.Shutdown(ctx); err != nil {
 			log.G(ctx).WithError(err).Warn("shut down sandbox vm")
 		}
-		_ = os.Remove(statePointerPath(sb.bundle))
+		_ = os.Remove(statePointerPath(s.bundle))
 	} else {
 		removeFromGuest(ctx, sb, c)
 	}
@@ -521,19 +518,19 @@ func (s *service) deleteContainer(ctx context.Context, c *container) {
 // keeps running: its removal and the unplug of its root disk.
 const guestCleanupTimeout = 20 * time.Second
 
-func removeFromGuest(ctx context.Context, sb *sandbox, c *container) {
+func removeFromGuest(ctx context.Context, sb vmSandbox, c *container) {
 	select {
-	case <-sb.vm.Exited():
+	case <-sb.Exited():
 		return
 	default:
 	}
 	ctx, cancel := context.WithTimeout(ctx, guestCleanupTimeout)
 	defer cancel()
-	if err := sb.agent.removeContainer(ctx, c.guestID); err != nil {
+	if err := sb.Guest().RemoveContainer(ctx, c.guestID); err != nil {
 		log.G(ctx).WithError(err).WithField("id", c.id).Warn("remove container in guest")
 	}
 	if c.hotplugged {
-		if err := sb.vm.UnplugDisk(ctx, c.disk.ID); err != nil {
+		if err := sb.RemoveRootDisk(ctx, c.disk.ID); err != nil {
 			log.G(ctx).WithError(err).WithField("id", c.id).Warn("unplug root disk")
 		}
 	}

@@ -42,3 +42,12 @@ func TestDropHostNamespacePaths(t *testing.T) {
 		t.Fatalf("sandbox spec changed: %+v", s2)
 	}
 }
+
+func podNetNS(s *specs.Spec) string {
+	for _, ns := range s.Linux.Namespaces {
+		if ns.Type == specs.NetworkNamespace {
+			return ns.Path
+		}
+	}
+	return ""
+}

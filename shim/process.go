@@ -7,6 +7,8 @@ import (
 
 	"github.com/containerd/containerd/api/types/task"
 	"github.com/containerd/errdefs"
+
+	"github.com/cryo-runtime/cryo/sandbox"
 )
 
 // procState is a process's lifecycle state. Transitions are explicit; an
@@ -16,6 +18,10 @@ type procState int
 
 const (
 	stateCreated procState = iota
+	// stateCreatedCheckpoint is the init of a container that a restore
+	// brought back (runc's createdCheckpointState): it has run in the
+	// guest since before the checkpoint, and Start only takes it over.
+	stateCreatedCheckpoint
 	stateRunning
 	statePaused
 	stateStopped
@@ -23,15 +29,16 @@ const (
 )
 
 func (s procState) String() string {
-	return [...]string{"created", "running", "paused", "stopped", "deleted"}[s]
+	return [...]string{"created", "created from checkpoint", "running", "paused", "stopped", "deleted"}[s]
 }
 
 // allowed lists the transitions of the state machine.
 var allowed = map[procState][]procState{
-	stateCreated: {stateRunning, stateStopped, stateDeleted},
-	stateRunning: {statePaused, stateStopped},
-	statePaused:  {stateRunning, stateStopped},
-	stateStopped: {stateDeleted},
+	stateCreated:           {stateCreatedCheckpoint, stateRunning, stateStopped, stateDeleted},
+	stateCreatedCheckpoint: {stateRunning, stateStopped, stateDeleted},
+	stateRunning:           {statePaused, stateStopped},
+	statePaused:            {stateRunning, stateStopped},
+	stateStopped:           {stateDeleted},
 }
 
 // process is one process in the guest: a container's init (execID "") or an
@@ -41,6 +48,8 @@ type process struct {
 	execID      string
 	stdio       stdio
 
+	// startMu makes a start and a kill of a created process take turns.
+	startMu    sync.Mutex
 	mu         sync.Mutex
 	state      procState
 	pid        uint32
@@ -50,10 +59,7 @@ type process struct {
 	io         *procIO
 }
 
-type stdio struct {
-	stdin, stdout, stderr string
-	terminal              bool
-}
+type stdio = sandbox.Stdio
 
 func newProcess(containerID, execID string, s stdio) *process {
 	return &process{containerID: containerID, execID: execID, stdio: s, exited: make(chan struct{})}
@@ -124,7 +130,7 @@ func (p *process) exit() (uint32, time.Time) {
 
 func (p *process) status() task.Status {
 	switch p.current() {
-	case stateCreated:
+	case stateCreated, stateCreatedCheckpoint:
 		return task.Status_CREATED
 	case stateRunning:
 		return task.Status_RUNNING
@@ -133,4 +139,25 @@ func (p *process) status() task.Status {
 	default:
 		return task.Status_STOPPED
 	}
+}
+
+// start starts a created process with startInGuest and moves it to
+// running; a restored init is running already and only changes state. A
+// failed start leaves the process created.
+func (p *process) start(startInGuest func() (uint32, error)) error {
+	p.startMu.Lock()
+	defer p.startMu.Unlock()
+	switch st := p.current(); st {
+	case stateCreatedCheckpoint:
+		return p.transition(stateRunning)
+	case stateCreated:
+	default:
+		return fmt.Errorf("process %s is %s, cannot start: %w", p.name(), st, errdefs.ErrFailedPrecondition)
+	}
+	pid, err := startInGuest()
+	if err != nil {
+		return err
+	}
+	p.setPid(pid)
+	return p.transition(stateRunning)
 }

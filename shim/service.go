@@ -18,6 +18,8 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	"github.com/containerd/ttrpc"
+
+	"github.com/cryo-runtime/cryo/sandbox"
 )
 
 var (
@@ -38,12 +40,18 @@ type service struct {
 	// queued then (the TaskDelete of the last task) would be lost.
 	flush    chan struct{}
 	createMu sync.Mutex // serializes Create: the first one boots the VM
+	vms      sandboxMaker
 	mu       sync.Mutex
-	sandbox  *sandbox
+	sb       vmSandbox
 	// restored holds the guest containers of a restored sandbox that no
 	// task has taken over yet.
-	restored   *restoredSandbox
+	restored   *sandbox.Restored
 	containers map[string]*container
+	// bundle and diskDir are those of the container that made the
+	// sandbox: the state pointer lives in one, the disks in the other.
+	bundle, diskDir string
+	// ext serves the shim's own API (cryoctl) on the state dir.
+	ext *ttrpc.Server
 }
 
 // NewTaskService returns the task service and starts forwarding its events
@@ -55,6 +63,7 @@ func NewTaskService(ctx context.Context, publisher shim.Publisher, sd shutdown.S
 		events:     make(chan any, 128),
 		flush:      make(chan struct{}),
 		containers: map[string]*container{},
+		vms:        vms{},
 	}
 	forwarded := make(chan struct{})
 	go func() {
@@ -63,11 +72,12 @@ func NewTaskService(ctx context.Context, publisher shim.Publisher, sd shutdown.S
 	}()
 	sd.RegisterCallback(func(ctx context.Context) error {
 		s.mu.Lock()
-		sb := s.sandbox
+		sb := s.sb
 		s.mu.Unlock()
 		var err error
+		s.closeExtension()
 		if sb != nil {
-			err = sb.shutdown(ctx)
+			err = sb.Shutdown(ctx)
 		}
 		// The sandbox is gone: no more events. Publish the queued ones
 		// before the process exits.
@@ -134,7 +144,7 @@ func (s *service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 	status, at := p.exit()
 	if r.ExecID != "" {
 		c.removeExec(r.ExecID)
-		if err := s.sandbox.agent.deleteProcess(ctx, c.guestID, r.ExecID); err != nil && !errdefs.IsNotFound(err) {
+		if err := s.sb.Guest().DeleteProcess(ctx, c.guestID, r.ExecID); err != nil && !errdefs.IsNotFound(err) {
 			log.G(ctx).WithError(err).WithField("exec", r.ExecID).Warn("forget exec in guest")
 		}
 	} else {
@@ -161,7 +171,7 @@ func (s *service) ResizePty(ctx context.Context, r *taskAPI.ResizePtyRequest) (*
 	if err != nil {
 		return nil, err
 	}
-	return empty, s.sandbox.agent.resize(ctx, c.guestID, r.ExecID, r.Width, r.Height)
+	return empty, s.sb.Guest().Resize(ctx, c.guestID, r.ExecID, r.Width, r.Height)
 }
 
 func (s *service) State(ctx context.Context, r *taskAPI.StateRequest) (*taskAPI.StateResponse, error) {
@@ -172,7 +182,7 @@ func (s *service) State(ctx context.Context, r *taskAPI.StateRequest) (*taskAPI.
 	status, at := p.exit()
 	return &taskAPI.StateResponse{
 		ID: r.ID, ExecID: r.ExecID, Bundle: c.bundle, Pid: p.getPid(), Status: p.status(),
-		Stdin: p.stdio.stdin, Stdout: p.stdio.stdout, Stderr: p.stdio.stderr, Terminal: p.stdio.terminal,
+		Stdin: p.stdio.Stdin, Stdout: p.stdio.Stdout, Stderr: p.stdio.Stderr, Terminal: p.stdio.Terminal,
 		ExitStatus: status, ExitedAt: protobuf.ToTimestamp(at),
 	}, nil
 }
@@ -185,9 +195,9 @@ func (s *service) Pause(ctx context.Context, r *taskAPI.PauseRequest) (*ptypes.E
 	if err := p.transition(statePaused); err != nil {
 		return nil, err
 	}
-	if err := s.sandbox.vm.Pause(ctx); err != nil {
+	if err := s.sb.Pause(ctx); err != nil {
 		_ = p.transition(stateRunning)
-		return nil, fmt.Errorf("pause vm: %w", err)
+		return nil, err
 	}
 	s.send(&eventstypes.TaskPaused{ContainerID: r.ID})
 	return empty, nil
@@ -201,8 +211,8 @@ func (s *service) Resume(ctx context.Context, r *taskAPI.ResumeRequest) (*ptypes
 	if p.current() != statePaused {
 		return nil, fmt.Errorf("container %s is %s, not paused: %w", r.ID, p.current(), errdefs.ErrFailedPrecondition)
 	}
-	if err := s.sandbox.vm.Resume(ctx); err != nil {
-		return nil, fmt.Errorf("resume vm: %w", err)
+	if err := s.sb.Resume(ctx); err != nil {
+		return nil, err
 	}
 	_ = p.transition(stateRunning)
 	s.send(&eventstypes.TaskResumed{ContainerID: r.ID})
@@ -222,7 +232,7 @@ func (s *service) Pids(ctx context.Context, r *taskAPI.PidsRequest) (*taskAPI.Pi
 	if err != nil {
 		return nil, err
 	}
-	pids, err := s.sandbox.agent.pids(ctx, c.guestID)
+	pids, err := s.sb.Guest().Pids(ctx, c.guestID)
 	if err != nil {
 		return nil, err
 	}
@@ -252,7 +262,7 @@ func (s *service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	if _, err := s.container(r.ID); err != nil {
 		return nil, err
 	}
-	req, err := taskCheckpointRequest(r, s.sandbox)
+	req, err := taskCheckpointRequest(r, s.sb)
 	if err != nil {
 		return nil, err
 	}
@@ -293,7 +303,7 @@ func (s *service) Stats(ctx context.Context, r *taskAPI.StatsRequest) (*taskAPI.
 	if err != nil {
 		return nil, err
 	}
-	st, err := s.sandbox.agent.stats(ctx, c.guestID)
+	st, err := s.sb.Guest().Stats(ctx, c.guestID)
 	if err != nil {
 		return nil, err
 	}
@@ -371,4 +381,24 @@ func (s *service) forward(ctx context.Context, publisher shim.Publisher) {
 			}
 		}
 	}
+}
+
+// checkpoint checkpoints the sandbox with its containers, the sandbox's
+// own first.
+func (s *service) checkpoint(ctx context.Context, req sandbox.CheckpointRequest) (sandbox.CheckpointResult, error) {
+	s.mu.Lock()
+	sb := s.sb
+	for id, c := range s.containers {
+		ct := sandbox.Container{GuestID: c.guestID, Spec: c.spec, Disk: c.disk.ID}
+		if sb != nil && id == sb.Info().ID {
+			req.Containers = append([]sandbox.Container{ct}, req.Containers...)
+		} else {
+			req.Containers = append(req.Containers, ct)
+		}
+	}
+	s.mu.Unlock()
+	if sb == nil {
+		return sandbox.CheckpointResult{}, fmt.Errorf("checkpoint: no sandbox: %w", errdefs.ErrFailedPrecondition)
+	}
+	return sb.Checkpoint(ctx, req)
 }

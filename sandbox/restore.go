@@ -1,4 +1,4 @@
-package shim
+package sandbox
 
 import (
 	"context"
@@ -21,15 +21,15 @@ import (
 	"github.com/cryo-runtime/cryo/annotations"
 	"github.com/cryo-runtime/cryo/configs"
 	"github.com/cryo-runtime/cryo/fetch"
+	"github.com/cryo-runtime/cryo/internal/atomicfile"
 	"github.com/cryo-runtime/cryo/internal/redact"
-	"github.com/cryo-runtime/cryo/internal/safefs"
 	"github.com/cryo-runtime/cryo/network"
 	"github.com/cryo-runtime/cryo/snapshot"
 	"github.com/cryo-runtime/cryo/vmm"
 )
 
-// restoreSource is where a restore comes from.
-type restoreSource struct {
+// Source is where a restore comes from.
+type Source struct {
 	URL    string
 	Digest string // optional pin of the manifest
 	// Trusted sources were written by containerd itself (a checkpoint
@@ -38,21 +38,35 @@ type restoreSource struct {
 	Trusted bool
 }
 
-// restoredSandbox is what restoreSandbox returns beside the sandbox: the
-// guest containers waiting for a task to claim them.
-type restoredSandbox struct {
+// Restored is what Restore returns beside the sandbox: the guest
+// containers waiting for a task to claim them.
+type Restored struct {
 	record  *sandboxRecord
-	pending map[string]recordContainer // by guest id
+	pending map[string]RecordContainer // by guest id
 	mu      sync.Mutex
 }
 
-// claim returns the guest container that a new task takes over: the one
+// NewRestored holds the guest containers of a restored sandbox whose own
+// container (the one that made it) had guest id sandboxID.
+func NewRestored(sandboxID string, containers []RecordContainer) *Restored {
+	r := &Restored{record: &sandboxRecord{SandboxID: sandboxID, Containers: containers}, pending: map[string]RecordContainer{}}
+	for _, rc := range containers {
+		r.pending[rc.GuestID] = rc
+	}
+	return r
+}
+
+// SandboxID is the id the checkpointed sandbox had: the guest id of its
+// own container.
+func (r *Restored) SandboxID() string { return r.record.SandboxID }
+
+// Claim returns the guest container that a new task takes over: the one
 // with the same CRI container name, else the sandbox's own container for
 // the sandbox's first task.
-func (r *restoredSandbox) claim(spec map[string]string, first bool) (recordContainer, bool) {
+func (r *Restored) Claim(specAnnotations map[string]string, first bool) (RecordContainer, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	name := spec[criContainerName]
+	name := specAnnotations[annotations.CRIContainerName]
 	for id, rc := range r.pending {
 		if name != "" && rc.Name == name || first && id == r.record.SandboxID {
 			delete(r.pending, id)
@@ -65,169 +79,154 @@ func (r *restoredSandbox) claim(spec map[string]string, first bool) (recordConta
 			return rc, true
 		}
 	}
-	return recordContainer{}, false
+	return RecordContainer{}, false
 }
 
-// restoreSandbox resolves, fetches, verifies and materializes the snapshot,
-// checks it against this host, and starts the VM from it. Each phase is
-// timed. On failure nothing is left running and no partial file remains
-// (the cache only ever holds verified, complete entries).
-func (s *service) restoreSandbox(ctx context.Context, id string, spec *specs.Spec, cfg configs.Config, src restoreSource, stateDir, diskDir string) (_ *sandbox, _ *restoredSandbox, retErr error) {
-	// Logged before the allowlist refuses what a URL must not carry.
-	ctx = log.WithLogger(ctx, log.G(ctx).WithFields(log.Fields{"sandbox": id, "restore_from": redact.URL(src.URL)}))
-	total := time.Now()
-	phase := func(name string, t0 time.Time) {
-		log.G(ctx).WithFields(log.Fields{"phase": name, "duration": time.Since(t0)}).Info("restore phase")
-	}
+// restoring is what a restore's own steps made.
+type restoring struct {
+	snap    *snapshot.Snapshot
+	rec     *sandboxRecord
+	digests guestDigests
+	mat     *snapshot.Materialized
+	release func()
+}
 
-	t0 := time.Now()
-	tenant := s.tenant(spec.Annotations)
+// Restore resolves, fetches, verifies and materializes the snapshot,
+// checks it against this host, starts the VM from it and connects to its
+// agent. On failure nothing is left running and no partial file remains
+// (the cache only ever holds verified, complete entries).
+func Restore(ctx context.Context, spec Spec, src Source) (*Sandbox, *Restored, error) {
+	// Logged before the allowlist refuses what a URL must not carry.
+	ctx = log.WithLogger(ctx, log.G(ctx).WithFields(log.Fields{"sandbox": spec.ID, "restore_from": redact.URL(src.URL)}))
+	st := &start{Spec: spec, src: src, restore: &restoring{}}
+	err := runSteps(ctx, "restore", []step{
+		{"resolve", st.resolve},
+		{"check host", st.checkHost},
+		{"fetch+materialize", st.materialize},
+		{"pod network", st.network(network.Options{HoldGuest: true})},
+		{"vm config", st.restoreConfig},
+		{"vm", st.newVM},
+		{"fingerprint", func(ctx context.Context, _ *undo) error {
+			return stepErr("restore from "+src.URL, st.vm.Fingerprint().CheckRestore(st.restore.rec.Fingerprint))
+		}},
+		{"qemu", st.startQEMU},
+		{"load state", st.loadState},
+		{"continue", func(ctx context.Context, _ *undo) error { return stepErr("restore: continue vm", st.vm.Resume(ctx)) }},
+		{"agent", st.connectAgent},
+		{"fix up guest", func(ctx context.Context, _ *undo) error {
+			return stepErr("restore: fix up guest", st.agent.fixUpRestored(ctx))
+		}},
+		// The new pod's MAC, addresses and routes, before any hook or task
+		// runs; only then do the guest's frames reach the pod network.
+		{"guest network", func(ctx context.Context, u *undo) error { return stepErr("restore", st.guestNetwork(ctx, u)) }},
+		{"release network", func(ctx context.Context, _ *undo) error { return stepErr("restore", st.pn.releaseGuest(ctx)) }},
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	r := st.restore
+	sb := st.finish(&Sandbox{spec: spec, rootfs: newRootfsBuilder(spec.Config), restoredFrom: src.URL, releaseSnapshot: r.release})
+	rs := NewRestored(r.rec.SandboxID, r.rec.Containers)
+	log.G(ctx).WithFields(log.Fields{"boot_id": st.info.BootID, "digest": r.snap.Descriptor.Digest, "qemu_pid": st.vm.Pid()}).Info("sandbox restored")
+	return sb, rs, nil
+}
+
+// resolve opens the snapshot through the node cache and decodes every field
+// of its record, before anything is created.
+func (st *start) resolve(ctx context.Context, _ *undo) error {
+	cfg, src := st.Config, st.src
 	if !src.Trusted {
-		if err := cfg.Stores.Allows(src.URL, tenant); err != nil {
-			return nil, nil, err
+		if err := cfg.Stores.Allows(src.URL, st.Tenant); err != nil {
+			return err
 		}
 	}
-	store, ref, err := fetch.Open(ctx, src.URL, storeOptions(cfg, tenant, src.URL, src.Trusted))
+	store, ref, err := fetch.Open(ctx, src.URL, storeOptions(cfg, st.Tenant, src.URL, src.Trusted))
 	if err != nil {
-		return nil, nil, fmt.Errorf("restore: open store: %w", err)
+		return fmt.Errorf("restore: open store: %w", err)
 	}
 	if ref, err = pinRef(ref, src.Digest); err != nil {
-		return nil, nil, err
+		return err
 	}
 	cache, err := fetch.NewCache(cfg.Snapshot.BlobDir(), cfg.Snapshot.CacheMaxMiB<<20)
 	if err != nil {
-		return nil, nil, fmt.Errorf("restore: node cache: %w", err)
+		return fmt.Errorf("restore: node cache: %w", err)
 	}
-	ropts, err := cfg.Snapshot.ReadOptions(tenant)
+	ropts, err := cfg.Snapshot.ReadOptions(st.Tenant)
 	if err != nil {
-		return nil, nil, err
+		return err
 	}
 	ropts.RefuseExpired = true
 	nodeReadLimits(&ropts, cfg)
 	snap, err := snapshot.Open(ctx, fetch.NewCachingStore(store, cache, fetch.CachingOptions{}), ref, ropts)
 	if err != nil {
-		return nil, nil, fmt.Errorf("restore from %s: %w", src.URL, err)
+		return fmt.Errorf("restore from %s: %w", src.URL, err)
 	}
-	// Every field of the snapshot is decoded before anything is created.
 	rec, err := readRecord(ctx, snap, cfg)
 	if err != nil {
-		return nil, nil, fmt.Errorf("restore from %s: %w", src.URL, err)
+		return fmt.Errorf("restore from %s: %w", src.URL, err)
 	}
-	if err := annotations.CheckRestoredSize(spec.Annotations, cfg, rec.VCPUs, rec.MemoryMiB); err != nil {
-		return nil, nil, fmt.Errorf("restore from %s: %w", src.URL, err)
+	if err := annotations.CheckRestoredSize(st.Pod.Annotations, cfg, rec.VCPUs, rec.MemoryMiB); err != nil {
+		return fmt.Errorf("restore from %s: %w", src.URL, err)
 	}
-	phase("resolve", t0)
+	st.restore.snap, st.restore.rec = snap, rec
+	return nil
+}
 
-	t0 = time.Now()
-	digests, err := hostGuestDigests(cfg)
+// checkHost compares the snapshot's VM with what this host would run.
+func (st *start) checkHost(ctx context.Context, _ *undo) error {
+	digests, err := hostGuestDigests(st.Config)
 	if err == nil {
-		err = checkHost(cfg, snap.Metadata.Fingerprint, digests)
+		err = checkHost(st.Config, st.restore.snap.Metadata.Fingerprint, digests)
 	}
 	if err != nil {
-		return nil, nil, fmt.Errorf("restore from %s: snapshot does not fit this host: %w", src.URL, err)
+		return fmt.Errorf("restore from %s: snapshot does not fit this host: %w", st.src.URL, err)
 	}
-	phase("check", t0)
+	st.restore.digests = digests
+	return nil
+}
 
-	t0 = time.Now()
-	// The sandbox uses the materialized files for as long as it runs: its
-	// QEMU maps the RAM file, its overlays name the disks as backing
-	// files. `cryoctl gc` leaves them alone until the shim releases them.
-	matDir := cfg.Snapshot.MaterializedDir()
-	release, err := snapshot.Use(ctx, matDir, snap.Descriptor.Digest)
+// materialize makes the snapshot's files on the node, once per node. The
+// sandbox uses them for as long as it runs: its QEMU maps the RAM file, its
+// overlays name the disks as backing files. `cryoctl gc` leaves them alone
+// until the sandbox releases them.
+func (st *start) materialize(ctx context.Context, u *undo) error {
+	r := st.restore
+	matDir := st.Config.Snapshot.MaterializedDir()
+	release, err := snapshot.Use(ctx, matDir, r.snap.Descriptor.Digest)
 	if err != nil {
-		return nil, nil, fmt.Errorf("restore from %s: %w", src.URL, err)
+		return fmt.Errorf("restore from %s: %w", st.src.URL, err)
 	}
-	defer func() {
-		if retErr != nil {
-			release()
-		}
-	}()
-	m, err := snap.Materialize(ctx, matDir)
+	u.onFailure(func(context.Context) { release() })
+	m, err := r.snap.Materialize(ctx, matDir)
 	if err != nil {
-		return nil, nil, fmt.Errorf("restore from %s: %w", src.URL, err)
+		return fmt.Errorf("restore from %s: %w", st.src.URL, err)
 	}
-	log.G(ctx).WithFields(log.Fields{"phase": "fetch+materialize", "duration": time.Since(t0), "cache_hit": m.CacheHit, "digest": snap.Descriptor.Digest}).Info("restore phase")
+	log.G(ctx).WithFields(log.Fields{"cache_hit": m.CacheHit, "digest": r.snap.Descriptor.Digest}).Debug("snapshot materialized")
+	r.mat, r.release = m, release
+	return nil
+}
 
-	t0 = time.Now()
-	vmcfg, err := restoredVMConfig(ctx, id, cfg, rec, m, stateDir, diskDir)
+// restoreConfig is the checkpointed VM's configuration on this host, with
+// the new pod's NIC.
+func (st *start) restoreConfig(ctx context.Context, _ *undo) error {
+	r := st.restore
+	c, err := restoredVMConfig(ctx, st.ID, st.Config, r.rec, r.mat, st.StateDir, st.DiskDir)
 	if err != nil {
-		return nil, nil, err
+		return err
 	}
-	pn, err := restoredNetwork(ctx, spec, rec)
-	if err != nil {
-		return nil, nil, err
-	}
-	defer func() {
-		if retErr != nil {
-			pn.teardown(context.WithoutCancel(ctx))
-		}
-	}()
-	vmcfg.NICs = pn.nics()
-	vm, err := vmm.New(confined(digests.apply(vmcfg), cfg))
-	if err != nil {
-		return nil, nil, err
-	}
-	if err := vm.Fingerprint().CheckRestore(rec.Fingerprint); err != nil {
-		return nil, nil, fmt.Errorf("restore from %s: %w", src.URL, err)
-	}
-	if err := vm.Start(ctx); err != nil {
-		return nil, nil, err
-	}
-	defer func() {
-		if retErr != nil {
-			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-			defer cancel()
-			_ = vm.Shutdown(sctx)
-		}
-	}()
-	f, err := os.Open(m.DevState)
-	if err != nil {
-		return nil, nil, err
-	}
-	err = vm.LoadState(ctx, f)
-	f.Close()
-	if err != nil {
-		return nil, nil, fmt.Errorf("restore from %s: load device state: %w", src.URL, err)
-	}
-	if err := vm.Resume(ctx); err != nil {
-		return nil, nil, fmt.Errorf("restore: continue vm: %w", err)
-	}
-	phase("start", t0)
+	c.NICs = st.pn.nics()
+	st.vmcfg = confined(r.digests.apply(c), st.Config)
+	return nil
+}
 
-	t0 = time.Now()
-	ag, info, err := connectAgent(ctx, vm, cfg.Agent)
+// loadState loads the snapshot's device state into the paused QEMU.
+func (st *start) loadState(ctx context.Context, _ *undo) error {
+	f, err := os.Open(st.restore.mat.DevState)
 	if err != nil {
-		return nil, nil, err
+		return err
 	}
-	sb := &sandbox{
-		id: id, cfg: cfg, stateDir: stateDir, diskDir: diskDir, vm: vm, agent: ag, info: info, restoredFrom: src.URL, net: pn,
-		releaseSnapshot: release,
-		rootfs:          &rootfsBuilder{cacheDir: cfg.Runtime.ImageCache, writableMiB: cfg.Runtime.WritableDiskMiB},
-	}
-	log.G(ctx).WithField("duration", time.Since(t0)).Debug("restored guest agent answered")
-	if err := ag.fixUpRestored(ctx); err != nil {
-		ag.close()
-		return nil, nil, fmt.Errorf("restore: fix up guest: %w", err)
-	}
-	// The new pod's MAC, addresses and routes, before any hook or task
-	// runs; only then do the guest's frames reach the pod network.
-	if err := pn.configureGuest(ctx, ag); err != nil {
-		ag.close()
-		return nil, nil, fmt.Errorf("restore: %w", err)
-	}
-	if err := pn.releaseGuest(ctx); err != nil {
-		ag.close()
-		return nil, nil, fmt.Errorf("restore: %w", err)
-	}
-	rs := &restoredSandbox{record: rec, pending: map[string]recordContainer{}}
-	for _, rc := range rec.Containers {
-		rs.pending[rc.GuestID] = rc
-	}
-	phase("guest", t0)
-	log.G(ctx).WithFields(log.Fields{
-		"duration": time.Since(total), "boot_id": info.BootID, "digest": snap.Descriptor.Digest, "qemu_pid": vm.Pid(),
-	}).Info("sandbox restored")
-	return sb, rs, nil
+	defer f.Close()
+	return stepErr("restore from "+st.src.URL+": load device state", st.vm.LoadState(ctx, f))
 }
 
 // restoredNetwork gives a restored VM the network of the new pod: the same
@@ -424,43 +423,9 @@ func (h hostFactsCache) get(file, fact string, compute func(string) (string, err
 	}
 	facts[key] = v
 	if b, err := json.Marshal(facts); err == nil && os.MkdirAll(filepath.Dir(h.path), 0o700) == nil {
-		_ = writeFileAtomic(h.path, b, 0o600) // a cache: losing a write costs one recomputation
+		_ = atomicfile.Write(h.path, b, 0o600) // a cache: losing a write costs one recomputation
 	}
 	return v, nil
-}
-
-// checkpointRef is what the task API's Checkpoint leaves in its Path: the
-// snapshot's location.
-type checkpointRef struct {
-	// URL is the store URL with reference; empty when the snapshot is in
-	// the checkpoint directory itself (Local).
-	URL    string `json:"url,omitempty"`
-	Local  string `json:"local,omitempty"` // reference inside <dir>/snapshot
-	Digest string `json:"digest"`
-}
-
-const checkpointRefFile = "cryo-checkpoint.json"
-
-// readCheckpointRef reads the reference a checkpoint left in containerd's
-// checkpoint directory. The directory is containerd's, but its contents
-// came from a checkpoint image that anyone may have built: the reference
-// is read without following a symlink and decoded strictly
-// (decodeCheckpointRef), and the store under it follows no symlink.
-func readCheckpointRef(dir string) (restoreSource, error) {
-	real, err := filepath.EvalSymlinks(dir) // containerd's own path
-	if err != nil {
-		return restoreSource{}, fmt.Errorf("containerd checkpoint %s: %w", dir, err)
-	}
-	d, err := safefs.OpenDir(real)
-	if err != nil {
-		return restoreSource{}, fmt.Errorf("containerd checkpoint %s: %w", dir, err)
-	}
-	defer d.Close()
-	b, err := d.ReadFile(checkpointRefFile, maxCheckpointRef)
-	if err != nil {
-		return restoreSource{}, fmt.Errorf("containerd checkpoint %s is not a cryo checkpoint: %w", dir, err)
-	}
-	return decodeCheckpointRef(b, real)
 }
 
 func digestFile(path string) (string, error) {
@@ -474,4 +439,30 @@ func digestFile(path string) (string, error) {
 		return "", err
 	}
 	return d.String(), nil
+}
+
+// Adopt takes over the guest container rc of a restored sandbox for a new
+// task: it returns the pid of its init, running since before the
+// checkpoint, and gives the container hostname when the new pod has
+// another.
+func (s *Sandbox) Adopt(ctx context.Context, rc RecordContainer, hostname string) (uint32, error) {
+	infos, err := s.agent.listContainers(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("restore: list guest containers: %w", err)
+	}
+	var pid uint32
+	for _, in := range infos {
+		if in.Id == rc.GuestID {
+			pid = in.InitPid
+		}
+	}
+	if pid == 0 {
+		return 0, fmt.Errorf("restore: guest has no running container %s: %w", rc.GuestID, errdefs.ErrNotFound)
+	}
+	if hostname != "" && hostname != rc.Spec.Hostname {
+		if _, _, err := s.agent.runHook(ctx, rc.GuestID, []string{"hostname", hostname}, 10*time.Second); err != nil {
+			return 0, fmt.Errorf("restore: set hostname: %w", err)
+		}
+	}
+	return pid, nil
 }

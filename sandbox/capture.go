@@ -1,4 +1,4 @@
-package shim
+package sandbox
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
 
+	"github.com/cryo-runtime/cryo/annotations"
 	"github.com/cryo-runtime/cryo/internal/sparse"
 	"github.com/cryo-runtime/cryo/snapshot"
 	"github.com/cryo-runtime/cryo/vmm"
@@ -40,14 +41,14 @@ func (c *capture) cleanup() {
 	}
 }
 
-// capture stops the VM, freezes every writable disk behind a new qcow2
-// overlay, saves the device state and takes the RAM file, then lets the VM
-// run on (with exit, it stays stopped: checkpoint ends it once published).
-func (s *service) capture(ctx context.Context, sb *sandbox, work string, exit bool) (_ *capture, retErr error) {
+// captureVM stops the VM, freezes every writable disk behind a new qcow2
+// overlay, saves the device state and takes the RAM file (linked with
+// exit: the VM ends once published), then lets the VM run on unless
+// keepStopped.
+func captureVM(ctx context.Context, sb *Sandbox, record *sandboxRecord, work string, exit, keepStopped bool) (_ *capture, retErr error) {
 	vm := sb.vm
 	cfg := vm.Config()
-	wasPaused := s.userPaused()
-	c := &capture{record: s.record(sb)}
+	c := &capture{record: record}
 	defer func() {
 		if retErr != nil {
 			c.cleanup()
@@ -61,7 +62,7 @@ func (s *service) capture(ctx context.Context, sb *sandbox, work string, exit bo
 	}
 	resumed := false
 	defer func() {
-		if !resumed && !wasPaused && (retErr != nil || !exit) {
+		if !resumed && (retErr != nil || !keepStopped) {
 			if err := vm.Resume(context.WithoutCancel(ctx)); err != nil {
 				log.G(ctx).WithError(err).Error("resume vm after checkpoint")
 			}
@@ -71,7 +72,7 @@ func (s *service) capture(ctx context.Context, sb *sandbox, work string, exit bo
 		if d.ReadOnly {
 			continue
 		}
-		overlay := filepath.Join(sb.diskDir, fmt.Sprintf("%s-%d.qcow2", d.ID, time.Now().UnixNano()))
+		overlay := filepath.Join(sb.spec.DiskDir, fmt.Sprintf("%s-%d.qcow2", d.ID, time.Now().UnixNano()))
 		if err := vm.SnapshotDisk(ctx, d.ID, overlay); err != nil {
 			return nil, fmt.Errorf("checkpoint: freeze disk %s: %w", d.ID, err)
 		}
@@ -105,7 +106,7 @@ func (s *service) capture(ctx context.Context, sb *sandbox, work string, exit bo
 	}
 	c.fp = vm.Fingerprint()
 	c.record.Fingerprint = c.fp
-	if !exit && !wasPaused {
+	if !keepStopped {
 		if err := vm.Resume(ctx); err != nil {
 			return nil, fmt.Errorf("checkpoint: resume vm: %w", err)
 		}
@@ -138,66 +139,42 @@ func (c *capture) flatten(ctx context.Context, work string) (snapshot.SourcePath
 }
 
 // record describes the sandbox for a restore.
-func (s *service) record(sb *sandbox) *sandboxRecord {
+func (c *checkpointing) record() *sandboxRecord {
+	sb := c.sb
 	cfg := sb.vm.Config()
 	r := &sandboxRecord{
-		Version: recordVersion, SandboxID: sb.id, VCPUs: cfg.VCPUs, MemoryMiB: cfg.MemoryMiB, HotplugPort: cfg.HotplugPorts,
+		Version: recordVersion, SandboxID: sb.spec.ID, VCPUs: cfg.VCPUs, MemoryMiB: cfg.MemoryMiB, HotplugPort: cfg.HotplugPorts,
 	}
 	if sb.net != nil {
 		r.NICMAC = sb.net.ep.MAC.String()
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, c := range s.containers {
-		r.Containers = append(r.Containers, recordContainer{
-			GuestID: c.guestID, Spec: c.spec, Name: c.spec.Annotations[criContainerName], Disk: c.disk.ID,
+	for _, ct := range c.req.Containers {
+		r.Containers = append(r.Containers, RecordContainer{
+			GuestID: ct.GuestID, Spec: ct.Spec, Name: ct.Spec.Annotations[annotations.CRIContainerName], Disk: ct.Disk,
 		})
 	}
 	return r
 }
 
 // metadata is the snapshot's config blob.
-func (s *service) metadata(sb *sandbox, c *capture, ttl time.Duration) snapshot.Metadata {
+func (c *checkpointing) metadata() snapshot.Metadata {
+	sb, a := c.sb, c.sb.spec.Pod.Annotations
 	host, _ := os.Hostname()
 	md := snapshot.Metadata{
-		Fingerprint: snapshotFingerprint(c.fp),
+		Fingerprint: snapshotFingerprint(c.cap.fp),
 		Source: snapshot.SourceInfo{
-			SandboxID: sb.id, RuntimeType: RuntimeName, Node: host,
-			PodName: sb.annotations[criSandboxName], Namespace: sb.annotations[criSandboxNamespace], PodUID: sb.annotations[criSandboxUID],
+			SandboxID: sb.spec.ID, RuntimeType: RuntimeType, Node: host,
+			PodName: a[annotations.CRISandboxName], Namespace: a[annotations.CRISandboxNamespace], PodUID: a[annotations.CRISandboxUID],
 		},
 	}
-	if ttl > 0 {
-		md.Expires = time.Now().Add(ttl)
+	if c.req.TTL > 0 {
+		md.Expires = time.Now().Add(c.req.TTL)
 	}
-	for _, rc := range c.record.Containers {
-		md.Containers = append(md.Containers, snapshot.Container{ID: rc.GuestID, Image: rc.Spec.Annotations[criImageName]})
+	for _, rc := range c.cap.record.Containers {
+		md.Containers = append(md.Containers, snapshot.Container{ID: rc.GuestID, Image: rc.Spec.Annotations[annotations.CRIImageName]})
 	}
 	return md
 }
-
-// userPaused reports whether a container of the sandbox was paused through
-// the task API: a checkpoint must leave such a VM stopped.
-func (s *service) userPaused() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, c := range s.containers {
-		if c.init.current() == statePaused {
-			return true
-		}
-	}
-	return false
-}
-
-// CRI annotations cryo reads.
-const (
-	criContainerType    = "io.kubernetes.cri.container-type"
-	criContainerName    = "io.kubernetes.cri.container-name"
-	criSandboxID        = "io.kubernetes.cri.sandbox-id"
-	criSandboxName      = "io.kubernetes.cri.sandbox-name"
-	criSandboxNamespace = "io.kubernetes.cri.sandbox-namespace"
-	criSandboxUID       = "io.kubernetes.cri.sandbox-uid"
-	criImageName        = "io.kubernetes.cri.image-name"
-)
 
 // flushDisks writes back, while the guest still runs, what it wrote to its
 // writable disks: freezing a disk in the pause window flushes it, and that

@@ -1,4 +1,4 @@
-package shim
+package sandbox
 
 import (
 	"context"
@@ -26,7 +26,7 @@ type agentClient struct {
 	timeout time.Duration
 }
 
-var _ guestAgent = (*agentClient)(nil)
+var _ agentConn = (*agentClient)(nil)
 
 func newAgentClient(conn net.Conn, timeout time.Duration) *agentClient {
 	if timeout <= 0 {
@@ -47,14 +47,14 @@ func (a *agentClient) ping(ctx context.Context) (guestInfo, error) {
 	return guestInfo{BootID: r.BootId, Kernel: r.KernelRelease}, nil
 }
 
-func (a *agentClient) createContainer(ctx context.Context, r createRequest) error {
+func (a *agentClient) CreateContainer(ctx context.Context, r CreateRequest) error {
 	spec, err := json.Marshal(r.Spec)
 	if err != nil {
 		return err
 	}
 	req := &agentapi.CreateContainerRequest{
 		Id: r.ID, SpecJson: spec, Rootfs: &agentapi.Rootfs{Serial: r.Serial, Fstype: "ext4"},
-		Stdin: r.Stdio.stdin != "", Stdout: r.Stdio.stdout != "", Stderr: r.Stdio.stderr != "", Terminal: r.Stdio.terminal,
+		Stdin: r.Stdio.Stdin != "", Stdout: r.Stdio.Stdout != "", Stderr: r.Stdio.Stderr != "", Terminal: r.Stdio.Terminal,
 	}
 	for _, f := range r.Files {
 		req.Files = append(req.Files, &agentapi.File{Path: f.Path, Content: f.Content, Mode: uint32(f.Mode)})
@@ -65,7 +65,7 @@ func (a *agentClient) createContainer(ctx context.Context, r createRequest) erro
 	return err
 }
 
-func (a *agentClient) startProcess(ctx context.Context, containerID, execID string) (uint32, error) {
+func (a *agentClient) StartProcess(ctx context.Context, containerID, execID string) (uint32, error) {
 	ctx, cancel := a.short(ctx)
 	defer cancel()
 	r, err := a.api.StartProcess(ctx, &agentapi.StartProcessRequest{ContainerId: containerID, ExecId: execID})
@@ -75,7 +75,7 @@ func (a *agentClient) startProcess(ctx context.Context, containerID, execID stri
 	return r.Pid, nil
 }
 
-func (a *agentClient) execProcess(ctx context.Context, containerID, execID string, p *specs.Process, s stdio) error {
+func (a *agentClient) ExecProcess(ctx context.Context, containerID, execID string, p *specs.Process, s Stdio) error {
 	b, err := json.Marshal(p)
 	if err != nil {
 		return err
@@ -84,19 +84,19 @@ func (a *agentClient) execProcess(ctx context.Context, containerID, execID strin
 	defer cancel()
 	_, err = a.api.ExecProcess(ctx, &agentapi.ExecProcessRequest{
 		ContainerId: containerID, ExecId: execID, ProcessJson: b,
-		Stdin: s.stdin != "", Stdout: s.stdout != "", Stderr: s.stderr != "", Terminal: s.terminal,
+		Stdin: s.Stdin != "", Stdout: s.Stdout != "", Stderr: s.Stderr != "", Terminal: s.Terminal,
 	})
 	return err
 }
 
-func (a *agentClient) signal(ctx context.Context, containerID, execID string, sig uint32, all bool) error {
+func (a *agentClient) Signal(ctx context.Context, containerID, execID string, sig uint32, all bool) error {
 	ctx, cancel := a.short(ctx)
 	defer cancel()
 	_, err := a.api.SignalProcess(ctx, &agentapi.SignalProcessRequest{ContainerId: containerID, ExecId: execID, Signal: sig, All: all})
 	return err
 }
 
-func (a *agentClient) wait(ctx context.Context, containerID, execID string) (uint32, time.Time, error) {
+func (a *agentClient) Wait(ctx context.Context, containerID, execID string) (uint32, time.Time, error) {
 	r, err := a.api.WaitProcess(ctx, &agentapi.WaitProcessRequest{ContainerId: containerID, ExecId: execID})
 	if err != nil {
 		return 0, time.Time{}, err
@@ -108,7 +108,7 @@ func (a *agentClient) wait(ctx context.Context, containerID, execID string) (uin
 	return r.ExitStatus, at, nil
 }
 
-func (a *agentClient) readStdio(ctx context.Context, containerID, execID string, stderr bool) ([]byte, error) {
+func (a *agentClient) ReadStdio(ctx context.Context, containerID, execID string, stderr bool) ([]byte, error) {
 	stream := agentapi.Stream_STREAM_STDOUT
 	if stderr {
 		stream = agentapi.Stream_STREAM_STDERR
@@ -123,7 +123,7 @@ func (a *agentClient) readStdio(ctx context.Context, containerID, execID string,
 	return r.Data, nil
 }
 
-func (a *agentClient) writeStdin(ctx context.Context, containerID, execID string, data []byte) error {
+func (a *agentClient) WriteStdin(ctx context.Context, containerID, execID string, data []byte) error {
 	for len(data) > 0 {
 		r, err := a.api.WriteStdin(ctx, &agentapi.WriteStdinRequest{ContainerId: containerID, ExecId: execID, Data: data})
 		if err != nil {
@@ -137,21 +137,21 @@ func (a *agentClient) writeStdin(ctx context.Context, containerID, execID string
 	return nil
 }
 
-func (a *agentClient) closeStdin(ctx context.Context, containerID, execID string) error {
+func (a *agentClient) CloseStdin(ctx context.Context, containerID, execID string) error {
 	ctx, cancel := a.short(ctx)
 	defer cancel()
 	_, err := a.api.CloseStdin(ctx, &agentapi.CloseStdinRequest{ContainerId: containerID, ExecId: execID})
 	return err
 }
 
-func (a *agentClient) resize(ctx context.Context, containerID, execID string, w, h uint32) error {
+func (a *agentClient) Resize(ctx context.Context, containerID, execID string, w, h uint32) error {
 	ctx, cancel := a.short(ctx)
 	defer cancel()
 	_, err := a.api.ResizePty(ctx, &agentapi.ResizePtyRequest{ContainerId: containerID, ExecId: execID, Width: w, Height: h})
 	return err
 }
 
-func (a *agentClient) pids(ctx context.Context, containerID string) ([]uint32, error) {
+func (a *agentClient) Pids(ctx context.Context, containerID string) ([]uint32, error) {
 	ctx, cancel := a.short(ctx)
 	defer cancel()
 	r, err := a.api.ListPids(ctx, &agentapi.ListPidsRequest{ContainerId: containerID})
@@ -165,9 +165,9 @@ func (a *agentClient) pids(ctx context.Context, containerID string) ([]uint32, e
 	return pids, nil
 }
 
-// stats returns the container's cgroup v2 metrics (io.containerd.cgroups.v2.Metrics)
+// Stats returns the container's cgroup v2 metrics (io.containerd.cgroups.v2.Metrics)
 // as the guest encoded them; containerd decodes them.
-func (a *agentClient) stats(ctx context.Context, containerID string) (*anypb.Any, error) {
+func (a *agentClient) Stats(ctx context.Context, containerID string) (*anypb.Any, error) {
 	ctx, cancel := a.short(ctx)
 	defer cancel()
 	r, err := a.api.Stats(ctx, &agentapi.StatsRequest{ContainerId: containerID})
@@ -177,7 +177,7 @@ func (a *agentClient) stats(ctx context.Context, containerID string) (*anypb.Any
 	return r.Metrics, nil
 }
 
-func (a *agentClient) removeContainer(ctx context.Context, containerID string) error {
+func (a *agentClient) RemoveContainer(ctx context.Context, containerID string) error {
 	ctx, cancel := a.short(ctx)
 	defer cancel()
 	_, err := a.api.RemoveContainer(ctx, &agentapi.RemoveContainerRequest{Id: containerID})
@@ -234,7 +234,7 @@ func (a *agentClient) listContainers(ctx context.Context) ([]*agentapi.Container
 	return r.Containers, nil
 }
 
-func (a *agentClient) deleteProcess(ctx context.Context, containerID, execID string) error {
+func (a *agentClient) DeleteProcess(ctx context.Context, containerID, execID string) error {
 	ctx, cancel := a.short(ctx)
 	defer cancel()
 	_, err := a.api.DeleteProcess(ctx, &agentapi.DeleteProcessRequest{ContainerId: containerID, ExecId: execID})

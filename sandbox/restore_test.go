@@ -1,4 +1,4 @@
-package shim
+package sandbox
 
 import (
 	"bytes"
@@ -8,16 +8,13 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/cryo-runtime/cryo/annotations"
 	"github.com/cryo-runtime/cryo/configs"
-	"github.com/cryo-runtime/cryo/fetch"
-	"github.com/cryo-runtime/cryo/internal/safefs"
 	"github.com/cryo-runtime/cryo/vmm"
 )
 
@@ -45,23 +42,23 @@ func TestPinRef(t *testing.T) {
 }
 
 func TestClaim(t *testing.T) {
-	rec := &sandboxRecord{SandboxID: "pod", Containers: []recordContainer{
+	rec := &sandboxRecord{SandboxID: "pod", Containers: []RecordContainer{
 		{GuestID: "pod", Name: ""}, {GuestID: "app1", Name: "app"}, {GuestID: "side1", Name: "sidecar"},
 	}}
-	rs := &restoredSandbox{record: rec, pending: map[string]recordContainer{}}
+	rs := &Restored{record: rec, pending: map[string]RecordContainer{}}
 	for _, c := range rec.Containers {
 		rs.pending[c.GuestID] = c
 	}
-	if c, ok := rs.claim(map[string]string{}, true); !ok || c.GuestID != "pod" {
+	if c, ok := rs.Claim(map[string]string{}, true); !ok || c.GuestID != "pod" {
 		t.Fatalf("first task claimed %+v %v, want the sandbox container", c, ok)
 	}
-	if c, ok := rs.claim(map[string]string{criContainerName: "sidecar"}, false); !ok || c.GuestID != "side1" {
+	if c, ok := rs.Claim(map[string]string{annotations.CRIContainerName: "sidecar"}, false); !ok || c.GuestID != "side1" {
 		t.Fatalf("sidecar claimed %+v %v", c, ok)
 	}
-	if _, ok := rs.claim(map[string]string{criContainerName: "sidecar"}, false); ok {
+	if _, ok := rs.Claim(map[string]string{annotations.CRIContainerName: "sidecar"}, false); ok {
 		t.Fatal("a guest container was claimed twice")
 	}
-	if _, ok := rs.claim(map[string]string{criContainerName: "other"}, false); ok {
+	if _, ok := rs.Claim(map[string]string{annotations.CRIContainerName: "other"}, false); ok {
 		t.Fatal("a container with an unknown name claimed a guest container")
 	}
 }
@@ -73,7 +70,7 @@ func goodRecord() *sandboxRecord {
 	return &sandboxRecord{
 		Version: recordVersion, SandboxID: "s", VCPUs: 1, MemoryMiB: 256, HotplugPort: 8, Fingerprint: fp, NICMAC: "02:00:00:00:00:01",
 		Disks:      []recordDisk{{Name: "root-0a1b2c3d4e5f", ID: "root-0a1b2c3d4e5f", Serial: "cryo0a1b2c3d4e5f6a7b"}},
-		Containers: []recordContainer{{GuestID: "s", Name: "app", Disk: "root-0a1b2c3d4e5f", Spec: &specs.Spec{Hostname: "web-0"}}},
+		Containers: []RecordContainer{{GuestID: "s", Name: "app", Disk: "root-0a1b2c3d4e5f", Spec: &specs.Spec{Hostname: "web-0"}}},
 	}
 }
 
@@ -113,7 +110,7 @@ func TestDecodeRecord(t *testing.T) {
 		{"no containers", "containers:", func(r *sandboxRecord) { r.Containers = nil }},
 		{"too many containers", "containers:", func(r *sandboxRecord) {
 			for i := range maxRecordContainers {
-				r.Containers = append(r.Containers, recordContainer{GuestID: fmt.Sprintf("c%d", i), Disk: "d", Spec: &specs.Spec{}})
+				r.Containers = append(r.Containers, RecordContainer{GuestID: fmt.Sprintf("c%d", i), Disk: "d", Spec: &specs.Spec{}})
 			}
 		}},
 		{"sandbox id", "sandboxID", func(r *sandboxRecord) { r.SandboxID = "../s" }},
@@ -145,146 +142,6 @@ func TestDecodeRecord(t *testing.T) {
 	}
 	if _, err := decodeRecord(bytes.Repeat([]byte(" "), maxRecordSize+1), lim); !errdefs.IsInvalidArgument(err) {
 		t.Errorf("oversize record: %v", err)
-	}
-}
-
-func TestGuestFiles(t *testing.T) {
-	dir := t.TempDir()
-	resolv := filepath.Join(dir, "resolv.conf")
-	os.WriteFile(resolv, []byte("nameserver 10.0.0.10\n"), 0o644)
-	secrets := filepath.Join(dir, "secrets")
-	os.MkdirAll(filepath.Join(secrets, "..data"), 0o755)
-	os.WriteFile(filepath.Join(secrets, "..data", "token"), []byte("t0ken"), 0o600)
-	os.Symlink("..data/token", filepath.Join(secrets, "token"))
-	big := filepath.Join(dir, "big")
-	os.WriteFile(big, make([]byte, maxCopiedFile+1), 0o644)
-	s := &specs.Spec{Mounts: []specs.Mount{
-		{Destination: "/proc", Type: "proc", Source: "proc"},
-		{Destination: "/etc/resolv.conf", Type: "bind", Source: resolv, Options: []string{"rbind", "ro"}},
-		{Destination: "/var/run/secrets", Type: "bind", Source: secrets, Options: []string{"rbind"}},
-		{Destination: "/big", Type: "bind", Source: big, Options: []string{"rbind"}},
-		{Destination: "/missing", Source: filepath.Join(dir, "nope"), Options: []string{"bind"}},
-		{Destination: "/dev/shm", Type: "bind", Source: "/run/containerd/sandbox/shm", Options: []string{"rbind"}},
-	}}
-	files := guestFiles(t.Context(), s)
-	got := map[string]string{}
-	for _, f := range files {
-		got[f.Path] = string(f.Content)
-	}
-	if got["/etc/resolv.conf"] != "nameserver 10.0.0.10\n" || got["/var/run/secrets/token"] != "t0ken" || got["/var/run/secrets/..data/token"] != "t0ken" {
-		t.Fatalf("copied files: %v", got)
-	}
-	if _, ok := got["/big"]; ok {
-		t.Fatal("a file over the limit was copied")
-	}
-	if len(s.Mounts) != 2 || s.Mounts[0].Destination != "/proc" || s.Mounts[1].Destination != "/dev/shm" {
-		t.Fatalf("bind mounts left in the spec: %+v", s.Mounts)
-	}
-}
-
-// TestGuestFilesHostile: the host side of a bind mount, which other pods
-// may write, cannot pull host files into the guest nor block the shim: a
-// symlink out of the mount's tree, a FIFO, a socket or a device refuses
-// the mount at once; one inside the tree is followed.
-func TestGuestFilesHostile(t *testing.T) {
-	dir := t.TempDir()
-	secret := filepath.Join(dir, "host-secret")
-	os.WriteFile(secret, []byte("root's secret"), 0o600)
-	mk := func(name string, fill func(d string)) string {
-		d := filepath.Join(dir, name)
-		os.MkdirAll(d, 0o755)
-		os.WriteFile(filepath.Join(d, "ok"), []byte("ok"), 0o644)
-		fill(d)
-		return d
-	}
-	mounts := map[string]string{
-		"/abs-link": mk("abs", func(d string) { os.Symlink(secret, filepath.Join(d, "x")) }),
-		"/rel-link": mk("rel", func(d string) { os.Symlink("../host-secret", filepath.Join(d, "x")) }),
-		"/deep-link": mk("deep", func(d string) {
-			os.MkdirAll(filepath.Join(d, "a"), 0o755)
-			os.Symlink("../../host-secret", filepath.Join(d, "a", "x"))
-		}),
-		"/dir-link": mk("dirlink", func(d string) { os.Symlink(dir, filepath.Join(d, "up")) }),
-		"/fifo":     mk("fifo", func(d string) { syscall.Mkfifo(filepath.Join(d, "x"), 0o600) }),
-		"/socket":   mk("socket", func(d string) { syscall.Mknod(filepath.Join(d, "x"), syscall.S_IFSOCK|0o600, 0) }),
-		"/inside":   mk("inside", func(d string) { os.Symlink("ok", filepath.Join(d, "alias")) }),
-	}
-	fifo := filepath.Join(dir, "single-fifo")
-	syscall.Mkfifo(fifo, 0o600)
-	mounts["/single-fifo"] = fifo
-	s := &specs.Spec{}
-	for dst, src := range mounts {
-		s.Mounts = append(s.Mounts, specs.Mount{Destination: dst, Type: "bind", Source: src})
-	}
-	done := make(chan []guestFile, 1)
-	go func() { done <- guestFiles(t.Context(), s) }()
-	var files []guestFile
-	select {
-	case files = <-done:
-	case <-time.After(10 * time.Second):
-		t.Fatal("guestFiles blocked")
-	}
-	got := map[string]string{}
-	for _, f := range files {
-		got[f.Path] = string(f.Content)
-		if strings.Contains(string(f.Content), "secret") {
-			t.Errorf("%s carries a host file into the guest", f.Path)
-		}
-	}
-	want := map[string]string{"/inside/ok": "ok", "/inside/alias": "ok"}
-	if len(got) != len(want) || got["/inside/ok"] != "ok" || got["/inside/alias"] != "ok" {
-		t.Fatalf("copied %v, want %v", got, want)
-	}
-}
-
-// TestReadCheckpointRef: containerd's checkpoint directory holds what a
-// checkpoint image carried; its reference is decoded strictly and never
-// read through a symlink, and the store under it follows none.
-func TestReadCheckpointRef(t *testing.T) {
-	const d = "sha256:1111111111111111111111111111111111111111111111111111111111111111"
-	write := func(t *testing.T, ref string) string {
-		dir := t.TempDir()
-		if err := os.WriteFile(filepath.Join(dir, checkpointRefFile), []byte(ref), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return dir
-	}
-	dir := write(t, `{"local":"checkpoint","digest":"`+d+`"}`)
-	src, err := readCheckpointRef(dir)
-	if err != nil || !src.Trusted || src.URL != "file://"+dir+"/snapshot/cryo:checkpoint" || src.Digest != d {
-		t.Fatalf("local ref: %+v, %v", src, err)
-	}
-	if src, err := readCheckpointRef(write(t, `{"url":"s3://b/p:v1","digest":"`+d+`"}`)); err != nil || src.Trusted || src.URL != "s3://b/p:v1" {
-		t.Fatalf("url ref: %+v, %v", src, err)
-	}
-	for _, bad := range []string{
-		`{"local":"../../etc:x"}`, `{"local":"a/b"}`, `{"local":"checkpoint","digest":"sha256:../x"}`,
-		`{"local":"checkpoint","digest":"md5:1"}`, `{}`, `{"url":"s3://b/p:v1\n"}`, `[`,
-	} {
-		if _, err := readCheckpointRef(write(t, bad)); !errdefs.IsInvalidArgument(err) {
-			t.Errorf("%s: %v, want a refusal", bad, err)
-		}
-	}
-	// The reference itself a symlink to a file elsewhere, or a FIFO.
-	other := write(t, `{"local":"checkpoint"}`)
-	link := t.TempDir()
-	os.Symlink(filepath.Join(other, checkpointRefFile), filepath.Join(link, checkpointRefFile))
-	if _, err := readCheckpointRef(link); !errors.Is(err, safefs.ErrUnsafe) {
-		t.Errorf("symlinked reference: %v", err)
-	}
-	fifo := t.TempDir()
-	syscall.Mkfifo(filepath.Join(fifo, checkpointRefFile), 0o600)
-	if _, err := readCheckpointRef(fifo); !errors.Is(err, safefs.ErrUnsafe) {
-		t.Errorf("FIFO reference: %v", err)
-	}
-	// snapshot/ a symlink to a store elsewhere: the store refuses it.
-	target := t.TempDir()
-	os.Symlink(target, filepath.Join(dir, "snapshot"))
-	if _, err := fetch.NewFileStore(filepath.Join(dir, "snapshot", "cryo")); !errors.Is(err, safefs.ErrUnsafe) {
-		t.Errorf("store through a symlinked snapshot dir: %v", err)
-	}
-	if ents, _ := os.ReadDir(target); len(ents) != 0 {
-		t.Errorf("created %v through the symlink", ents)
 	}
 }
 

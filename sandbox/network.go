@@ -1,4 +1,4 @@
-package shim
+package sandbox
 
 import (
 	"context"
@@ -71,16 +71,12 @@ func (n *podNetwork) nics() []vmm.NIC {
 
 // configureGuest gives the guest NIC the pod's name, addresses, MTU and
 // routes. Call it once the agent answers (after a boot or a restore).
-func (n *podNetwork) configureGuest(ctx context.Context, ag guestAgent) error {
+func (n *podNetwork) configureGuest(ctx context.Context, ag networkGuest) error {
 	if n == nil {
 		return nil
 	}
-	ng, ok := ag.(networkGuest)
-	if !ok {
-		return fmt.Errorf("guest agent %T cannot configure networks: %w", ag, errdefs.ErrNotImplemented)
-	}
 	iface, routes := guestNetworkRequests(n.ep)
-	if err := ng.updateNetwork(ctx, iface, routes); err != nil {
+	if err := ag.updateNetwork(ctx, iface, routes); err != nil {
 		return fmt.Errorf("configure guest network %s: %w", n.ep.Name, err)
 	}
 	return nil

@@ -1,4 +1,4 @@
-package shim
+package sandbox
 
 import (
 	"context"
@@ -21,13 +21,13 @@ const pageIndexFile = "pageindex.json"
 // usePageIndex makes o read the sandbox's page index, when there is one,
 // and save the new one: snapshot.Write ignores an index made for another
 // store, chunk size or key, and so writes full chunks after a change.
-func usePageIndex(ctx context.Context, sb *sandbox, to string, o *snapshot.WriteOptions) {
+func usePageIndex(ctx context.Context, sb *Sandbox, to string, o *snapshot.WriteOptions) {
 	id, err := storeID(to)
 	if err != nil {
 		return // fetch.Open refuses the URL first
 	}
 	o.StoreID = id
-	o.IndexPath = filepath.Join(sb.stateDir, pageIndexFile)
+	o.IndexPath = filepath.Join(sb.spec.StateDir, pageIndexFile)
 	x, err := snapshot.LoadPageIndex(o.IndexPath)
 	switch {
 	case err == nil:

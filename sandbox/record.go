@@ -1,15 +1,13 @@
-package shim
+package sandbox
 
 import (
 	"context"
 	"encoding/json"
 	"fmt"
 	"net"
-	"path/filepath"
 	"regexp"
 
 	"github.com/containerd/errdefs"
-	"github.com/opencontainers/go-digest"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/cryo-runtime/cryo/configs"
@@ -36,7 +34,7 @@ type sandboxRecord struct {
 	// restored pod's veth takes it over.
 	NICMAC     string            `json:"nicMAC,omitempty"`
 	Disks      []recordDisk      `json:"disks"`
-	Containers []recordContainer `json:"containers"`
+	Containers []RecordContainer `json:"containers"`
 }
 
 type recordDisk struct {
@@ -48,7 +46,9 @@ type recordDisk struct {
 	ReadOnly bool   `json:"readOnly,omitempty"`
 }
 
-type recordContainer struct {
+// RecordContainer is a container of a checkpointed sandbox, as its record
+// keeps it.
+type RecordContainer struct {
 	// GuestID is the container's id inside the guest.
 	GuestID string      `json:"guestID"`
 	Spec    *specs.Spec `json:"spec"`
@@ -287,37 +287,4 @@ func snapshotFingerprint(f vmm.Fingerprint) snapshot.Fingerprint {
 		sf.Devices = append(sf.Devices, snapshot.Device{ID: d.ID, Driver: d.Driver, PCIAddr: d.Bus + "/" + d.Addr})
 	}
 	return sf
-}
-
-// maxCheckpointRef bounds cryo-checkpoint.json (a URL and a digest).
-const maxCheckpointRef = 16 << 10
-
-var localTagRE = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$`)
-
-// decodeCheckpointRef validates the reference of a checkpoint directory
-// (at dir, a resolved path): a local tag from the tag charset, or a URL
-// (which the allowlist checks later), and a sha256 digest.
-func decodeCheckpointRef(b []byte, dir string) (restoreSource, error) {
-	var r checkpointRef
-	if err := json.Unmarshal(b, &r); err != nil {
-		return restoreSource{}, fmt.Errorf("parse %s: %v: %w", checkpointRefFile, err, errdefs.ErrInvalidArgument)
-	}
-	if r.Digest != "" {
-		if d, err := digest.Parse(r.Digest); err != nil || d.Algorithm() != digest.SHA256 {
-			return restoreSource{}, fmt.Errorf("%s: digest %q: not a sha256 digest: %w", checkpointRefFile, r.Digest, errdefs.ErrInvalidArgument)
-		}
-	}
-	if r.Local != "" {
-		if !localTagRE.MatchString(r.Local) {
-			return restoreSource{}, fmt.Errorf("%s: local %q: want %s: %w", checkpointRefFile, r.Local, localTagRE, errdefs.ErrInvalidArgument)
-		}
-		return restoreSource{URL: "file://" + filepath.Join(dir, "snapshot", "cryo") + ":" + r.Local, Digest: r.Digest, Trusted: true}, nil
-	}
-	if r.URL == "" {
-		return restoreSource{}, fmt.Errorf("%s names no snapshot: %w", checkpointRefFile, errdefs.ErrInvalidArgument)
-	}
-	if err := snapshot.CheckText(checkpointRefFile+": url", r.URL, 4096); err != nil {
-		return restoreSource{}, err
-	}
-	return restoreSource{URL: r.URL, Digest: r.Digest}, nil
 }

@@ -1,4 +1,4 @@
-package shim
+package sandbox
 
 import (
 	"context"
@@ -19,7 +19,7 @@ func TestAgentRequestTimeout(t *testing.T) {
 	ag := newAgentClient(host, 300*time.Millisecond)
 	defer ag.close()
 	start := time.Now()
-	_, err := ag.startProcess(context.Background(), "c1", "")
+	_, err := ag.StartProcess(context.Background(), "c1", "")
 	took := time.Since(start)
 	// agent.Client's interceptor turns the deadline into errdefs.ErrUnknown
 	// with the deadline's message, so the time is what is checked.

@@ -1,4 +1,4 @@
-package shim
+package sandbox
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -40,14 +41,14 @@ type rootfsBuilder struct {
 }
 
 func (b *rootfsBuilder) disk(ctx context.Context, id, bundle, workDir string, mounts []*types.Mount) (vmm.Disk, error) {
-	d := vmm.Disk{ID: diskID(id), Serial: diskSerial(id)}
+	d := vmm.Disk{ID: DiskID(id), Serial: diskSerial(id)}
 	var lowers []string
 	switch {
 	case len(mounts) == 0:
 		lowers = []string{filepath.Join(bundle, "rootfs")}
 	case len(mounts) == 1 && mounts[0].Type == "ext4":
 		d.Path, d.Format = mounts[0].Source, "raw"
-		if hasOption(mounts[0].Options, "ro") {
+		if slices.Contains(mounts[0].Options, "ro") {
 			d.ReadOnly = true
 		}
 		return d, nil
@@ -193,15 +194,6 @@ func packageOf(bin string) string {
 	return bin
 }
 
-func hasOption(opts []string, o string) bool {
-	for _, x := range opts {
-		if x == o {
-			return true
-		}
-	}
-	return false
-}
-
 func mountTypes(ms []*types.Mount) []string {
 	var t []string
 	for _, m := range ms {
@@ -210,8 +202,8 @@ func mountTypes(ms []*types.Mount) []string {
 	return t
 }
 
-// diskID is the QEMU node and device id of a container's root disk.
-func diskID(containerID string) string {
+// DiskID is the QEMU node and device id of a container's root disk.
+func DiskID(containerID string) string {
 	sum := sha256.Sum256([]byte(containerID))
 	return "root-" + hex.EncodeToString(sum[:6])
 }

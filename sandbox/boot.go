@@ -1,0 +1,137 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/containerd/log"
+
+	"github.com/cryo-runtime/cryo/network"
+	"github.com/cryo-runtime/cryo/vmm"
+)
+
+// start is one sandbox on its way to a running guest: Boot and Restore
+// run the same kind of step list, Restore swapping the boot's steps for
+// its own (as firecracker-go-sdk's WithSnapshot swaps its handlers). The
+// fields are what the steps made so far.
+type start struct {
+	Spec
+	root  RootSpec
+	src   Source
+	vmcfg vmm.Config
+	pn    *podNetwork
+	vm    *vmm.Machine
+	agent agentConn
+	info  guestInfo
+	// set by restore's steps
+	restore *restoring
+}
+
+// Boot starts a new VM with the first container's root disk attached and
+// connects to its agent. On failure nothing is left running.
+func Boot(ctx context.Context, spec Spec, root RootSpec) (*Sandbox, error) {
+	st := &start{Spec: spec, root: root}
+	sb := &Sandbox{spec: spec, rootfs: newRootfsBuilder(spec.Config)}
+	err := runSteps(ctx, "boot", []step{
+		{"state dir", st.stateDir},
+		{"root disk", func(ctx context.Context, _ *undo) (err error) {
+			sb.root, err = sb.rootfs.disk(ctx, root.ContainerID, root.Bundle, root.WorkDir, root.Mounts)
+			return err
+		}},
+		{"pod network", st.network(network.Options{})},
+		{"vm config", func(ctx context.Context, _ *undo) error { return st.bootConfig(ctx, sb.root) }},
+		{"vm", st.newVM},
+		{"qemu", st.startQEMU},
+		{"agent", st.connectAgent},
+		{"guest network", st.guestNetwork},
+	})
+	if err != nil {
+		return nil, err
+	}
+	log.G(ctx).WithFields(log.Fields{
+		"qemu_pid": st.vm.Pid(), "boot_id": st.info.BootID, "kernel": st.info.Kernel,
+	}).Info("sandbox vm booted")
+	return st.finish(sb), nil
+}
+
+// finish hands what the steps made to the sandbox.
+func (st *start) finish(sb *Sandbox) *Sandbox {
+	sb.vm, sb.agent, sb.info, sb.net = st.vm, st.agent, st.info, st.pn
+	return sb
+}
+
+func (st *start) stateDir(ctx context.Context, _ *undo) error {
+	if err := os.MkdirAll(st.StateDir, 0o700); err != nil {
+		return fmt.Errorf("create sandbox state dir: %w", err)
+	}
+	return nil
+}
+
+// network bridges the pod's netns to a tap for the VM's NIC.
+func (st *start) network(opts network.Options) func(context.Context, *undo) error {
+	return func(ctx context.Context, u *undo) error {
+		pn, err := setupNetwork(ctx, st.Pod, opts)
+		if err != nil {
+			return err
+		}
+		st.pn = pn
+		u.onFailure(pn.teardown)
+		return nil
+	}
+}
+
+// bootConfig is a new VM of the requested size with root attached.
+func (st *start) bootConfig(ctx context.Context, root vmm.Disk) error {
+	h := st.Config.Hypervisor
+	c := vmm.Config{
+		ID: st.ID, StateDir: st.StateDir, QEMUPath: h.Path, Kernel: h.Kernel, Initrd: h.Initrd, KernelArgs: h.KernelArgs,
+		MachineType: h.MachineType, CPUModel: h.CPUModel, Accel: h.Accel,
+		VCPUs: st.Request.VCPUs, MemoryMiB: st.Request.MemoryMiB,
+		MemoryPath: ramPath(h.MemoryDir, st.StateDir), MemoryShared: true,
+		Disks: []vmm.Disk{root}, NICs: st.pn.nics(), HotplugPorts: h.HotplugPorts, VMGenID: true,
+	}
+	if g, err := hostGuestDigests(st.Config); err == nil {
+		c = g.apply(c)
+	} else {
+		log.G(ctx).WithError(err).Debug("guest file digests from host facts; the vm hashes the files")
+	}
+	st.vmcfg = confined(c, st.Config)
+	return nil
+}
+
+// newVM checks the VM's configuration and makes its machine.
+func (st *start) newVM(ctx context.Context, _ *undo) (err error) {
+	st.vm, err = vmm.New(st.vmcfg)
+	return err
+}
+
+// startQEMU starts QEMU (paused for an incoming state on a restore).
+func (st *start) startQEMU(ctx context.Context, u *undo) error {
+	vm := st.vm
+	if err := vm.Start(ctx); err != nil {
+		return err
+	}
+	u.onFailure(func(ctx context.Context) {
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		_ = vm.Shutdown(sctx)
+	})
+	return nil
+}
+
+func (st *start) connectAgent(ctx context.Context, u *undo) error {
+	ag, info, err := connectAgent(ctx, st.vm, st.Config.Agent)
+	if err != nil {
+		return err
+	}
+	st.agent, st.info = ag, info
+	u.onFailure(func(context.Context) { ag.close() })
+	return nil
+}
+
+// guestNetwork gives the guest NIC the pod's MAC, addresses and routes.
+func (st *start) guestNetwork(ctx context.Context, _ *undo) error {
+	return st.pn.configureGuest(ctx, st.agent)
+}

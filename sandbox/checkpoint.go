@@ -1,0 +1,250 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/cryo-runtime/cryo/annotations"
+	"github.com/cryo-runtime/cryo/fetch"
+	"github.com/cryo-runtime/cryo/snapshot"
+)
+
+// CheckpointRequest asks for a checkpoint of the sandbox.
+type CheckpointRequest struct {
+	// To is the store URL with its reference; empty: the checkpoint-to
+	// annotation or the node default.
+	To   string
+	Exit bool
+	TTL  time.Duration
+	// Trusted targets were chosen by the shim (containerd's checkpoint
+	// directory), not by a user: the allowlist does not apply.
+	Trusted bool
+	// Containers are the sandbox's containers, the first one the
+	// sandbox's own (its pre-checkpoint hook runs there).
+	Containers []Container
+}
+
+// Container is a container of the sandbox, as a checkpoint records it.
+type Container struct {
+	GuestID string
+	Spec    *specs.Spec
+	Disk    string // id of its root disk
+}
+
+// CheckpointResult is what a checkpoint published.
+type CheckpointResult struct {
+	Ref         string
+	Digest      string
+	PauseWindow time.Duration
+	Duration    time.Duration
+	Stats       snapshot.WriteStats
+}
+
+// checkpointing is one checkpoint on its way: the steps fill it.
+type checkpointing struct {
+	sb        *Sandbox
+	req       CheckpointRequest
+	wasPaused bool
+	to, ref   string
+	store     fetch.Store
+	wopts     snapshot.WriteOptions
+	work      string
+	cap       *capture
+	paths     snapshot.SourcePaths
+	res       CheckpointResult
+}
+
+// Checkpoint captures the sandbox and publishes it. The VM is stopped only
+// while the disks are frozen (external snapshots, no copy), the device state
+// is saved and the RAM file is copied (or, with Exit, linked); compression,
+// hashing and upload run after it continues. A failure leaves the sandbox
+// running (paused, if it was) and the store's previous snapshot at the
+// reference intact (publishing tags last).
+func (s *Sandbox) Checkpoint(ctx context.Context, req CheckpointRequest) (CheckpointResult, error) {
+	state, ok := s.run.beginCheckpoint()
+	if !ok {
+		return CheckpointResult{}, fmt.Errorf("checkpoint of %s already in progress: %w", s.spec.ID, errdefs.ErrFailedPrecondition)
+	}
+	defer s.run.endCheckpoint()
+	if state == vmStopped {
+		return CheckpointResult{}, fmt.Errorf("checkpoint of %s: its vm is stopped: %w", s.spec.ID, errdefs.ErrFailedPrecondition)
+	}
+	if len(req.Containers) == 0 {
+		return CheckpointResult{}, fmt.Errorf("checkpoint: sandbox has no container: %w", errdefs.ErrFailedPrecondition)
+	}
+	ctx = log.WithLogger(ctx, log.G(ctx).WithField("sandbox", s.spec.ID))
+	c := &checkpointing{sb: s, req: req, wasPaused: state == vmPaused, res: CheckpointResult{}}
+	start := time.Now()
+	err := runSteps(ctx, "checkpoint", []step{
+		{"target", c.target},
+		{"prepare guest", c.prepareGuest},
+		{"work dir", c.workDir},
+		{"capture", c.capture},
+		{"flatten", c.flatten},
+		{"publish", c.publish},
+		{"finish", c.finish},
+	})
+	if err != nil {
+		return CheckpointResult{}, err
+	}
+	c.res.Duration = time.Since(start)
+	st := c.res.Stats
+	log.G(ctx).WithFields(log.Fields{
+		"ref": c.to, "digest": c.res.Digest, "pause_window": c.res.PauseWindow, "duration": c.res.Duration,
+		"raw_bytes": st.RawBytes, "stored_bytes": st.StoredBytes, "uploaded_bytes": st.UploadedBytes,
+		"delta_chunks": st.Deltas,
+	}).Info("checkpoint published")
+	return c.res, nil
+}
+
+// target opens the store the checkpoint goes to, with the options of the
+// sandbox's tenant and its page index.
+func (c *checkpointing) target(ctx context.Context, _ *undo) error {
+	sb := c.sb
+	to := c.req.To
+	if to == "" {
+		to = sb.spec.Request.CheckpointTo
+	}
+	if to == "" {
+		return fmt.Errorf("checkpoint: no store: set %s, [stores] default_checkpoint_to, or pass a target: %w", annotations.CheckpointTo, errdefs.ErrInvalidArgument)
+	}
+	if !c.req.Trusted {
+		if err := sb.spec.Config.Stores.Allows(to, sb.spec.Tenant); err != nil {
+			return fmt.Errorf("checkpoint: %w", err)
+		}
+	}
+	store, ref, err := fetch.Open(ctx, to, storeOptions(sb.spec.Config, sb.spec.Tenant, to, c.req.Trusted))
+	if err != nil {
+		return fmt.Errorf("checkpoint: open store: %w", err)
+	}
+	if ref == "" {
+		return fmt.Errorf("checkpoint target %s names no reference (add :tag): %w", to, errdefs.ErrInvalidArgument)
+	}
+	wopts, err := sb.spec.Config.Snapshot.WriteOptions(sb.spec.Tenant)
+	if err != nil {
+		return err
+	}
+	usePageIndex(ctx, sb, to, &wopts)
+	c.to, c.ref, c.store, c.wopts = to, ref, store, wopts
+	return nil
+}
+
+// prepareGuest runs the pre-checkpoint hook and syncs the guest's
+// filesystems. containerd pauses a task before it checkpoints it, but the
+// guest must run for both: a paused VM runs until the capture stops it
+// again and leaves it stopped for containerd's Resume.
+func (c *checkpointing) prepareGuest(ctx context.Context, u *undo) error {
+	sb := c.sb
+	if c.wasPaused {
+		if err := sb.vm.Resume(ctx); err != nil {
+			return fmt.Errorf("checkpoint: %w", err)
+		}
+		u.onFailure(func(ctx context.Context) { c.repause(ctx) })
+	}
+	if err := runHook(ctx, sb.agent, c.req.Containers[0].GuestID, sb.spec.Request.PreCheckpoint, "pre-checkpoint"); err != nil {
+		return err
+	}
+	return stepErr("checkpoint: sync guest filesystems", sb.agent.sync(ctx))
+}
+
+// repause stops a VM that was paused before the checkpoint again.
+func (c *checkpointing) repause(ctx context.Context) {
+	if err := c.sb.vm.Pause(ctx); err != nil {
+		log.G(ctx).WithError(err).Error("pause vm again after failed checkpoint")
+	}
+}
+
+// workDir is where the capture's files live until they are published.
+func (c *checkpointing) workDir(ctx context.Context, u *undo) error {
+	dir := c.sb.spec.Config.Snapshot.CacheDir
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	work, err := os.MkdirTemp(dir, ".ckpt-")
+	if err != nil {
+		return err
+	}
+	c.work = work
+	u.cleanup(func(context.Context) { os.RemoveAll(work) })
+	return nil
+}
+
+// capture is the pause window.
+func (c *checkpointing) capture(ctx context.Context, u *undo) error {
+	keepStopped := c.wasPaused || c.req.Exit
+	cp, err := captureVM(ctx, c.sb, c.record(), c.work, c.req.Exit, keepStopped)
+	if err != nil {
+		return err
+	}
+	c.cap = cp
+	u.cleanup(func(context.Context) { cp.cleanup() })
+	if c.req.Exit && !c.wasPaused {
+		// With exit the VM stays stopped; if publishing fails, the sandbox
+		// must run on as it did before the checkpoint.
+		u.onFailure(func(ctx context.Context) {
+			if err := c.sb.vm.Resume(ctx); err != nil {
+				log.G(ctx).WithError(err).Error("resume vm after failed checkpoint")
+			}
+		})
+	}
+	log.G(ctx).WithFields(log.Fields{"pause_window": cp.pause, "exit": c.req.Exit}).Info("checkpoint captured")
+	c.res.PauseWindow = cp.pause
+	return nil
+}
+
+func (c *checkpointing) flatten(ctx context.Context, _ *undo) (err error) {
+	c.paths, err = c.cap.flatten(ctx, c.work)
+	return err
+}
+
+// publish packs the captured files and writes them to the store, tags
+// last.
+func (c *checkpointing) publish(ctx context.Context, _ *undo) error {
+	src, err := snapshot.NewSource(c.metadata(), c.paths)
+	if err != nil {
+		return fmt.Errorf("checkpoint: %w", err)
+	}
+	defer src.Close()
+	desc, stats, err := snapshot.Write(ctx, c.store, c.ref, src, c.wopts)
+	if err != nil {
+		return fmt.Errorf("checkpoint: publish to %s: %w", c.to, err)
+	}
+	c.res.Ref, c.res.Digest, c.res.Stats = c.to, desc.Digest.String(), stats
+	return nil
+}
+
+// finish ends a sandbox checkpointed with exit: its processes exit with
+// the VM.
+func (c *checkpointing) finish(ctx context.Context, _ *undo) error {
+	if !c.req.Exit {
+		return nil
+	}
+	if err := c.sb.vm.Shutdown(ctx); err != nil {
+		log.G(ctx).WithError(err).Warn("stop vm after checkpoint")
+	}
+	c.sb.run.set(vmStopped)
+	return nil
+}
+
+// runHook runs a hook command (sh -c) inside a guest container; a failure
+// returns the hook's output.
+func runHook(ctx context.Context, ag agentConn, guestID, cmd, name string) error {
+	if cmd == "" {
+		return nil
+	}
+	out, status, err := ag.runHook(ctx, guestID, []string{"/bin/sh", "-c", cmd}, 60*time.Second)
+	if err != nil {
+		return fmt.Errorf("%s hook: %w", name, err)
+	}
+	if status != 0 {
+		return fmt.Errorf("%s hook %q exited %d: %s: %w", name, cmd, status, out, errdefs.ErrFailedPrecondition)
+	}
+	log.G(ctx).WithField("hook", name).Debug("hook ran")
+	return nil
+}

@@ -1,0 +1,322 @@
+package sandbox
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/containerd/containerd/api/types"
+	"github.com/containerd/log"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	agentapi "github.com/cryo-runtime/cryo/agent/api/v1"
+	"github.com/cryo-runtime/cryo/annotations"
+	"github.com/cryo-runtime/cryo/configs"
+	"github.com/cryo-runtime/cryo/vmm"
+)
+
+// Guest is the guest agent as the task service uses it: the containers and
+// processes inside the VM. agentClient implements it over the agent's
+// ttrpc API.
+type Guest interface {
+	CreateContainer(ctx context.Context, r CreateRequest) error
+	StartProcess(ctx context.Context, containerID, execID string) (uint32, error)
+	ExecProcess(ctx context.Context, containerID, execID string, p *specs.Process, s Stdio) error
+	Signal(ctx context.Context, containerID, execID string, sig uint32, all bool) error
+	Wait(ctx context.Context, containerID, execID string) (uint32, time.Time, error)
+	// ReadStdio blocks until output is available; it returns io.EOF once
+	// the stream is closed and drained.
+	ReadStdio(ctx context.Context, containerID, execID string, stderr bool) ([]byte, error)
+	WriteStdin(ctx context.Context, containerID, execID string, data []byte) error
+	CloseStdin(ctx context.Context, containerID, execID string) error
+	Resize(ctx context.Context, containerID, execID string, w, h uint32) error
+	Pids(ctx context.Context, containerID string) ([]uint32, error)
+	Stats(ctx context.Context, containerID string) (*anypb.Any, error)
+	RemoveContainer(ctx context.Context, containerID string) error
+	DeleteProcess(ctx context.Context, containerID, execID string) error
+}
+
+// agentConn is the guest agent as the sandbox itself uses it.
+type agentConn interface {
+	Guest
+	networkGuest
+	ping(ctx context.Context) (guestInfo, error)
+	sync(ctx context.Context) error
+	runHook(ctx context.Context, containerID string, argv []string, timeout time.Duration) (string, int, error)
+	fixUpRestored(ctx context.Context) error
+	listContainers(ctx context.Context) ([]*agentapi.ContainerInfo, error)
+	close() error
+}
+
+type guestInfo struct {
+	BootID, Kernel string
+}
+
+// Stdio names the streams containerd gave a process.
+type Stdio struct {
+	Stdin, Stdout, Stderr string
+	Terminal              bool
+}
+
+// CreateRequest describes a container for the guest.
+type CreateRequest struct {
+	ID     string
+	Spec   *specs.Spec
+	Serial string // virtio-blk serial of the root disk
+	Files  []GuestFile
+	Stdio  Stdio
+}
+
+// GuestFile is a small host file copied into the container: a VM cannot
+// bind-mount host paths.
+type GuestFile struct {
+	Path    string
+	Content []byte
+	Mode    os.FileMode
+}
+
+// Spec is what a sandbox is made from, booted or restored.
+type Spec struct {
+	ID     string
+	Config configs.Config
+	// StateDir holds the VM's sockets and state (tmpfs); DiskDir its
+	// writable disks (qcow2 overlays), on disk.
+	StateDir, DiskDir string
+	// Pod is the OCI spec of the container that creates the sandbox: its
+	// annotations and the network namespace the VM's NIC is bridged to.
+	Pod *specs.Spec
+	// Request is what Pod's annotations ask for.
+	Request annotations.Request
+	// Tenant is the namespace whose stores and keys the sandbox may use.
+	Tenant string
+}
+
+// Info describes a running sandbox.
+type Info struct {
+	ID           string
+	QEMUPid      int
+	BootID       string
+	RestoredFrom string
+}
+
+// Sandbox is one VM and the agent connection into it.
+type Sandbox struct {
+	spec   Spec
+	vm     *vmm.Machine
+	agent  agentConn
+	info   guestInfo
+	rootfs *rootfsBuilder
+	// root is the root disk attached at boot (a restored VM's disks are in
+	// its record).
+	root vmm.Disk
+	// restoredFrom is the snapshot the sandbox was restored from, if any;
+	// releaseSnapshot ends the sandbox's use of its materialized files.
+	restoredFrom    string
+	releaseSnapshot func()
+	// net is the pod network bridged to the VM's NIC; nil without one.
+	net *podNetwork
+	run runState
+}
+
+// Guest returns the guest agent.
+func (s *Sandbox) Guest() Guest { return s.agent }
+
+// Info describes the sandbox.
+func (s *Sandbox) Info() Info {
+	return Info{ID: s.spec.ID, QEMUPid: s.vm.Pid(), BootID: s.info.BootID, RestoredFrom: s.restoredFrom}
+}
+
+// RootDisk is the root disk the VM booted with (zero for a restored VM).
+func (s *Sandbox) RootDisk() vmm.Disk { return s.root }
+
+// Exited is closed when QEMU has exited.
+func (s *Sandbox) Exited() <-chan struct{} { return s.vm.Exited() }
+
+// Stderr is what QEMU wrote to its stderr.
+func (s *Sandbox) Stderr() string { return s.vm.Stderr() }
+
+// RootSpec names a container's root filesystem: containerd's mounts, made
+// into a disk in WorkDir.
+type RootSpec struct {
+	ContainerID, Bundle, WorkDir string
+	Mounts                       []*types.Mount
+}
+
+// AddRootDisk makes a container's root disk and hot-plugs it.
+func (s *Sandbox) AddRootDisk(ctx context.Context, r RootSpec) (vmm.Disk, error) {
+	d, err := s.rootfs.disk(ctx, r.ContainerID, r.Bundle, r.WorkDir, r.Mounts)
+	if err != nil {
+		return d, err
+	}
+	if err := s.vm.HotplugDisk(ctx, d); err != nil {
+		return d, fmt.Errorf("hot-plug root disk of %s: %w", r.ContainerID, err)
+	}
+	return d, nil
+}
+
+// RemoveRootDisk unplugs a hot-plugged root disk.
+func (s *Sandbox) RemoveRootDisk(ctx context.Context, id string) error {
+	return s.vm.UnplugDisk(ctx, id)
+}
+
+// RunHook runs a hook command (sh -c) inside a guest container; a failure
+// returns the hook's output.
+func (s *Sandbox) RunHook(ctx context.Context, guestID, cmd, name string) error {
+	return runHook(ctx, s.agent, guestID, cmd, name)
+}
+
+// Stop kills the VM within a few seconds; its processes end with it.
+func (s *Sandbox) Stop(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 3*time.Second)
+	defer cancel()
+	if err := s.vm.Shutdown(ctx); err != nil {
+		log.G(ctx).WithError(err).Warn("stop sandbox vm")
+	}
+	s.run.set(vmStopped)
+}
+
+// Pause stops the VM's vCPUs.
+func (s *Sandbox) Pause(ctx context.Context) error {
+	if err := s.vm.Pause(ctx); err != nil {
+		return fmt.Errorf("pause vm: %w", err)
+	}
+	s.run.set(vmPaused)
+	return nil
+}
+
+// Resume lets a paused VM run again.
+func (s *Sandbox) Resume(ctx context.Context) error {
+	if err := s.vm.Resume(ctx); err != nil {
+		return fmt.Errorf("resume vm: %w", err)
+	}
+	s.run.set(vmRunning)
+	return nil
+}
+
+// Paused reports whether the VM was paused through Pause.
+func (s *Sandbox) Paused() bool { return s.run.get() == vmPaused }
+
+func newRootfsBuilder(cfg configs.Config) *rootfsBuilder {
+	return &rootfsBuilder{cacheDir: cfg.Runtime.ImageCache, writableMiB: cfg.Runtime.WritableDiskMiB}
+}
+
+// connectAgent dials the agent's virtio-serial port and waits for it to
+// answer, within ac's dial timeout; the client's short calls then get ac's
+// request timeout. A VM that dies meanwhile ends the wait at once with
+// QEMU's own stderr and the tail of the guest console.
+func connectAgent(ctx context.Context, vm *vmm.Machine, ac configs.Agent) (agentConn, guestInfo, error) {
+	timeout := ac.DialTimeout.Duration
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	go func() {
+		select {
+		case <-vm.Exited():
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	var lastErr error
+	start, attempts := time.Now(), 0
+	for ctx.Err() == nil {
+		conn, err := vm.DialAgent(ctx)
+		if err != nil {
+			lastErr = err
+			break
+		}
+		ag := newAgentClient(conn, ac.RequestTimeout.Duration)
+		pctx, pcancel := context.WithTimeout(ctx, 5*time.Second)
+		info, err := ag.ping(pctx)
+		pcancel()
+		if err == nil {
+			log.G(ctx).WithFields(log.Fields{"attempts": attempts + 1, "duration": time.Since(start)}).Debug("guest agent answered")
+			return ag, info, nil
+		}
+		ag.close()
+		attempts++
+		lastErr = err
+		time.Sleep(100 * time.Millisecond)
+	}
+	select {
+	case <-vm.Exited():
+		return nil, guestInfo{}, fmt.Errorf("vm exited before its agent answered: %s; console: %s", vm.Stderr(), consoleTail(vm.ConsolePath()))
+	default:
+	}
+	if lastErr == nil {
+		lastErr = ctx.Err()
+	}
+	return nil, guestInfo{}, fmt.Errorf("guest agent did not answer within %s: %w; console: %s", timeout, lastErr, consoleTail(vm.ConsolePath()))
+}
+
+// consoleTail is the end of a guest console log, read without the rest: the
+// guest wrote it, up to its cap.
+func consoleTail(path string) string {
+	if s := vmm.ConsoleTail(path, 2000); s != "" {
+		return s
+	}
+	return "(no console log)"
+}
+
+// confined applies the node's QEMU confinement and console cap to c.
+func confined(c vmm.Config, cfg configs.Config) vmm.Config {
+	h := cfg.Hypervisor
+	c.Confine = vmm.Confinement{
+		Disabled: !h.ConfineQEMU,
+		UIDBase:  h.QEMUUIDBase, UIDCount: h.QEMUUIDCount,
+		LockDir: cfg.Runtime.QEMUUIDLockDir(),
+	}
+	c.PrivateMemoryDir = h.MemoryDir
+	c.ConsoleMaxBytes = int64(h.ConsoleLogKiB) << 10
+	return c
+}
+
+// Shutdown stops the VM and removes the sandbox state. It is idempotent.
+func (s *Sandbox) Shutdown(ctx context.Context) error {
+	if s.agent != nil {
+		s.agent.close()
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
+	defer cancel()
+	err := s.vm.Shutdown(ctx)
+	s.run.set(vmStopped)
+	if s.releaseSnapshot != nil && err == nil {
+		s.releaseSnapshot() // QEMU is gone; closing twice is harmless
+	}
+	s.net.teardown(ctx)
+	for _, dir := range []string{s.spec.StateDir, s.spec.DiskDir} {
+		if dir == "" {
+			continue
+		}
+		if rerr := os.RemoveAll(dir); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+			err = errors.Join(err, rerr)
+		}
+	}
+	return err
+}
+
+type vmSize struct {
+	vcpus, memoryMiB int
+}
+
+// ramPath names the guest RAM file of the sandbox whose state is in
+// stateDir. The name hashes the whole state dir path: sandboxes of
+// different containerd instances (and state roots) on one host must never
+// share a RAM file.
+func ramPath(memoryDir, stateDir string) string {
+	sum := sha256.Sum256([]byte(stateDir))
+	return filepath.Join(memoryDir, "cryo-"+hex.EncodeToString(sum[:8])+".ram")
+}
+
+// StateDir is the sandbox's state directory.
+func (s *Sandbox) StateDir() string { return s.spec.StateDir }
+
+// Request is what the sandbox's annotations asked for.
+func (s *Sandbox) Request() annotations.Request { return s.spec.Request }
+
+// Annotations are the annotations of the container that made the sandbox.
+func (s *Sandbox) Annotations() map[string]string { return s.spec.Pod.Annotations }

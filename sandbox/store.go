@@ -1,0 +1,35 @@
+package sandbox
+
+import (
+	"net/url"
+
+	"github.com/cryo-runtime/cryo/configs"
+	"github.com/cryo-runtime/cryo/fetch"
+)
+
+// RuntimeType is the containerd runtime type that runs cryo sandboxes;
+// snapshots record it as their source.
+const RuntimeType = "io.containerd.cryo.v2"
+
+// storeOptions are the fetch options of a store that a sandbox of tenant
+// opens at storeURL: a redirect is followed only to where the allowlist
+// would let the sandbox go itself, or within the registry an oci:// store
+// names (its blob paths are not store URLs). Stores the shim chose itself
+// (trusted) are local and never redirect.
+func storeOptions(cfg configs.Config, tenant, storeURL string, trusted bool) fetch.Options {
+	o := cfg.Stores.FetchOptions()
+	if trusted {
+		return o
+	}
+	var registry string
+	if u, err := url.Parse(storeURL); err == nil && u.Scheme == "oci" {
+		registry = u.Host
+	}
+	o.Redirect = func(u *url.URL) error {
+		if registry != "" && u.Host == registry {
+			return nil
+		}
+		return cfg.Stores.Allows(u.String(), tenant)
+	}
+	return o
+}

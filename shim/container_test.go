@@ -1,0 +1,103 @@
+package shim
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/cryo-runtime/cryo/sandbox"
+)
+
+func TestGuestFiles(t *testing.T) {
+	dir := t.TempDir()
+	resolv := filepath.Join(dir, "resolv.conf")
+	os.WriteFile(resolv, []byte("nameserver 10.0.0.10\n"), 0o644)
+	secrets := filepath.Join(dir, "secrets")
+	os.MkdirAll(filepath.Join(secrets, "..data"), 0o755)
+	os.WriteFile(filepath.Join(secrets, "..data", "token"), []byte("t0ken"), 0o600)
+	os.Symlink("..data/token", filepath.Join(secrets, "token"))
+	big := filepath.Join(dir, "big")
+	os.WriteFile(big, make([]byte, maxCopiedFile+1), 0o644)
+	s := &specs.Spec{Mounts: []specs.Mount{
+		{Destination: "/proc", Type: "proc", Source: "proc"},
+		{Destination: "/etc/resolv.conf", Type: "bind", Source: resolv, Options: []string{"rbind", "ro"}},
+		{Destination: "/var/run/secrets", Type: "bind", Source: secrets, Options: []string{"rbind"}},
+		{Destination: "/big", Type: "bind", Source: big, Options: []string{"rbind"}},
+		{Destination: "/missing", Source: filepath.Join(dir, "nope"), Options: []string{"bind"}},
+		{Destination: "/dev/shm", Type: "bind", Source: "/run/containerd/sandbox/shm", Options: []string{"rbind"}},
+	}}
+	files := guestFiles(t.Context(), s)
+	got := map[string]string{}
+	for _, f := range files {
+		got[f.Path] = string(f.Content)
+	}
+	if got["/etc/resolv.conf"] != "nameserver 10.0.0.10\n" || got["/var/run/secrets/token"] != "t0ken" || got["/var/run/secrets/..data/token"] != "t0ken" {
+		t.Fatalf("copied files: %v", got)
+	}
+	if _, ok := got["/big"]; ok {
+		t.Fatal("a file over the limit was copied")
+	}
+	if len(s.Mounts) != 2 || s.Mounts[0].Destination != "/proc" || s.Mounts[1].Destination != "/dev/shm" {
+		t.Fatalf("bind mounts left in the spec: %+v", s.Mounts)
+	}
+}
+
+// TestGuestFilesHostile: the host side of a bind mount, which other pods
+// may write, cannot pull host files into the guest nor block the shim: a
+// symlink out of the mount's tree, a FIFO, a socket or a device refuses
+// the mount at once; one inside the tree is followed.
+func TestGuestFilesHostile(t *testing.T) {
+	dir := t.TempDir()
+	secret := filepath.Join(dir, "host-secret")
+	os.WriteFile(secret, []byte("root's secret"), 0o600)
+	mk := func(name string, fill func(d string)) string {
+		d := filepath.Join(dir, name)
+		os.MkdirAll(d, 0o755)
+		os.WriteFile(filepath.Join(d, "ok"), []byte("ok"), 0o644)
+		fill(d)
+		return d
+	}
+	mounts := map[string]string{
+		"/abs-link": mk("abs", func(d string) { os.Symlink(secret, filepath.Join(d, "x")) }),
+		"/rel-link": mk("rel", func(d string) { os.Symlink("../host-secret", filepath.Join(d, "x")) }),
+		"/deep-link": mk("deep", func(d string) {
+			os.MkdirAll(filepath.Join(d, "a"), 0o755)
+			os.Symlink("../../host-secret", filepath.Join(d, "a", "x"))
+		}),
+		"/dir-link": mk("dirlink", func(d string) { os.Symlink(dir, filepath.Join(d, "up")) }),
+		"/fifo":     mk("fifo", func(d string) { syscall.Mkfifo(filepath.Join(d, "x"), 0o600) }),
+		"/socket":   mk("socket", func(d string) { syscall.Mknod(filepath.Join(d, "x"), syscall.S_IFSOCK|0o600, 0) }),
+		"/inside":   mk("inside", func(d string) { os.Symlink("ok", filepath.Join(d, "alias")) }),
+	}
+	fifo := filepath.Join(dir, "single-fifo")
+	syscall.Mkfifo(fifo, 0o600)
+	mounts["/single-fifo"] = fifo
+	s := &specs.Spec{}
+	for dst, src := range mounts {
+		s.Mounts = append(s.Mounts, specs.Mount{Destination: dst, Type: "bind", Source: src})
+	}
+	done := make(chan []sandbox.GuestFile, 1)
+	go func() { done <- guestFiles(t.Context(), s) }()
+	var files []sandbox.GuestFile
+	select {
+	case files = <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("guestFiles blocked")
+	}
+	got := map[string]string{}
+	for _, f := range files {
+		got[f.Path] = string(f.Content)
+		if strings.Contains(string(f.Content), "secret") {
+			t.Errorf("%s carries a host file into the guest", f.Path)
+		}
+	}
+	want := map[string]string{"/inside/ok": "ok", "/inside/alias": "ok"}
+	if len(got) != len(want) || got["/inside/ok"] != "ok" || got["/inside/alias"] != "ok" {
+		t.Fatalf("copied %v, want %v", got, want)
+	}
+}

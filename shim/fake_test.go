@@ -1,0 +1,216 @@
+package shim
+
+import (
+	"context"
+	"io"
+	"sync"
+	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/cryo-runtime/cryo/annotations"
+	"github.com/cryo-runtime/cryo/sandbox"
+	"github.com/cryo-runtime/cryo/vmm"
+)
+
+// fakeMaker makes fake sandboxes: a restore when the spec names a source.
+type fakeMaker struct {
+	sb       *fakeSandbox
+	restored *sandbox.Restored
+	boots    int
+	restores []sandbox.Source
+}
+
+func (m *fakeMaker) Boot(ctx context.Context, spec sandbox.Spec, root sandbox.RootSpec) (vmSandbox, error) {
+	m.boots++
+	m.sb.spec = spec
+	m.sb.root = vmm.Disk{ID: sandbox.DiskID(root.ContainerID), Serial: "s1"}
+	return m.sb, nil
+}
+
+func (m *fakeMaker) Restore(ctx context.Context, spec sandbox.Spec, src sandbox.Source) (vmSandbox, *sandbox.Restored, error) {
+	m.restores = append(m.restores, src)
+	m.sb.spec = spec
+	return m.sb, m.restored, nil
+}
+
+// fakeSandbox records what the task service asks of its sandbox.
+type fakeSandbox struct {
+	mu          sync.Mutex
+	spec        sandbox.Spec
+	root        vmm.Disk
+	guest       *fakeGuest
+	paused      bool
+	calls       []string
+	checkpoints []sandbox.CheckpointRequest
+	adoptPid    uint32
+	exited      chan struct{}
+	stopOnce    sync.Once
+}
+
+func newFakeSandbox() *fakeSandbox {
+	return &fakeSandbox{guest: newFakeGuest(), exited: make(chan struct{}), adoptPid: 42}
+}
+
+func (f *fakeSandbox) call(c string) {
+	f.mu.Lock()
+	f.calls = append(f.calls, c)
+	f.mu.Unlock()
+}
+
+func (f *fakeSandbox) Guest() sandbox.Guest { return f.guest }
+func (f *fakeSandbox) Info() sandbox.Info   { return sandbox.Info{ID: f.spec.ID, QEMUPid: 1} }
+func (f *fakeSandbox) StateDir() string     { return f.spec.StateDir }
+func (f *fakeSandbox) RootDisk() vmm.Disk   { return f.root }
+func (f *fakeSandbox) AddRootDisk(ctx context.Context, r sandbox.RootSpec) (vmm.Disk, error) {
+	f.call("add-root " + r.ContainerID)
+	return vmm.Disk{ID: sandbox.DiskID(r.ContainerID)}, nil
+}
+func (f *fakeSandbox) RemoveRootDisk(ctx context.Context, id string) error {
+	f.call("remove-root " + id)
+	return nil
+}
+func (f *fakeSandbox) Adopt(ctx context.Context, rc sandbox.RecordContainer, hostname string) (uint32, error) {
+	f.call("adopt " + rc.GuestID + " " + hostname)
+	return f.adoptPid, nil
+}
+func (f *fakeSandbox) RunHook(ctx context.Context, guestID, cmd, name string) error {
+	if cmd != "" {
+		f.call("hook " + name + " " + guestID)
+	}
+	return nil
+}
+func (f *fakeSandbox) Pause(ctx context.Context) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.paused = true
+	f.calls = append(f.calls, "pause")
+	return nil
+}
+func (f *fakeSandbox) Resume(ctx context.Context) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.paused = false
+	f.calls = append(f.calls, "resume")
+	return nil
+}
+func (f *fakeSandbox) Paused() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.paused
+}
+func (f *fakeSandbox) Checkpoint(ctx context.Context, r sandbox.CheckpointRequest) (sandbox.CheckpointResult, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.checkpoints = append(f.checkpoints, r)
+	to := r.To
+	if to == "" {
+		to = f.spec.Request.CheckpointTo
+	}
+	return sandbox.CheckpointResult{Ref: to, Digest: "sha256:2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881"}, nil
+}
+func (f *fakeSandbox) Stop(ctx context.Context) {
+	f.call("stop")
+	f.stopOnce.Do(func() { close(f.exited) })
+}
+func (f *fakeSandbox) Shutdown(ctx context.Context) error {
+	f.call("shutdown")
+	f.stopOnce.Do(func() { close(f.exited) })
+	return nil
+}
+func (f *fakeSandbox) Exited() <-chan struct{}        { return f.exited }
+func (f *fakeSandbox) Stderr() string                 { return "" }
+func (f *fakeSandbox) Request() annotations.Request   { return f.spec.Request }
+func (f *fakeSandbox) Annotations() map[string]string { return f.spec.Pod.Annotations }
+
+// fakeGuest is a guest agent whose processes run until signalled.
+type fakeGuest struct {
+	mu      sync.Mutex
+	calls   []string
+	exits   map[string]chan uint32 // by container/exec
+	started map[string]bool
+}
+
+func newFakeGuest() *fakeGuest {
+	return &fakeGuest{exits: map[string]chan uint32{}, started: map[string]bool{}}
+}
+
+func (g *fakeGuest) exit(containerID, execID string) chan uint32 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	k := containerID + "/" + execID
+	if g.exits[k] == nil {
+		g.exits[k] = make(chan uint32, 1)
+	}
+	return g.exits[k]
+}
+
+func (g *fakeGuest) call(c string) {
+	g.mu.Lock()
+	g.calls = append(g.calls, c)
+	g.mu.Unlock()
+}
+
+func (g *fakeGuest) called(c string) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, x := range g.calls {
+		if x == c {
+			return true
+		}
+	}
+	return false
+}
+
+func (g *fakeGuest) CreateContainer(ctx context.Context, r sandbox.CreateRequest) error {
+	g.call("create " + r.ID)
+	return nil
+}
+func (g *fakeGuest) StartProcess(ctx context.Context, containerID, execID string) (uint32, error) {
+	g.call("start " + containerID + "/" + execID)
+	return 7, nil
+}
+func (g *fakeGuest) ExecProcess(ctx context.Context, containerID, execID string, p *specs.Process, s sandbox.Stdio) error {
+	g.call("exec " + containerID + "/" + execID)
+	return nil
+}
+func (g *fakeGuest) Signal(ctx context.Context, containerID, execID string, sig uint32, all bool) error {
+	g.call("signal " + containerID + "/" + execID)
+	select {
+	case g.exit(containerID, execID) <- 128 + sig:
+	default:
+	}
+	return nil
+}
+func (g *fakeGuest) Wait(ctx context.Context, containerID, execID string) (uint32, time.Time, error) {
+	select {
+	case st := <-g.exit(containerID, execID):
+		return st, time.Now(), nil
+	case <-ctx.Done():
+		return 0, time.Time{}, ctx.Err()
+	}
+}
+func (g *fakeGuest) ReadStdio(ctx context.Context, containerID, execID string, stderr bool) ([]byte, error) {
+	return nil, io.EOF
+}
+func (g *fakeGuest) WriteStdin(ctx context.Context, containerID, execID string, data []byte) error {
+	return nil
+}
+func (g *fakeGuest) CloseStdin(ctx context.Context, containerID, execID string) error { return nil }
+func (g *fakeGuest) Resize(ctx context.Context, containerID, execID string, w, h uint32) error {
+	return nil
+}
+func (g *fakeGuest) Pids(ctx context.Context, containerID string) ([]uint32, error) {
+	return []uint32{1}, nil
+}
+func (g *fakeGuest) Stats(ctx context.Context, containerID string) (*anypb.Any, error) {
+	return nil, nil
+}
+func (g *fakeGuest) RemoveContainer(ctx context.Context, containerID string) error {
+	g.call("remove " + containerID)
+	return nil
+}
+func (g *fakeGuest) DeleteProcess(ctx context.Context, containerID, execID string) error {
+	return nil
+}
