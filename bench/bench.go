@@ -85,7 +85,7 @@ type Options struct {
 	// (this process: raw hashing, decoding and materializing).
 	CPUProfile string
 	// KeepLog, when set, receives a copy of containerd's log (the shims'
-	// "restore phase" lines are there) before the stack is removed.
+	// "restore step" lines are there) before the stack is removed.
 	KeepLog string
 }
 

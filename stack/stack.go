@@ -209,6 +209,22 @@ func Start(ctx context.Context, o Options) (_ *Stack, retErr error) {
 		return nil, err
 	}
 
+	if err := s.writeConfig(guest, o.Configure); err != nil {
+		return nil, err
+	}
+	if err := s.startContainerd(ctx, o); err != nil {
+		return nil, err
+	}
+	if err := s.importImage(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// writeConfig writes the node's cryo config: the guest files, the stack's
+// directories, and what o's Configure changes.
+func (s *Stack) writeConfig(guest string, configure []func(*configs.Config)) error {
+	dir := s.Dir
 	s.Cfg = configs.Default()
 	s.Cfg.Hypervisor.Kernel = filepath.Join(guest, "vmlinuz")
 	s.Cfg.Hypervisor.Initrd = filepath.Join(guest, "initrd.img")
@@ -222,38 +238,42 @@ func Start(ctx context.Context, o Options) (_ *Stack, retErr error) {
 	s.Cfg.Hypervisor.MemoryMiB = 256
 	s.Cfg.Hypervisor.MemoryDir = s.MemoryDir
 	if err := os.MkdirAll(s.MemoryDir, 0o700); err != nil {
-		return nil, err
+		return err
 	}
-	for _, f := range o.Configure {
+	for _, f := range configure {
 		f(&s.Cfg)
 	}
 	s.ConfigPath = filepath.Join(dir, "cryo.toml")
-	if err := s.WriteConfig(s.ConfigPath, s.Cfg); err != nil {
-		return nil, err
-	}
+	return s.WriteConfig(s.ConfigPath, s.Cfg)
+}
 
+// startContainerd starts containerd on a scratch blockfile snapshotter and
+// waits until it answers.
+func (s *Stack) startContainerd(ctx context.Context, o Options) error {
+	dir := s.Dir
 	scratch := filepath.Join(dir, "scratch.ext4")
 	if err := os.WriteFile(scratch, nil, 0o600); err != nil {
-		return nil, err
+		return err
 	}
 	if err := os.Truncate(scratch, 256<<20); err != nil {
-		return nil, err
+		return err
 	}
 	if out, err := exec.Command("mkfs.ext4", "-q", "-F", scratch).CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("mkfs scratch: %w: %s", err, out)
+		return fmt.Errorf("mkfs scratch: %w: %s", err, out)
 	}
 	cfg := s.ContainerdConfig(scratch, criPlugins...)
 	if o.ContainerdConfig != nil {
+		var err error
 		if cfg, err = o.ContainerdConfig(s, scratch); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	if err := os.WriteFile(filepath.Join(dir, "containerd.toml"), []byte(cfg), 0o600); err != nil {
-		return nil, err
+		return err
 	}
 	logf, err := os.Create(s.LogPath)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer logf.Close()
 	s.cmd = exec.Command(s.Bin("containerd"), "--config", filepath.Join(dir, "containerd.toml"))
@@ -268,31 +288,35 @@ func Start(ctx context.Context, o Options) (_ *Stack, retErr error) {
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := s.cmd.Start(); err != nil {
 		s.cmd = nil
-		return nil, fmt.Errorf("start containerd: %w", err)
+		return fmt.Errorf("start containerd: %w", err)
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		if _, _, err := s.ctr(ctx, 10*time.Second, "version"); err == nil {
-			break
+			return nil
 		}
 		if ctx.Err() != nil {
-			return nil, ctx.Err()
+			return ctx.Err()
 		}
 		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("containerd did not come up:\n%s", s.LogTail(40))
+			return fmt.Errorf("containerd did not come up:\n%s", s.LogTail(40))
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	img := filepath.Join(dir, "busybox.tar")
+}
+
+// importImage imports the test image into both snapshotters.
+func (s *Stack) importImage() error {
+	img := filepath.Join(s.Dir, "busybox.tar")
 	if err := busybox.WriteFile(img, Image, []string{"/bin/sh"}); err != nil {
-		return nil, err
+		return err
 	}
 	for _, sn := range []string{"overlayfs", "blockfile"} {
 		if _, err := s.CtrOK("image", "import", "--snapshotter", sn, img); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	return s, nil
+	return nil
 }
 
 // Bin resolves a binary on the Stack's PATH (exec.Command would search the

@@ -81,7 +81,7 @@ warm-up. Flags given explicitly override the preset.`,
 	f.StringVar(&o.Stack.Tools, "tools", "", "tools cache with bin/containerd, ctr, versitygw (default $CRYO_TOOLS, /var/cache/cryo/tools)")
 	f.IntVar(&sz.ChunkMiB, "chunk-size", 0, "snapshot chunk size in MiB (default: the config's, 4)")
 	f.StringVar(&o.CPUProfile, "cpuprofile", "", "write a CPU profile of the pipeline step (this process) to this file")
-	f.StringVar(&o.KeepLog, "keep-log", "", "copy containerd's log (with the shims' restore phases) to this file")
+	f.StringVar(&o.KeepLog, "keep-log", "", "copy containerd's log (with the shims' restore steps) to this file")
 	return cmd
 }
 
