@@ -103,7 +103,7 @@ func Restore(ctx context.Context, spec Spec, src Source) (*Sandbox, *Restored, e
 		{"resolve", st.resolve},
 		{"check host", st.checkHost},
 		{"fetch+materialize", st.materialize},
-		{"pod network", st.network(network.Options{HoldGuest: true})},
+		{"pod network", st.restoredNetwork},
 		{"vm config", st.restoreConfig},
 		{"vm", st.newVM},
 		{"fingerprint", func(ctx context.Context, _ *undo) error {
@@ -233,6 +233,16 @@ func (st *start) loadState(ctx context.Context, _ *undo) error {
 // NIC (device id and slot) as at checkpoint, which takes the MAC of the new
 // pod's veth once the guest answers. The VM's device layout must match the snapshot's, so a
 // snapshot with a NIC needs a pod network and one without refuses one.
+func (st *start) restoredNetwork(ctx context.Context, u *undo) error {
+	pn, err := restoredNetwork(ctx, st.Pod, st.restore.rec)
+	if err != nil {
+		return err
+	}
+	st.pn = pn
+	u.onFailure(pn.teardown)
+	return nil
+}
+
 func restoredNetwork(ctx context.Context, spec *specs.Spec, rec *sandboxRecord) (*podNetwork, error) {
 	has := podNetNS(spec) != ""
 	switch {

@@ -50,24 +50,6 @@ func Need(t testing.TB, path string, bins ...string) {
 	}
 }
 
-// GuestDir returns the guest image directory (vmlinuz, initrd.img).
-func GuestDir(t testing.TB) string {
-	d, err := stack.GuestDir("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return d
-}
-
-// BinDir returns the directory with containerd-shim-cryo-v2 and cryoctl.
-func BinDir(t testing.TB) string {
-	d, err := stack.BinDir("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return d
-}
-
 // Option changes the cryo config before containerd starts.
 type Option func(*configs.Config)
 
