@@ -2,8 +2,12 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"net"
 	"testing"
+
+	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/cryo-runtime/cryo/network"
 )
@@ -29,4 +33,30 @@ func TestGuestNetworkRequests(t *testing.T) {
 		t.Fatal("a nil podNetwork must be a no-op")
 	}
 	none.teardown(context.Background())
+}
+
+// TestRestoredNetworkRefusesAnotherLayout: a restored VM's devices must be
+// the snapshot's, so a NIC without a pod network, or a pod network without
+// a NIC, is refused before anything is set up, as is a MAC that is not one.
+func TestRestoredNetworkRefusesAnotherLayout(t *testing.T) {
+	withNetNS := &specs.Spec{Linux: &specs.Linux{Namespaces: []specs.LinuxNamespace{{Type: specs.NetworkNamespace, Path: "/var/run/netns/cni-x"}}}}
+	noNetNS := &specs.Spec{}
+	for _, tc := range []struct {
+		name string
+		spec *specs.Spec
+		mac  string
+		want error
+	}{
+		{"nic, no pod network", noNetNS, "02:00:00:00:00:01", errdefs.ErrFailedPrecondition},
+		{"pod network, no nic", withNetNS, "", errdefs.ErrFailedPrecondition},
+		{"bad mac", withNetNS, "not-a-mac", errdefs.ErrDataLoss},
+	} {
+		pn, err := restoredNetwork(context.Background(), tc.spec, &sandboxRecord{NICMAC: tc.mac})
+		if !errors.Is(err, tc.want) || pn != nil {
+			t.Errorf("%s: %v, %v; want %v", tc.name, pn, err, tc.want)
+		}
+	}
+	if pn, err := restoredNetwork(context.Background(), noNetNS, &sandboxRecord{}); pn != nil || err != nil {
+		t.Errorf("no nic, no pod network: %v, %v; want none and no error", pn, err)
+	}
 }
