@@ -15,6 +15,7 @@ import (
 	"testing"
 
 	"github.com/containerd/errdefs"
+	"github.com/cryo-runtime/cryo/nodecache"
 	"github.com/klauspost/compress/zstd"
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -317,7 +318,7 @@ func TestHostile(t *testing.T) {
 			}
 			var before, after runtime.MemStats
 			runtime.ReadMemStats(&before)
-			m, err := s.Materialize(context.Background(), cache)
+			m, err := s.Materialize(context.Background(), nodecache.OpenSnapshots(cache))
 			runtime.ReadMemStats(&after)
 			if err == nil || !tc.want(err) {
 				t.Fatalf("materialize: got %+v, %v", m, err)
@@ -543,7 +544,7 @@ func TestHostileDelta(t *testing.T) {
 			if err != nil {
 				t.Fatalf("open: %v", err)
 			}
-			m, err := s.Materialize(context.Background(), cache)
+			m, err := s.Materialize(context.Background(), nodecache.OpenSnapshots(cache))
 			if err == nil || !tc.want(err) {
 				t.Fatalf("materialize: got %+v, %v", m, err)
 			}

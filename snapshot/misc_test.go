@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	"github.com/cryo-runtime/cryo/nodecache"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 )
 
@@ -104,7 +105,7 @@ func TestEncryptedChunksCannotMove(t *testing.T) {
 	})
 	s := open(t, store, "v1", ReadOptions{DecryptionKey: key})
 	cache := t.TempDir()
-	if _, err := s.Materialize(context.Background(), cache); !errdefs.IsDataLoss(err) || !strings.Contains(err.Error(), "decrypt") {
+	if _, err := s.Materialize(context.Background(), nodecache.OpenSnapshots(cache)); !errdefs.IsDataLoss(err) || !strings.Contains(err.Error(), "decrypt") {
 		t.Fatalf("swapped chunks: %v", err)
 	}
 	assertEmptyCache(t, cache)
@@ -230,7 +231,7 @@ func TestMaterializeCancel(t *testing.T) {
 		return f.WriteAt(b, off)
 	}
 	cache := t.TempDir()
-	if _, err := s.Materialize(ctx, cache); !errors.Is(err, context.Canceled) {
+	if _, err := s.Materialize(ctx, nodecache.OpenSnapshots(cache)); !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled materialize: %v", err)
 	}
 	assertEmptyCache(t, cache)
@@ -245,7 +246,7 @@ func TestPruneTemp(t *testing.T) {
 	}
 	old := time.Now().Add(-2 * time.Hour)
 	os.Chtimes(filepath.Join(cache, ".tmp-old"), old, old)
-	if err := PruneTemp(cache, time.Hour); err != nil {
+	if err := nodecache.OpenSnapshots(cache).PruneTemp(time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	assertOnly(t, cache, ".tmp-new", "0123")
