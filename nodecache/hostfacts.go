@@ -6,12 +6,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
-	"strings"
 
 	"github.com/opencontainers/go-digest"
 
 	"github.com/cryo-runtime/cryo/internal/atomicfile"
+	"github.com/cryo-runtime/cryo/vmm"
 )
 
 // HostFacts remembers facts about host files (QEMU's version, the guest
@@ -57,7 +56,7 @@ func (h HostFacts) Get(file, fact string, compute func(string) (string, error)) 
 
 // QEMUVersion is the version ("7.2.19") of the QEMU binary qemu.
 func (h HostFacts) QEMUVersion(qemu string) (string, error) {
-	return h.Get(qemu, "qemu-version", qemuVersion)
+	return h.Get(qemu, "qemu-version", vmm.QEMUVersion)
 }
 
 // GuestDigests are the sha256 digests ("sha256:<hex>") of the guest kernel
@@ -75,21 +74,6 @@ func (h HostFacts) GuestDigests(kernel, initrd string) (GuestDigests, error) {
 		return g, fmt.Errorf("guest initrd: %w", err)
 	}
 	return g, nil
-}
-
-var qemuVersionRe = regexp.MustCompile(`version ([0-9]+\.[0-9]+\.[0-9]+)`)
-
-// qemuVersion asks the QEMU binary its version.
-func qemuVersion(path string) (string, error) {
-	out, err := exec.Command(path, "--version").Output()
-	if err != nil {
-		return "", fmt.Errorf("%s --version: %w", path, err)
-	}
-	m := qemuVersionRe.FindStringSubmatch(string(out))
-	if m == nil {
-		return "", fmt.Errorf("%s --version: no version in %q", path, strings.TrimSpace(string(out)))
-	}
-	return m[1], nil
 }
 
 func digestFile(path string) (string, error) {

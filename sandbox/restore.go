@@ -98,13 +98,13 @@ func Restore(ctx context.Context, spec Spec, src Source) (*Sandbox, *Restored, e
 	st := &start{Spec: spec, src: src, restore: &restoring{}}
 	err := runSteps(ctx, "restore", []step{
 		{"resolve", st.resolve},
-		{"check host", st.checkHost},
+		{"host facts", st.hostFacts},
 		{"fetch+materialize", st.materialize},
 		{"pod network", st.network(network.Options{HoldGuest: true})},
 		{"vm config", st.restoreConfig},
 		{"vm", st.newVM},
 		{"fingerprint", func(ctx context.Context, _ *undo) error {
-			return stepErr("restore from "+src.URL, st.vm.Fingerprint().CheckRestore(st.restore.rec.Fingerprint))
+			return stepErr("restore from "+src.URL+": snapshot does not fit this host", st.vm.CheckRestore(st.restore.snap.Metadata.Fingerprint))
 		}},
 		{"qemu", st.startQEMU},
 		{"load state", st.loadState},
@@ -173,14 +173,15 @@ func (st *start) resolve(ctx context.Context, _ *undo) error {
 	return nil
 }
 
-// checkHost compares the snapshot's VM with what this host would run.
-func (st *start) checkHost(ctx context.Context, _ *undo) error {
+// hostFacts are the guest files' digests and QEMU's version, which the
+// VM's fingerprint needs before QEMU starts (the fingerprint step).
+func (st *start) hostFacts(ctx context.Context, _ *undo) error {
 	digests, err := hostGuestDigests(st.Config)
 	if err == nil {
-		err = checkHost(st.Config, st.restore.snap.Metadata.Fingerprint, digests)
+		digests.qemu, err = st.restore.node.Facts().QEMUVersion(st.Config.Hypervisor.Path)
 	}
 	if err != nil {
-		return fmt.Errorf("restore from %s: snapshot does not fit this host: %w", st.src.URL, err)
+		return fmt.Errorf("restore from %s: host facts: %w", st.src.URL, err)
 	}
 	st.restore.digests = digests
 	return nil
@@ -318,42 +319,12 @@ func restoredVMConfig(ctx context.Context, id string, cfg configs.Config, rec *s
 	return c, nil
 }
 
-// checkHost compares what the snapshot's VM was with what this host would
-// run; the error names the first field that differs.
-func checkHost(cfg configs.Config, fp snapshot.Fingerprint, g guestDigests) error {
-	host := fp
-	h := cfg.Hypervisor
-	host.MachineType, host.CPUModel, host.Accel = h.MachineType, h.CPUModel, h.Accel
-	node, err := cfg.Snapshot.NodeCache()
-	if err != nil {
-		return err
-	}
-	v, err := node.Facts().QEMUVersion(h.Path)
-	if err != nil {
-		return err
-	}
-	host.QEMUVersion = v
-	host.KernelDigest, host.InitrdDigest = g.kernel, g.initrd
-	// A guest that used a CPU feature this host lacks would fault (KVM
-	// cannot emulate it); Compare names the missing flags.
-	host.HostCPUFlags = nil
-	if len(fp.HostCPUFlags) > 0 {
-		if host.HostCPUFlags, err = hostCPUFlags(); err != nil {
-			return fmt.Errorf("host cpu flags: %w", err)
-		}
-	}
-	return fp.Compare(host)
-}
-
-// hostCPUFlags is this host's /proc/cpuinfo flags (a variable for tests).
-var hostCPUFlags = vmm.HostCPUFlags
-
 // guestDigests are the sha256 digests ("sha256:<hex>") of the guest
 // kernel and initrd, from the node's host facts, so that no shim hashes the
 // files again: a restore compares them with the snapshot's, and the VM's
 // fingerprint, which a checkpoint records inside its pause window, needs
-// them.
-type guestDigests struct{ kernel, initrd string }
+// them. A restore adds QEMU's version (the VM's fingerprint before Start).
+type guestDigests struct{ kernel, initrd, qemu string }
 
 func hostGuestDigests(cfg configs.Config) (guestDigests, error) {
 	node, err := cfg.Snapshot.NodeCache()
@@ -364,10 +335,12 @@ func hostGuestDigests(cfg configs.Config) (guestDigests, error) {
 	return guestDigests{kernel: g.Kernel, initrd: g.Initrd}, err
 }
 
-// apply gives the VM config the digests (vmm takes them in hex).
+// apply gives the VM config the digests (vmm takes them in hex) and the
+// QEMU version.
 func (g guestDigests) apply(c vmm.Config) vmm.Config {
 	c.KernelSHA256 = strings.TrimPrefix(g.kernel, "sha256:")
 	c.InitrdSHA256 = strings.TrimPrefix(g.initrd, "sha256:")
+	c.QEMUVersion = g.qemu
 	return c
 }
 

@@ -15,6 +15,7 @@ import (
 	"testing"
 
 	"github.com/containerd/errdefs"
+	"github.com/cryo-runtime/cryo/fingerprint"
 	"github.com/cryo-runtime/cryo/nodecache"
 	"github.com/klauspost/compress/zstd"
 	"github.com/opencontainers/go-digest"
@@ -259,7 +260,7 @@ func TestHostile(t *testing.T) {
 		}, ReadOptions{}, atOpen, names("annotations[k]")},
 		{"fingerprint device", func(t *testing.T, st *memStore, s *Snapshot) {
 			rewrite(t, st, "v1", func(m *ocispec.Manifest, md *Metadata) {
-				md.Fingerprint.Devices = []Device{{ID: strings.Repeat("d", 129)}}
+				md.Fingerprint.Devices = []fingerprint.Device{{ID: strings.Repeat("d", 129)}}
 			})
 		}, ReadOptions{}, atOpen, names("fingerprint.devices[0].id")},
 		{"negative vcpus", func(t *testing.T, st *memStore, s *Snapshot) {

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/containerd/errdefs"
+	"github.com/cryo-runtime/cryo/fingerprint"
 	"github.com/cryo-runtime/cryo/nodecache"
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -91,7 +92,7 @@ func newTestSnap(t testing.TB) *testSnap {
 	writeTestFile(t, ts.paths.DevState, 300<<10, testCS, 4)
 	ts.md = Metadata{
 		Source:      SourceInfo{SandboxID: "sb1", PodName: "web", Namespace: "default"},
-		Fingerprint: Fingerprint{QEMUVersion: "7.2.0", MachineType: "pc-q35-7.2", CPUModel: "qemu64", MemoryMiB: 512, VCPUs: 1, Accel: "tcg"},
+		Fingerprint: fingerprint.Fingerprint{QEMUVersion: "7.2.0", MachineType: "pc-q35-7.2", CPUModel: "qemu64", MemoryMiB: 512, VCPUs: 1, Accel: "tcg"},
 		Containers:  []Container{{ID: "c1", Image: "docker.io/library/busybox:latest"}},
 		Network:     Network{Hostname: "web", Interfaces: []Interface{{Name: "eth0", MAC: "02:00:00:00:00:01", Addresses: []string{"10.0.0.2/24"}}}},
 	}
