@@ -327,11 +327,6 @@ func (v *VerifiedReader) Digest() digest.Digest { return v.d }
 // Size is the blob's size.
 func (v *VerifiedReader) Size() int64 { return v.size }
 
-// Verifies reports whether the reader holds exactly the blob desc names.
-func (v *VerifiedReader) Verifies(desc ocispec.Descriptor) bool {
-	return v != nil && v.f != nil && v.d != "" && v.d == desc.Digest && v.size == desc.Size
-}
-
 // A blob is trusted without hashing it again when the extended attribute
 // stampAttr names this boot: the cache writes blobs without fsync, so after
 // a machine crash a blob may be torn, but one written in this boot is read
@@ -360,14 +355,6 @@ func stamp(f *os.File) {
 func verifyFile(f *os.File, d digest.Digest, size int64) error {
 	_, err := fetch.CopyVerified(context.Background(), io.Discard, io.NewSectionReader(f, 0, size+1), ocispec.Descriptor{Digest: d, Size: size})
 	return err
-}
-
-// Path returns the file of a cached blob. Pin the blob while using the path.
-func (c *Blobs) Path(d digest.Digest) (string, bool) {
-	if !c.touch(d) {
-		return "", false
-	}
-	return c.blobPath(d), true
 }
 
 // Pin keeps d from eviction (also before it is downloaded) until the

@@ -38,11 +38,11 @@ func TestCachingStoreVerifiedReader(t *testing.T) {
 	if !ok {
 		t.Fatalf("Fetch returned %T, want *nodecache.VerifiedReader", rc)
 	}
-	if !v.Verifies(b.Desc) || v.Digest() != b.Desc.Digest || v.Size() != b.Desc.Size {
+	if !v.Verifies(b.Desc.Digest, b.Desc.Size) || v.Digest() != b.Desc.Digest || v.Size() != b.Desc.Size {
 		t.Fatalf("reader says %s (%d bytes), want %s (%d)", v.Digest(), v.Size(), b.Desc.Digest, b.Desc.Size)
 	}
 	other := blobN(8, 10000).Desc
-	if v.Verifies(other) {
+	if v.Verifies(other.Digest, other.Size) {
 		t.Fatal("reader verifies another blob")
 	}
 	whole := make([]byte, b.Desc.Size)
@@ -54,7 +54,7 @@ func TestCachingStoreVerifiedReader(t *testing.T) {
 	}
 	// The zero value verifies nothing and reads nothing.
 	var zero nodecache.VerifiedReader
-	if zero.Verifies(b.Desc) {
+	if zero.Verifies(b.Desc.Digest, b.Desc.Size) {
 		t.Fatal("zero VerifiedReader verifies")
 	}
 	if n, err := zero.Read(make([]byte, 10)); n != 0 || err == nil {

@@ -195,21 +195,6 @@ func TestMaterializeCancel(t *testing.T) {
 	assertEmptyCache(t, cache)
 }
 
-func TestPruneTemp(t *testing.T) {
-	cache := t.TempDir()
-	for _, d := range []string{".tmp-old", ".tmp-new", "0123"} {
-		if err := os.Mkdir(filepath.Join(cache, d), 0o700); err != nil {
-			t.Fatal(err)
-		}
-	}
-	old := time.Now().Add(-2 * time.Hour)
-	os.Chtimes(filepath.Join(cache, ".tmp-old"), old, old)
-	if err := nodecache.OpenSnapshots(cache).PruneTemp(time.Hour); err != nil {
-		t.Fatal(err)
-	}
-	assertOnly(t, cache, ".tmp-new", "0123")
-}
-
 func TestExpiry(t *testing.T) {
 	ts := newTestSnap(t)
 	store := newMemStore()
