@@ -18,6 +18,10 @@ import (
 // sandboxRecord is the "spec" file of a snapshot: what a restore needs to
 // rebuild the VM exactly (device layout, sizes) and to map new containers
 // onto the guest's. It is stored encrypted along with the chunks.
+//
+// Records written before the metadata's fingerprint became the only one
+// carry a "fingerprint" of their own (vmm's, other field names); it is
+// ignored: the metadata's is the one a restore checks.
 type sandboxRecord struct {
 	Version     int    `json:"version"`
 	SandboxID   string `json:"sandboxID"`
@@ -29,8 +33,6 @@ type sandboxRecord struct {
 	// restored, and its RAM was a private mapping that x-ignore-shared does
 	// not skip.
 	RAMInStream bool `json:"ramInStream,omitempty"`
-	// Records before issue #11 carried a "fingerprint" of their own; it is
-	// ignored: the metadata's is the one a restore checks.
 	// NICMAC is the MAC of the guest's pod NIC ("" without one): the
 	// restored pod's veth takes it over.
 	NICMAC     string            `json:"nicMAC,omitempty"`
