@@ -98,7 +98,7 @@ func Restore(ctx context.Context, spec Spec, src Source) (*Sandbox, *Restored, e
 	st := &start{Spec: spec, src: src, restore: &restoring{}}
 	err := runSteps(ctx, "restore", []step{
 		{"resolve", st.resolve},
-		{"host facts", st.hostFacts},
+		{"check host", st.checkHost},
 		{"fetch+materialize", st.materialize},
 		{"pod network", st.network(network.Options{HoldGuest: true})},
 		{"vm config", st.restoreConfig},
@@ -173,15 +173,21 @@ func (st *start) resolve(ctx context.Context, _ *undo) error {
 	return nil
 }
 
-// hostFacts are the guest files' digests and QEMU's version, which the
-// VM's fingerprint needs before QEMU starts (the fingerprint step).
-func (st *start) hostFacts(ctx context.Context, _ *undo) error {
+// checkHost compares the snapshot's VM with what this host would run,
+// before the snapshot is downloaded (the fingerprint step checks the VM
+// built from it again, its devices included).
+func (st *start) checkHost(ctx context.Context, _ *undo) error {
+	h := st.Config.Hypervisor
 	digests, err := hostGuestDigests(st.Config)
 	if err == nil {
-		digests.qemu, err = st.restore.node.Facts().QEMUVersion(st.Config.Hypervisor.Path)
+		digests.qemu, err = st.restore.node.Facts().QEMUVersion(h.Path)
+	}
+	if err == nil {
+		host := vmm.Config{QEMUPath: h.Path, Kernel: h.Kernel, Initrd: h.Initrd, MachineType: h.MachineType, CPUModel: h.CPUModel, Accel: h.Accel}
+		err = vmm.CheckHost(digests.apply(host), st.restore.snap.Metadata.Fingerprint)
 	}
 	if err != nil {
-		return fmt.Errorf("restore from %s: host facts: %w", st.src.URL, err)
+		return fmt.Errorf("restore from %s: snapshot does not fit this host: %w", st.src.URL, err)
 	}
 	st.restore.digests = digests
 	return nil

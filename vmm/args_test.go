@@ -457,3 +457,32 @@ func TestCheckRestore(t *testing.T) {
 		t.Errorf("a newer QEMU that knows the machine type refused: %v", err)
 	}
 }
+
+// TestCheckHost: before there is a machine, what the host decides is
+// checked against the snapshot's fingerprint; the VM's shape is not (the
+// machine built from the snapshot has it).
+func TestCheckHost(t *testing.T) {
+	cfg := unitConfig(t)
+	cfg.QEMUVersion = "7.2.19"
+	saved := mustNew(t, cfg).Fingerprint()
+	host := Config{QEMUPath: cfg.QEMUPath, Kernel: cfg.Kernel, Initrd: cfg.Initrd, MachineType: cfg.MachineType, CPUModel: cfg.CPUModel, Accel: cfg.Accel, QEMUVersion: "8.2.2"}
+	if err := CheckHost(host, saved); err != nil {
+		t.Errorf("the same host, a newer QEMU: %v", err)
+	}
+	for _, tc := range []struct {
+		field string
+		edit  func(c *Config)
+	}{
+		{"MachineType", func(c *Config) { c.MachineType = "pc-q35-8.0" }},
+		{"CPUModel", func(c *Config) { c.CPUModel = "max" }},
+		{"Accel", func(c *Config) { c.Accel = "kvm" }},
+		{"QEMUVersion", func(c *Config) { c.QEMUVersion = "7.1.0" }},
+		{"KernelDigest", func(c *Config) { c.KernelSHA256 = strings.Repeat("c", 64) }},
+	} {
+		c := host
+		tc.edit(&c)
+		if err := CheckHost(c, saved); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), tc.field) {
+			t.Errorf("%s: %v", tc.field, err)
+		}
+	}
+}

@@ -66,14 +66,40 @@ func (m *Machine) Fingerprint() fingerprint.Fingerprint {
 // (/proc/cpuinfo) when saved needs any, and Config.QEMUVersion or, unset,
 // QEMUPath's --version.
 func (m *Machine) CheckRestore(saved fingerprint.Fingerprint) error {
-	host := m.Fingerprint()
+	return checkOnHost(m.cfg, saved, m.Fingerprint())
+}
+
+// CheckHost is CheckRestore before there is a machine: it checks what the
+// host decides (QEMU version, machine type, CPU model, accel, guest kernel
+// and initrd digests, CPU flags) against saved, so that a restore refuses
+// before it downloads the snapshot. The VM's shape (memory, vCPUs,
+// devices) is taken from saved here: CheckRestore compares it once the
+// machine is built from the snapshot. cfg needs only the host's fields.
+func CheckHost(cfg Config, saved fingerprint.Fingerprint) error {
+	cfg = cfg.withDefaults()
+	host := saved
+	host.MachineType, host.CPUModel, host.Accel = cfg.MachineType, cfg.CPUModel, cfg.Accel
+	host.QEMUVersion = cfg.QEMUVersion
+	host.KernelDigest, host.InitrdDigest = fileDigest(cfg.KernelSHA256, cfg.Kernel), ""
+	if cfg.Initrd != "" {
+		host.InitrdDigest = fileDigest(cfg.InitrdSHA256, cfg.Initrd)
+	}
+	return checkOnHost(cfg, saved, host)
+}
+
+// checkOnHost completes host with what only this host knows (QEMU's
+// version if the config has none, the host's CPU flags) and checks saved
+// against it.
+func checkOnHost(cfg Config, saved, host fingerprint.Fingerprint) error {
 	if host.QEMUVersion == "" {
-		v, err := QEMUVersion(m.cfg.QEMUPath)
+		v, err := QEMUVersion(cfg.QEMUPath)
 		if err != nil {
 			return err
 		}
 		host.QEMUVersion = v
 	}
+	// A guest that used a CPU feature this host lacks would fault (KVM
+	// cannot emulate it): the host needs every flag saved lists.
 	host.HostCPUFlags = nil
 	if len(saved.HostCPUFlags) > 0 {
 		flags, err := HostCPUFlags()
@@ -83,6 +109,17 @@ func (m *Machine) CheckRestore(saved fingerprint.Fingerprint) error {
 		host.HostCPUFlags = flags
 	}
 	return saved.Check(host)
+}
+
+// fileDigest is "sha256:<known>", else the file's digest ("" if unreadable).
+func fileDigest(known, path string) string {
+	if known == "" {
+		known = fileSHA256(path)
+	}
+	if known == "" {
+		return ""
+	}
+	return "sha256:" + known
 }
 
 func fileSHA256(path string) string {
