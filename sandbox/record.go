@@ -72,7 +72,6 @@ const maxRecordSize = 1 << 20
 const (
 	maxRecordContainers = 64
 	maxRecordDisks      = vmm.MaxBootDisks + vmm.MaxHotplugPorts
-	maxRecordDevices    = 256
 )
 
 var (
@@ -81,7 +80,6 @@ var (
 	recordDiskIDRE = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_-]{0,23}$`)
 	recordSerialRE = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,20}$`)
 	recordPortRE   = regexp.MustCompile(`^rp[0-9]{1,2}$`)
-	sha256HexRE    = regexp.MustCompile(`^[0-9a-f]{64}$`)
 )
 
 // recordLimits are the node's limits on the VM a record describes.
