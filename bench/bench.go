@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cryo-runtime/cryo/configs"
+	"github.com/cryo-runtime/cryo/nodecache"
 	shimapi "github.com/cryo-runtime/cryo/shim/api/v1"
 	"github.com/cryo-runtime/cryo/stack"
 )
@@ -355,7 +356,7 @@ func (r *runner) checkpoint(id, to string) (ckpt, error) {
 
 // clearCache empties the node cache: blobs and materialized snapshots.
 func (r *runner) clearCache() error {
-	for _, d := range []string{r.s.Cfg.Snapshot.BlobDir(), r.s.Cfg.Snapshot.MaterializedDir()} {
+	for _, d := range []string{filepath.Join(r.s.Cfg.Snapshot.CacheDir, "blobs"), nodecache.SnapshotsDir(r.s.Cfg.Snapshot.CacheDir)} {
 		if err := os.RemoveAll(d); err != nil {
 			return err
 		}
@@ -366,7 +367,7 @@ func (r *runner) clearCache() error {
 // cacheBlobBytes is the size of the blobs in the node cache.
 func (r *runner) cacheBlobBytes() int64 {
 	var n int64
-	_ = filepath.WalkDir(r.s.Cfg.Snapshot.BlobDir(), func(p string, d os.DirEntry, err error) error {
+	_ = filepath.WalkDir(filepath.Join(r.s.Cfg.Snapshot.CacheDir, "blobs"), func(p string, d os.DirEntry, err error) error {
 		if err == nil && d.Type().IsRegular() && !strings.HasPrefix(d.Name(), ".") {
 			if st, err := d.Info(); err == nil {
 				n += st.Size()

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 
 	"github.com/cryo-runtime/cryo/fetch"
+	"github.com/cryo-runtime/cryo/nodecache"
 	"github.com/cryo-runtime/cryo/snapshot"
 )
 
@@ -115,7 +116,7 @@ func (r *runner) materializeRAM(ctx context.Context, url, dir string) (string, e
 	if err != nil {
 		return "", err
 	}
-	m, err := snap.Materialize(ctx, dir)
+	m, err := snap.Materialize(ctx, nodecache.OpenSnapshots(dir))
 	if err != nil {
 		return "", err
 	}

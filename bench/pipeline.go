@@ -17,6 +17,7 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/cryo-runtime/cryo/fetch"
+	"github.com/cryo-runtime/cryo/nodecache"
 	"github.com/cryo-runtime/cryo/snapshot"
 )
 
@@ -141,17 +142,17 @@ func (r *runner) pipeline() error {
 // only) and returns that time too.
 func materialize(ctx context.Context, store fetch.Store, ref string, ropts snapshot.ReadOptions, dir string) (total, matOnly time.Duration, err error) {
 	defer os.RemoveAll(dir)
-	cache, err := fetch.NewCache(filepath.Join(dir, "blobs"), 64<<30)
+	cache, err := nodecache.OpenBlobs(filepath.Join(dir, "blobs"), 64<<30)
 	if err != nil {
 		return 0, 0, err
 	}
 	for i, out := range []string{"snapshots", "again"} {
 		t0 := time.Now()
-		snap, err := snapshot.Open(ctx, fetch.NewCachingStore(store, cache, fetch.CachingOptions{}), ref, ropts)
+		snap, err := snapshot.Open(ctx, nodecache.NewCachingStore(store, cache, nodecache.CachingOptions{}), ref, ropts)
 		if err != nil {
 			return 0, 0, err
 		}
-		if _, err := snap.Materialize(ctx, filepath.Join(dir, out)); err != nil {
+		if _, err := snap.Materialize(ctx, nodecache.OpenSnapshots(filepath.Join(dir, out))); err != nil {
 			return 0, 0, err
 		}
 		if i == 0 {

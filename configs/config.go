@@ -128,12 +128,6 @@ func (s Snapshot) EncryptionRequired() bool {
 // state root.
 func (r Runtime) QEMUUIDLockDir() string { return filepath.Join(r.StateRoot, "qemu-uids") }
 
-// BlobDir is the node's blob cache, under CacheDir.
-func (s Snapshot) BlobDir() string { return filepath.Join(s.CacheDir, "blobs") }
-
-// MaterializedDir is where restores materialize snapshots, under CacheDir.
-func (s Snapshot) MaterializedDir() string { return filepath.Join(s.CacheDir, "snapshots") }
-
 // Stores configures where snapshots may come from and go to.
 type Stores struct {
 	// Allowed lists URL prefixes a restore or checkpoint may name, such as

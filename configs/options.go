@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/cryo-runtime/cryo/fetch"
+	"github.com/cryo-runtime/cryo/nodecache"
 	"github.com/cryo-runtime/cryo/snapshot"
 )
 
@@ -23,6 +24,11 @@ func (c Stores) FetchOptions() fetch.Options {
 	o.S3, o.MinIO = s3, s3
 	o.Registry = fetch.RegistryOptions{PlainHTTPHosts: c.Registry.PlainHTTP, Username: c.Registry.Username, Password: c.Registry.Password}
 	return o
+}
+
+// NodeCache opens the node cache that cache_dir and cache_size name.
+func (s Snapshot) NodeCache() (*nodecache.Node, error) {
+	return nodecache.Open(s.CacheDir, nodecache.Options{MaxBlobBytes: s.CacheMaxMiB << 20})
 }
 
 // ReadOptions loads the keys the [snapshot] section names and returns the

@@ -102,7 +102,7 @@ func writeTarBlob(ctx context.Context, tw *tar.Writer, src Store, d ocispec.Desc
 	}
 	// A tar entry cannot be taken back: a bad blob fails the whole archive,
 	// and the caller removes the partial file.
-	_, err = copyVerified(ctx, tw, rc, d)
+	_, err = CopyVerified(ctx, tw, rc, d)
 	return err
 }
 

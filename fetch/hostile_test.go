@@ -21,6 +21,7 @@ import (
 
 	"github.com/cryo-runtime/cryo/fetch"
 	"github.com/cryo-runtime/cryo/fetch/fetchtest"
+	"github.com/cryo-runtime/cryo/nodecache"
 )
 
 // hostile serves one blob at /blobs/sha256/<hex> (with Range support); act
@@ -215,14 +216,14 @@ func TestHostileStallGivesUp(t *testing.T) {
 
 // newCachingStore returns a caching store over s with a small part size, and
 // its cache directory.
-func newCachingStore(t *testing.T, s fetch.Store, partSize int64) (*fetch.CachingStore, string) {
+func newCachingStore(t *testing.T, s fetch.Store, partSize int64) (*nodecache.CachingStore, string) {
 	t.Helper()
 	dir := t.TempDir()
-	c, err := fetch.NewCache(dir, 1<<30)
+	c, err := nodecache.OpenBlobs(dir, 1<<30)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return fetch.NewCachingStore(s, c, fetch.CachingOptions{PartSize: partSize, Parallel: 3}), dir
+	return nodecache.NewCachingStore(s, c, nodecache.CachingOptions{PartSize: partSize, Parallel: 3}), dir
 }
 
 func assertCacheEmpty(t *testing.T, dir string) {
@@ -315,5 +316,39 @@ func TestHostileExtraBytes(t *testing.T) {
 			t.Fatalf("part %d: err = %v, want extra bytes refused", part, err)
 		}
 		assertCacheEmpty(t, dir)
+	}
+}
+
+func TestCachingStoreCancelledWaiterCancelsDownload(t *testing.T) {
+	h := newHostile(1 << 20)
+	started := make(chan struct{})
+	h.act = func(n int64, w http.ResponseWriter, r *http.Request, start, end int64) bool {
+		close(started)
+		<-r.Context().Done() // hangs until the download is cancelled
+		return true
+	}
+	cs, dir := newCachingStore(t, startHostileLayout(t, h), 16<<20)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- cs.Ensure(ctx, h.blob.Desc) }()
+	<-started
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("err = %v, want canceled", err)
+	}
+	// The download goroutine is cancelled with the last waiter and cleans up.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		ents, _ := os.ReadDir(filepath.Join(dir, "tmp"))
+		if len(ents) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("temp file left after the download was cancelled")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if cs.Blobs().Has(h.blob.Desc.Digest) {
+		t.Fatal("cancelled download entered the cache")
 	}
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/cryo-runtime/cryo/fetch"
 	"github.com/cryo-runtime/cryo/fetch/fetchtest"
+	"github.com/cryo-runtime/cryo/nodecache"
 )
 
 func envOpts(env map[string]string) fetch.Options {
@@ -95,14 +96,14 @@ func TestIntegrationS3Store(t *testing.T) {
 		s := openEnv(t, "s3://"+srv.Bucket+"/team/once:v1", srv.Env("S3"))
 		f := fetchtest.NewFixture("v1", 20)
 		fetchtest.Seed(t, s, f)
-		c, err := fetch.NewCache(t.TempDir(), 1<<30)
+		c, err := nodecache.OpenBlobs(t.TempDir(), 1<<30)
 		if err != nil {
 			t.Fatal(err)
 		}
 		// Two restores on one node: two stores, one cache.
 		var wg sync.WaitGroup
 		for i := range 2 {
-			cs := fetch.NewCachingStore(openEnv(t, "s3://"+srv.Bucket+"/team/once", srv.Env("S3")), c, fetch.CachingOptions{PartSize: 1 << 20})
+			cs := nodecache.NewCachingStore(openEnv(t, "s3://"+srv.Bucket+"/team/once", srv.Env("S3")), c, nodecache.CachingOptions{PartSize: 1 << 20})
 			wg.Go(func() {
 				for _, b := range f.All() {
 					if got := fetchtest.ReadAll(t, cs, b.Desc, 0, -1); !bytes.Equal(got, b.Data) {
@@ -132,11 +133,11 @@ func TestIntegrationRegistryStore(t *testing.T) {
 		s := openEnv(t, "oci://"+addr+"/cryo/parts", nil)
 		f := fetchtest.NewFixture("v1", 30)
 		fetchtest.Seed(t, s, f)
-		c, err := fetch.NewCache(t.TempDir(), 1<<30)
+		c, err := nodecache.OpenBlobs(t.TempDir(), 1<<30)
 		if err != nil {
 			t.Fatal(err)
 		}
-		cs := fetch.NewCachingStore(s, c, fetch.CachingOptions{PartSize: 512 << 10})
+		cs := nodecache.NewCachingStore(s, c, nodecache.CachingOptions{PartSize: 512 << 10})
 		big := f.Layers[0]
 		if got := fetchtest.ReadAll(t, cs, big.Desc, 7, 1<<20); !bytes.Equal(got, big.Data[7:7+1<<20]) {
 			t.Fatal("ranged read through the cache differs")

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/cryo-runtime/cryo/integration/harness"
-	"github.com/cryo-runtime/cryo/snapshot"
+	"github.com/cryo-runtime/cryo/nodecache"
 )
 
 // workload keeps a counter and a random secret only in RAM (a shell
@@ -165,17 +165,17 @@ func TestConcurrentRestores(t *testing.T) {
 
 	// cryoctl gc leaves the materialized snapshot alone while a sandbox
 	// restored from it runs, and removes it once none does.
-	gc := func() snapshot.PruneStats {
+	gc := func() nodecache.PruneStats {
 		t.Helper()
 		out, errs, err := e.Cryoctl("gc", "-o", "json", "--keep-materialized", "0s")
-		var r struct{ Materialized *snapshot.PruneStats }
+		var r struct{ Materialized *nodecache.PruneStats }
 		if err != nil || json.Unmarshal([]byte(out), &r) != nil || r.Materialized == nil {
 			t.Fatalf("cryoctl gc: %v\n%s\n%s", err, out, errs)
 		}
 		return *r.Materialized
 	}
 	dirs := func() []string {
-		d, _ := filepath.Glob(filepath.Join(e.Cfg.Snapshot.MaterializedDir(), "[0-9a-f]*"))
+		d, _ := filepath.Glob(filepath.Join(nodecache.SnapshotsDir(e.Cfg.Snapshot.CacheDir), "[0-9a-f]*"))
 		return d
 	}
 	if st := gc(); st.InUse != 1 || len(st.Removed) != 0 || len(dirs()) != 1 {

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cryo-runtime/cryo/annotations"
+	"github.com/cryo-runtime/cryo/fingerprint"
 	"github.com/cryo-runtime/cryo/internal/sparse"
 	"github.com/cryo-runtime/cryo/snapshot"
 	"github.com/cryo-runtime/cryo/vmm"
@@ -25,7 +26,7 @@ type capture struct {
 	devstate string
 	disks    []frozenDisk
 	record   *sandboxRecord
-	fp       vmm.Fingerprint
+	fp       fingerprint.Fingerprint
 	extra    []string // files to remove afterwards
 }
 
@@ -105,7 +106,6 @@ func captureVM(ctx context.Context, sb *Sandbox, record *sandboxRecord, work str
 		c.record.RAMInStream = true
 	}
 	c.fp = vm.Fingerprint()
-	c.record.Fingerprint = c.fp
 	if !keepStopped {
 		if err := vm.Resume(ctx); err != nil {
 			return nil, fmt.Errorf("checkpoint: resume vm: %w", err)
@@ -161,7 +161,7 @@ func (c *checkpointing) metadata() snapshot.Metadata {
 	sb, a := c.sb, c.sb.spec.Pod.Annotations
 	host, _ := os.Hostname()
 	md := snapshot.Metadata{
-		Fingerprint: snapshotFingerprint(c.cap.fp),
+		Fingerprint: c.cap.fp,
 		Source: snapshot.SourceInfo{
 			SandboxID: sb.spec.ID, RuntimeType: RuntimeType, Node: host,
 			PodName: a[annotations.CRISandboxName], Namespace: a[annotations.CRISandboxNamespace], PodUID: a[annotations.CRISandboxUID],

@@ -18,6 +18,10 @@ import (
 // sandboxRecord is the "spec" file of a snapshot: what a restore needs to
 // rebuild the VM exactly (device layout, sizes) and to map new containers
 // onto the guest's. It is stored encrypted along with the chunks.
+//
+// Records written before the metadata's fingerprint became the only one
+// carry a "fingerprint" of their own (vmm's, other field names); it is
+// ignored: the metadata's is the one a restore checks.
 type sandboxRecord struct {
 	Version     int    `json:"version"`
 	SandboxID   string `json:"sandboxID"`
@@ -28,8 +32,7 @@ type sandboxRecord struct {
 	// stream instead of a "ram" file: the checkpointed VM was itself
 	// restored, and its RAM was a private mapping that x-ignore-shared does
 	// not skip.
-	RAMInStream bool            `json:"ramInStream,omitempty"`
-	Fingerprint vmm.Fingerprint `json:"fingerprint"`
+	RAMInStream bool `json:"ramInStream,omitempty"`
 	// NICMAC is the MAC of the guest's pod NIC ("" without one): the
 	// restored pod's veth takes it over.
 	NICMAC     string            `json:"nicMAC,omitempty"`
@@ -69,7 +72,6 @@ const maxRecordSize = 1 << 20
 const (
 	maxRecordContainers = 64
 	maxRecordDisks      = vmm.MaxBootDisks + vmm.MaxHotplugPorts
-	maxRecordDevices    = 256
 )
 
 var (
@@ -78,7 +80,6 @@ var (
 	recordDiskIDRE = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_-]{0,23}$`)
 	recordSerialRE = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,20}$`)
 	recordPortRE   = regexp.MustCompile(`^rp[0-9]{1,2}$`)
-	sha256HexRE    = regexp.MustCompile(`^[0-9a-f]{64}$`)
 )
 
 // recordLimits are the node's limits on the VM a record describes.
@@ -133,7 +134,7 @@ func decodeRecord(b []byte, lim recordLimits) (*sandboxRecord, error) {
 	if r.Version != recordVersion {
 		return nil, fmt.Errorf("snapshot sandbox record version %d: this shim reads version %d: %w", r.Version, recordVersion, errdefs.ErrNotImplemented)
 	}
-	for _, check := range []func() error{r.checkVM(lim), r.checkFingerprint, r.checkDisks, r.checkContainers} {
+	for _, check := range []func() error{r.checkVM(lim), r.checkDisks, r.checkContainers} {
 		if err := check(); err != nil {
 			return nil, err
 		}
@@ -169,40 +170,6 @@ func (r *sandboxRecord) checkVM(lim recordLimits) func() error {
 		}
 		return nil
 	}
-}
-
-func (r *sandboxRecord) checkFingerprint() error {
-	f := &r.Fingerprint
-	if f.VCPUs != r.VCPUs || f.MemoryMiB != r.MemoryMiB {
-		return recordErr("fingerprint.vcpus %d, fingerprint.memoryMiB %d: the record says %d, %d", f.VCPUs, f.MemoryMiB, r.VCPUs, r.MemoryMiB)
-	}
-	for _, t := range []struct{ field, v string }{
-		{"fingerprint.qemuVersion", f.QEMUVersion}, {"fingerprint.machineType", f.MachineType},
-		{"fingerprint.cpuModel", f.CPUModel}, {"fingerprint.accel", f.Accel},
-	} {
-		if err := snapshot.CheckText(t.field, t.v, 128); err != nil {
-			return recordWrap(err)
-		}
-	}
-	if err := snapshot.CheckText("fingerprint.kernelArgs", f.KernelArgs, 4096); err != nil {
-		return recordWrap(err)
-	}
-	for _, t := range []struct{ field, v string }{{"fingerprint.kernelSHA256", f.KernelSHA256}, {"fingerprint.initrdSHA256", f.InitrdSHA256}} {
-		if t.v != "" && !sha256HexRE.MatchString(t.v) {
-			return recordErr("%s %q: not a sha256 in hex", t.field, t.v)
-		}
-	}
-	if len(f.Devices) > maxRecordDevices {
-		return recordErr("fingerprint.devices: %d, at most %d", len(f.Devices), maxRecordDevices)
-	}
-	for i, d := range f.Devices {
-		for _, t := range []struct{ field, v string }{{"id", d.ID}, {"driver", d.Driver}, {"bus", d.Bus}, {"addr", d.Addr}} {
-			if err := snapshot.CheckText(fmt.Sprintf("fingerprint.devices[%d].%s", i, t.field), t.v, 64); err != nil {
-				return recordWrap(err)
-			}
-		}
-	}
-	return nil
 }
 
 func (r *sandboxRecord) checkDisks() error {
@@ -263,28 +230,4 @@ func (r *sandboxRecord) checkContainers() error {
 		}
 	}
 	return nil
-}
-
-// snapshotFingerprint turns the VM's fingerprint into the snapshot format's.
-func snapshotFingerprint(f vmm.Fingerprint) snapshot.Fingerprint {
-	sf := snapshot.Fingerprint{
-		QEMUVersion: f.QEMUVersion,
-		MachineType: f.MachineType,
-		CPUModel:    f.CPUModel,
-		MemoryMiB:   int64(f.MemoryMiB),
-		VCPUs:       f.VCPUs,
-		Accel:       f.Accel,
-		// The host CPU features the guest's model uses (KVM only).
-		HostCPUFlags: f.HostCPUFlags,
-	}
-	if f.KernelSHA256 != "" {
-		sf.KernelDigest = "sha256:" + f.KernelSHA256
-	}
-	if f.InitrdSHA256 != "" {
-		sf.InitrdDigest = "sha256:" + f.InitrdSHA256
-	}
-	for _, d := range f.Devices {
-		sf.Devices = append(sf.Devices, snapshot.Device{ID: d.ID, Driver: d.Driver, PCIAddr: d.Bus + "/" + d.Addr})
-	}
-	return sf
 }

@@ -2,28 +2,24 @@ package sandbox
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
-	"github.com/opencontainers/go-digest"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/cryo-runtime/cryo/annotations"
 	"github.com/cryo-runtime/cryo/configs"
 	"github.com/cryo-runtime/cryo/fetch"
-	"github.com/cryo-runtime/cryo/internal/atomicfile"
 	"github.com/cryo-runtime/cryo/internal/redact"
 	"github.com/cryo-runtime/cryo/network"
+	"github.com/cryo-runtime/cryo/nodecache"
 	"github.com/cryo-runtime/cryo/snapshot"
 	"github.com/cryo-runtime/cryo/vmm"
 )
@@ -84,6 +80,7 @@ func (r *Restored) Claim(specAnnotations map[string]string, first bool) (RecordC
 
 // restoring is what a restore's own steps made.
 type restoring struct {
+	node    *nodecache.Node
 	snap    *snapshot.Snapshot
 	rec     *sandboxRecord
 	digests guestDigests
@@ -107,7 +104,7 @@ func Restore(ctx context.Context, spec Spec, src Source) (*Sandbox, *Restored, e
 		{"vm config", st.restoreConfig},
 		{"vm", st.newVM},
 		{"fingerprint", func(ctx context.Context, _ *undo) error {
-			return stepErr("restore from "+src.URL, st.vm.Fingerprint().CheckRestore(st.restore.rec.Fingerprint))
+			return stepErr("restore from "+src.URL+": snapshot does not fit this host", st.vm.CheckRestore(st.restore.snap.Metadata.Fingerprint))
 		}},
 		{"qemu", st.startQEMU},
 		{"load state", st.loadState},
@@ -147,7 +144,11 @@ func (st *start) resolve(ctx context.Context, _ *undo) error {
 	if ref, err = pinRef(ref, src.Digest); err != nil {
 		return err
 	}
-	cache, err := fetch.NewCache(cfg.Snapshot.BlobDir(), cfg.Snapshot.CacheMaxMiB<<20)
+	node, err := cfg.Snapshot.NodeCache()
+	var cached *nodecache.CachingStore
+	if err == nil {
+		cached, err = node.Store(store, nodecache.CachingOptions{})
+	}
 	if err != nil {
 		return fmt.Errorf("restore: node cache: %w", err)
 	}
@@ -157,7 +158,7 @@ func (st *start) resolve(ctx context.Context, _ *undo) error {
 	}
 	ropts.RefuseExpired = true
 	nodeReadLimits(&ropts, cfg)
-	snap, err := snapshot.Open(ctx, fetch.NewCachingStore(store, cache, fetch.CachingOptions{}), ref, ropts)
+	snap, err := snapshot.Open(ctx, cached, ref, ropts)
 	if err != nil {
 		return fmt.Errorf("restore from %s: %w", src.URL, err)
 	}
@@ -168,15 +169,22 @@ func (st *start) resolve(ctx context.Context, _ *undo) error {
 	if err := annotations.CheckRestoredSize(st.Pod.Annotations, cfg, rec.VCPUs, rec.MemoryMiB); err != nil {
 		return fmt.Errorf("restore from %s: %w", src.URL, err)
 	}
-	st.restore.snap, st.restore.rec = snap, rec
+	st.restore.node, st.restore.snap, st.restore.rec = node, snap, rec
 	return nil
 }
 
-// checkHost compares the snapshot's VM with what this host would run.
+// checkHost compares the snapshot's VM with what this host would run,
+// before the snapshot is downloaded (the fingerprint step checks the VM
+// built from it again, its devices included).
 func (st *start) checkHost(ctx context.Context, _ *undo) error {
+	h := st.Config.Hypervisor
 	digests, err := hostGuestDigests(st.Config)
 	if err == nil {
-		err = checkHost(st.Config, st.restore.snap.Metadata.Fingerprint, digests)
+		digests.qemu, err = st.restore.node.Facts().QEMUVersion(h.Path)
+	}
+	if err == nil {
+		host := vmm.Config{QEMUPath: h.Path, Kernel: h.Kernel, Initrd: h.Initrd, MachineType: h.MachineType, CPUModel: h.CPUModel, Accel: h.Accel}
+		err = vmm.CheckHost(digests.apply(host), st.restore.snap.Metadata.Fingerprint)
 	}
 	if err != nil {
 		return fmt.Errorf("restore from %s: snapshot does not fit this host: %w", st.src.URL, err)
@@ -191,13 +199,12 @@ func (st *start) checkHost(ctx context.Context, _ *undo) error {
 // until the sandbox releases them.
 func (st *start) materialize(ctx context.Context, u *undo) error {
 	r := st.restore
-	matDir := st.Config.Snapshot.MaterializedDir()
-	release, err := snapshot.Use(ctx, matDir, r.snap.Descriptor.Digest)
+	release, err := r.node.Snapshots().Use(ctx, r.snap.Descriptor.Digest)
 	if err != nil {
 		return fmt.Errorf("restore from %s: %w", st.src.URL, err)
 	}
 	u.onFailure(func(context.Context) { release() })
-	m, err := r.snap.Materialize(ctx, matDir)
+	m, err := r.snap.Materialize(ctx, r.node.Snapshots())
 	if err != nil {
 		return fmt.Errorf("restore from %s: %w", st.src.URL, err)
 	}
@@ -328,127 +335,29 @@ func restoredVMConfig(ctx context.Context, id string, cfg configs.Config, rec *s
 	return c, nil
 }
 
-// checkHost compares what the snapshot's VM was with what this host would
-// run; the error names the first field that differs.
-func checkHost(cfg configs.Config, fp snapshot.Fingerprint, g guestDigests) error {
-	host := fp
-	h := cfg.Hypervisor
-	host.MachineType, host.CPUModel, host.Accel = h.MachineType, h.CPUModel, h.Accel
-	v, err := newHostFacts(cfg).get(h.Path, "qemu-version", qemuVersion)
-	if err != nil {
-		return err
-	}
-	host.QEMUVersion = v
-	host.KernelDigest, host.InitrdDigest = g.kernel, g.initrd
-	// A guest that used a CPU feature this host lacks would fault (KVM
-	// cannot emulate it); Compare names the missing flags.
-	host.HostCPUFlags = nil
-	if len(fp.HostCPUFlags) > 0 {
-		if host.HostCPUFlags, err = hostCPUFlags(); err != nil {
-			return fmt.Errorf("host cpu flags: %w", err)
-		}
-	}
-	return fp.Compare(host)
-}
-
-// hostCPUFlags is this host's /proc/cpuinfo flags (a variable for tests).
-var hostCPUFlags = vmm.HostCPUFlags
-
-var qemuVersionRe = regexp.MustCompile(`version ([0-9]+\.[0-9]+\.[0-9]+)`)
-
-// qemuVersion asks the QEMU binary its version.
-func qemuVersion(path string) (string, error) {
-	out, err := exec.Command(path, "--version").Output()
-	if err != nil {
-		return "", fmt.Errorf("%s --version: %w", path, err)
-	}
-	m := qemuVersionRe.FindStringSubmatch(string(out))
-	if m == nil {
-		return "", fmt.Errorf("%s --version: no version in %q", path, strings.TrimSpace(string(out)))
-	}
-	return m[1], nil
-}
-
-func newHostFacts(cfg configs.Config) hostFactsCache {
-	return hostFactsCache{path: filepath.Join(cfg.Snapshot.CacheDir, "host-facts.json")}
-}
-
 // guestDigests are the sha256 digests ("sha256:<hex>") of the guest
 // kernel and initrd, from the node's host facts, so that no shim hashes the
 // files again: a restore compares them with the snapshot's, and the VM's
 // fingerprint, which a checkpoint records inside its pause window, needs
-// them.
-type guestDigests struct{ kernel, initrd string }
+// them. A restore adds QEMU's version (the VM's fingerprint before Start).
+type guestDigests struct{ kernel, initrd, qemu string }
 
 func hostGuestDigests(cfg configs.Config) (guestDigests, error) {
-	facts := newHostFacts(cfg)
-	var g guestDigests
-	var err error
-	if g.kernel, err = facts.get(cfg.Hypervisor.Kernel, "sha256", digestFile); err != nil {
-		return g, fmt.Errorf("guest kernel: %w", err)
+	node, err := cfg.Snapshot.NodeCache()
+	if err != nil {
+		return guestDigests{}, err
 	}
-	if g.initrd, err = facts.get(cfg.Hypervisor.Initrd, "sha256", digestFile); err != nil {
-		return g, fmt.Errorf("guest initrd: %w", err)
-	}
-	return g, nil
+	g, err := node.Facts().GuestDigests(cfg.Hypervisor.Kernel, cfg.Hypervisor.Initrd)
+	return guestDigests{kernel: g.Kernel, initrd: g.Initrd}, err
 }
 
-// apply gives the VM config the digests (vmm takes them in hex).
+// apply gives the VM config the digests (vmm takes them in hex) and the
+// QEMU version.
 func (g guestDigests) apply(c vmm.Config) vmm.Config {
 	c.KernelSHA256 = strings.TrimPrefix(g.kernel, "sha256:")
 	c.InitrdSHA256 = strings.TrimPrefix(g.initrd, "sha256:")
+	c.QEMUVersion = g.qemu
 	return c
-}
-
-// hostFactsCache remembers facts about host files (QEMU's version, the
-// guest kernel's digest) across shim processes, keyed by path, size and
-// modification time: every restore is a new shim, and hashing the kernel or
-// running QEMU costs tens of milliseconds of a restore.
-type hostFactsCache struct{ path string }
-
-func (h hostFactsCache) get(file, fact string, compute func(string) (string, error)) (string, error) {
-	bin := file
-	if !filepath.IsAbs(bin) {
-		p, err := exec.LookPath(bin)
-		if err != nil {
-			return "", err
-		}
-		bin = p
-	}
-	st, err := os.Stat(bin)
-	if err != nil {
-		return "", err
-	}
-	key := fmt.Sprintf("%s %s %d %d", fact, bin, st.Size(), st.ModTime().UnixNano())
-	facts := map[string]string{}
-	if b, err := os.ReadFile(h.path); err == nil {
-		_ = json.Unmarshal(b, &facts)
-	}
-	if v, ok := facts[key]; ok {
-		return v, nil
-	}
-	v, err := compute(bin)
-	if err != nil {
-		return "", err
-	}
-	facts[key] = v
-	if b, err := json.Marshal(facts); err == nil && os.MkdirAll(filepath.Dir(h.path), 0o700) == nil {
-		_ = atomicfile.Write(h.path, b, 0o600) // a cache: losing a write costs one recomputation
-	}
-	return v, nil
-}
-
-func digestFile(path string) (string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	d, err := digest.SHA256.FromReader(f)
-	if err != nil {
-		return "", err
-	}
-	return d.String(), nil
 }
 
 // Adopt takes over the guest container rc of a restored sandbox for a new

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/containerd/errdefs"
+	"github.com/opencontainers/go-digest"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/cryo-runtime/cryo/annotations"
@@ -65,10 +66,8 @@ func TestClaim(t *testing.T) {
 
 // goodRecord is a record as a checkpoint writes it.
 func goodRecord() *sandboxRecord {
-	fp := vmm.Fingerprint{QEMUVersion: "7.2.19", MachineType: "pc-q35-7.2", CPUModel: "qemu64", Accel: "tcg", MemoryMiB: 256, VCPUs: 1,
-		Devices: []vmm.Device{{ID: "root-0a1b2c3d4e5f", Driver: "virtio-blk-pci", Bus: "pcie.0", Addr: "0x3"}}, KernelSHA256: strings.Repeat("ab", 32)}
 	return &sandboxRecord{
-		Version: recordVersion, SandboxID: "s", VCPUs: 1, MemoryMiB: 256, HotplugPort: 8, Fingerprint: fp, NICMAC: "02:00:00:00:00:01",
+		Version: recordVersion, SandboxID: "s", VCPUs: 1, MemoryMiB: 256, HotplugPort: 8, NICMAC: "02:00:00:00:00:01",
 		Disks:      []recordDisk{{Name: "root-0a1b2c3d4e5f", ID: "root-0a1b2c3d4e5f", Serial: "cryo0a1b2c3d4e5f6a7b"}},
 		Containers: []RecordContainer{{GuestID: "s", Name: "app", Disk: "root-0a1b2c3d4e5f", Spec: &specs.Spec{Hostname: "web-0"}}},
 	}
@@ -114,16 +113,12 @@ func TestDecodeRecord(t *testing.T) {
 			}
 		}},
 		{"sandbox id", "sandboxID", func(r *sandboxRecord) { r.SandboxID = "../s" }},
-		{"vcpus over max_vcpus", "max_vcpus", func(r *sandboxRecord) { r.VCPUs, r.Fingerprint.VCPUs = 5, 5 }},
-		{"no vcpus", "vcpus 0", func(r *sandboxRecord) { r.VCPUs, r.Fingerprint.VCPUs = 0, 0 }},
-		{"memory over max_memory", "max_memory", func(r *sandboxRecord) { r.MemoryMiB, r.Fingerprint.MemoryMiB = 4096, 4096 }},
-		{"memory under the minimum", "memoryMiB 1", func(r *sandboxRecord) { r.MemoryMiB, r.Fingerprint.MemoryMiB = 1, 1 }},
-		{"fingerprint differs from the record", "fingerprint.vcpus", func(r *sandboxRecord) { r.Fingerprint.VCPUs = 4 }},
+		{"vcpus over max_vcpus", "max_vcpus", func(r *sandboxRecord) { r.VCPUs = 5 }},
+		{"no vcpus", "vcpus 0", func(r *sandboxRecord) { r.VCPUs = 0 }},
+		{"memory over max_memory", "max_memory", func(r *sandboxRecord) { r.MemoryMiB = 4096 }},
+		{"memory under the minimum", "memoryMiB 1", func(r *sandboxRecord) { r.MemoryMiB = 1 }},
 		{"hotplug ports", "hotplugPorts", func(r *sandboxRecord) { r.HotplugPort = 1000 }},
 		{"nic mac", "nicMAC", func(r *sandboxRecord) { r.NICMAC = "02:00:00:00:00:01:02:03" }},
-		{"machine type with a newline", "fingerprint.machineType", func(r *sandboxRecord) { r.Fingerprint.MachineType = "pc\n" }},
-		{"kernel digest", "fingerprint.kernelSHA256", func(r *sandboxRecord) { r.Fingerprint.KernelSHA256 = "../x" }},
-		{"device id", "fingerprint.devices[0].id", func(r *sandboxRecord) { r.Fingerprint.Devices[0].ID = strings.Repeat("x", 65) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := goodRecord()
@@ -135,6 +130,15 @@ func TestDecodeRecord(t *testing.T) {
 			t.Logf("refused: %v", err)
 		})
 	}
+	// A record written before the metadata's fingerprint became the only
+	// one still reads; its own fingerprint is ignored.
+	old := map[string]any{}
+	json.Unmarshal(enc(goodRecord()), &old)
+	old["fingerprint"] = map[string]any{"qemuVersion": "7.2.19", "kernelSHA256": "../x", "devices": []any{map[string]any{"id": "blk", "bus": "pcie.0", "addr": "0x3"}}}
+	b, _ := json.Marshal(old)
+	if r, err := decodeRecord(b, lim); err != nil || r.SandboxID != "s" {
+		t.Errorf("record with the old fingerprint field: %+v, %v", r, err)
+	}
 	for _, bad := range []string{`{`, `{"version":2}`, `[]`} {
 		if _, err := decodeRecord([]byte(bad), lim); err == nil {
 			t.Errorf("decodeRecord(%s) accepted", bad)
@@ -142,27 +146,6 @@ func TestDecodeRecord(t *testing.T) {
 	}
 	if _, err := decodeRecord(bytes.Repeat([]byte(" "), maxRecordSize+1), lim); !errdefs.IsInvalidArgument(err) {
 		t.Errorf("oversize record: %v", err)
-	}
-}
-
-func TestHostFactsCache(t *testing.T) {
-	dir := t.TempDir()
-	f := filepath.Join(dir, "vmlinuz")
-	os.WriteFile(f, []byte("kernel v1"), 0o644)
-	c := hostFactsCache{path: filepath.Join(dir, "cache", "facts.json")}
-	calls := 0
-	compute := func(p string) (string, error) { calls++; return digestFile(p) }
-	d1, err := c.get(f, "sha256", compute)
-	if err != nil || !strings.HasPrefix(d1, "sha256:") {
-		t.Fatalf("get = %q, %v", d1, err)
-	}
-	if d, _ := c.get(f, "sha256", compute); d != d1 || calls != 1 {
-		t.Fatalf("second get = %q after %d computations, want a cache hit", d, calls)
-	}
-	// a changed file is a miss
-	os.WriteFile(f, []byte("kernel v2, longer"), 0o644)
-	if d, _ := c.get(f, "sha256", compute); d == d1 || calls != 2 {
-		t.Fatalf("changed file: %q after %d computations", d, calls)
 	}
 }
 
@@ -180,8 +163,8 @@ func TestHostGuestDigests(t *testing.T) {
 	}
 	c := g.apply(vmm.Config{Kernel: kernel, Initrd: initrd})
 	for _, f := range []struct{ path, got string }{{kernel, c.KernelSHA256}, {initrd, c.InitrdSHA256}} {
-		want, _ := digestFile(f.path)
-		if "sha256:"+f.got != want {
+		b, _ := os.ReadFile(f.path)
+		if want := digest.FromBytes(b).String(); "sha256:"+f.got != want {
 			t.Errorf("digest of %s = %q, want %s", f.path, f.got, want)
 		}
 	}

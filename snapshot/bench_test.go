@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/cryo-runtime/cryo/fetch"
+	"github.com/cryo-runtime/cryo/nodecache"
 )
 
 // discardStore hashes and drops pushed blobs: the Write benchmark measures
@@ -331,7 +332,7 @@ func BenchmarkMaterialize(b *testing.B) {
 	stop := peakHeap()
 	for b.Loop() {
 		cache := filepath.Join(benchCacheDir(b), "cache")
-		if _, err := s.Materialize(context.Background(), cache); err != nil {
+		if _, err := s.Materialize(context.Background(), nodecache.OpenSnapshots(cache)); err != nil {
 			b.Fatal(err)
 		}
 		b.StopTimer()

@@ -13,6 +13,7 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/cryo-runtime/cryo/fetch"
+	"github.com/cryo-runtime/cryo/nodecache"
 )
 
 // readFull reads until b is full or the reader ends.
@@ -48,10 +49,10 @@ func sha256Digest(b []byte) digest.Digest {
 // out more or fewer bytes than asked, or that changes the object between two
 // ranges, is caught here. limit bounds desc.Size before anything is read.
 //
-// The node cache (fetch.CachingStore) verified its blobs when they entered
-// it and says so with a *fetch.VerifiedReader for exactly desc: that blob is
-// read whole and not hashed a second time. Bytes from any other store are
-// hashed here, before anyone decrypts or decompresses them.
+// The node cache verified its blobs when they entered it and says so by
+// being a nodecache.VerifiedFetcher: its blob is read whole and not hashed a
+// second time. Bytes from any other store are hashed here, before anyone
+// decrypts or decompresses them.
 func fetchVerified(ctx context.Context, store fetch.Store, desc ocispec.Descriptor, limit, rangeSize int64, buf []byte) ([]byte, error) {
 	if err := checkDigest(desc.Digest); err != nil {
 		return nil, err
@@ -63,20 +64,16 @@ func fetchVerified(ctx context.Context, store fetch.Store, desc ocispec.Descript
 		buf = make([]byte, desc.Size+1)
 	}
 	buf = buf[:desc.Size+1]
+	if vf, ok := store.(nodecache.VerifiedFetcher); ok {
+		return readVerified(ctx, vf, desc, buf[:desc.Size])
+	}
 	if rangeSize <= 0 {
 		rangeSize = max(desc.Size, 1)
 	}
-	for off := int64(0); ; off += rangeSize {
+	for off := int64(0); off < desc.Size || off == 0; off += rangeSize {
 		n := min(rangeSize, desc.Size-off)
-		verified, err := fetchRange(ctx, store, desc, off, n, buf[off:off+n+1], off == 0)
-		if err != nil {
+		if err := fetchRange(ctx, store, desc, off, n, buf[off:off+n+1]); err != nil {
 			return nil, err
-		}
-		if verified {
-			return buf[:desc.Size], nil
-		}
-		if off+n >= desc.Size {
-			break
 		}
 	}
 	b := buf[:desc.Size]
@@ -86,35 +83,42 @@ func fetchVerified(ctx context.Context, store fetch.Store, desc ocispec.Descript
 	return b, nil
 }
 
+// readVerified reads the whole blob desc, which the node cache verified,
+// into b (len(b) == desc.Size).
+func readVerified(ctx context.Context, vf nodecache.VerifiedFetcher, desc ocispec.Descriptor, b []byte) ([]byte, error) {
+	v, err := vf.FetchVerified(ctx, desc)
+	if err != nil {
+		return nil, fmt.Errorf("fetch %s: %w", desc.Digest, err)
+	}
+	defer v.Close()
+	if v.Size() != desc.Size {
+		return nil, fmt.Errorf("read cached %s: %d bytes, descriptor says %d: %w", desc.Digest, v.Size(), desc.Size, errdefs.ErrDataLoss)
+	}
+	if got, err := v.ReadAt(b, 0); got != len(b) {
+		return nil, fmt.Errorf("read cached %s: %d of %d bytes: %v: %w", desc.Digest, got, len(b), err, errdefs.ErrDataLoss)
+	}
+	return b, nil
+}
+
 // fetchRange reads exactly n bytes at off into b[:n]; b has one byte more to
-// notice a store that returns more than it was asked for. When whole is set
-// (off is 0, b has room for the blob and one byte more) and the store hands
-// out a reader the node cache verified for desc, it reads the whole blob
-// into b instead and reports true.
-func fetchRange(ctx context.Context, store fetch.Store, desc ocispec.Descriptor, off, n int64, b []byte, whole bool) (bool, error) {
+// notice a store that returns more than it was asked for.
+func fetchRange(ctx context.Context, store fetch.Store, desc ocispec.Descriptor, off, n int64, b []byte) error {
 	rc, err := store.Fetch(ctx, desc, off, n)
 	if err != nil {
-		return false, fmt.Errorf("fetch %s [%d,+%d): %w", desc.Digest, off, n, err)
+		return fmt.Errorf("fetch %s [%d,+%d): %w", desc.Digest, off, n, err)
 	}
 	defer rc.Close()
-	if v, ok := rc.(*fetch.VerifiedReader); ok && whole && v.Verifies(desc) {
-		b = b[:cap(b)][:desc.Size]
-		if got, err := v.ReadAt(b, 0); got != len(b) {
-			return false, fmt.Errorf("read cached %s: %d of %d bytes: %v: %w", desc.Digest, got, len(b), err, errdefs.ErrDataLoss)
-		}
-		return true, nil
-	}
 	got, err := readFull(rc, b)
 	if err != nil {
-		return false, fmt.Errorf("fetch %s [%d,+%d): %w", desc.Digest, off, n, err)
+		return fmt.Errorf("fetch %s [%d,+%d): %w", desc.Digest, off, n, err)
 	}
 	switch {
 	case int64(got) < n:
-		return false, fmt.Errorf("fetch %s [%d,+%d): truncated after %d bytes: %w", desc.Digest, off, n, got, errdefs.ErrDataLoss)
+		return fmt.Errorf("fetch %s [%d,+%d): truncated after %d bytes: %w", desc.Digest, off, n, got, errdefs.ErrDataLoss)
 	case int64(got) > n:
-		return false, fmt.Errorf("fetch %s [%d,+%d): store returned extra bytes: %w", desc.Digest, off, n, errdefs.ErrDataLoss)
+		return fmt.Errorf("fetch %s [%d,+%d): store returned extra bytes: %w", desc.Digest, off, n, errdefs.ErrDataLoss)
 	}
-	return false, nil
+	return nil
 }
 
 // pushIfMissing pushes b as desc unless the store has it; it reports whether

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/containerd/errdefs"
+	"github.com/cryo-runtime/cryo/nodecache"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 )
 
@@ -69,7 +70,7 @@ func itoa(n int64) string { b, _ := json.Marshal(n); return string(b) }
 func materializeCheck(t *testing.T, ts *testSnap, store *memStore, ref string, opts ReadOptions) *Snapshot {
 	t.Helper()
 	s := open(t, store, ref, opts)
-	m, err := s.Materialize(context.Background(), t.TempDir())
+	m, err := s.Materialize(context.Background(), nodecache.OpenSnapshots(t.TempDir()))
 	if err != nil {
 		t.Fatalf("materialize %s: %v", ref, err)
 	}

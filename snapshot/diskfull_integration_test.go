@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/cryo-runtime/cryo/nodecache"
 	"golang.org/x/sys/unix"
 )
 
@@ -37,7 +38,7 @@ func TestMaterializeDiskFullTmpfs(t *testing.T) {
 	ts.write(t, store, "v1", WriteOptions{})
 	s := open(t, store, "v1", ReadOptions{})
 	cache := filepath.Join(mnt, "cache")
-	m, err := s.Materialize(context.Background(), cache)
+	m, err := s.Materialize(context.Background(), nodecache.OpenSnapshots(cache))
 	if !errors.Is(err, syscall.ENOSPC) {
 		t.Fatalf("materialize into a full tmpfs: %+v, %v", m, err)
 	}
@@ -54,7 +55,7 @@ func TestMaterializeDiskFullTmpfs(t *testing.T) {
 
 	// With room, the same snapshot materializes.
 	big := filepath.Join(t.TempDir(), "cache")
-	if _, err := s.Materialize(context.Background(), big); err != nil {
+	if _, err := s.Materialize(context.Background(), nodecache.OpenSnapshots(big)); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -52,6 +52,7 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	"github.com/cryo-runtime/cryo/fingerprint"
 	"github.com/opencontainers/go-digest"
 )
 
@@ -141,11 +142,11 @@ type Metadata struct {
 	// Created is set by Write when zero.
 	Created time.Time `json:"created"`
 	// Expires is when the snapshot may be garbage collected (zero: never).
-	Expires     time.Time   `json:"expires,omitzero"`
-	Source      SourceInfo  `json:"source"`
-	Fingerprint Fingerprint `json:"fingerprint"`
-	Containers  []Container `json:"containers,omitempty"`
-	Network     Network     `json:"network"`
+	Expires     time.Time               `json:"expires,omitzero"`
+	Source      SourceInfo              `json:"source"`
+	Fingerprint fingerprint.Fingerprint `json:"fingerprint"`
+	Containers  []Container             `json:"containers,omitempty"`
+	Network     Network                 `json:"network"`
 	// Annotations are free-form labels of the caller.
 	Annotations map[string]string `json:"annotations,omitempty"`
 

@@ -15,6 +15,8 @@ import (
 	"testing"
 
 	"github.com/containerd/errdefs"
+	"github.com/cryo-runtime/cryo/fingerprint"
+	"github.com/cryo-runtime/cryo/nodecache"
 	"github.com/klauspost/compress/zstd"
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -258,7 +260,7 @@ func TestHostile(t *testing.T) {
 		}, ReadOptions{}, atOpen, names("annotations[k]")},
 		{"fingerprint device", func(t *testing.T, st *memStore, s *Snapshot) {
 			rewrite(t, st, "v1", func(m *ocispec.Manifest, md *Metadata) {
-				md.Fingerprint.Devices = []Device{{ID: strings.Repeat("d", 129)}}
+				md.Fingerprint.Devices = []fingerprint.Device{{ID: strings.Repeat("d", 129)}}
 			})
 		}, ReadOptions{}, atOpen, names("fingerprint.devices[0].id")},
 		{"negative vcpus", func(t *testing.T, st *memStore, s *Snapshot) {
@@ -317,7 +319,7 @@ func TestHostile(t *testing.T) {
 			}
 			var before, after runtime.MemStats
 			runtime.ReadMemStats(&before)
-			m, err := s.Materialize(context.Background(), cache)
+			m, err := s.Materialize(context.Background(), nodecache.OpenSnapshots(cache))
 			runtime.ReadMemStats(&after)
 			if err == nil || !tc.want(err) {
 				t.Fatalf("materialize: got %+v, %v", m, err)
@@ -543,7 +545,7 @@ func TestHostileDelta(t *testing.T) {
 			if err != nil {
 				t.Fatalf("open: %v", err)
 			}
-			m, err := s.Materialize(context.Background(), cache)
+			m, err := s.Materialize(context.Background(), nodecache.OpenSnapshots(cache))
 			if err == nil || !tc.want(err) {
 				t.Fatalf("materialize: got %+v, %v", m, err)
 			}

@@ -1,33 +1,27 @@
 package snapshot
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	"github.com/opencontainers/go-digest"
-	"golang.org/x/sys/unix"
 
-	"github.com/cryo-runtime/cryo/internal/bootid"
-	"github.com/cryo-runtime/cryo/internal/flock"
 	"github.com/cryo-runtime/cryo/internal/safefs"
+	"github.com/cryo-runtime/cryo/nodecache"
 )
 
 // Materialized is a snapshot rebuilt as plain sparse files in a cache
 // directory. The files are read-only (0400) and must not be modified: QEMU
 // maps RAM with share=off and uses disks as backing files of new overlays.
 type Materialized struct {
-	// Dir is <cacheDir>/<hex of the manifest digest>.
+	// Dir is the snapshot's directory (nodecache.Snapshots.Path).
 	Dir            string
 	ManifestDigest digest.Digest
 	// RAM, DevState and Spec are paths, "" when the snapshot has no such
@@ -96,65 +90,35 @@ func (s *Snapshot) Verify(ctx context.Context) (VerifyStats, error) {
 	return st, nil
 }
 
-// Materialize rebuilds the snapshot's files under cacheDir/<hex of the
-// manifest digest>, one materialization of a snapshot at a time on the node
-// (a flock per snapshot). Chunks are fetched, verified (digest before
+// Materialize rebuilds the snapshot's files in its directory of the node's
+// materialized snapshots, one materialization of a snapshot at a time on
+// the node (nodecache.Slot). Chunks are fetched, verified (digest before
 // anything else, then decryption, then a bounded decompression to exactly
 // the annotated size) and written at their offsets in parallel, into sparse
-// files in a temporary directory inside cacheDir that is renamed into place
-// when complete. On any error (disk full included) the temporary directory
-// is removed: nothing partial is left, nothing outside cacheDir is written.
-// A second call finds the directory and fetches nothing.
-//
-// Nothing is fsynced: the directory is a cache that has to survive process
-// crashes, which the page cache does. A machine crash may tear it, so a
-// completion marker names the boot it was written in (the last file written
-// before the rename); a directory whose marker is missing or names another
-// boot is removed and materialized again.
-func (s *Snapshot) Materialize(ctx context.Context, cacheDir string) (_ *Materialized, retErr error) {
-	hexd := s.Descriptor.Digest.Encoded()
+// files in a temporary directory beside it that is renamed into place when
+// complete. On any error (disk full included) the temporary directory is
+// removed: nothing partial is left, nothing outside dirs is written. A
+// second call finds the directory and fetches nothing.
+func (s *Snapshot) Materialize(ctx context.Context, dirs *nodecache.Snapshots) (_ *Materialized, retErr error) {
 	if err := checkDigest(s.Descriptor.Digest); err != nil {
 		return nil, err
 	}
 	if s.Encrypted() && s.opts.DecryptionKey == nil {
 		return nil, fmt.Errorf("materialize %s: encrypted snapshot and no decryption key: %w", s.Descriptor.Digest, errdefs.ErrFailedPrecondition)
 	}
-	boot, err := bootid.Get()
+	slot, err := dirs.Lock(ctx, s.Descriptor.Digest)
 	if err != nil {
 		return nil, fmt.Errorf("materialize: %w", err)
 	}
-	marker := s.completeMarker(boot)
-	if err := os.MkdirAll(cacheDir, 0o700); err != nil {
-		return nil, fmt.Errorf("materialize: %w", err)
-	}
-	// One materialization of a snapshot at a time on the node: concurrent
-	// restores of it download it once, the others find the directory.
-	lock, err := lockFile(ctx, materializeLockPath(cacheDir, s.Descriptor.Digest), unix.LOCK_EX)
+	defer slot.Close()
+	hit, err := slot.Complete(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("materialize: %w", err)
+		return nil, fmt.Errorf("materialize %s: %w", s.Descriptor.Digest, err)
 	}
-	defer func() {
-		// Nothing is left behind: a waiter holding the removed file finds
-		// it gone and takes a new one (lockFile).
-		os.Remove(lock.Name())
-		lock.Close()
-	}()
-	final := filepath.Join(cacheDir, hexd)
-	if isComplete(final, marker) {
-		return s.cached(final, true)
+	if hit {
+		return s.cached(slot.Path(), true)
 	}
-	// A directory of an earlier boot, or one without a marker, goes now:
-	// its space may be needed.
-	if _, err := os.Lstat(final); err == nil {
-		hit, err := publish(ctx, cacheDir, final, marker, "")
-		if err != nil {
-			return nil, fmt.Errorf("materialize %s: %w", s.Descriptor.Digest, err)
-		}
-		if hit {
-			return s.cached(final, true)
-		}
-	}
-	tmp, err := os.MkdirTemp(cacheDir, ".tmp-"+hexd[:16]+"-")
+	tmp, err := slot.TempDir()
 	if err != nil {
 		return nil, fmt.Errorf("materialize: %w", err)
 	}
@@ -168,101 +132,14 @@ func (s *Snapshot) Materialize(ctx context.Context, cacheDir string) (_ *Materia
 	if err := s.materializeInto(ctx, tmp); err != nil {
 		return nil, fmt.Errorf("materialize %s: %w", s.Descriptor.Digest, err)
 	}
-	if err := os.WriteFile(filepath.Join(tmp, completeFile), marker, 0o400); err != nil {
-		return nil, fmt.Errorf("materialize %s: %w", s.Descriptor.Digest, err)
-	}
-	hit, err := publish(ctx, cacheDir, final, marker, tmp)
+	hit, err = slot.Publish(ctx, tmp)
 	if err != nil {
 		return nil, fmt.Errorf("materialize %s: %w", s.Descriptor.Digest, err)
 	}
 	if hit {
-		// Another materialization of the same snapshot won the race: one
-		// of an older cryo, which locked the snapshot another way.
 		os.RemoveAll(tmp)
 	}
-	return s.cached(final, hit)
-}
-
-// completeFile is the completion marker inside a materialized directory.
-// Snapshot file names never start with a dot (localName).
-const completeFile = ".cryo-complete"
-
-func (s *Snapshot) completeMarker(boot string) []byte {
-	return fmt.Appendf(nil, "cryo materialized\nmanifest %s\nboot %s\n", s.Descriptor.Digest, boot)
-}
-
-// isComplete reports whether dir is a directory whose completion marker is
-// marker (this snapshot, this boot).
-func isComplete(dir string, marker []byte) bool {
-	parent, err := safefs.OpenDir(filepath.Dir(dir))
-	if err != nil {
-		return false
-	}
-	defer parent.Close()
-	d, err := parent.Sub(filepath.Base(dir)) // not a symlink
-	if err != nil {
-		return false
-	}
-	defer d.Close()
-	b, err := d.ReadFile(completeFile, int64(len(marker)))
-	return err == nil && bytes.Equal(b, marker)
-}
-
-// publish changes final under a lock on cacheDir (held only for renames and
-// removals, so that a check and the change it decides are one step for
-// every materialization of every process): if final is complete it reports
-// a hit; else it removes whatever final is (an earlier boot's directory, one
-// without a marker) and renames tmp, if set, into its place.
-func publish(ctx context.Context, cacheDir, final string, marker []byte, tmp string) (hit bool, _ error) {
-	unlock, err := lockDir(ctx, cacheDir)
-	if err != nil {
-		return false, err
-	}
-	defer unlock()
-	if isComplete(final, marker) {
-		return true, nil
-	}
-	if _, err := os.Lstat(final); err == nil {
-		if err := removeStale(ctx, cacheDir, final); err != nil {
-			return false, err
-		}
-	}
-	if tmp == "" {
-		return false, nil
-	}
-	return false, os.Rename(tmp, final)
-}
-
-// removeStale moves dir out of the way (a crash while removing it leaves a
-// .tmp- directory, which PruneTemp removes) and removes it.
-func removeStale(ctx context.Context, cacheDir, dir string) error {
-	if err := removeDir(cacheDir, dir); err != nil {
-		return err
-	}
-	log.G(ctx).WithField("dir", dir).Info("materialize: removed a directory of an earlier boot or without a completion marker")
-	return nil
-}
-
-func removeDir(cacheDir, dir string) error {
-	// os.Rename refuses an existing target directory, even an empty one.
-	trash := filepath.Join(cacheDir, fmt.Sprintf(".tmp-stale-%016x", rand.Uint64()))
-	if err := os.Rename(dir, trash); err != nil {
-		return fmt.Errorf("remove %s: %w", dir, err)
-	}
-	return os.RemoveAll(trash)
-}
-
-// lockDir takes an exclusive flock on dir, waiting until ctx is done.
-func lockDir(ctx context.Context, dir string) (unlock func(), _ error) {
-	d, err := os.Open(dir)
-	if err != nil {
-		return nil, err
-	}
-	if err := flock.Wait(ctx, d, unix.LOCK_EX); err != nil {
-		d.Close()
-		return nil, err
-	}
-	return func() { d.Close() }, nil // closing releases the lock
+	return s.cached(slot.Path(), hit)
 }
 
 // cached describes the complete directory dir.
@@ -398,33 +275,4 @@ func getWorkerBufs(chunkSize int64, encrypted bool) *workerBufs {
 		wb.scratch = grow(wb.scratch, maxStoredSize(chunkSize))
 	}
 	return wb
-}
-
-// CachePath returns where Materialize puts the snapshot with manifest
-// digest d under cacheDir.
-func CachePath(cacheDir string, d digest.Digest) string {
-	return filepath.Join(cacheDir, d.Encoded())
-}
-
-// PruneTemp removes the temporary directories that materializations
-// interrupted by a crash left in cacheDir, when older than olderThan (pick
-// more than the longest materialization, e.g. an hour).
-func PruneTemp(cacheDir string, olderThan time.Duration) error {
-	ents, err := os.ReadDir(cacheDir)
-	if err != nil {
-		if os.IsNotExist(err) {
-			return nil
-		}
-		return fmt.Errorf("prune %s: %w", cacheDir, err)
-	}
-	var errs []error
-	for _, e := range ents {
-		if !e.IsDir() || !strings.HasPrefix(e.Name(), ".tmp-") {
-			continue
-		}
-		if info, err := e.Info(); err == nil && time.Since(info.ModTime()) > olderThan {
-			errs = append(errs, os.RemoveAll(filepath.Join(cacheDir, e.Name())))
-		}
-	}
-	return errors.Join(errs...)
 }

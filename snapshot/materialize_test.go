@@ -15,13 +15,14 @@ import (
 
 	"github.com/cryo-runtime/cryo/fetch"
 	"github.com/cryo-runtime/cryo/internal/bootid"
+	"github.com/cryo-runtime/cryo/nodecache"
 )
 
 // rewriteMarker replaces (or, with marker nil, removes) the completion
 // marker of the materialized directory dir.
 func rewriteMarker(t *testing.T, dir string, marker []byte) {
 	t.Helper()
-	p := filepath.Join(dir, completeFile)
+	p := filepath.Join(dir, nodecache.CompleteFile)
 	if err := os.Remove(p); err != nil {
 		t.Fatal(err)
 	}
@@ -47,11 +48,11 @@ func TestMaterializeBootMarker(t *testing.T) {
 	s := open(t, store, "v1", ReadOptions{})
 	cache := t.TempDir()
 	ctx := context.Background()
-	m, err := s.Materialize(ctx, cache)
+	m, err := s.Materialize(ctx, nodecache.OpenSnapshots(cache))
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := os.ReadFile(filepath.Join(m.Dir, completeFile))
+	b, err := os.ReadFile(filepath.Join(m.Dir, nodecache.CompleteFile))
 	if err != nil || !strings.Contains(string(b), "boot "+boot+"\n") || !strings.Contains(string(b), s.Descriptor.Digest.String()) {
 		t.Fatalf("marker %q, %v", b, err)
 	}
@@ -79,7 +80,7 @@ func TestMaterializeBootMarker(t *testing.T) {
 				}
 			}
 			before := store.fetches.Load()
-			m2, err := s.Materialize(ctx, cache)
+			m2, err := s.Materialize(ctx, nodecache.OpenSnapshots(cache))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -87,12 +88,12 @@ func TestMaterializeBootMarker(t *testing.T) {
 				t.Fatalf("stale directory used: hit %v, dir %s, %d fetches", m2.CacheHit, m2.Dir, store.fetches.Load()-before)
 			}
 			ts.checkFiles(t, m2)
-			if got, err := os.ReadFile(filepath.Join(m2.Dir, completeFile)); err != nil || !bytes.Equal(got, b) {
+			if got, err := os.ReadFile(filepath.Join(m2.Dir, nodecache.CompleteFile)); err != nil || !bytes.Equal(got, b) {
 				t.Fatalf("marker %q, %v; want %q", got, err, b)
 			}
 			assertOnly(t, cache, s.Descriptor.Digest.Encoded())
 			// And now it is used.
-			if m3, err := s.Materialize(ctx, cache); err != nil || !m3.CacheHit {
+			if m3, err := s.Materialize(ctx, nodecache.OpenSnapshots(cache)); err != nil || !m3.CacheHit {
 				t.Fatalf("third materialize: %+v, %v", m3, err)
 			}
 		})
@@ -110,14 +111,14 @@ func TestMaterializeConcurrent(t *testing.T) {
 	for round := range 2 {
 		if round == 1 {
 			// The second round races to replace a directory of another boot.
-			rewriteMarker(t, CachePath(cache, open(t, store, "v1", ReadOptions{}).Descriptor.Digest), []byte("cryo materialized\nboot x\n"))
+			rewriteMarker(t, nodecache.OpenSnapshots(cache).Path(open(t, store, "v1", ReadOptions{}).Descriptor.Digest), []byte("cryo materialized\nboot x\n"))
 		}
 		var wg sync.WaitGroup
 		ms := make([]*Materialized, 6)
 		errs := make([]error, len(ms))
 		for i := range ms {
 			s := open(t, store, "v1", ReadOptions{})
-			wg.Go(func() { ms[i], errs[i] = s.Materialize(context.Background(), cache) })
+			wg.Go(func() { ms[i], errs[i] = s.Materialize(context.Background(), nodecache.OpenSnapshots(cache)) })
 		}
 		wg.Wait()
 		for i := range ms {
@@ -157,7 +158,7 @@ func fileStoreSnapshot(t *testing.T, ts *testSnap) (fetch.Store, string) {
 // node cache's genuine verified reader of another blob.
 type otherBlobStore struct {
 	fetch.Store
-	cs          *fetch.CachingStore
+	cs          *nodecache.CachingStore
 	want, other ocispec.Descriptor
 }
 
@@ -184,11 +185,11 @@ func TestTamperedBlobOutsideTheCache(t *testing.T) {
 				t.Fatal(err)
 			}
 			victim := s.chunks[len(s.chunks)/2].desc
-			cache, err := fetch.NewCache(filepath.Join(t.TempDir(), "blobs"), 0)
+			cache, err := nodecache.OpenBlobs(filepath.Join(t.TempDir(), "blobs"), 0)
 			if err != nil {
 				t.Fatal(err)
 			}
-			cs := fetch.NewCachingStore(store, cache, fetch.CachingOptions{})
+			cs := nodecache.NewCachingStore(store, cache, nodecache.CachingOptions{})
 			var read fetch.Store
 			switch tc {
 			case "direct":
@@ -218,7 +219,7 @@ func TestTamperedBlobOutsideTheCache(t *testing.T) {
 				t.Fatal(err)
 			}
 			out := filepath.Join(t.TempDir(), "snapshots")
-			if _, err := s.Materialize(ctx, out); !errdefs.IsDataLoss(err) {
+			if _, err := s.Materialize(ctx, nodecache.OpenSnapshots(out)); !errdefs.IsDataLoss(err) {
 				t.Fatalf("materialize: %v, want data loss", err)
 			}
 			assertEmptyCache(t, out)

@@ -14,50 +14,9 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	"github.com/cryo-runtime/cryo/nodecache"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 )
-
-func TestFingerprintCompare(t *testing.T) {
-	base := Fingerprint{QEMUVersion: "7.2.0", MachineType: "pc-q35-7.2", CPUModel: "qemu64",
-		HostCPUFlags: []string{"sse2", "avx"}, MemoryMiB: 512, VCPUs: 2,
-		Devices:      []Device{{ID: "blk0", Driver: "virtio-blk-pci", PCIAddr: "0x4"}, {ID: "net0", Driver: "virtio-net-pci", PCIAddr: "0x5"}},
-		KernelDigest: "sha256:aa", InitrdDigest: "sha256:bb", Accel: "tcg"}
-	host := base
-	host.HostCPUFlags = []string{"avx", "sse2", "avx2"}       // more flags is fine
-	host.Devices = []Device{base.Devices[1], base.Devices[0]} // order is not
-	if err := base.Compare(host); err != nil {
-		t.Fatalf("same VM: %v", err)
-	}
-	cases := []struct {
-		field string
-		edit  func(f *Fingerprint)
-	}{
-		{"QEMUVersion", func(f *Fingerprint) { f.QEMUVersion = "8.0.0" }},
-		{"MachineType", func(f *Fingerprint) { f.MachineType = "pc-q35-8.0" }},
-		{"CPUModel", func(f *Fingerprint) { f.CPUModel = "host" }},
-		{"MemoryMiB", func(f *Fingerprint) { f.MemoryMiB = 1024 }},
-		{"VCPUs", func(f *Fingerprint) { f.VCPUs = 1 }},
-		{"KernelDigest", func(f *Fingerprint) { f.KernelDigest = "sha256:cc" }},
-		{"InitrdDigest", func(f *Fingerprint) { f.InitrdDigest = "sha256:cc" }},
-		{"Accel", func(f *Fingerprint) { f.Accel = "kvm" }},
-		{"HostCPUFlags", func(f *Fingerprint) { f.HostCPUFlags = []string{"sse2"} }},
-		{"Devices[blk0]", func(f *Fingerprint) {
-			f.Devices = []Device{{ID: "blk0", Driver: "virtio-blk-pci", PCIAddr: "0x6"}, base.Devices[1]}
-		}},
-		{"Devices[net0]", func(f *Fingerprint) { f.Devices = []Device{base.Devices[0]} }},
-		{"Devices[extra]", func(f *Fingerprint) {
-			f.Devices = append(append([]Device{}, base.Devices...), Device{ID: "extra", Driver: "e1000"})
-		}},
-	}
-	for _, tc := range cases {
-		h := host
-		tc.edit(&h)
-		err := base.Compare(h)
-		if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), tc.field) {
-			t.Errorf("%s: got %v", tc.field, err)
-		}
-	}
-}
 
 func TestKeyFiles(t *testing.T) {
 	dir := t.TempDir()
@@ -104,7 +63,7 @@ func TestEncryptedChunksCannotMove(t *testing.T) {
 	})
 	s := open(t, store, "v1", ReadOptions{DecryptionKey: key})
 	cache := t.TempDir()
-	if _, err := s.Materialize(context.Background(), cache); !errdefs.IsDataLoss(err) || !strings.Contains(err.Error(), "decrypt") {
+	if _, err := s.Materialize(context.Background(), nodecache.OpenSnapshots(cache)); !errdefs.IsDataLoss(err) || !strings.Contains(err.Error(), "decrypt") {
 		t.Fatalf("swapped chunks: %v", err)
 	}
 	assertEmptyCache(t, cache)
@@ -230,25 +189,10 @@ func TestMaterializeCancel(t *testing.T) {
 		return f.WriteAt(b, off)
 	}
 	cache := t.TempDir()
-	if _, err := s.Materialize(ctx, cache); !errors.Is(err, context.Canceled) {
+	if _, err := s.Materialize(ctx, nodecache.OpenSnapshots(cache)); !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled materialize: %v", err)
 	}
 	assertEmptyCache(t, cache)
-}
-
-func TestPruneTemp(t *testing.T) {
-	cache := t.TempDir()
-	for _, d := range []string{".tmp-old", ".tmp-new", "0123"} {
-		if err := os.Mkdir(filepath.Join(cache, d), 0o700); err != nil {
-			t.Fatal(err)
-		}
-	}
-	old := time.Now().Add(-2 * time.Hour)
-	os.Chtimes(filepath.Join(cache, ".tmp-old"), old, old)
-	if err := PruneTemp(cache, time.Hour); err != nil {
-		t.Fatal(err)
-	}
-	assertOnly(t, cache, ".tmp-new", "0123")
 }
 
 func TestExpiry(t *testing.T) {

@@ -17,11 +17,12 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/cryo-runtime/cryo/fetch"
+	"github.com/cryo-runtime/cryo/nodecache"
 )
 
 // BenchmarkPipeline is cryoctl bench's pipeline measurement in pure Go:
 // the restore data path as the shim runs it (Open and Materialize through
-// a fetch.CachingStore over a file:// store, into a fresh node cache and a
+// a nodecache.CachingStore over a file:// store, into a fresh node cache and a
 // fresh directory on disk) against raw SHA-256 of the same raw bytes and
 // raw parallel zstd decoding of the same stored chunks, each on GOMAXPROCS
 // goroutines. Every sub-benchmark reports MiB/s of raw (decompressed,
@@ -132,11 +133,11 @@ func (p pipelineSet) restore(b *testing.B, cached bool) (wall, cpu time.Duration
 		b.Fatal(err)
 	}
 	defer os.RemoveAll(dir)
-	cache, err := fetch.NewCache(filepath.Join(dir, "blobs"), 0)
+	cache, err := nodecache.OpenBlobs(filepath.Join(dir, "blobs"), 0)
 	if err != nil {
 		b.Fatal(err)
 	}
-	cs := fetch.NewCachingStore(p.store, cache, fetch.CachingOptions{})
+	cs := nodecache.NewCachingStore(p.store, cache, nodecache.CachingOptions{})
 	if cached {
 		s, err := Open(ctx, cs, "v1", ReadOptions{})
 		if err != nil {
@@ -154,7 +155,7 @@ func (p pipelineSet) restore(b *testing.B, cached bool) (wall, cpu time.Duration
 	if err != nil {
 		b.Fatal(err)
 	}
-	if _, err := s.Materialize(ctx, filepath.Join(dir, "snapshots")); err != nil {
+	if _, err := s.Materialize(ctx, nodecache.OpenSnapshots(filepath.Join(dir, "snapshots"))); err != nil {
 		b.Fatal(err)
 	}
 	wall, cpu = time.Since(t0), cpuTime()-c0

@@ -12,6 +12,8 @@ import (
 	"testing"
 
 	"github.com/containerd/errdefs"
+	"github.com/cryo-runtime/cryo/fingerprint"
+	"github.com/cryo-runtime/cryo/nodecache"
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 )
@@ -90,7 +92,7 @@ func newTestSnap(t testing.TB) *testSnap {
 	writeTestFile(t, ts.paths.DevState, 300<<10, testCS, 4)
 	ts.md = Metadata{
 		Source:      SourceInfo{SandboxID: "sb1", PodName: "web", Namespace: "default"},
-		Fingerprint: Fingerprint{QEMUVersion: "7.2.0", MachineType: "pc-q35-7.2", CPUModel: "qemu64", MemoryMiB: 512, VCPUs: 1, Accel: "tcg"},
+		Fingerprint: fingerprint.Fingerprint{QEMUVersion: "7.2.0", MachineType: "pc-q35-7.2", CPUModel: "qemu64", MemoryMiB: 512, VCPUs: 1, Accel: "tcg"},
 		Containers:  []Container{{ID: "c1", Image: "docker.io/library/busybox:latest"}},
 		Network:     Network{Hostname: "web", Interfaces: []Interface{{Name: "eth0", MAC: "02:00:00:00:00:01", Addresses: []string{"10.0.0.2/24"}}}},
 	}
@@ -206,11 +208,11 @@ func TestRoundTrip(t *testing.T) {
 	}
 
 	cache := t.TempDir()
-	m, err := s.Materialize(context.Background(), cache)
+	m, err := s.Materialize(context.Background(), nodecache.OpenSnapshots(cache))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m.CacheHit || m.Dir != CachePath(cache, s.Descriptor.Digest) {
+	if m.CacheHit || m.Dir != nodecache.OpenSnapshots(cache).Path(s.Descriptor.Digest) {
 		t.Errorf("first materialize: hit %v dir %s", m.CacheHit, m.Dir)
 	}
 	ts.checkFiles(t, m)
@@ -226,7 +228,7 @@ func TestRoundTrip(t *testing.T) {
 	// is a cache hit that fetches no chunk.
 	s2 := open(t, store, "v1@"+s.Descriptor.Digest.String(), ReadOptions{})
 	before := store.fetches.Load()
-	m2, err := s2.Materialize(context.Background(), cache)
+	m2, err := s2.Materialize(context.Background(), nodecache.OpenSnapshots(cache))
 	if err != nil || !m2.CacheHit || m2.Dir != m.Dir {
 		t.Fatalf("second materialize: %+v, %v", m2, err)
 	}
@@ -291,7 +293,7 @@ func TestEncryption(t *testing.T) {
 	if !s.Encrypted() {
 		t.Fatal("not marked encrypted")
 	}
-	if _, err := s.Materialize(ctx, t.TempDir()); !errdefs.IsFailedPrecondition(err) {
+	if _, err := s.Materialize(ctx, nodecache.OpenSnapshots(t.TempDir())); !errdefs.IsFailedPrecondition(err) {
 		t.Errorf("materialize without key: %v", err)
 	}
 	if _, err := Open(ctx, store, "enc", ReadOptions{DecryptionKey: bytes.Repeat([]byte{2}, 32)}); !errdefs.IsFailedPrecondition(err) {
@@ -301,7 +303,7 @@ func TestEncryption(t *testing.T) {
 		t.Errorf("plaintext snapshot with RequireEncryption: %v", err)
 	}
 	s = open(t, store, "enc", ReadOptions{DecryptionKey: key, RequireEncryption: true})
-	m, err := s.Materialize(ctx, t.TempDir())
+	m, err := s.Materialize(ctx, nodecache.OpenSnapshots(t.TempDir()))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/cryo-runtime/cryo/fetch"
 	"github.com/cryo-runtime/cryo/fetch/fetchtest"
+	"github.com/cryo-runtime/cryo/nodecache"
 )
 
 // TestRealStores writes a signed, encrypted snapshot to every store kind
@@ -75,7 +76,7 @@ func TestRealStores(t *testing.T) {
 			if !s.Signed {
 				t.Fatal("not signed")
 			}
-			m, err := s.Materialize(ctx, t.TempDir())
+			m, err := s.Materialize(ctx, nodecache.OpenSnapshots(t.TempDir()))
 			if err != nil {
 				t.Fatalf("materialize: %v", err)
 			}

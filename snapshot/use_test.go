@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/cryo-runtime/cryo/nodecache"
 )
 
 // useTestSnap returns a test snapshot, opened, and an empty cache dir.
@@ -25,17 +27,17 @@ func TestPruneMaterialized(t *testing.T) {
 	ts, s, cache := useTestSnap(t)
 	d := s.Descriptor.Digest
 
-	release, err := Use(ctx, cache, d)
+	release, err := nodecache.OpenSnapshots(cache).Use(ctx, d)
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := s.Materialize(ctx, cache)
+	m, err := s.Materialize(ctx, nodecache.OpenSnapshots(cache))
 	if err != nil {
 		t.Fatal(err)
 	}
-	prune := func(grace time.Duration, dry bool) PruneStats {
+	prune := func(grace time.Duration, dry bool) nodecache.PruneStats {
 		t.Helper()
-		st, err := PruneMaterialized(ctx, cache, grace, dry)
+		st, err := nodecache.OpenSnapshots(cache).Prune(ctx, grace, dry)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -60,12 +62,12 @@ func TestPruneMaterialized(t *testing.T) {
 	t.Logf("freed %d bytes", st.FreedBytes)
 	assertEmptyCache(t, cache)
 
-	release, err = Use(ctx, cache, d)
+	release, err = nodecache.OpenSnapshots(cache).Use(ctx, d)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer release()
-	if m, err = s.Materialize(ctx, cache); err != nil || m.CacheHit {
+	if m, err = s.Materialize(ctx, nodecache.OpenSnapshots(cache)); err != nil || m.CacheHit {
 		t.Fatalf("materialize after prune: hit %v, %v", m != nil && m.CacheHit, err)
 	}
 	ts.checkFiles(t, m)
@@ -90,7 +92,7 @@ func TestUseRacesPrune(t *testing.T) {
 				return
 			default:
 			}
-			st, err := PruneMaterialized(ctx, cache, 0, false)
+			st, err := nodecache.OpenSnapshots(cache).Prune(ctx, 0, false)
 			if err != nil {
 				t.Error(err)
 				return
@@ -99,11 +101,11 @@ func TestUseRacesPrune(t *testing.T) {
 		}
 	}()
 	for i := 0; i < 20; i++ {
-		release, err := Use(ctx, cache, s.Descriptor.Digest)
+		release, err := nodecache.OpenSnapshots(cache).Use(ctx, s.Descriptor.Digest)
 		if err != nil {
 			t.Fatal(err)
 		}
-		m, err := s.Materialize(ctx, cache)
+		m, err := s.Materialize(ctx, nodecache.OpenSnapshots(cache))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -123,10 +125,10 @@ func TestUseRacesPrune(t *testing.T) {
 }
 
 func TestUseRefusesBadDigest(t *testing.T) {
-	if _, err := Use(context.Background(), t.TempDir(), "sha256:../../etc"); err == nil {
+	if _, err := nodecache.OpenSnapshots(t.TempDir()).Use(context.Background(), "sha256:../../etc"); err == nil {
 		t.Fatal("Use accepted a bad digest")
 	}
-	if st, err := PruneMaterialized(context.Background(), t.TempDir()+"/none", 0, false); err != nil || len(st.Removed) != 0 {
+	if st, err := nodecache.OpenSnapshots(t.TempDir()+"/none").Prune(context.Background(), 0, false); err != nil || len(st.Removed) != 0 {
 		t.Fatalf("prune of a missing dir: %+v, %v", st, errors.Unwrap(err))
 	}
 }

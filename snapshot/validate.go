@@ -10,6 +10,7 @@ import (
 
 	"github.com/containerd/containerd/v2/pkg/identifiers"
 	"github.com/containerd/errdefs"
+	"github.com/cryo-runtime/cryo/fingerprint"
 )
 
 // Every byte of a snapshot comes from a store that other parties may write
@@ -116,7 +117,7 @@ func (s *Snapshot) validateFields() error {
 	return nil
 }
 
-func (s *Snapshot) validateFingerprint(f *Fingerprint) error {
+func (s *Snapshot) validateFingerprint(f *fingerprint.Fingerprint) error {
 	if f.VCPUs < 0 || f.MemoryMiB < 0 {
 		return fmt.Errorf("fingerprint.vcpus %d, fingerprint.memoryMiB %d: negative: %w", f.VCPUs, f.MemoryMiB, errdefs.ErrInvalidArgument)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/cryo-runtime/cryo/internal/safefs"
+	"github.com/cryo-runtime/cryo/nodecache"
 )
 
 // TestReadFile: a small file is read into memory whole, full chunks and
@@ -77,7 +78,7 @@ func TestMaterializedHostileEntries(t *testing.T) {
 	}
 	t.Run("snapshot directory is a symlink to a complete copy", func(t *testing.T) {
 		s, cache, outside := setup(t)
-		m, err := s.Materialize(ctx, cache)
+		m, err := s.Materialize(ctx, nodecache.OpenSnapshots(cache))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -88,7 +89,7 @@ func TestMaterializedHostileEntries(t *testing.T) {
 		if err := os.Symlink(copyDir, m.Dir); err != nil {
 			t.Fatal(err)
 		}
-		m2, err := s.Materialize(ctx, cache)
+		m2, err := s.Materialize(ctx, nodecache.OpenSnapshots(cache))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -98,7 +99,7 @@ func TestMaterializedHostileEntries(t *testing.T) {
 		if st, err := os.Lstat(m2.Dir); err != nil || !st.IsDir() {
 			t.Fatalf("materialized %v, %v", st, err)
 		}
-		if _, err := os.Stat(filepath.Join(copyDir, completeFile)); err != nil {
+		if _, err := os.Stat(filepath.Join(copyDir, nodecache.CompleteFile)); err != nil {
 			t.Fatalf("the symlink's target was changed: %v", err)
 		}
 	})
@@ -107,12 +108,12 @@ func TestMaterializedHostileEntries(t *testing.T) {
 		os.MkdirAll(cache, 0o700)
 		target := filepath.Join(outside, "victim")
 		os.WriteFile(target, []byte("host file"), 0o600)
-		os.Symlink(target, usePath(cache, s.Descriptor.Digest))
-		os.Symlink(target, materializeLockPath(cache, s.Descriptor.Digest))
-		if _, err := Use(ctx, cache, s.Descriptor.Digest); !errors.Is(err, safefs.ErrUnsafe) {
+		os.Symlink(target, filepath.Join(cache, "."+s.Descriptor.Digest.Encoded()+".use"))
+		os.Symlink(target, filepath.Join(cache, "."+s.Descriptor.Digest.Encoded()+".lock"))
+		if _, err := nodecache.OpenSnapshots(cache).Use(ctx, s.Descriptor.Digest); !errors.Is(err, safefs.ErrUnsafe) {
 			t.Fatalf("use: %v, want a refusal", err)
 		}
-		if _, err := s.Materialize(ctx, cache); !errors.Is(err, safefs.ErrUnsafe) {
+		if _, err := s.Materialize(ctx, nodecache.OpenSnapshots(cache)); !errors.Is(err, safefs.ErrUnsafe) {
 			t.Fatalf("materialize: %v, want a refusal", err)
 		}
 		if b, _ := os.ReadFile(target); string(b) != "host file" {
@@ -121,7 +122,7 @@ func TestMaterializedHostileEntries(t *testing.T) {
 	})
 	t.Run("spec is a FIFO", func(t *testing.T) {
 		s, cache, _ := setup(t)
-		m, err := s.Materialize(ctx, cache)
+		m, err := s.Materialize(ctx, nodecache.OpenSnapshots(cache))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -140,7 +141,7 @@ func TestMaterializedHostileEntries(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatal("ReadSpec blocked on a FIFO")
 		}
-		if _, err := s.Materialize(ctx, cache); !errdefs.IsDataLoss(err) {
+		if _, err := s.Materialize(ctx, nodecache.OpenSnapshots(cache)); !errdefs.IsDataLoss(err) {
 			t.Fatalf("a materialization with a FIFO for a file: %v, want data loss", err)
 		}
 	})

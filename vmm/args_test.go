@@ -425,33 +425,64 @@ func TestConfigValidation(t *testing.T) {
 
 func TestCheckRestore(t *testing.T) {
 	cfg := unitConfig(t)
+	cfg.QEMUVersion = "7.2.19"
 	m := mustNew(t, cfg)
 	saved := m.Fingerprint()
-	saved.QEMUVersion = "7.2.19"
-	if len(saved.KernelSHA256) != 64 {
-		t.Errorf("kernel digest %q", saved.KernelSHA256)
+	if len(saved.KernelDigest) != len("sha256:")+64 || saved.QEMUVersion != "7.2.19" {
+		t.Errorf("kernel digest %q, qemu version %q", saved.KernelDigest, saved.QEMUVersion)
 	}
-	if err := m.Fingerprint().CheckRestore(saved); err != nil {
+	if err := m.CheckRestore(saved); err != nil {
 		t.Errorf("same machine: %v", err)
 	}
 	// Digests the caller knows are taken as given, not hashed again.
 	known := cfg
 	known.KernelSHA256, known.InitrdSHA256 = strings.Repeat("a", 64), strings.Repeat("b", 64)
-	if fp := mustNew(t, known).Fingerprint(); fp.KernelSHA256 != known.KernelSHA256 || fp.InitrdSHA256 != known.InitrdSHA256 {
-		t.Errorf("fingerprint with known digests: kernel %q initrd %q", fp.KernelSHA256, fp.InitrdSHA256)
+	if fp := mustNew(t, known).Fingerprint(); fp.KernelDigest != "sha256:"+known.KernelSHA256 || fp.InitrdDigest != "sha256:"+known.InitrdSHA256 {
+		t.Errorf("fingerprint with known digests: kernel %q initrd %q", fp.KernelDigest, fp.InitrdDigest)
 	}
 	cfg.MemoryMiB, cfg.CPUModel = 512, "max"
 	cfg.Disks = cfg.Disks[:1]
 	cfg.VMGenID = true
-	other := mustNew(t, cfg).Fingerprint()
-	other.QEMUVersion = "8.0.0"
-	err := other.CheckRestore(saved)
+	cfg.QEMUVersion = "8.0.0" // knows pc-q35-7.2: not a difference
+	err := mustNew(t, cfg).CheckRestore(saved)
 	if !errdefs.IsFailedPrecondition(err) {
 		t.Fatalf("err = %v", err)
 	}
-	for _, want := range []string{"qemu version: snapshot 7.2, here 8.0", "memory MiB: snapshot 256, here 512", "cpu model", "device c1 (virtio-blk-pci at pcie.0/0x7): missing here", "device vmgenid0 (vmgenid at /): not in snapshot"} {
+	for _, want := range []string{"MemoryMiB: snapshot 256, host 512", "CPUModel", "Devices[c1]: snapshot virtio-blk-pci@pcie.0/0x7, host has none", "Devices[vmgenid0]: snapshot has none, host vmgenid@/"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q lacks %q", err, want)
+		}
+	}
+	if strings.Contains(err.Error(), "QEMUVersion") {
+		t.Errorf("a newer QEMU that knows the machine type refused: %v", err)
+	}
+}
+
+// TestCheckHost: before there is a machine, what the host decides is
+// checked against the snapshot's fingerprint; the VM's shape is not (the
+// machine built from the snapshot has it).
+func TestCheckHost(t *testing.T) {
+	cfg := unitConfig(t)
+	cfg.QEMUVersion = "7.2.19"
+	saved := mustNew(t, cfg).Fingerprint()
+	host := Config{QEMUPath: cfg.QEMUPath, Kernel: cfg.Kernel, Initrd: cfg.Initrd, MachineType: cfg.MachineType, CPUModel: cfg.CPUModel, Accel: cfg.Accel, QEMUVersion: "8.2.2"}
+	if err := CheckHost(host, saved); err != nil {
+		t.Errorf("the same host, a newer QEMU: %v", err)
+	}
+	for _, tc := range []struct {
+		field string
+		edit  func(c *Config)
+	}{
+		{"MachineType", func(c *Config) { c.MachineType = "pc-q35-8.0" }},
+		{"CPUModel", func(c *Config) { c.CPUModel = "max" }},
+		{"Accel", func(c *Config) { c.Accel = "kvm" }},
+		{"QEMUVersion", func(c *Config) { c.QEMUVersion = "7.1.0" }},
+		{"KernelDigest", func(c *Config) { c.KernelSHA256 = strings.Repeat("c", 64) }},
+	} {
+		c := host
+		tc.edit(&c)
+		if err := CheckHost(c, saved); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), tc.field) {
+			t.Errorf("%s: %v", tc.field, err)
 		}
 	}
 }

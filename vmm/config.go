@@ -50,6 +50,10 @@ type Config struct {
 	// KernelSHA256 and InitrdSHA256 (hex) are the files' digests when the
 	// caller already knows them; Fingerprint hashes the files otherwise.
 	KernelSHA256, InitrdSHA256 string
+	// QEMUVersion is QEMUPath's version ("7.2.19") when the caller already
+	// knows it (host facts): Fingerprint reports it before Start, which
+	// CheckRestore needs.
+	QEMUVersion string
 
 	MachineType string // versioned, e.g. "pc-q35-7.2"; unversioned aliases ("q35") are refused
 	CPUModel    string // named model; default "qemu64" for tcg, "host" for kvm

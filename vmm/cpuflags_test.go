@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/containerd/errdefs"
 	"github.com/cryo-runtime/cryo/vmm/qmp"
 	"github.com/cryo-runtime/cryo/vmm/qmp/qmptest"
 )
@@ -86,5 +87,30 @@ func TestCPUModelFlagsUnderKVM(t *testing.T) {
 	m.cpuFlags = got
 	if fp := m.Fingerprint(); !slices.Equal(fp.HostCPUFlags, got) || !strings.Contains(strings.Join(m.Args(), " "), "Westmere-v2,enforce") {
 		t.Errorf("fingerprint flags %q, args %q", fp.HostCPUFlags, m.Args())
+	}
+}
+
+// TestCheckRestoreNeedsHostCPUFlags: a KVM snapshot whose CPU model used a
+// host feature this host lacks is refused before QEMU starts, naming it; a
+// snapshot that needs none does not read the host's flags.
+func TestCheckRestoreNeedsHostCPUFlags(t *testing.T) {
+	cfg := unitConfig(t)
+	cfg.QEMUVersion = "7.2.22"
+	m := mustNew(t, cfg)
+	saved := m.Fingerprint()
+	saved.HostCPUFlags = []string{"pclmulqdq", "sse2"}
+	fakeCPUInfo(t, "processor\t: 0\nflags\t\t: fpu sse2\n")
+	err := m.CheckRestore(saved)
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "pclmulqdq") || strings.Contains(err.Error(), "sse2") {
+		t.Errorf("restore onto a host without pclmulqdq: %v", err)
+	}
+	fakeCPUInfo(t, "processor\t: 0\nflags\t\t: fpu pclmulqdq sse2\n")
+	if err := m.CheckRestore(saved); err != nil {
+		t.Errorf("host with every flag: %v", err)
+	}
+	saved.HostCPUFlags = nil // TCG snapshots record none
+	cpuinfoPath = filepath.Join(t.TempDir(), "missing")
+	if err := m.CheckRestore(saved); err != nil {
+		t.Errorf("snapshot without cpu flags: %v", err)
 	}
 }

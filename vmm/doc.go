@@ -27,8 +27,9 @@
 //
 //	cfg.Incoming, cfg.MemoryShared, cfg.MemoryPath = true, false, materializedRAM
 //	cfg.Disks = disks // same order and Ports as at checkpoint, Paths to new overlays
+//	if err := vmm.CheckHost(cfg, fp); err != nil { ... } // before downloading the snapshot
 //	m, _ := vmm.New(cfg)
-//	if err := m.Fingerprint().CheckRestore(fp); err != nil { ... }
+//	if err := m.CheckRestore(fp); err != nil { ... } // fingerprint.Check
 //	m.Start(ctx); m.LoadState(ctx, f); m.Resume(ctx)
 //
 // The machine type, CPU model, accel, memory size, vCPUs, HotplugPorts, NICs

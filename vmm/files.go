@@ -192,10 +192,6 @@ func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
 // AgentSocketPath is the unix socket of the virtio-serial port "agent.0".
 func (m *Machine) AgentSocketPath() string { return m.path(AgentSocketName) }
 
-// QMPSocketPath is the unix socket of the QMP monitor (used by the machine;
-// a second client can connect, e.g. for debugging).
-func (m *Machine) QMPSocketPath() string { return m.path(QMPSocketName) }
-
 // ConsolePath is the file receiving the guest's serial console.
 func (m *Machine) ConsolePath() string { return m.path(ConsoleLogName) }
 

@@ -6,113 +6,120 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
+	"regexp"
 	"strings"
 
-	"github.com/containerd/errdefs"
+	"github.com/cryo-runtime/cryo/fingerprint"
 )
 
-// Fingerprint is what a saved device state depends on. QEMU refuses some
-// mismatches only with a message on stderr (machine type, RAM size) and
-// silently accepts others (CPU model, an extra device), so a snapshot
-// records it and a restore compares it before starting QEMU.
-type Fingerprint struct {
-	QEMUVersion  string   `json:"qemuVersion"` // from query-version, e.g. "7.2.19"; empty before Start
-	MachineType  string   `json:"machineType"`
-	CPUModel     string   `json:"cpuModel"`
-	Accel        string   `json:"accel"`
-	MemoryMiB    int      `json:"memoryMiB"`
-	VCPUs        int      `json:"vcpus"`
-	Devices      []Device `json:"devices"`
-	KernelArgs   string   `json:"kernelArgs"`
-	KernelSHA256 string   `json:"kernelSHA256"`
-	InitrdSHA256 string   `json:"initrdSHA256,omitempty"`
-	// HostCPUFlags are the host CPU flags (/proc/cpuinfo names) the CPU
-	// model uses, under KVM; a restore needs a host that has them all.
-	HostCPUFlags []string `json:"hostCPUFlags,omitempty"`
-}
+// digests are the guest files' digests (hex), from the config or computed
+// once.
+type digests struct{ kernel, initrd string }
 
 // Fingerprint describes the machine as it is now (devices include
-// hot-plugged disks). The kernel and initrd digests come from the config or
-// are computed once.
-func (m *Machine) Fingerprint() Fingerprint {
+// hot-plugged disks): the QEMU version from query-version once started,
+// before that Config.QEMUVersion; the host CPU flags its CPU model uses,
+// under KVM, once started. The kernel and initrd digests come from the
+// config or are computed once.
+func (m *Machine) Fingerprint() fingerprint.Fingerprint {
 	m.fpOnce.Do(func() {
-		m.fp.KernelSHA256, m.fp.InitrdSHA256 = m.cfg.KernelSHA256, m.cfg.InitrdSHA256
-		if m.fp.KernelSHA256 == "" {
-			m.fp.KernelSHA256 = fileSHA256(m.cfg.Kernel)
+		m.fp.kernel, m.fp.initrd = m.cfg.KernelSHA256, m.cfg.InitrdSHA256
+		if m.fp.kernel == "" {
+			m.fp.kernel = fileSHA256(m.cfg.Kernel)
 		}
-		if m.fp.InitrdSHA256 == "" && m.cfg.Initrd != "" {
-			m.fp.InitrdSHA256 = fileSHA256(m.cfg.Initrd)
+		if m.fp.initrd == "" && m.cfg.Initrd != "" {
+			m.fp.initrd = fileSHA256(m.cfg.Initrd)
 		}
 	})
 	m.mu.Lock()
 	version, flags := m.version, m.cpuFlags
 	m.mu.Unlock()
-	return Fingerprint{
+	if version == "" {
+		version = m.cfg.QEMUVersion
+	}
+	f := fingerprint.Fingerprint{
 		QEMUVersion:  version,
 		MachineType:  m.cfg.MachineType,
 		CPUModel:     m.cfg.CPUModel,
 		Accel:        m.cfg.Accel,
-		MemoryMiB:    m.cfg.MemoryMiB,
+		MemoryMiB:    int64(m.cfg.MemoryMiB),
 		VCPUs:        m.cfg.VCPUs,
-		Devices:      m.Devices(),
-		KernelArgs:   kernelCmdline(m.cfg),
-		KernelSHA256: m.fp.KernelSHA256,
-		InitrdSHA256: m.fp.InitrdSHA256,
 		HostCPUFlags: flags,
 	}
+	if m.fp.kernel != "" {
+		f.KernelDigest = "sha256:" + m.fp.kernel
+	}
+	if m.fp.initrd != "" {
+		f.InitrdDigest = "sha256:" + m.fp.initrd
+	}
+	for _, d := range m.Devices() {
+		f.Devices = append(f.Devices, fingerprint.Device{ID: d.ID, Driver: d.Driver, PCIAddr: d.Bus + "/" + d.Addr})
+	}
+	return f
 }
 
 // CheckRestore reports whether device state saved by a machine with
-// fingerprint saved can be loaded into a machine with fingerprint f. The
-// error (wrapping errdefs.ErrFailedPrecondition) names every difference.
-// QEMU versions must agree on major.minor (empty versions are not compared);
-// the guest kernel and its arguments are not compared: the running kernel
-// lives in the saved RAM.
-func (f Fingerprint) CheckRestore(saved Fingerprint) error {
-	var diffs []string
-	diff := func(what string, have, want any) {
-		if fmt.Sprint(have) != fmt.Sprint(want) {
-			diffs = append(diffs, fmt.Sprintf("%s: snapshot %v, here %v", what, want, have))
-		}
-	}
-	if f.QEMUVersion != "" && saved.QEMUVersion != "" {
-		diff("qemu version", majorMinor(f.QEMUVersion), majorMinor(saved.QEMUVersion))
-	}
-	diff("machine type", f.MachineType, saved.MachineType)
-	diff("cpu model", f.CPUModel, saved.CPUModel)
-	diff("accel", f.Accel, saved.Accel)
-	diff("memory MiB", f.MemoryMiB, saved.MemoryMiB)
-	diff("vcpus", f.VCPUs, saved.VCPUs)
-	have := map[string]Device{}
-	for _, d := range f.Devices {
-		have[d.ID] = d
-	}
-	for _, d := range saved.Devices {
-		h, ok := have[d.ID]
-		if !ok {
-			diffs = append(diffs, fmt.Sprintf("device %s (%s at %s/%s): missing here", d.ID, d.Driver, d.Bus, d.Addr))
-			continue
-		}
-		delete(have, d.ID)
-		diff("device "+d.ID, h, d)
-	}
-	for _, d := range f.Devices {
-		if _, extra := have[d.ID]; extra {
-			diffs = append(diffs, fmt.Sprintf("device %s (%s at %s/%s): not in snapshot", d.ID, d.Driver, d.Bus, d.Addr))
-		}
-	}
-	if len(diffs) > 0 {
-		return fmt.Errorf("%w: vm fingerprint mismatch: %s", errdefs.ErrFailedPrecondition, strings.Join(diffs, "; "))
-	}
-	return nil
+// fingerprint saved can be loaded into this one, before Start
+// (fingerprint.Check; the error wraps errdefs.ErrFailedPrecondition). This
+// host's side is the machine's Fingerprint with this host's CPU flags
+// (/proc/cpuinfo) when saved needs any, and Config.QEMUVersion or, unset,
+// QEMUPath's --version.
+func (m *Machine) CheckRestore(saved fingerprint.Fingerprint) error {
+	return checkOnHost(m.cfg, saved, m.Fingerprint())
 }
 
-func majorMinor(v string) string {
-	parts := strings.SplitN(v, ".", 3)
-	if len(parts) < 2 {
-		return v
+// CheckHost is CheckRestore before there is a machine: it checks what the
+// host decides (QEMU version, machine type, CPU model, accel, guest kernel
+// and initrd digests, CPU flags) against saved, so that a restore refuses
+// before it downloads the snapshot. The VM's shape (memory, vCPUs,
+// devices) is taken from saved here: CheckRestore compares it once the
+// machine is built from the snapshot. cfg needs only the host's fields.
+func CheckHost(cfg Config, saved fingerprint.Fingerprint) error {
+	cfg = cfg.withDefaults()
+	host := saved
+	host.MachineType, host.CPUModel, host.Accel = cfg.MachineType, cfg.CPUModel, cfg.Accel
+	host.QEMUVersion = cfg.QEMUVersion
+	host.KernelDigest, host.InitrdDigest = fileDigest(cfg.KernelSHA256, cfg.Kernel), ""
+	if cfg.Initrd != "" {
+		host.InitrdDigest = fileDigest(cfg.InitrdSHA256, cfg.Initrd)
 	}
-	return parts[0] + "." + parts[1]
+	return checkOnHost(cfg, saved, host)
+}
+
+// checkOnHost completes host with what only this host knows (QEMU's
+// version if the config has none, the host's CPU flags) and checks saved
+// against it.
+func checkOnHost(cfg Config, saved, host fingerprint.Fingerprint) error {
+	if host.QEMUVersion == "" {
+		v, err := QEMUVersion(cfg.QEMUPath)
+		if err != nil {
+			return err
+		}
+		host.QEMUVersion = v
+	}
+	// A guest that used a CPU feature this host lacks would fault (KVM
+	// cannot emulate it): the host needs every flag saved lists.
+	host.HostCPUFlags = nil
+	if len(saved.HostCPUFlags) > 0 {
+		flags, err := HostCPUFlags()
+		if err != nil {
+			return fmt.Errorf("host cpu flags: %w", err)
+		}
+		host.HostCPUFlags = flags
+	}
+	return saved.Check(host)
+}
+
+// fileDigest is "sha256:<known>", else the file's digest ("" if unreadable).
+func fileDigest(known, path string) string {
+	if known == "" {
+		known = fileSHA256(path)
+	}
+	if known == "" {
+		return ""
+	}
+	return "sha256:" + known
 }
 
 func fileSHA256(path string) string {
@@ -126,4 +133,19 @@ func fileSHA256(path string) string {
 		return ""
 	}
 	return hex.EncodeToString(h.Sum(nil))
+}
+
+var qemuVersionRe = regexp.MustCompile(`version ([0-9]+\.[0-9]+\.[0-9]+)`)
+
+// QEMUVersion asks the QEMU binary at path its version ("7.2.19").
+func QEMUVersion(path string) (string, error) {
+	out, err := exec.Command(path, "--version").Output()
+	if err != nil {
+		return "", fmt.Errorf("%s --version: %w", path, err)
+	}
+	m := qemuVersionRe.FindStringSubmatch(string(out))
+	if m == nil {
+		return "", fmt.Errorf("%s --version: no version in %q", path, strings.TrimSpace(string(out)))
+	}
+	return m[1], nil
 }

@@ -54,7 +54,7 @@ type Machine struct {
 	consoleDone chan struct{} // closed once the console pump ended
 
 	fpOnce sync.Once
-	fp     Fingerprint
+	fp     digests
 }
 
 // New validates cfg and returns a machine ready to Start. Validation errors

@@ -51,7 +51,7 @@ func TestBootQueryStatusPauseResume(t *testing.T) {
 		t.Errorf("guest ports: %q", got)
 	}
 	fp := m.Fingerprint()
-	if !strings.HasPrefix(fp.QEMUVersion, "7.2") || fp.MachineType != "pc-q35-7.2" || len(fp.KernelSHA256) != 64 || len(fp.InitrdSHA256) != 64 {
+	if !strings.HasPrefix(fp.QEMUVersion, "7.2") || fp.MachineType != "pc-q35-7.2" || len(fp.KernelDigest) != 71 || len(fp.InitrdDigest) != 71 {
 		t.Errorf("fingerprint = %+v", fp)
 	}
 	// The devices QEMU reports sit where the layout put them.
@@ -68,7 +68,7 @@ func TestBootQueryStatusPauseResume(t *testing.T) {
 	for _, d := range pci[0].Devices {
 		got[d.QdevID] = d.Slot
 	}
-	for _, d := range fp.Devices {
+	for _, d := range m.Devices() {
 		if d.Bus != "pcie.0" {
 			continue
 		}
@@ -399,7 +399,7 @@ func TestRestoreWithHotpluggedDisk(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := dm.Fingerprint().CheckRestore(saved); err != nil {
+	if err := dm.CheckRestore(saved); err != nil {
 		t.Fatalf("CheckRestore: %v", err)
 	}
 	dst := startVM(t, dcfg)

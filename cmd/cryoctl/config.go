@@ -16,6 +16,7 @@ import (
 
 	"github.com/cryo-runtime/cryo/configs"
 	"github.com/cryo-runtime/cryo/fetch"
+	"github.com/cryo-runtime/cryo/nodecache"
 	"github.com/cryo-runtime/cryo/snapshot"
 )
 
@@ -128,17 +129,14 @@ func (a *App) openStore(ctx context.Context, url string, needRef bool) (fetch.St
 	return s, ref, nil
 }
 
-// cache opens the node blob cache.
-func (a *App) cache() (*fetch.Cache, error) {
-	dir := a.CacheDir
-	if dir == "" {
-		dir = a.Config.Snapshot.BlobDir()
-	}
+// node opens the node cache; --cache-dir and --cache-size override the
+// blob cache's directory and limit.
+func (a *App) node() (*nodecache.Node, error) {
 	limit := a.CacheMaxMiB
 	if limit == 0 {
 		limit = a.Config.Snapshot.CacheMaxMiB
 	}
-	return fetch.NewCache(dir, limit<<20)
+	return nodecache.Open(a.Config.Snapshot.CacheDir, nodecache.Options{MaxBlobBytes: limit << 20, BlobDir: a.CacheDir})
 }
 
 // readOptions builds the snapshot reader policy: keys and requirements.

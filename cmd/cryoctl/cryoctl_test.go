@@ -17,6 +17,7 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/cryo-runtime/cryo/fetch"
+	"github.com/cryo-runtime/cryo/fingerprint"
 	"github.com/cryo-runtime/cryo/snapshot"
 )
 
@@ -96,7 +97,7 @@ func (e *env) writeSnapshot(url, tag string, seed byte, sign bool, expires time.
 	md := snapshot.Metadata{
 		Expires: expires,
 		Source:  snapshot.SourceInfo{SandboxID: "sb-1", PodName: "web-0", Namespace: "team"},
-		Fingerprint: snapshot.Fingerprint{QEMUVersion: "7.2.0", MachineType: "pc-q35-7.2", CPUModel: "qemu64",
+		Fingerprint: fingerprint.Fingerprint{QEMUVersion: "7.2.0", MachineType: "pc-q35-7.2", CPUModel: "qemu64",
 			MemoryMiB: 3, VCPUs: 1, Accel: "tcg"},
 	}
 	src := &snapshot.Source{Metadata: md, Files: []snapshot.SourceFile{

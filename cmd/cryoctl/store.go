@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/cryo-runtime/cryo/fetch"
+	"github.com/cryo-runtime/cryo/nodecache"
 	"github.com/cryo-runtime/cryo/snapshot"
 )
 
@@ -160,11 +161,11 @@ type gcStoreResult struct {
 }
 
 type gcResult struct {
-	Stores     []gcStoreResult  `json:"stores"`
-	CacheFreed int64            `json:"cacheFreedBytes"`
-	Cache      fetch.CacheStats `json:"cache"`
+	Stores     []gcStoreResult     `json:"stores"`
+	CacheFreed int64               `json:"cacheFreedBytes"`
+	Cache      nodecache.BlobStats `json:"cache"`
 	// Materialized is what went from <cache_dir>/snapshots.
-	Materialized *snapshot.PruneStats `json:"materialized,omitempty"`
+	Materialized *nodecache.PruneStats `json:"materialized,omitempty"`
 }
 
 func newGCCommand(a *App) *cobra.Command {
@@ -189,24 +190,15 @@ the store. --no-cache leaves the node alone.`,
 				res.Stores = append(res.Stores, r)
 			}
 			if !noCache {
-				c, err := a.cache()
+				node, err := a.node()
 				if err != nil {
 					return err
 				}
-				if !dryRun {
-					limit := c.Stats().MaxBytes
-					if limit > 0 {
-						if res.CacheFreed, err = c.Prune(limit); err != nil {
-							return err
-						}
-					}
-				}
-				res.Cache = c.Stats()
-				m, err := snapshot.PruneMaterialized(ctx, a.Config.Snapshot.MaterializedDir(), keepMaterialized, dryRun)
+				p, err := node.Prune(ctx, nodecache.PruneOptions{KeepMaterialized: keepMaterialized, DryRun: dryRun})
 				if err != nil {
 					return err
 				}
-				res.Materialized = &m
+				res.CacheFreed, res.Cache, res.Materialized = p.BlobsFreed, p.Blobs, &p.Materialized
 			}
 			return a.print(res, func(w io.Writer) {
 				for _, r := range res.Stores {
@@ -274,12 +266,12 @@ func (a *App) gcStore(ctx context.Context, url string, dryRun bool, grace time.D
 }
 
 type pullResult struct {
-	Ref        string           `json:"ref"`
-	Manifest   digest.Digest    `json:"manifest"`
-	Blobs      int              `json:"blobs"`
-	Bytes      int64            `json:"bytes"`
-	Downloaded int64            `json:"downloadedBytes"`
-	Cache      fetch.CacheStats `json:"cache"`
+	Ref        string              `json:"ref"`
+	Manifest   digest.Digest       `json:"manifest"`
+	Blobs      int                 `json:"blobs"`
+	Bytes      int64               `json:"bytes"`
+	Downloaded int64               `json:"downloadedBytes"`
+	Cache      nodecache.BlobStats `json:"cache"`
 }
 
 func newPullCommand(a *App) *cobra.Command {
@@ -293,7 +285,11 @@ func newPullCommand(a *App) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			c, err := a.cache()
+			node, err := a.node()
+			if err != nil {
+				return err
+			}
+			c, err := node.Blobs()
 			if err != nil {
 				return err
 			}
@@ -311,10 +307,10 @@ func newPullCommand(a *App) *cobra.Command {
 }
 
 // pull fetches every blob of the snapshot (and its signature) into c.
-func (a *App) pull(ctx context.Context, store fetch.Store, c *fetch.Cache, ref string) (pullResult, error) {
+func (a *App) pull(ctx context.Context, store fetch.Store, c *nodecache.Blobs, ref string) (pullResult, error) {
 	var res pullResult
 	var bar *progress
-	cs := fetch.NewCachingStore(store, c, fetch.CachingOptions{Progress: func(_ ocispec.Descriptor, n int64) { bar.Add(n) }})
+	cs := nodecache.NewCachingStore(store, c, nodecache.CachingOptions{Progress: func(_ ocispec.Descriptor, n int64) { bar.Add(n) }})
 	o, err := a.readOptions()
 	if err != nil {
 		return res, err

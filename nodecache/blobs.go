@@ -1,4 +1,4 @@
-package fetch
+package nodecache
 
 import (
 	"container/list"
@@ -20,11 +20,12 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sys/unix"
 
+	"github.com/cryo-runtime/cryo/fetch"
 	"github.com/cryo-runtime/cryo/internal/bootid"
 	"github.com/cryo-runtime/cryo/internal/safefs"
 )
 
-// Cache is the node-local content-addressed blob cache:
+// Blobs is the node's content-addressed blob cache (<cache>/blobs):
 //
 //	<dir>/blobs/<alg>/<hex>   verified blobs, 0600
 //	<dir>/tmp/                downloads in progress (stale ones removed on open)
@@ -46,7 +47,7 @@ import (
 // Every file is opened beneath the directory without following symlinks
 // and only if it is a regular file (safefs): a symlink or a FIFO planted
 // in the cache is refused, never followed, never waited on.
-type Cache struct {
+type Blobs struct {
 	dir  string
 	root *safefs.Dir
 	max  int64
@@ -67,8 +68,8 @@ type cacheEntry struct {
 	elem *list.Element
 }
 
-// CacheStats are the cache's counters since NewCache.
-type CacheStats struct {
+// BlobStats are the cache's counters since OpenBlobs.
+type BlobStats struct {
 	Hits            int64 `json:"hits"`            // blobs served from the cache
 	Misses          int64 `json:"misses"`          // blobs not in the cache when asked for
 	Downloads       int64 `json:"downloads"`       // downloads started
@@ -80,10 +81,10 @@ type CacheStats struct {
 	MaxBytes        int64 `json:"maxBytes"`
 }
 
-// NewCache opens (creating) the cache in dir, bounded by maxBytes (<= 0: no
+// OpenBlobs opens (creating) the cache in dir, bounded by maxBytes (<= 0: no
 // bound). Blobs from earlier runs are kept.
-func NewCache(dir string, maxBytes int64) (*Cache, error) {
-	c := &Cache{
+func OpenBlobs(dir string, maxBytes int64) (*Blobs, error) {
+	c := &Blobs{
 		dir: dir, max: maxBytes,
 		entries: map[digest.Digest]*cacheEntry{}, lru: list.New(),
 		pins: map[digest.Digest]int{}, flights: map[digest.Digest]*flight{},
@@ -112,7 +113,7 @@ func NewCache(dir string, maxBytes int64) (*Cache, error) {
 
 // removeStaleTemps deletes downloads that crashed processes left behind.
 // Recent temp files may belong to another process using the same cache.
-func (c *Cache) removeStaleTemps(age time.Duration) {
+func (c *Blobs) removeStaleTemps(age time.Duration) {
 	tmp, err := c.root.Sub("tmp")
 	if err != nil {
 		return
@@ -127,7 +128,7 @@ func (c *Cache) removeStaleTemps(age time.Duration) {
 }
 
 // load indexes the blobs already on disk, oldest mtime last in the LRU.
-func (c *Cache) load() error {
+func (c *Blobs) load() error {
 	type found struct {
 		d     digest.Digest
 		size  int64
@@ -171,20 +172,20 @@ func (c *Cache) load() error {
 }
 
 // Dir returns the cache directory.
-func (c *Cache) Dir() string { return c.dir }
+func (c *Blobs) Dir() string { return c.dir }
 
-func (c *Cache) blobPath(d digest.Digest) string {
+func (c *Blobs) blobPath(d digest.Digest) string {
 	return filepath.Join(c.dir, c.blobName(d))
 }
 
 // blobName is the blob's name under the cache directory. Digests reach
 // the cache validated (copyVerified) or listed from its own directory.
-func (c *Cache) blobName(d digest.Digest) string {
+func (c *Blobs) blobName(d digest.Digest) string {
 	return "blobs/" + d.Algorithm().String() + "/" + d.Encoded()
 }
 
 // removeBlob removes the blob's file, never following a symlink.
-func (c *Cache) removeBlob(d digest.Digest) error {
+func (c *Blobs) removeBlob(d digest.Digest) error {
 	dir, err := c.root.Sub("blobs/" + d.Algorithm().String())
 	if err != nil {
 		return err
@@ -194,14 +195,14 @@ func (c *Cache) removeBlob(d digest.Digest) error {
 }
 
 // Has reports whether d is in the cache (without counting a hit).
-func (c *Cache) Has(d digest.Digest) bool {
+func (c *Blobs) Has(d digest.Digest) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.entries[d] != nil
 }
 
 // touch marks d as used now; false when d is not cached.
-func (c *Cache) touch(d digest.Digest) bool {
+func (c *Blobs) touch(d digest.Digest) bool {
 	c.mu.Lock()
 	e := c.entries[d]
 	if e != nil {
@@ -222,7 +223,7 @@ func (c *Cache) touch(d digest.Digest) bool {
 // working if the blob is evicted meanwhile. The blob is verified: when it
 // entered the cache, or, if that was in an earlier boot of the host, now (a
 // blob a machine crash tore is removed and reported as not found).
-func (c *Cache) Open(d digest.Digest) (*VerifiedReader, error) {
+func (c *Blobs) Open(d digest.Digest) (*VerifiedReader, error) {
 	if !c.touch(d) {
 		return nil, fmt.Errorf("blob %s not in cache: %w", d, errdefs.ErrNotFound)
 	}
@@ -230,7 +231,7 @@ func (c *Cache) Open(d digest.Digest) (*VerifiedReader, error) {
 }
 
 // open is Open without marking the blob used.
-func (c *Cache) open(d digest.Digest) (*VerifiedReader, error) {
+func (c *Blobs) open(d digest.Digest) (*VerifiedReader, error) {
 	f, err := c.root.Open(c.blobName(d))
 	if errors.Is(err, fs.ErrNotExist) {
 		c.forget(d)
@@ -260,6 +261,24 @@ func (c *Cache) open(d digest.Digest) (*VerifiedReader, error) {
 	}
 	return &VerifiedReader{r: io.NewSectionReader(f, 0, st.Size()), f: f, d: d, size: st.Size()}, nil
 }
+
+// Verified is a whole blob that the node cache verified against its
+// descriptor (size and digest) when it entered the cache, or again after a
+// reboot: a reader of it need not hash the bytes a second time.
+type Verified interface {
+	io.ReaderAt
+	io.Closer
+	Size() int64
+}
+
+// VerifiedFetcher is a store that hands out only blobs it verified (the
+// node cache's CachingStore). Bytes from any other fetch.Store are
+// unverified and must be hashed by their reader.
+type VerifiedFetcher interface {
+	FetchVerified(ctx context.Context, desc ocispec.Descriptor) (Verified, error)
+}
+
+var _ Verified = (*VerifiedReader)(nil)
 
 // VerifiedReader reads a blob of the node cache, which the cache verified
 // against its digest. Only the cache makes them; bytes from any other store
@@ -308,11 +327,6 @@ func (v *VerifiedReader) Digest() digest.Digest { return v.d }
 // Size is the blob's size.
 func (v *VerifiedReader) Size() int64 { return v.size }
 
-// Verifies reports whether the reader holds exactly the blob desc names.
-func (v *VerifiedReader) Verifies(desc ocispec.Descriptor) bool {
-	return v != nil && v.f != nil && v.d != "" && v.d == desc.Digest && v.size == desc.Size
-}
-
 // A blob is trusted without hashing it again when the extended attribute
 // stampAttr names this boot: the cache writes blobs without fsync, so after
 // a machine crash a blob may be torn, but one written in this boot is read
@@ -339,21 +353,13 @@ func stamp(f *os.File) {
 
 // verifyFile hashes the first size bytes of f (which must be all of it).
 func verifyFile(f *os.File, d digest.Digest, size int64) error {
-	_, err := copyVerified(context.Background(), io.Discard, io.NewSectionReader(f, 0, size+1), ocispec.Descriptor{Digest: d, Size: size})
+	_, err := fetch.CopyVerified(context.Background(), io.Discard, io.NewSectionReader(f, 0, size+1), ocispec.Descriptor{Digest: d, Size: size})
 	return err
-}
-
-// Path returns the file of a cached blob. Pin the blob while using the path.
-func (c *Cache) Path(d digest.Digest) (string, bool) {
-	if !c.touch(d) {
-		return "", false
-	}
-	return c.blobPath(d), true
 }
 
 // Pin keeps d from eviction (also before it is downloaded) until the
 // returned func is called. Pins nest.
-func (c *Cache) Pin(d digest.Digest) (unpin func()) {
+func (c *Blobs) Pin(d digest.Digest) (unpin func()) {
 	c.mu.Lock()
 	c.pins[d]++
 	c.mu.Unlock()
@@ -371,49 +377,16 @@ func (c *Cache) Pin(d digest.Digest) (unpin func()) {
 
 // Add verifies r against desc and stores it. Content that does not match
 // never enters the cache.
-func (c *Cache) Add(ctx context.Context, desc ocispec.Descriptor, r io.Reader) error {
+func (c *Blobs) Add(ctx context.Context, desc ocispec.Descriptor, r io.Reader) error {
 	tmp, err := c.newTemp()
 	if err != nil {
 		return err
 	}
 	defer tmp.discard()
-	if _, err := copyVerified(ctx, tmp.f, r, desc); err != nil {
+	if _, err := fetch.CopyVerified(ctx, tmp.f, r, desc); err != nil {
 		return err
 	}
 	return c.commit(tmp, desc)
-}
-
-// copyVerified copies r to w, failing on more or fewer bytes than desc.Size
-// or a digest mismatch.
-func copyVerified(ctx context.Context, w io.Writer, r io.Reader, desc ocispec.Descriptor) (int64, error) {
-	if err := desc.Digest.Validate(); err != nil {
-		return 0, fmt.Errorf("digest %q: %w: %w", desc.Digest, err, errdefs.ErrInvalidArgument)
-	}
-	v := desc.Digest.Verifier()
-	buf := copyBufs.Get().(*[]byte)
-	defer copyBufs.Put(buf)
-	n, err := io.CopyBuffer(io.MultiWriter(w, v), io.LimitReader(ctxReader{ctx, r}, desc.Size+1), *buf)
-	if err != nil {
-		return n, fmt.Errorf("blob %s: %w", desc.Digest, err)
-	}
-	if n != desc.Size {
-		return n, fmt.Errorf("blob %s: got %s bytes, descriptor says %d: %w: %w", desc.Digest, sizeDesc(n, desc.Size), desc.Size, ErrDigestMismatch, errdefs.ErrDataLoss)
-	}
-	if !v.Verified() {
-		return n, fmt.Errorf("blob %s: %w (store content changed or corrupt): %w", desc.Digest, ErrDigestMismatch, errdefs.ErrDataLoss)
-	}
-	return n, nil
-}
-
-// copyBufs are copyVerified's buffers: large enough that a blob of a few
-// MiB from a local store takes a few reads and writes, not hundreds.
-var copyBufs = sync.Pool{New: func() any { b := make([]byte, 1<<20); return &b }}
-
-func sizeDesc(n, want int64) string {
-	if n > want {
-		return fmt.Sprintf("more than %d", want)
-	}
-	return fmt.Sprint(n)
 }
 
 type cacheTemp struct {
@@ -423,7 +396,7 @@ type cacheTemp struct {
 	finished bool
 }
 
-func (c *Cache) newTemp() (*cacheTemp, error) {
+func (c *Blobs) newTemp() (*cacheTemp, error) {
 	dir, err := c.root.Sub("tmp")
 	if err != nil {
 		return nil, fmt.Errorf("cache: %w", err)
@@ -447,7 +420,7 @@ func (t *cacheTemp) discard() {
 
 // commit renames a verified temp file into the cache and evicts down to
 // the bound.
-func (c *Cache) commit(t *cacheTemp, desc ocispec.Descriptor) error {
+func (c *Blobs) commit(t *cacheTemp, desc ocispec.Descriptor) error {
 	stamp(t.f)
 	if err := t.f.Close(); err != nil {
 		return fmt.Errorf("cache %s: %w", desc.Digest, err)
@@ -483,7 +456,7 @@ func (c *Cache) commit(t *cacheTemp, desc ocispec.Descriptor) error {
 // Prune evicts least recently used, unpinned blobs until the cache holds at
 // most target bytes, and returns the bytes freed. Pinned blobs may keep it
 // above target.
-func (c *Cache) Prune(target int64) (int64, error) {
+func (c *Blobs) Prune(target int64) (int64, error) {
 	var freed int64
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -507,7 +480,7 @@ func (c *Cache) Prune(target int64) (int64, error) {
 }
 
 // Remove deletes one blob from the cache.
-func (c *Cache) Remove(d digest.Digest) error {
+func (c *Blobs) Remove(d digest.Digest) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e := c.entries[d]
@@ -524,7 +497,7 @@ func (c *Cache) Remove(d digest.Digest) error {
 	return nil
 }
 
-func (c *Cache) forget(d digest.Digest) {
+func (c *Blobs) forget(d digest.Digest) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if e := c.entries[d]; e != nil {
@@ -532,18 +505,18 @@ func (c *Cache) forget(d digest.Digest) {
 	}
 }
 
-func (c *Cache) dropLocked(e *cacheEntry) {
+func (c *Blobs) dropLocked(e *cacheEntry) {
 	c.lru.Remove(e.elem)
 	delete(c.entries, e.d)
 	c.size -= e.size
 }
 
 // Stats returns the counters.
-func (c *Cache) Stats() CacheStats {
+func (c *Blobs) Stats() BlobStats {
 	c.mu.Lock()
 	blobs, size := int64(len(c.entries)), c.size
 	c.mu.Unlock()
-	return CacheStats{
+	return BlobStats{
 		Hits: c.hits.Load(), Misses: c.misses.Load(), Downloads: c.downloads.Load(),
 		SharedDownloads: c.shared.Load(), BytesDownloaded: c.downloaded.Load(),
 		Evictions: c.evictions.Load(), Blobs: blobs, Bytes: size, MaxBytes: c.max,

@@ -1,4 +1,4 @@
-package fetch_test
+package nodecache_test
 
 import (
 	"bytes"
@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -17,6 +18,8 @@ import (
 
 	"github.com/cryo-runtime/cryo/fetch"
 	"github.com/cryo-runtime/cryo/fetch/fetchtest"
+	"github.com/cryo-runtime/cryo/internal/safefs"
+	"github.com/cryo-runtime/cryo/nodecache"
 )
 
 func blobN(seed uint64, n int) fetchtest.Blob {
@@ -25,7 +28,7 @@ func blobN(seed uint64, n int) fetchtest.Blob {
 
 func TestCacheAddVerifies(t *testing.T) {
 	dir := t.TempDir()
-	c, err := fetch.NewCache(dir, 1<<20)
+	c, err := nodecache.OpenBlobs(dir, 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +57,7 @@ func TestCacheAddVerifies(t *testing.T) {
 
 func TestCacheLRUAndPins(t *testing.T) {
 	dir := t.TempDir()
-	c, err := fetch.NewCache(dir, 3000)
+	c, err := nodecache.OpenBlobs(dir, 3000)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +95,7 @@ func TestCacheLRUAndPins(t *testing.T) {
 	}
 
 	// A new Cache over the same directory keeps the blobs and their order.
-	c2, err := fetch.NewCache(dir, 3000)
+	c2, err := nodecache.OpenBlobs(dir, 3000)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,7 +149,7 @@ func TestCachingStoreSingleFlight(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	st := cs.Cache().Stats()
+	st := cs.Blobs().Stats()
 	if st.Downloads != 1 || st.BytesDownloaded != big.Desc.Size || st.SharedDownloads != 7 {
 		t.Fatalf("stats = %+v: want one download of %d bytes shared by 7", st, big.Desc.Size)
 	}
@@ -157,45 +160,11 @@ func TestCachingStoreSingleFlight(t *testing.T) {
 	if got := fetchtest.ReadAll(t, cs, big.Desc, 0, -1); !bytes.Equal(got, big.Data) {
 		t.Fatal("cached content differs")
 	}
-	if st := cs.Cache().Stats(); st.Hits != 1 || st.Downloads != 1 {
+	if st := cs.Blobs().Stats(); st.Hits != 1 || st.Downloads != 1 {
 		t.Fatalf("stats after hit = %+v", st)
 	}
 	if _, err := os.Stat(filepath.Join(cdir, "blobs", "sha256", big.Desc.Digest.Encoded())); err != nil {
 		t.Fatal(err)
-	}
-}
-
-func TestCachingStoreCancelledWaiterCancelsDownload(t *testing.T) {
-	h := newHostile(1 << 20)
-	started := make(chan struct{})
-	h.act = func(n int64, w http.ResponseWriter, r *http.Request, start, end int64) bool {
-		close(started)
-		<-r.Context().Done() // hangs until the download is cancelled
-		return true
-	}
-	cs, dir := newCachingStore(t, startHostileLayout(t, h), 16<<20)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error)
-	go func() { done <- cs.Ensure(ctx, h.blob.Desc) }()
-	<-started
-	cancel()
-	if err := <-done; !errors.Is(err, context.Canceled) {
-		t.Fatalf("err = %v, want canceled", err)
-	}
-	// The download goroutine is cancelled with the last waiter and cleans up.
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		ents, _ := os.ReadDir(filepath.Join(dir, "tmp"))
-		if len(ents) == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("temp file left after the download was cancelled")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if cs.Cache().Has(h.blob.Desc.Digest) {
-		t.Fatal("cancelled download entered the cache")
 	}
 }
 
@@ -234,7 +203,106 @@ func TestCachingStoreBlobVanished(t *testing.T) {
 	if got := fetchtest.ReadAll(t, cs, b.Desc, 10, 20); !bytes.Equal(got, b.Data[10:30]) {
 		t.Fatal("wrong bytes after re-download")
 	}
-	if st := cs.Cache().Stats(); st.Downloads != 2 {
+	if st := cs.Blobs().Stats(); st.Downloads != 2 {
 		t.Fatalf("stats = %+v, want 2 downloads", st)
+	}
+}
+
+func openT(t *testing.T, url string) (fetch.Store, string) {
+	t.Helper()
+	s, ref, err := fetch.Open(context.Background(), url, fetch.Options{Getenv: func(string) string { return "" }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, ref
+}
+
+// newCachingStore returns a caching store over s with a small part size, and
+// the cache's directory.
+func newCachingStore(t *testing.T, s fetch.Store, partSize int64) (*nodecache.CachingStore, string) {
+	t.Helper()
+	dir := t.TempDir()
+	c, err := nodecache.OpenBlobs(dir, 1<<30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nodecache.NewCachingStore(s, c, nodecache.CachingOptions{PartSize: partSize, Parallel: 3}), dir
+}
+
+// TestCacheHostileEntries: a symlink or a FIFO in place of a cached blob
+// is refused when the blob is opened, never followed or waited on; one
+// there when the cache opens is not taken for a blob, and a download
+// replaces it without writing through it.
+func TestCacheHostileEntries(t *testing.T) {
+	b := blobN(7, 4096)
+	for _, kind := range []string{"symlink", "fifo"} {
+		t.Run(kind, func(t *testing.T) {
+			parent := t.TempDir()
+			dir, outside := filepath.Join(parent, "cache"), filepath.Join(parent, "outside")
+			must(t, os.Mkdir(outside, 0o700))
+			target := filepath.Join(outside, "target")
+			must(t, os.WriteFile(target, b.Data, 0o600))
+			c, err := nodecache.OpenBlobs(dir, 1<<20)
+			must(t, err)
+			must(t, c.Add(context.Background(), b.Desc, bytes.NewReader(b.Data)))
+			p := filepath.Join(dir, "blobs", "sha256", b.Desc.Digest.Encoded())
+			plant := func() {
+				os.Remove(p)
+				if kind == "symlink" {
+					must(t, os.Symlink(target, p))
+				} else {
+					must(t, syscall.Mkfifo(p, 0o600))
+				}
+			}
+			plant()
+			done := make(chan error, 1)
+			go func() {
+				r, err := c.Open(b.Desc.Digest)
+				if err == nil {
+					r.Close()
+				}
+				done <- err
+			}()
+			select {
+			case err := <-done:
+				if !errors.Is(err, safefs.ErrUnsafe) {
+					t.Fatalf("open: %v, want a refusal", err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("open blocked")
+			}
+			c2, err := nodecache.OpenBlobs(dir, 1<<20)
+			must(t, err)
+			if c2.Has(b.Desc.Digest) {
+				t.Fatal("a new cache took the planted entry for a blob")
+			}
+			must(t, c2.Add(context.Background(), b.Desc, bytes.NewReader(b.Data)))
+			if st, err := os.Lstat(p); err != nil || !st.Mode().IsRegular() {
+				t.Fatalf("after a download: %v, %v", st, err)
+			}
+			if got, _ := os.ReadFile(target); !bytes.Equal(got, b.Data) {
+				t.Fatal("the symlink's target changed")
+			}
+		})
+	}
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func assertCacheEmpty(t *testing.T, dir string) {
+	t.Helper()
+	for _, sub := range []string{"blobs/sha256", "tmp"} {
+		ents, err := os.ReadDir(filepath.Join(dir, sub))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ents) != 0 {
+			t.Fatalf("cache %s holds %d files after a refused blob", sub, len(ents))
+		}
 	}
 }

@@ -1,4 +1,4 @@
-package snapshot
+package nodecache
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	"github.com/opencontainers/go-digest"
 	"golang.org/x/sys/unix"
@@ -19,36 +20,59 @@ import (
 	"github.com/cryo-runtime/cryo/internal/safefs"
 )
 
+// Snapshots is the node's directory of materialized snapshots
+// (<cache>/snapshots), one directory per manifest digest, which
+// snapshot.Materialize fills:
+//
+//	<dir>/<hex>/          a complete materialization (read-only files and a
+//	                      completion marker naming the boot it was made in)
+//	<dir>/.<hex>.use      its use-lock (see Use); its mtime is the last use
+//	<dir>/.<hex>.lock     held while one materialization of it runs
+//	<dir>/.tmp-*          materializations in progress, and stale ones
+//
 // A materialized snapshot is in use while a sandbox restored from it runs:
 // its QEMU maps the RAM file, and its disk overlays name the materialized
-// disks as backing files. Use marks this with a shared flock on
-// <cacheDir>/.<hex>.use, held until release or until the process exits,
-// however it exits. PruneMaterialized removes a directory only while it
-// holds that lock exclusively. The file's mtime is the last use.
+// disks as backing files. Use marks this with a shared flock on its use
+// file, held until release or until the process exits, however it exits.
+// Prune removes a directory only while it holds that lock exclusively.
+type Snapshots struct{ dir string }
 
-func usePath(cacheDir string, d digest.Digest) string {
-	return filepath.Join(cacheDir, "."+d.Encoded()+".use")
+// OpenSnapshots returns the directory of materialized snapshots dir (made
+// when first needed). Node.Snapshots is the node's.
+func OpenSnapshots(dir string) *Snapshots { return &Snapshots{dir: dir} }
+
+// Dir returns the directory.
+func (s *Snapshots) Dir() string { return s.dir }
+
+// Path returns where the materialization of the snapshot with manifest
+// digest d is (or will be).
+func (s *Snapshots) Path(d digest.Digest) string {
+	return filepath.Join(s.dir, d.Encoded())
 }
 
-// materializeLockPath is the lock that makes concurrent Materialize calls
-// of one snapshot (from any process) download it once; it exists only
-// while one runs.
-func materializeLockPath(cacheDir string, d digest.Digest) string {
-	return filepath.Join(cacheDir, "."+d.Encoded()+".lock")
+func (s *Snapshots) usePath(d digest.Digest) string {
+	return filepath.Join(s.dir, "."+d.Encoded()+".use")
 }
 
-// Use marks the materialization of the snapshot with manifest digest d
-// under cacheDir as in use and records the time. Take it before
-// Materialize, so that no prune removes the directory in between, and
-// release it when the sandbox is gone.
-func Use(ctx context.Context, cacheDir string, d digest.Digest) (release func(), _ error) {
+// lockPath is the lock that makes concurrent materializations of one
+// snapshot (from any process) download it once; it exists only while one
+// runs.
+func (s *Snapshots) lockPath(d digest.Digest) string {
+	return filepath.Join(s.dir, "."+d.Encoded()+".lock")
+}
+
+// Use marks the materialization of the snapshot with manifest digest d as
+// in use and records the time. Take it before materializing, so that no
+// prune removes the directory in between, and release it when the sandbox
+// is gone.
+func (s *Snapshots) Use(ctx context.Context, d digest.Digest) (release func(), _ error) {
 	if err := checkDigest(d); err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(cacheDir, 0o700); err != nil {
+	if err := os.MkdirAll(s.dir, 0o700); err != nil {
 		return nil, fmt.Errorf("use %s: %w", d, err)
 	}
-	f, err := lockFile(ctx, usePath(cacheDir, d), unix.LOCK_SH)
+	f, err := lockFile(ctx, s.usePath(d), unix.LOCK_SH)
 	if err != nil {
 		return nil, fmt.Errorf("use %s: %w", d, err)
 	}
@@ -57,6 +81,19 @@ func Use(ctx context.Context, cacheDir string, d digest.Digest) (release func(),
 		log.G(ctx).WithError(err).Warn("record the use of a materialized snapshot")
 	}
 	return func() { f.Close() }, nil // closing releases the lock
+}
+
+// checkDigest refuses anything but a well-formed sha256 digest: it names a
+// directory.
+func checkDigest(d digest.Digest) error {
+	// Validate first: Algorithm panics on a digest without ':'.
+	if err := d.Validate(); err != nil {
+		return fmt.Errorf("digest %q: %v: %w", d, err, errdefs.ErrInvalidArgument)
+	}
+	if d.Algorithm() != digest.SHA256 {
+		return fmt.Errorf("digest %q: only sha256 is accepted: %w", d, errdefs.ErrInvalidArgument)
+	}
+	return nil
 }
 
 // lockFile opens (creating) path and takes a flock on it, waiting until ctx
@@ -100,11 +137,11 @@ func sameFile(f *os.File, path string) bool {
 	return err == nil && os.SameFile(a, b)
 }
 
-// tempGrace is the least age of a temporary directory that PruneMaterialized
+// tempGrace is the least age of a temporary directory that Prune
 // removes: longer than any materialization.
 const tempGrace = time.Hour
 
-// PruneStats reports what PruneMaterialized did (or, dry, would do).
+// PruneStats reports what Prune did (or, dry, would do).
 type PruneStats struct {
 	// Removed are the manifest digests whose directories went.
 	Removed []string `json:"removed"`
@@ -117,13 +154,13 @@ type PruneStats struct {
 	Recent int `json:"recent"`
 }
 
-// PruneMaterialized removes the materialized snapshots under cacheDir that
-// no sandbox uses and none has used for grace, with their use files, and
-// the temporary directories of interrupted materializations older than
-// grace and at least an hour. A directory from before use tracking counts
-// as used now.
-func PruneMaterialized(ctx context.Context, cacheDir string, grace time.Duration, dryRun bool) (PruneStats, error) {
+// Prune removes the materialized snapshots that no sandbox uses and none
+// has used for grace, with their use files, and the temporary directories
+// of interrupted materializations older than grace and at least an hour. A
+// directory from before use tracking counts as used now.
+func (s *Snapshots) Prune(ctx context.Context, grace time.Duration, dryRun bool) (PruneStats, error) {
 	st := PruneStats{Removed: []string{}}
+	cacheDir := s.dir
 	ents, err := os.ReadDir(cacheDir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return st, nil
@@ -137,20 +174,21 @@ func PruneMaterialized(ctx context.Context, cacheDir string, grace time.Duration
 			continue
 		}
 		d := digest.NewDigestFromEncoded(digest.SHA256, e.Name())
-		errs = append(errs, pruneOne(ctx, cacheDir, d, grace, dryRun, &st))
+		errs = append(errs, s.pruneOne(ctx, d, grace, dryRun, &st))
 	}
 	if !dryRun {
 		// A temporary directory may belong to a materialization running
 		// now: only an old one is a crash's leftover.
-		errs = append(errs, PruneTemp(cacheDir, max(grace, tempGrace)))
+		errs = append(errs, s.PruneTemp(max(grace, tempGrace)))
 	}
 	return st, errors.Join(errs...)
 }
 
 // pruneOne removes the materialization of d if it may go, and counts what
 // it found in st.
-func pruneOne(ctx context.Context, cacheDir string, d digest.Digest, grace time.Duration, dryRun bool, st *PruneStats) error {
-	use, err := openInDir(usePath(cacheDir, d), os.O_CREATE|os.O_RDWR)
+func (s *Snapshots) pruneOne(ctx context.Context, d digest.Digest, grace time.Duration, dryRun bool, st *PruneStats) error {
+	cacheDir := s.dir
+	use, err := openInDir(s.usePath(d), os.O_CREATE|os.O_RDWR)
 	if err != nil {
 		return fmt.Errorf("prune %s: %w", d, err)
 	}
@@ -170,7 +208,7 @@ func pruneOne(ctx context.Context, cacheDir string, d digest.Digest, grace time.
 		st.Recent++
 		return nil
 	}
-	dir := CachePath(cacheDir, d)
+	dir := s.Path(d)
 	freed := allocated(dir)
 	if !dryRun {
 		// Renames and removals in cacheDir happen under its lock (publish).

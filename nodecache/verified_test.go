@@ -1,4 +1,4 @@
-package fetch_test
+package nodecache_test
 
 import (
 	"bytes"
@@ -14,11 +14,12 @@ import (
 	"github.com/cryo-runtime/cryo/fetch"
 	"github.com/cryo-runtime/cryo/fetch/fetchtest"
 	"github.com/cryo-runtime/cryo/internal/bootid"
+	"github.com/cryo-runtime/cryo/nodecache"
 )
 
 const stampAttr = "user.cryo.verified-boot"
 
-// A CachingStore hands out *fetch.VerifiedReader for exactly the blob asked
+// A CachingStore hands out *nodecache.VerifiedReader for exactly the blob asked
 // for; ReadAt reads the whole blob, Read the range.
 func TestCachingStoreVerifiedReader(t *testing.T) {
 	dir := t.TempDir()
@@ -33,15 +34,15 @@ func TestCachingStoreVerifiedReader(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer rc.Close()
-	v, ok := rc.(*fetch.VerifiedReader)
+	v, ok := rc.(*nodecache.VerifiedReader)
 	if !ok {
-		t.Fatalf("Fetch returned %T, want *fetch.VerifiedReader", rc)
+		t.Fatalf("Fetch returned %T, want *nodecache.VerifiedReader", rc)
 	}
-	if !v.Verifies(b.Desc) || v.Digest() != b.Desc.Digest || v.Size() != b.Desc.Size {
+	if !v.Verifies(b.Desc.Digest, b.Desc.Size) || v.Digest() != b.Desc.Digest || v.Size() != b.Desc.Size {
 		t.Fatalf("reader says %s (%d bytes), want %s (%d)", v.Digest(), v.Size(), b.Desc.Digest, b.Desc.Size)
 	}
 	other := blobN(8, 10000).Desc
-	if v.Verifies(other) {
+	if v.Verifies(other.Digest, other.Size) {
 		t.Fatal("reader verifies another blob")
 	}
 	whole := make([]byte, b.Desc.Size)
@@ -52,8 +53,8 @@ func TestCachingStoreVerifiedReader(t *testing.T) {
 		t.Fatal("range differs")
 	}
 	// The zero value verifies nothing and reads nothing.
-	var zero fetch.VerifiedReader
-	if zero.Verifies(b.Desc) {
+	var zero nodecache.VerifiedReader
+	if zero.Verifies(b.Desc.Digest, b.Desc.Size) {
 		t.Fatal("zero VerifiedReader verifies")
 	}
 	if n, err := zero.Read(make([]byte, 10)); n != 0 || err == nil {
@@ -111,7 +112,7 @@ func TestCacheReverifiesBlobsOfEarlierBoots(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	c := cs.Cache()
+	c := cs.Blobs()
 	v, err := c.Open(intact.Desc.Digest)
 	if err != nil {
 		t.Fatalf("intact blob of an earlier boot: %v", err)

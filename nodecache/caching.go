@@ -1,13 +1,17 @@
-package fetch
+package nodecache
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"io"
 
 	"github.com/containerd/errdefs"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sync/errgroup"
+
+	"github.com/cryo-runtime/cryo/fetch"
 )
 
 // CachingOptions tune how a CachingStore fills the cache.
@@ -22,20 +26,23 @@ type CachingOptions struct {
 	Progress func(desc ocispec.Descriptor, n int64)
 }
 
-// CachingStore serves blobs from a Cache, downloading missing ones once
+// CachingStore serves blobs from the node's Blobs, downloading missing ones once
 // (single-flight per digest across all CachingStores of the cache) and
 // verifying them before they enter it. References and pushes go to the
 // store underneath.
 type CachingStore struct {
-	s     Store
-	cache *Cache
+	s     fetch.Store
+	cache *Blobs
 	opts  CachingOptions
 }
 
-var _ Store = (*CachingStore)(nil)
+var (
+	_ fetch.Store     = (*CachingStore)(nil)
+	_ VerifiedFetcher = (*CachingStore)(nil)
+)
 
-// NewCachingStore wraps s with cache c.
-func NewCachingStore(s Store, c *Cache, opts CachingOptions) *CachingStore {
+// NewCachingStore wraps s with cache c (Node.Store for the node's).
+func NewCachingStore(s fetch.Store, c *Blobs, opts CachingOptions) *CachingStore {
 	if opts.PartSize <= 0 {
 		opts.PartSize = 16 << 20
 	}
@@ -46,10 +53,10 @@ func NewCachingStore(s Store, c *Cache, opts CachingOptions) *CachingStore {
 }
 
 // Unwrap returns the store underneath.
-func (cs *CachingStore) Unwrap() Store { return cs.s }
+func (cs *CachingStore) Unwrap() fetch.Store { return cs.s }
 
-// Cache returns the cache.
-func (cs *CachingStore) Cache() *Cache { return cs.cache }
+// Blobs returns the cache.
+func (cs *CachingStore) Blobs() *Blobs { return cs.cache }
 
 func (cs *CachingStore) Exists(ctx context.Context, desc ocispec.Descriptor) (bool, error) {
 	if cs.cache.Has(desc.Digest) {
@@ -68,24 +75,9 @@ func (cs *CachingStore) Fetch(ctx context.Context, desc ocispec.Descriptor, offs
 	if offset < 0 || offset > desc.Size || length < 0 || offset+length > desc.Size {
 		return nil, fmt.Errorf("fetch %s: range %d+%d outside %d bytes: %w", desc.Digest, offset, length, desc.Size, errdefs.ErrOutOfRange)
 	}
-	var v *VerifiedReader
-	for try := 0; ; try++ {
-		if err := cs.Ensure(ctx, desc); err != nil {
-			return nil, err
-		}
-		var err error
-		if v, err = cs.cache.open(desc.Digest); err == nil {
-			break
-		}
-		if !errdefs.IsNotFound(err) || try > 0 {
-			return nil, err
-		}
-		// Evicted between Ensure and Open (by us or another process), or
-		// torn by a machine crash: once more.
-	}
-	if v.size != desc.Size {
-		v.Close()
-		return nil, fmt.Errorf("fetch %s: cached blob has %d bytes, descriptor says %d: %w", desc.Digest, v.size, desc.Size, errdefs.ErrDataLoss)
+	v, err := cs.openVerified(ctx, desc)
+	if err != nil {
+		return nil, err
 	}
 	v.r = io.NewSectionReader(v.f, offset, length)
 	return v, nil
@@ -171,7 +163,7 @@ func (cs *CachingStore) Ensure(ctx context.Context, desc ocispec.Descriptor) err
 type flight struct {
 	done    chan struct{}
 	err     error
-	waiters int // guarded by Cache.mu
+	waiters int // guarded by Blobs.mu
 	cancel  context.CancelFunc
 }
 
@@ -196,7 +188,7 @@ func (cs *CachingStore) download(ctx context.Context, desc ocispec.Descriptor) e
 			return fmt.Errorf("download %s: %w", desc.Digest, err)
 		}
 		defer rc.Close()
-		if _, err := copyVerified(ctx, tmp.f, &progressReader{r: rc, fn: count}, desc); err != nil {
+		if _, err := fetch.CopyVerified(ctx, tmp.f, &progressReader{r: rc, fn: count}, desc); err != nil {
 			return fmt.Errorf("download %s: %w", desc.Digest, err)
 		}
 		return c.commit(tmp, desc)
@@ -214,7 +206,7 @@ func (cs *CachingStore) download(ctx context.Context, desc ocispec.Descriptor) e
 	if err := g.Wait(); err != nil {
 		return fmt.Errorf("download %s: %w", desc.Digest, err)
 	}
-	if _, err := copyVerified(ctx, io.Discard, io.NewSectionReader(tmp.f, 0, desc.Size+1), desc); err != nil {
+	if _, err := fetch.CopyVerified(ctx, io.Discard, io.NewSectionReader(tmp.f, 0, desc.Size+1), desc); err != nil {
 		return fmt.Errorf("download %s: %w", desc.Digest, err)
 	}
 	return c.commit(tmp, desc)
@@ -237,7 +229,7 @@ func (cs *CachingStore) fetchPart(ctx context.Context, tmp *cacheTemp, desc ocis
 		return err
 	}
 	if got != n {
-		return fmt.Errorf("part at %d: got %s bytes, want %d: %w: %w", off, sizeDesc(got, n), n, ErrDigestMismatch, errdefs.ErrDataLoss)
+		return fmt.Errorf("part at %d: got %s bytes, want %d: %w: %w", off, sizeDesc(got, n), n, fetch.ErrDigestMismatch, errdefs.ErrDataLoss)
 	}
 	return nil
 }
@@ -253,4 +245,59 @@ func (p *progressReader) Read(b []byte) (int, error) {
 		p.fn(int64(n))
 	}
 	return n, err
+}
+
+// FetchVerified returns the whole blob desc from the cache, downloading it
+// first if needed: bytes the cache verified against desc, which a reader
+// need not hash again.
+func (cs *CachingStore) FetchVerified(ctx context.Context, desc ocispec.Descriptor) (Verified, error) {
+	return cs.openVerified(ctx, desc)
+}
+
+// openVerified ensures the blob is cached and opens it.
+func (cs *CachingStore) openVerified(ctx context.Context, desc ocispec.Descriptor) (*VerifiedReader, error) {
+	for try := 0; ; try++ {
+		if err := cs.Ensure(ctx, desc); err != nil {
+			return nil, err
+		}
+		v, err := cs.cache.open(desc.Digest)
+		if err == nil {
+			if v.size != desc.Size {
+				v.Close()
+				return nil, fmt.Errorf("fetch %s: cached blob has %d bytes, descriptor says %d: %w", desc.Digest, v.size, desc.Size, errdefs.ErrDataLoss)
+			}
+			return v, nil
+		}
+		if !errdefs.IsNotFound(err) || try > 0 {
+			return nil, err
+		}
+		// Evicted between Ensure and Open (by us or another process), or
+		// torn by a machine crash: once more.
+	}
+}
+
+// ctxReader stops a copy when its context is cancelled.
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c ctxReader) Read(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.r.Read(p)
+}
+
+func sizeDesc(n, want int64) string {
+	if n > want {
+		return fmt.Sprintf("more than %d", want)
+	}
+	return fmt.Sprint(n)
+}
+
+func randomSuffix() string {
+	var rnd [6]byte
+	rand.Read(rnd[:])
+	return hex.EncodeToString(rnd[:])
 }
