@@ -8,9 +8,9 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/cryo-runtime/cryo/fetch"
 	"github.com/cryo-runtime/cryo/nodecache"
 	"github.com/cryo-runtime/cryo/snapshot"
+	"github.com/cryo-runtime/cryo/stores"
 )
 
 // diffChunkSizes are the chunk sizes the incremental analysis compares.
@@ -104,7 +104,7 @@ func (r *runner) diffRAM(url1, url2, dir string) (ramDiff, error) {
 // materializeRAM materializes a snapshot into dir (in this process, as
 // the shim would) and returns its RAM file.
 func (r *runner) materializeRAM(ctx context.Context, url, dir string) (string, error) {
-	store, ref, err := fetch.Open(ctx, url, r.s.Cfg.Stores.FetchOptions())
+	store, ref, err := stores.Open(ctx, url, r.s.Cfg.Stores.FetchOptions())
 	if err != nil {
 		return "", err
 	}

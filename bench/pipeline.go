@@ -16,9 +16,9 @@ import (
 	"github.com/klauspost/compress/zstd"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
-	"github.com/cryo-runtime/cryo/fetch"
 	"github.com/cryo-runtime/cryo/nodecache"
 	"github.com/cryo-runtime/cryo/snapshot"
+	"github.com/cryo-runtime/cryo/stores"
 )
 
 // chunk is one stored chunk of a snapshot, in memory.
@@ -28,13 +28,13 @@ type chunk struct {
 
 // pipeline: the restore pipeline (open, fetch into a fresh node cache,
 // verify, decompress, write the sparse files: snapshot.Materialize through
-// fetch.CachingStore, as the shim runs it) against raw SHA-256 of the same
+// stores.CachingStore, as the shim runs it) against raw SHA-256 of the same
 // raw bytes and raw zstd decoding of the same stored chunks, each on
 // GOMAXPROCS goroutines. All three are reported as raw (decompressed,
 // non-zero) MiB per second.
 func (r *runner) pipeline() error {
 	ctx := r.ctx
-	store, ref, err := fetch.Open(ctx, r.large, r.s.Cfg.Stores.FetchOptions())
+	store, ref, err := stores.Open(ctx, r.large, r.s.Cfg.Stores.FetchOptions())
 	if err != nil {
 		return err
 	}
@@ -140,7 +140,7 @@ func (r *runner) pipeline() error {
 // cache under dir and returns how long it took; then, the blobs now in the
 // cache, it materializes again into a fresh directory (decompress and write
 // only) and returns that time too.
-func materialize(ctx context.Context, store fetch.Store, ref string, ropts snapshot.ReadOptions, dir string) (total, matOnly time.Duration, err error) {
+func materialize(ctx context.Context, store stores.Store, ref string, ropts snapshot.ReadOptions, dir string) (total, matOnly time.Duration, err error) {
 	defer os.RemoveAll(dir)
 	cache, err := nodecache.OpenBlobs(filepath.Join(dir, "blobs"), 64<<30)
 	if err != nil {
@@ -165,7 +165,7 @@ func materialize(ctx context.Context, store fetch.Store, ref string, ropts snaps
 }
 
 // loadChunks reads every zstd chunk of a snapshot into memory.
-func loadChunks(ctx context.Context, store fetch.Store, layers []ocispec.Descriptor) ([]*chunk, int64, error) {
+func loadChunks(ctx context.Context, store stores.Store, layers []ocispec.Descriptor) ([]*chunk, int64, error) {
 	var out []*chunk
 	var raw int64
 	for _, l := range layers {

@@ -3,9 +3,9 @@ package configs
 import (
 	"fmt"
 
-	"github.com/cryo-runtime/cryo/fetch"
 	"github.com/cryo-runtime/cryo/nodecache"
 	"github.com/cryo-runtime/cryo/snapshot"
+	"github.com/cryo-runtime/cryo/stores"
 )
 
 // The node's TOML maps onto the libraries' option structs here, so that
@@ -14,15 +14,15 @@ import (
 // FetchOptions maps the [stores] section onto the stores' options; what the
 // section leaves empty comes from the STORAGE_S3_* / STORAGE_MINIO_*
 // environment when a store is opened.
-func (c Stores) FetchOptions() fetch.Options {
-	o := fetch.Options{MaxConcurrent: c.MaxConcurrentFetches}
-	s3 := fetch.S3Options{Endpoint: c.S3.Endpoint, AccessKeyID: c.S3.AccessKey, SecretAccessKey: c.S3.SecretKey, Region: c.S3.Region}
+func (c Stores) FetchOptions() stores.Options {
+	o := stores.Options{MaxConcurrent: c.MaxConcurrentFetches}
+	s3 := stores.S3Options{Endpoint: c.S3.Endpoint, AccessKeyID: c.S3.AccessKey, SecretAccessKey: c.S3.SecretKey, Region: c.S3.Region}
 	if c.S3.Endpoint != "" {
 		b := c.S3.UseSSL
 		s3.UseSSL = &b
 	}
 	o.S3, o.MinIO = s3, s3
-	o.Registry = fetch.RegistryOptions{PlainHTTPHosts: c.Registry.PlainHTTP, Username: c.Registry.Username, Password: c.Registry.Password}
+	o.Registry = stores.RegistryOptions{PlainHTTPHosts: c.Registry.PlainHTTP, Username: c.Registry.Username, Password: c.Registry.Password}
 	return o
 }
 

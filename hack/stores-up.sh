@@ -2,7 +2,7 @@
 # Starts a local S3 server (versitygw) and an OCI registry (distribution) on
 # 127.0.0.1 for manual tests of cryoctl and the stores, and writes an env
 # file with the STORAGE_S3_* settings. The Go tests start their own servers
-# (fetch/fetchtest); this script is for humans and demos.
+# (stores/storetest); this script is for humans and demos.
 #   hack/stores-up.sh          # then: . $CRYO_STORES_DIR/env
 #   hack/stores-down.sh
 set -euo pipefail

@@ -6,16 +6,16 @@ import (
 	"testing"
 
 	"github.com/cryo-runtime/cryo/configs"
-	"github.com/cryo-runtime/cryo/fetch/fetchtest"
 	"github.com/cryo-runtime/cryo/integration/harness"
+	"github.com/cryo-runtime/cryo/stores/storetest"
 )
 
 // TestRestoreFromS3AndRegistry: checkpoint to, and restore from, a real
 // S3-compatible server (versitygw) and a real OCI registry (distribution),
 // both on loopback.
 func TestRestoreFromS3AndRegistry(t *testing.T) {
-	s3 := fetchtest.StartS3(t)
-	reg := fetchtest.StartRegistry(t)
+	s3 := storetest.StartS3(t)
+	reg := storetest.StartRegistry(t)
 	e := harness.Start(t, func(c *configs.Config) {
 		c.Stores.S3 = configs.S3{Endpoint: s3.Endpoint, AccessKey: s3.AccessKey, SecretKey: s3.SecretKey, Region: "us-east-1"}
 		c.Stores.Allowed = append(c.Stores.Allowed, "s3://"+s3.Bucket+"/", "oci://"+reg+"/cryo/")

@@ -20,9 +20,9 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sys/unix"
 
-	"github.com/cryo-runtime/cryo/fetch"
 	"github.com/cryo-runtime/cryo/internal/bootid"
 	"github.com/cryo-runtime/cryo/internal/safefs"
+	"github.com/cryo-runtime/cryo/stores"
 )
 
 // Blobs is the node's content-addressed blob cache (<cache>/blobs):
@@ -272,7 +272,7 @@ type Verified interface {
 }
 
 // VerifiedFetcher is a store that hands out only blobs it verified (the
-// node cache's CachingStore). Bytes from any other fetch.Store are
+// node cache's CachingStore). Bytes from any other stores.Store are
 // unverified and must be hashed by their reader.
 type VerifiedFetcher interface {
 	FetchVerified(ctx context.Context, desc ocispec.Descriptor) (Verified, error)
@@ -353,7 +353,7 @@ func stamp(f *os.File) {
 
 // verifyFile hashes the first size bytes of f (which must be all of it).
 func verifyFile(f *os.File, d digest.Digest, size int64) error {
-	_, err := fetch.CopyVerified(context.Background(), io.Discard, io.NewSectionReader(f, 0, size+1), ocispec.Descriptor{Digest: d, Size: size})
+	_, err := stores.CopyVerified(context.Background(), io.Discard, io.NewSectionReader(f, 0, size+1), ocispec.Descriptor{Digest: d, Size: size})
 	return err
 }
 
@@ -383,7 +383,7 @@ func (c *Blobs) Add(ctx context.Context, desc ocispec.Descriptor, r io.Reader) e
 		return err
 	}
 	defer tmp.discard()
-	if _, err := fetch.CopyVerified(ctx, tmp.f, r, desc); err != nil {
+	if _, err := stores.CopyVerified(ctx, tmp.f, r, desc); err != nil {
 		return err
 	}
 	return c.commit(tmp, desc)

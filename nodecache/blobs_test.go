@@ -16,14 +16,14 @@ import (
 	"github.com/containerd/errdefs"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
-	"github.com/cryo-runtime/cryo/fetch"
-	"github.com/cryo-runtime/cryo/fetch/fetchtest"
 	"github.com/cryo-runtime/cryo/internal/safefs"
 	"github.com/cryo-runtime/cryo/nodecache"
+	"github.com/cryo-runtime/cryo/stores"
+	"github.com/cryo-runtime/cryo/stores/storetest"
 )
 
-func blobN(seed uint64, n int) fetchtest.Blob {
-	return fetchtest.NewBlob("application/octet-stream", fetchtest.RandomBytes(seed, n))
+func blobN(seed uint64, n int) storetest.Blob {
+	return storetest.NewBlob("application/octet-stream", storetest.RandomBytes(seed, n))
 }
 
 func TestCacheAddVerifies(t *testing.T) {
@@ -62,7 +62,7 @@ func TestCacheLRUAndPins(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	add := func(b fetchtest.Blob) {
+	add := func(b storetest.Blob) {
 		t.Helper()
 		if err := c.Add(ctx, b.Desc, bytes.NewReader(b.Data)); err != nil {
 			t.Fatal(err)
@@ -109,12 +109,12 @@ func TestCacheLRUAndPins(t *testing.T) {
 func TestCachingStoreSingleFlight(t *testing.T) {
 	dir := t.TempDir()
 	w, _ := openT(t, "file://"+dir+"/app")
-	f := fetchtest.NewFixture("v1", 3)
-	fetchtest.Seed(t, w, f)
+	f := storetest.NewFixture("v1", 3)
+	storetest.Seed(t, w, f)
 	var mu sync.Mutex
 	gets := map[string]int{}
 	fs := http.FileServer(http.Dir(dir))
-	srv := fetchtest.ServeHandler(t, http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+	srv := storetest.ServeHandler(t, http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		mu.Lock()
 		gets[r.URL.Path]++
 		mu.Unlock()
@@ -157,7 +157,7 @@ func TestCachingStoreSingleFlight(t *testing.T) {
 		t.Fatalf("%d GETs of the blob, want 4 ranged parts of one download", n)
 	}
 	// Served again from the cache: a hit, no request.
-	if got := fetchtest.ReadAll(t, cs, big.Desc, 0, -1); !bytes.Equal(got, big.Data) {
+	if got := storetest.ReadAll(t, cs, big.Desc, 0, -1); !bytes.Equal(got, big.Data) {
 		t.Fatal("cached content differs")
 	}
 	if st := cs.Blobs().Stats(); st.Hits != 1 || st.Downloads != 1 {
@@ -196,11 +196,11 @@ func TestCachingStoreBlobVanished(t *testing.T) {
 		t.Fatal(err)
 	}
 	cs, cdir := newCachingStore(t, w, 1<<20)
-	fetchtest.ReadAll(t, cs, b.Desc, 0, -1)
+	storetest.ReadAll(t, cs, b.Desc, 0, -1)
 	if err := os.Remove(filepath.Join(cdir, "blobs", "sha256", b.Desc.Digest.Encoded())); err != nil {
 		t.Fatal(err)
 	}
-	if got := fetchtest.ReadAll(t, cs, b.Desc, 10, 20); !bytes.Equal(got, b.Data[10:30]) {
+	if got := storetest.ReadAll(t, cs, b.Desc, 10, 20); !bytes.Equal(got, b.Data[10:30]) {
 		t.Fatal("wrong bytes after re-download")
 	}
 	if st := cs.Blobs().Stats(); st.Downloads != 2 {
@@ -208,9 +208,9 @@ func TestCachingStoreBlobVanished(t *testing.T) {
 	}
 }
 
-func openT(t *testing.T, url string) (fetch.Store, string) {
+func openT(t *testing.T, url string) (stores.Store, string) {
 	t.Helper()
-	s, ref, err := fetch.Open(context.Background(), url, fetch.Options{Getenv: func(string) string { return "" }})
+	s, ref, err := stores.Open(context.Background(), url, stores.Options{Getenv: func(string) string { return "" }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -219,7 +219,7 @@ func openT(t *testing.T, url string) (fetch.Store, string) {
 
 // newCachingStore returns a caching store over s with a small part size, and
 // the cache's directory.
-func newCachingStore(t *testing.T, s fetch.Store, partSize int64) (*nodecache.CachingStore, string) {
+func newCachingStore(t *testing.T, s stores.Store, partSize int64) (*nodecache.CachingStore, string) {
 	t.Helper()
 	dir := t.TempDir()
 	c, err := nodecache.OpenBlobs(dir, 1<<30)

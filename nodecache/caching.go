@@ -11,7 +11,7 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/cryo-runtime/cryo/fetch"
+	"github.com/cryo-runtime/cryo/stores"
 )
 
 // CachingOptions tune how a CachingStore fills the cache.
@@ -31,18 +31,18 @@ type CachingOptions struct {
 // verifying them before they enter it. References and pushes go to the
 // store underneath.
 type CachingStore struct {
-	s     fetch.Store
+	s     stores.Store
 	cache *Blobs
 	opts  CachingOptions
 }
 
 var (
-	_ fetch.Store     = (*CachingStore)(nil)
+	_ stores.Store    = (*CachingStore)(nil)
 	_ VerifiedFetcher = (*CachingStore)(nil)
 )
 
 // NewCachingStore wraps s with cache c (Node.Store for the node's).
-func NewCachingStore(s fetch.Store, c *Blobs, opts CachingOptions) *CachingStore {
+func NewCachingStore(s stores.Store, c *Blobs, opts CachingOptions) *CachingStore {
 	if opts.PartSize <= 0 {
 		opts.PartSize = 16 << 20
 	}
@@ -53,7 +53,7 @@ func NewCachingStore(s fetch.Store, c *Blobs, opts CachingOptions) *CachingStore
 }
 
 // Unwrap returns the store underneath.
-func (cs *CachingStore) Unwrap() fetch.Store { return cs.s }
+func (cs *CachingStore) Unwrap() stores.Store { return cs.s }
 
 // Blobs returns the cache.
 func (cs *CachingStore) Blobs() *Blobs { return cs.cache }
@@ -188,7 +188,7 @@ func (cs *CachingStore) download(ctx context.Context, desc ocispec.Descriptor) e
 			return fmt.Errorf("download %s: %w", desc.Digest, err)
 		}
 		defer rc.Close()
-		if _, err := fetch.CopyVerified(ctx, tmp.f, &progressReader{r: rc, fn: count}, desc); err != nil {
+		if _, err := stores.CopyVerified(ctx, tmp.f, &progressReader{r: rc, fn: count}, desc); err != nil {
 			return fmt.Errorf("download %s: %w", desc.Digest, err)
 		}
 		return c.commit(tmp, desc)
@@ -206,7 +206,7 @@ func (cs *CachingStore) download(ctx context.Context, desc ocispec.Descriptor) e
 	if err := g.Wait(); err != nil {
 		return fmt.Errorf("download %s: %w", desc.Digest, err)
 	}
-	if _, err := fetch.CopyVerified(ctx, io.Discard, io.NewSectionReader(tmp.f, 0, desc.Size+1), desc); err != nil {
+	if _, err := stores.CopyVerified(ctx, io.Discard, io.NewSectionReader(tmp.f, 0, desc.Size+1), desc); err != nil {
 		return fmt.Errorf("download %s: %w", desc.Digest, err)
 	}
 	return c.commit(tmp, desc)
@@ -229,7 +229,7 @@ func (cs *CachingStore) fetchPart(ctx context.Context, tmp *cacheTemp, desc ocis
 		return err
 	}
 	if got != n {
-		return fmt.Errorf("part at %d: got %s bytes, want %d: %w: %w", off, sizeDesc(got, n), n, fetch.ErrDigestMismatch, errdefs.ErrDataLoss)
+		return fmt.Errorf("part at %d: got %s bytes, want %d: %w: %w", off, sizeDesc(got, n), n, stores.ErrDigestMismatch, errdefs.ErrDataLoss)
 	}
 	return nil
 }

@@ -20,7 +20,7 @@ import (
 
 	"github.com/containerd/errdefs"
 
-	"github.com/cryo-runtime/cryo/fetch"
+	"github.com/cryo-runtime/cryo/stores"
 )
 
 // Options tune a Node.
@@ -68,7 +68,7 @@ func (n *Node) Blobs() (*Blobs, error) {
 }
 
 // Store wraps s so that its blobs are read through the blob cache.
-func (n *Node) Store(s fetch.Store, opts CachingOptions) (*CachingStore, error) {
+func (n *Node) Store(s stores.Store, opts CachingOptions) (*CachingStore, error) {
 	b, err := n.Blobs()
 	if err != nil {
 		return nil, err

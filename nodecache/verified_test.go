@@ -11,10 +11,10 @@ import (
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 
-	"github.com/cryo-runtime/cryo/fetch"
-	"github.com/cryo-runtime/cryo/fetch/fetchtest"
 	"github.com/cryo-runtime/cryo/internal/bootid"
 	"github.com/cryo-runtime/cryo/nodecache"
+	"github.com/cryo-runtime/cryo/stores"
+	"github.com/cryo-runtime/cryo/stores/storetest"
 )
 
 const stampAttr = "user.cryo.verified-boot"
@@ -49,7 +49,7 @@ func TestCachingStoreVerifiedReader(t *testing.T) {
 	if n, err := v.ReadAt(whole, 0); n != len(whole) || err != nil || !bytes.Equal(whole, b.Data) {
 		t.Fatalf("ReadAt: %d, %v", n, err)
 	}
-	if got := fetchtest.ReadAll(t, cs, b.Desc, 100, 50); !bytes.Equal(got, b.Data[100:150]) {
+	if got := storetest.ReadAll(t, cs, b.Desc, 100, 50); !bytes.Equal(got, b.Data[100:150]) {
 		t.Fatal("range differs")
 	}
 	// The zero value verifies nothing and reads nothing.
@@ -74,17 +74,17 @@ func TestCacheReverifiesBlobsOfEarlierBoots(t *testing.T) {
 	w, _ := openT(t, "file://"+dir+"/app")
 	intact, torn := blobN(9, 5000), blobN(10, 5000)
 	ctx := context.Background()
-	for _, b := range []fetchtest.Blob{intact, torn} {
+	for _, b := range []storetest.Blob{intact, torn} {
 		if err := w.Push(ctx, b.Desc, bytes.NewReader(b.Data)); err != nil {
 			t.Fatal(err)
 		}
 	}
 	cs, cdir := newCachingStore(t, w, 1<<20)
-	path := func(b fetchtest.Blob) string {
+	path := func(b storetest.Blob) string {
 		return filepath.Join(cdir, "blobs", "sha256", b.Desc.Digest.Encoded())
 	}
-	for _, b := range []fetchtest.Blob{intact, torn} {
-		fetchtest.ReadAll(t, cs, b.Desc, 0, -1)
+	for _, b := range []storetest.Blob{intact, torn} {
+		storetest.ReadAll(t, cs, b.Desc, 0, -1)
 	}
 	xattrs := true
 	var buf [64]byte
@@ -98,7 +98,7 @@ func TestCacheReverifiesBlobsOfEarlierBoots(t *testing.T) {
 		t.Fatalf("stamp %q, want this boot %q", buf[:n], boot)
 	}
 	if xattrs {
-		for _, b := range []fetchtest.Blob{intact, torn} {
+		for _, b := range []storetest.Blob{intact, torn} {
 			if err := unix.Setxattr(path(b), stampAttr, []byte("an-earlier-boot-0000"), 0); err != nil {
 				t.Fatal(err)
 			}
@@ -121,7 +121,7 @@ func TestCacheReverifiesBlobsOfEarlierBoots(t *testing.T) {
 	if n, err := unix.Getxattr(path(intact), stampAttr, buf[:]); xattrs && (err != nil || string(buf[:n]) != boot) {
 		t.Fatalf("not stamped again: %q, %v", buf[:n], err)
 	}
-	if _, err := c.Open(torn.Desc.Digest); !errdefs.IsNotFound(err) || !errors.Is(err, fetch.ErrDigestMismatch) {
+	if _, err := c.Open(torn.Desc.Digest); !errdefs.IsNotFound(err) || !errors.Is(err, stores.ErrDigestMismatch) {
 		t.Fatalf("torn blob: err = %v, want not found (digest mismatch)", err)
 	}
 	if c.Has(torn.Desc.Digest) {
@@ -131,7 +131,7 @@ func TestCacheReverifiesBlobsOfEarlierBoots(t *testing.T) {
 		t.Fatalf("torn blob file left: %v", err)
 	}
 	before := c.Stats().Downloads
-	if got := fetchtest.ReadAll(t, cs, torn.Desc, 0, -1); !bytes.Equal(got, torn.Data) {
+	if got := storetest.ReadAll(t, cs, torn.Desc, 0, -1); !bytes.Equal(got, torn.Data) {
 		t.Fatal("wrong bytes after re-download")
 	}
 	if d := c.Stats().Downloads - before; d != 1 {
@@ -147,7 +147,7 @@ func TestCacheReverifiesBlobsOfEarlierBoots(t *testing.T) {
 		if err := os.WriteFile(path(intact), make([]byte, intact.Desc.Size), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		if got := fetchtest.ReadAll(t, cs, intact.Desc, 0, -1); !bytes.Equal(got, intact.Data) {
+		if got := storetest.ReadAll(t, cs, intact.Desc, 0, -1); !bytes.Equal(got, intact.Data) {
 			t.Fatal("torn blob served")
 		}
 	}

@@ -11,8 +11,8 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/cryo-runtime/cryo/annotations"
-	"github.com/cryo-runtime/cryo/fetch"
 	"github.com/cryo-runtime/cryo/snapshot"
+	"github.com/cryo-runtime/cryo/stores"
 )
 
 // CheckpointRequest asks for a checkpoint of the sandbox.
@@ -52,7 +52,7 @@ type checkpointing struct {
 	req       CheckpointRequest
 	wasPaused bool
 	to, ref   string
-	store     fetch.Store
+	store     stores.Store
 	wopts     snapshot.WriteOptions
 	work      string
 	cap       *capture
@@ -119,7 +119,7 @@ func (c *checkpointing) target(ctx context.Context, _ *undo) error {
 			return fmt.Errorf("checkpoint: %w", err)
 		}
 	}
-	store, ref, err := fetch.Open(ctx, to, storeOptions(sb.spec.Config, sb.spec.Tenant, to, c.req.Trusted))
+	store, ref, err := stores.Open(ctx, to, storeOptions(sb.spec.Config, sb.spec.Tenant, to, c.req.Trusted))
 	if err != nil {
 		return fmt.Errorf("checkpoint: open store: %w", err)
 	}

@@ -9,8 +9,8 @@ import (
 
 	"github.com/containerd/log"
 
-	"github.com/cryo-runtime/cryo/fetch"
 	"github.com/cryo-runtime/cryo/snapshot"
+	"github.com/cryo-runtime/cryo/stores"
 )
 
 // pageIndexFile, in the sandbox state dir, is the page index of the
@@ -24,7 +24,7 @@ const pageIndexFile = "pageindex.json"
 func usePageIndex(ctx context.Context, sb *Sandbox, to string, o *snapshot.WriteOptions) {
 	id, err := storeID(to)
 	if err != nil {
-		return // fetch.Open refuses the URL first
+		return // stores.Open refuses the URL first
 	}
 	o.StoreID = id
 	o.IndexPath = filepath.Join(sb.spec.StateDir, pageIndexFile)
@@ -43,7 +43,7 @@ func storeID(to string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if u.Path, _, err = fetch.SplitRef(u.Path); err != nil {
+	if u.Path, _, err = stores.SplitRef(u.Path); err != nil {
 		return "", err
 	}
 	u.RawPath = ""

@@ -16,11 +16,11 @@ import (
 
 	"github.com/cryo-runtime/cryo/annotations"
 	"github.com/cryo-runtime/cryo/configs"
-	"github.com/cryo-runtime/cryo/fetch"
 	"github.com/cryo-runtime/cryo/internal/redact"
 	"github.com/cryo-runtime/cryo/network"
 	"github.com/cryo-runtime/cryo/nodecache"
 	"github.com/cryo-runtime/cryo/snapshot"
+	"github.com/cryo-runtime/cryo/stores"
 	"github.com/cryo-runtime/cryo/vmm"
 )
 
@@ -137,7 +137,7 @@ func (st *start) resolve(ctx context.Context, _ *undo) error {
 			return err
 		}
 	}
-	store, ref, err := fetch.Open(ctx, src.URL, storeOptions(cfg, st.Tenant, src.URL, src.Trusted))
+	store, ref, err := stores.Open(ctx, src.URL, storeOptions(cfg, st.Tenant, src.URL, src.Trusted))
 	if err != nil {
 		return fmt.Errorf("restore: open store: %w", err)
 	}

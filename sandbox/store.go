@@ -4,7 +4,7 @@ import (
 	"net/url"
 
 	"github.com/cryo-runtime/cryo/configs"
-	"github.com/cryo-runtime/cryo/fetch"
+	"github.com/cryo-runtime/cryo/stores"
 )
 
 // RuntimeType is the containerd runtime type that runs cryo sandboxes;
@@ -16,7 +16,7 @@ const RuntimeType = "io.containerd.cryo.v2"
 // would let the sandbox go itself, or within the registry an oci:// store
 // names (its blob paths are not store URLs). Stores the shim chose itself
 // (trusted) are local and never redirect.
-func storeOptions(cfg configs.Config, tenant, storeURL string, trusted bool) fetch.Options {
+func storeOptions(cfg configs.Config, tenant, storeURL string, trusted bool) stores.Options {
 	o := cfg.Stores.FetchOptions()
 	if trusted {
 		return o

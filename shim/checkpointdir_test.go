@@ -13,9 +13,9 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/cryo-runtime/cryo/annotations"
-	"github.com/cryo-runtime/cryo/fetch"
 	"github.com/cryo-runtime/cryo/internal/safefs"
 	"github.com/cryo-runtime/cryo/sandbox"
+	"github.com/cryo-runtime/cryo/stores"
 )
 
 func TestTaskCheckpointRequestNoStore(t *testing.T) {
@@ -91,7 +91,7 @@ func TestReadCheckpointRef(t *testing.T) {
 	// snapshot/ a symlink to a store elsewhere: the store refuses it.
 	target := t.TempDir()
 	os.Symlink(target, filepath.Join(dir, "snapshot"))
-	if _, err := fetch.NewFileStore(filepath.Join(dir, "snapshot", "cryo")); !errors.Is(err, safefs.ErrUnsafe) {
+	if _, err := stores.NewFileStore(filepath.Join(dir, "snapshot", "cryo")); !errors.Is(err, safefs.ErrUnsafe) {
 		t.Errorf("store through a symlinked snapshot dir: %v", err)
 	}
 	if ents, _ := os.ReadDir(target); len(ents) != 0 {

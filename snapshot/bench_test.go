@@ -21,8 +21,8 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/cryo-runtime/cryo/fetch"
 	"github.com/cryo-runtime/cryo/nodecache"
+	"github.com/cryo-runtime/cryo/stores"
 )
 
 // discardStore hashes and drops pushed blobs: the Write benchmark measures
@@ -202,11 +202,11 @@ func peakHeap() (stop func() float64) {
 	}
 }
 
-func writeBench(b *testing.B, store fetch.Store, ref, path string) WriteStats {
+func writeBench(b *testing.B, store stores.Store, ref, path string) WriteStats {
 	return writeBenchOpts(b, store, ref, path, WriteOptions{})
 }
 
-func writeBenchOpts(b *testing.B, store fetch.Store, ref, path string, opts WriteOptions) WriteStats {
+func writeBenchOpts(b *testing.B, store stores.Store, ref, path string, opts WriteOptions) WriteStats {
 	src, err := NewSource(Metadata{}, SourcePaths{RAM: path})
 	if err != nil {
 		b.Fatal(err)

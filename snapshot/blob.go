@@ -12,8 +12,8 @@ import (
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
-	"github.com/cryo-runtime/cryo/fetch"
 	"github.com/cryo-runtime/cryo/nodecache"
+	"github.com/cryo-runtime/cryo/stores"
 )
 
 // readFull reads until b is full or the reader ends.
@@ -53,7 +53,7 @@ func sha256Digest(b []byte) digest.Digest {
 // being a nodecache.VerifiedFetcher: its blob is read whole and not hashed a
 // second time. Bytes from any other store are hashed here, before anyone
 // decrypts or decompresses them.
-func fetchVerified(ctx context.Context, store fetch.Store, desc ocispec.Descriptor, limit, rangeSize int64, buf []byte) ([]byte, error) {
+func fetchVerified(ctx context.Context, store stores.Store, desc ocispec.Descriptor, limit, rangeSize int64, buf []byte) ([]byte, error) {
 	if err := checkDigest(desc.Digest); err != nil {
 		return nil, err
 	}
@@ -102,7 +102,7 @@ func readVerified(ctx context.Context, vf nodecache.VerifiedFetcher, desc ocispe
 
 // fetchRange reads exactly n bytes at off into b[:n]; b has one byte more to
 // notice a store that returns more than it was asked for.
-func fetchRange(ctx context.Context, store fetch.Store, desc ocispec.Descriptor, off, n int64, b []byte) error {
+func fetchRange(ctx context.Context, store stores.Store, desc ocispec.Descriptor, off, n int64, b []byte) error {
 	rc, err := store.Fetch(ctx, desc, off, n)
 	if err != nil {
 		return fmt.Errorf("fetch %s [%d,+%d): %w", desc.Digest, off, n, err)
@@ -123,7 +123,7 @@ func fetchRange(ctx context.Context, store fetch.Store, desc ocispec.Descriptor,
 
 // pushIfMissing pushes b as desc unless the store has it; it reports whether
 // it uploaded.
-func pushIfMissing(ctx context.Context, store fetch.Store, desc ocispec.Descriptor, b []byte) (bool, error) {
+func pushIfMissing(ctx context.Context, store stores.Store, desc ocispec.Descriptor, b []byte) (bool, error) {
 	ok, err := store.Exists(ctx, desc)
 	if err != nil {
 		return false, fmt.Errorf("exists %s: %w", desc.Digest, err)

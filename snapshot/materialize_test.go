@@ -13,9 +13,9 @@ import (
 	"github.com/containerd/errdefs"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
-	"github.com/cryo-runtime/cryo/fetch"
 	"github.com/cryo-runtime/cryo/internal/bootid"
 	"github.com/cryo-runtime/cryo/nodecache"
+	"github.com/cryo-runtime/cryo/stores"
 )
 
 // rewriteMarker replaces (or, with marker nil, removes) the completion
@@ -136,10 +136,10 @@ func TestMaterializeConcurrent(t *testing.T) {
 
 // fileStoreSnapshot writes the test snapshot "v1" into a file store (an
 // OCI layout on disk) and returns the store and its root.
-func fileStoreSnapshot(t *testing.T, ts *testSnap) (fetch.Store, string) {
+func fileStoreSnapshot(t *testing.T, ts *testSnap) (stores.Store, string) {
 	t.Helper()
 	root := filepath.Join(t.TempDir(), "layout")
-	store, err := fetch.NewFileStore(root)
+	store, err := stores.NewFileStore(root)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,7 +157,7 @@ func fileStoreSnapshot(t *testing.T, ts *testSnap) (fetch.Store, string) {
 // otherBlobStore is a store that, asked for the blob want, hands out the
 // node cache's genuine verified reader of another blob.
 type otherBlobStore struct {
-	fetch.Store
+	stores.Store
 	cs          *nodecache.CachingStore
 	want, other ocispec.Descriptor
 }
@@ -190,7 +190,7 @@ func TestTamperedBlobOutsideTheCache(t *testing.T) {
 				t.Fatal(err)
 			}
 			cs := nodecache.NewCachingStore(store, cache, nodecache.CachingOptions{})
-			var read fetch.Store
+			var read stores.Store
 			switch tc {
 			case "direct":
 				read = store

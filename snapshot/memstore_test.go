@@ -14,10 +14,10 @@ import (
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
-	"github.com/cryo-runtime/cryo/fetch"
+	"github.com/cryo-runtime/cryo/stores"
 )
 
-// memStore is an in-memory fetch.Store for this package's unit tests. Its
+// memStore is an in-memory stores.Store for this package's unit tests. Its
 // hooks let a test play a hostile store.
 type memStore struct {
 	mu    sync.Mutex
@@ -32,7 +32,7 @@ type memStore struct {
 	verifyPushes    bool
 }
 
-var _ fetch.Store = (*memStore)(nil)
+var _ stores.Store = (*memStore)(nil)
 
 func newMemStore() *memStore {
 	return &memStore{blobs: map[digest.Digest][]byte{}, tags: map[string]ocispec.Descriptor{}, verifyPushes: true}

@@ -16,8 +16,8 @@ import (
 	"github.com/klauspost/compress/zstd"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/cryo-runtime/cryo/fetch"
 	"github.com/cryo-runtime/cryo/nodecache"
+	"github.com/cryo-runtime/cryo/stores"
 )
 
 // BenchmarkPipeline is cryoctl bench's pipeline measurement in pure Go:
@@ -181,7 +181,7 @@ type benchChunk struct{ stored, raw []byte }
 var pipelineBench struct {
 	once   sync.Once
 	dir    string
-	store  fetch.Store
+	store  stores.Store
 	chunks []*benchChunk
 	raw    int64 // raw bytes of the stored chunks
 	stored int64 // their stored bytes
@@ -190,7 +190,7 @@ var pipelineBench struct {
 
 type pipelineSet struct {
 	dir         string
-	store       fetch.Store
+	store       stores.Store
 	chunks      []*benchChunk
 	raw, stored int64
 }
@@ -222,7 +222,7 @@ func writePipelineData(dir string, size int64) error {
 	if err := writeRAMLike(path, size); err != nil {
 		return err
 	}
-	store, err := fetch.NewFileStore(filepath.Join(dir, "store"))
+	store, err := stores.NewFileStore(filepath.Join(dir, "store"))
 	if err != nil {
 		return err
 	}
@@ -246,9 +246,9 @@ func writePipelineData(dir string, size int64) error {
 	}
 	defer dec.Close()
 	pb := &pipelineBench
-	// Restores read it as the shim does: through fetch.Open's wrapping
+	// Restores read it as the shim does: through stores.Open's wrapping
 	// (retries, stall timeout, concurrency bound).
-	if pb.store, _, err = fetch.Open(ctx, "file://"+filepath.Join(dir, "store")+":v1", fetch.Options{Getenv: func(string) string { return "" }}); err != nil {
+	if pb.store, _, err = stores.Open(ctx, "file://"+filepath.Join(dir, "store")+":v1", stores.Options{Getenv: func(string) string { return "" }}); err != nil {
 		return err
 	}
 	for _, c := range s.chunks {

@@ -14,7 +14,7 @@ import (
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
-	"github.com/cryo-runtime/cryo/fetch"
+	"github.com/cryo-runtime/cryo/stores"
 )
 
 // ReadOptions are the reader's policy and limits. Zero limits mean the
@@ -107,7 +107,7 @@ type Snapshot struct {
 	// Signed is true when a signature by ReadOptions.PublicKey verified.
 	Signed bool
 
-	store  fetch.Store
+	store  stores.Store
 	opts   ReadOptions
 	chunks []chunkRef
 	// deltas are the delta chunks, bases their base layers (delta.go).
@@ -148,7 +148,7 @@ func ParseRef(ref string) (tag string, pin digest.Digest, err error) {
 // pinned digest wins over the tag), fetches the manifest and config,
 // verifies their digests, the signature and the encryption policy, and
 // validates every field before returning. Nothing is written.
-func Open(ctx context.Context, store fetch.Store, ref string, opts ReadOptions) (*Snapshot, error) {
+func Open(ctx context.Context, store stores.Store, ref string, opts ReadOptions) (*Snapshot, error) {
 	opts.defaults()
 	s := &Snapshot{Ref: ref, store: store, opts: opts}
 	if err := s.open(ctx); err != nil {
@@ -219,7 +219,7 @@ func (s *Snapshot) open(ctx context.Context) error {
 // resolve finds the manifest descriptor of ref. A pinned digest is resolved
 // by digest (stores resolve digests like oras does) or, failing that,
 // through the tag, which must then name the pinned manifest.
-func resolve(ctx context.Context, store fetch.Store, ref string) (ocispec.Descriptor, error) {
+func resolve(ctx context.Context, store stores.Store, ref string) (ocispec.Descriptor, error) {
 	tag, pin, err := ParseRef(ref)
 	if err != nil {
 		return ocispec.Descriptor{}, err

@@ -14,7 +14,7 @@ import (
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
-	"github.com/cryo-runtime/cryo/fetch"
+	"github.com/cryo-runtime/cryo/stores"
 )
 
 // Signatures.
@@ -64,7 +64,7 @@ func PublicKeyID(pub ed25519.PublicKey) string {
 // Sign signs the snapshot manifest desc with key and publishes the signature
 // to store (blobs, then manifest, then its tag). Signing again replaces the
 // signature.
-func Sign(ctx context.Context, store fetch.Store, desc ocispec.Descriptor, key ed25519.PrivateKey) error {
+func Sign(ctx context.Context, store stores.Store, desc ocispec.Descriptor, key ed25519.PrivateKey) error {
 	if err := checkDigest(desc.Digest); err != nil {
 		return fmt.Errorf("sign: %w", err)
 	}
@@ -105,7 +105,7 @@ func Sign(ctx context.Context, store fetch.Store, desc ocispec.Descriptor, key e
 // verifySignature looks up the signature of the snapshot manifest desc and
 // checks it with pub. It returns errdefs.ErrNotFound (wrapped) when there is
 // no signature and errdefs.ErrUnauthenticated when there is a bad one.
-func verifySignature(ctx context.Context, store fetch.Store, desc ocispec.Descriptor, pub ed25519.PublicKey) error {
+func verifySignature(ctx context.Context, store stores.Store, desc ocispec.Descriptor, pub ed25519.PublicKey) error {
 	sd, err := store.Resolve(ctx, SignatureTag(desc.Digest))
 	if err != nil {
 		if errdefs.IsNotFound(err) {

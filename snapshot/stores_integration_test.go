@@ -13,9 +13,9 @@ import (
 
 	"github.com/containerd/errdefs"
 
-	"github.com/cryo-runtime/cryo/fetch"
-	"github.com/cryo-runtime/cryo/fetch/fetchtest"
 	"github.com/cryo-runtime/cryo/nodecache"
+	"github.com/cryo-runtime/cryo/stores"
+	"github.com/cryo-runtime/cryo/stores/storetest"
 )
 
 // TestRealStores writes a signed, encrypted snapshot to every store kind
@@ -33,10 +33,10 @@ func TestRealStores(t *testing.T) {
 	encKey := bytes.Repeat([]byte{3}, 32)
 
 	layout := t.TempDir()
-	s3 := fetchtest.StartS3(t)
-	reg := fetchtest.StartRegistry(t)
+	s3 := storetest.StartS3(t)
+	reg := storetest.StartRegistry(t)
 	env := s3.Env("S3")
-	opts := fetch.Options{Getenv: func(k string) string { return env[k] }, Retries: 1}
+	opts := stores.Options{Getenv: func(k string) string { return env[k] }, Retries: 1}
 
 	for _, tc := range []struct{ name, writeURL, readURL string }{
 		{"file", "file://" + layout + "/snaps/web", ""},
@@ -46,7 +46,7 @@ func TestRealStores(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
-			ws, _, err := fetch.Open(ctx, tc.writeURL+":v1", opts)
+			ws, _, err := stores.Open(ctx, tc.writeURL+":v1", opts)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -63,8 +63,8 @@ func TestRealStores(t *testing.T) {
 			}
 			rs := ws
 			if strings.HasPrefix(tc.readURL, "http-of:") {
-				base := fetchtest.ServeDir(t, layout)
-				if rs, _, err = fetch.Open(ctx, base+"/http/web:v1", opts); err != nil {
+				base := storetest.ServeDir(t, layout)
+				if rs, _, err = stores.Open(ctx, base+"/http/web:v1", opts); err != nil {
 					t.Fatal(err)
 				}
 			}

@@ -19,7 +19,7 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/cryo-runtime/cryo/fetch"
+	"github.com/cryo-runtime/cryo/stores"
 )
 
 // WriteOptions tune Write. The zero value writes a plaintext, unsigned
@@ -103,7 +103,7 @@ type chunkJob struct {
 }
 
 type writer struct {
-	store fetch.Store
+	store stores.Store
 	src   *Source
 	opts  WriteOptions
 	codec *chunkCodec
@@ -136,7 +136,7 @@ type writer struct {
 // already has are not pushed again. The chunks, config, manifest and
 // signature are pushed first and ref is tagged last, so a reader never sees a
 // partial snapshot. On error nothing is tagged (pushed blobs stay for GC).
-func Write(ctx context.Context, store fetch.Store, ref string, src *Source, opts WriteOptions) (ocispec.Descriptor, WriteStats, error) {
+func Write(ctx context.Context, store stores.Store, ref string, src *Source, opts WriteOptions) (ocispec.Descriptor, WriteStats, error) {
 	start := time.Now()
 	if ref == "" || strings.Contains(ref, "@") {
 		return ocispec.Descriptor{}, WriteStats{}, fmt.Errorf("write snapshot %q: ref must be a tag: %w", ref, errdefs.ErrInvalidArgument)
@@ -163,7 +163,7 @@ func Write(ctx context.Context, store fetch.Store, ref string, src *Source, opts
 	return desc, st, nil
 }
 
-func newWriter(store fetch.Store, src *Source, opts WriteOptions) (*writer, error) {
+func newWriter(store stores.Store, src *Source, opts WriteOptions) (*writer, error) {
 	if opts.ChunkSize == 0 {
 		opts.ChunkSize = DefaultChunkSize
 	}

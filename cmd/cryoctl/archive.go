@@ -20,8 +20,8 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"github.com/spf13/cobra"
 
-	"github.com/cryo-runtime/cryo/fetch"
 	"github.com/cryo-runtime/cryo/snapshot"
+	"github.com/cryo-runtime/cryo/stores"
 )
 
 // The single-file export layout of the seed documents:
@@ -132,7 +132,7 @@ func (a *App) export(ctx context.Context, url, dir, ns, id string) (res exportRe
 	h := sha256.New()
 	bar := a.newProgress(md.Totals.StoredBytes, "export")
 	bw := bufio.NewWriterSize(io.MultiWriter(tmp, h), 1<<20)
-	if err := fetch.WriteArchive(ctx, bar.Writer(bw), store, roots); err != nil {
+	if err := stores.WriteArchive(ctx, bar.Writer(bw), store, roots); err != nil {
 		return res, err
 	}
 	bar.Done()
@@ -249,7 +249,7 @@ func (a *App) importArchive(ctx context.Context, tarPath, url, tmpDir string, no
 		return res, err
 	}
 	defer os.RemoveAll(tmp)
-	staging, err := fetch.NewFileStore(filepath.Join(tmp, "layout"))
+	staging, err := stores.NewFileStore(filepath.Join(tmp, "layout"))
 	if err != nil {
 		return res, err
 	}
@@ -257,7 +257,7 @@ func (a *App) importArchive(ctx context.Context, tarPath, url, tmpDir string, no
 	bar := a.newProgress(st.Size(), "import")
 	h := sha256.New()
 	r := io.TeeReader(bar.Reader(bufio.NewReaderSize(f, 1<<20)), h)
-	roots, err := fetch.ReadArchive(ctx, r, staging, fetch.ArchiveOptions{})
+	roots, err := stores.ReadArchive(ctx, r, staging, stores.ArchiveOptions{})
 	if err != nil {
 		return res, err
 	}
@@ -294,12 +294,12 @@ func (a *App) importArchive(ctx context.Context, tarPath, url, tmpDir string, no
 		res.ChunksVerified = true
 	}
 	snap.Annotations = nil
-	if err := fetch.Copy(ctx, staging, dst, snap); err != nil {
+	if err := stores.Copy(ctx, staging, dst, snap); err != nil {
 		return res, err
 	}
 	for _, sd := range sigs {
 		sd.Annotations = nil
-		if err := fetch.Copy(ctx, staging, dst, sd); err != nil {
+		if err := stores.Copy(ctx, staging, dst, sd); err != nil {
 			return res, err
 		}
 		if err := dst.Tag(ctx, sd, snapshot.SignatureTag(snap.Digest)); err != nil {

@@ -15,9 +15,9 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/cryo-runtime/cryo/configs"
-	"github.com/cryo-runtime/cryo/fetch"
 	"github.com/cryo-runtime/cryo/nodecache"
 	"github.com/cryo-runtime/cryo/snapshot"
+	"github.com/cryo-runtime/cryo/stores"
 )
 
 // App holds the global flags and the loaded configuration shared by every
@@ -29,7 +29,7 @@ type App struct {
 	// Overrides of the configuration, set by flags.
 	CacheDir         string
 	CacheMaxMiB      int64
-	S3               fetch.S3Options
+	S3               stores.S3Options
 	s3UseSSL         string
 	RegistryPlain    bool
 	RegistryUser     string
@@ -82,7 +82,7 @@ func (a *App) load(cmd *cobra.Command) error {
 }
 
 // storeOptions builds fetch options: flags over config over environment.
-func (a *App) storeOptions() (fetch.Options, error) {
+func (a *App) storeOptions() (stores.Options, error) {
 	o := a.Config.Stores.FetchOptions()
 	s3 := o.S3
 	over := func(v *string, flag string) {
@@ -114,12 +114,12 @@ func firstNonEmpty(v ...string) string {
 
 // openStore opens a store URL; needRef says whether it must name a
 // snapshot (tag or digest).
-func (a *App) openStore(ctx context.Context, url string, needRef bool) (fetch.Store, string, error) {
+func (a *App) openStore(ctx context.Context, url string, needRef bool) (stores.Store, string, error) {
 	o, err := a.storeOptions()
 	if err != nil {
 		return nil, "", err
 	}
-	s, ref, err := fetch.Open(ctx, url, o)
+	s, ref, err := stores.Open(ctx, url, o)
 	if err != nil {
 		return nil, "", err
 	}

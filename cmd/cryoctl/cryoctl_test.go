@@ -16,9 +16,9 @@ import (
 	"github.com/containerd/errdefs"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
-	"github.com/cryo-runtime/cryo/fetch"
 	"github.com/cryo-runtime/cryo/fingerprint"
 	"github.com/cryo-runtime/cryo/snapshot"
+	"github.com/cryo-runtime/cryo/stores"
 )
 
 type env struct {
@@ -77,9 +77,9 @@ func (e *env) runJSON(v any, args ...string) {
 	}
 }
 
-func (e *env) store(url string) fetch.Store {
+func (e *env) store(url string) stores.Store {
 	e.t.Helper()
-	s, _, err := fetch.Open(context.Background(), url, fetch.Options{})
+	s, _, err := stores.Open(context.Background(), url, stores.Options{})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -217,11 +217,11 @@ func tamper(t *testing.T, archive string, keepSig bool) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	staging, err := fetch.NewFileStore(filepath.Join(t.TempDir(), "l"))
+	staging, err := stores.NewFileStore(filepath.Join(t.TempDir(), "l"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	roots, err := fetch.ReadArchive(ctx, f, staging, fetch.ArchiveOptions{})
+	roots, err := stores.ReadArchive(ctx, f, staging, stores.ArchiveOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -235,7 +235,7 @@ func tamper(t *testing.T, archive string, keepSig bool) {
 		if isSignatureTag(r.Annotations[ocispec.AnnotationRefName]) {
 			continue
 		}
-		mb, err := fetch.FetchAll(ctx, staging, r, 1<<20)
+		mb, err := stores.FetchAll(ctx, staging, r, 1<<20)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -255,7 +255,7 @@ func tamper(t *testing.T, archive string, keepSig bool) {
 		}
 	}
 	var buf bytes.Buffer
-	if err := fetch.WriteArchive(ctx, &buf, staging, out); err != nil {
+	if err := stores.WriteArchive(ctx, &buf, staging, out); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(archive, buf.Bytes(), 0o600); err != nil {

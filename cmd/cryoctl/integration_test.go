@@ -6,15 +6,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cryo-runtime/cryo/fetch/fetchtest"
+	"github.com/cryo-runtime/cryo/stores/storetest"
 )
 
 // TestIntegrationRegistryToS3 moves a signed snapshot from a real registry
 // through an export file into a real S3 server and uses it there.
 func TestIntegrationRegistryToS3(t *testing.T) {
 	e := newEnv(t)
-	reg := fetchtest.StartRegistry(t)
-	s3 := fetchtest.StartS3(t)
+	reg := storetest.StartRegistry(t)
+	s3 := storetest.StartS3(t)
 	src := "oci://" + reg + "/cryo/web"
 	d := e.writeSnapshot(src, "v1", 9, true, time.Time{})
 	s3flags := []string{"--s3-endpoint", s3.Endpoint, "--s3-access-key", s3.AccessKey, "--s3-secret-key", s3.SecretKey, "--s3-use-ssl", "false"}

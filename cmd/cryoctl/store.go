@@ -15,9 +15,9 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/cryo-runtime/cryo/fetch"
 	"github.com/cryo-runtime/cryo/nodecache"
 	"github.com/cryo-runtime/cryo/snapshot"
+	"github.com/cryo-runtime/cryo/stores"
 )
 
 // isSignatureTag reports whether tag names a signature (see
@@ -127,7 +127,7 @@ func newRmCommand(a *App) *cobra.Command {
 
 // removeSnapshot untags tag and, unless another tag names the same
 // manifest, its signature.
-func removeSnapshot(ctx context.Context, store fetch.Store, tag string) (digest.Digest, error) {
+func removeSnapshot(ctx context.Context, store stores.Store, tag string) (digest.Digest, error) {
 	desc, err := store.Resolve(ctx, tag)
 	if err != nil {
 		return "", err
@@ -154,10 +154,10 @@ func removeSnapshot(ctx context.Context, store fetch.Store, tag string) (digest.
 }
 
 type gcStoreResult struct {
-	Store   string         `json:"store"`
-	Expired []string       `json:"expired"`
-	Blobs   fetch.GCResult `json:"blobs"`
-	Skipped []string       `json:"skipped,omitempty"` // tags that could not be read
+	Store   string          `json:"store"`
+	Expired []string        `json:"expired"`
+	Blobs   stores.GCResult `json:"blobs"`
+	Skipped []string        `json:"skipped,omitempty"` // tags that could not be read
 }
 
 type gcResult struct {
@@ -255,9 +255,9 @@ func (a *App) gcStore(ctx context.Context, url string, dryRun bool, grace time.D
 		}
 	}
 	if grace == 0 {
-		grace = -1 // fetch.GC treats 0 as its default
+		grace = -1 // stores.GC treats 0 as its default
 	}
-	r.Blobs, err = fetch.GC(ctx, store, fetch.GCOptions{Grace: grace, DryRun: dryRun})
+	r.Blobs, err = stores.GC(ctx, store, stores.GCOptions{Grace: grace, DryRun: dryRun})
 	if errdefs.IsNotImplemented(err) {
 		r.Skipped = append(r.Skipped, "blobs: the store collects its own garbage")
 		err = nil
@@ -307,7 +307,7 @@ func newPullCommand(a *App) *cobra.Command {
 }
 
 // pull fetches every blob of the snapshot (and its signature) into c.
-func (a *App) pull(ctx context.Context, store fetch.Store, c *nodecache.Blobs, ref string) (pullResult, error) {
+func (a *App) pull(ctx context.Context, store stores.Store, c *nodecache.Blobs, ref string) (pullResult, error) {
 	var res pullResult
 	var bar *progress
 	cs := nodecache.NewCachingStore(store, c, nodecache.CachingOptions{Progress: func(_ ocispec.Descriptor, n int64) { bar.Add(n) }})
@@ -332,11 +332,11 @@ func (a *App) pull(ctx context.Context, store fetch.Store, c *nodecache.Blobs, r
 		}
 		return nil
 	}
-	if err := fetch.Walk(ctx, cs, s.Descriptor, collect); err != nil {
+	if err := stores.Walk(ctx, cs, s.Descriptor, collect); err != nil {
 		return res, err
 	}
 	if sd, err := store.Resolve(ctx, snapshot.SignatureTag(s.Descriptor.Digest)); err == nil {
-		if err := fetch.Walk(ctx, cs, sd, collect); err != nil {
+		if err := stores.Walk(ctx, cs, sd, collect); err != nil {
 			return res, err
 		}
 	} else if !errdefs.IsNotFound(err) {

@@ -1,6 +1,6 @@
 //go:build integration
 
-package fetch_test
+package stores_test
 
 import "github.com/minio/minio-go/v7"
 

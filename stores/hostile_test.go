@@ -1,4 +1,4 @@
-package fetch_test
+package stores_test
 
 import (
 	"bytes"
@@ -19,16 +19,16 @@ import (
 	"github.com/containerd/errdefs"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
-	"github.com/cryo-runtime/cryo/fetch"
-	"github.com/cryo-runtime/cryo/fetch/fetchtest"
 	"github.com/cryo-runtime/cryo/nodecache"
+	"github.com/cryo-runtime/cryo/stores"
+	"github.com/cryo-runtime/cryo/stores/storetest"
 )
 
 // hostile serves one blob at /blobs/sha256/<hex> (with Range support); act
 // decides, per request number (from 1), how to misbehave. It returns false
 // to serve the request normally.
 type hostile struct {
-	blob     fetchtest.Blob
+	blob     storetest.Blob
 	requests atomic.Int64
 	act      func(n int64, w http.ResponseWriter, r *http.Request, start, end int64) bool
 }
@@ -75,33 +75,33 @@ func breakAfter(w http.ResponseWriter, data []byte, start, end int64) {
 	panic(http.ErrAbortHandler)
 }
 
-func fastOpts() fetch.Options {
-	return fetch.Options{
+func fastOpts() stores.Options {
+	return stores.Options{
 		Retries: 3, RetryBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond,
 		StallTimeout: 300 * time.Millisecond, Getenv: func(string) string { return "" },
 	}
 }
 
 func newHostile(size int) *hostile {
-	return &hostile{blob: fetchtest.NewBlob("application/octet-stream", fetchtest.RandomBytes(uint64(size), size))}
+	return &hostile{blob: storetest.NewBlob("application/octet-stream", storetest.RandomBytes(uint64(size), size))}
 }
 
 func (h *hostile) ServeLayout() http.Handler {
 	return http.StripPrefix("/layout", h)
 }
 
-func startHostileLayout(t *testing.T, h *hostile) fetch.Store {
+func startHostileLayout(t *testing.T, h *hostile) stores.Store {
 	t.Helper()
 	srv := httptest.NewServer(h.ServeLayout())
 	t.Cleanup(srv.Close)
-	s, _, err := fetch.Open(context.Background(), srv.URL+"/layout", fastOpts())
+	s, _, err := stores.Open(context.Background(), srv.URL+"/layout", fastOpts())
 	if err != nil {
 		t.Fatal(err)
 	}
 	return s
 }
 
-func fetchErr(s fetch.Store, d ocispec.Descriptor) ([]byte, error) {
+func fetchErr(s stores.Store, d ocispec.Descriptor) ([]byte, error) {
 	rc, err := s.Fetch(context.Background(), d, 0, -1)
 	if err != nil {
 		return nil, err
@@ -152,7 +152,7 @@ func TestHostile503GivesUp(t *testing.T) {
 func TestHostileNotFoundNotRetried(t *testing.T) {
 	h := newHostile(1000)
 	s := startHostileLayout(t, h)
-	missing := fetchtest.NewBlob("application/octet-stream", []byte("x"))
+	missing := storetest.NewBlob("application/octet-stream", []byte("x"))
 	if _, err := fetchErr(s, missing.Desc); !errdefs.IsNotFound(err) {
 		t.Fatalf("err = %v, want not found", err)
 	}
@@ -216,7 +216,7 @@ func TestHostileStallGivesUp(t *testing.T) {
 
 // newCachingStore returns a caching store over s with a small part size, and
 // its cache directory.
-func newCachingStore(t *testing.T, s fetch.Store, partSize int64) (*nodecache.CachingStore, string) {
+func newCachingStore(t *testing.T, s stores.Store, partSize int64) (*nodecache.CachingStore, string) {
 	t.Helper()
 	dir := t.TempDir()
 	c, err := nodecache.OpenBlobs(dir, 1<<30)
@@ -241,7 +241,7 @@ func assertCacheEmpty(t *testing.T, dir string) {
 
 func TestHostileObjectChangesBetweenRangedReads(t *testing.T) {
 	h := newHostile(1 << 20)
-	other := fetchtest.RandomBytes(42, len(h.blob.Data)) // same size, other content
+	other := storetest.RandomBytes(42, len(h.blob.Data)) // same size, other content
 	h.act = func(n int64, w http.ResponseWriter, r *http.Request, start, end int64) bool {
 		if start == 0 {
 			return false // the first part comes from the original
@@ -251,7 +251,7 @@ func TestHostileObjectChangesBetweenRangedReads(t *testing.T) {
 	}
 	cs, dir := newCachingStore(t, startHostileLayout(t, h), 256<<10)
 	err := cs.Ensure(context.Background(), h.blob.Desc)
-	if !errors.Is(err, fetch.ErrDigestMismatch) || !errdefs.IsDataLoss(err) {
+	if !errors.Is(err, stores.ErrDigestMismatch) || !errdefs.IsDataLoss(err) {
 		t.Fatalf("err = %v, want a digest mismatch", err)
 	}
 	if n := h.requests.Load(); n != 4 {
@@ -262,7 +262,7 @@ func TestHostileObjectChangesBetweenRangedReads(t *testing.T) {
 
 func TestHostileObjectChangesAfterResume(t *testing.T) {
 	h := newHostile(1 << 20)
-	other := fetchtest.RandomBytes(43, len(h.blob.Data))
+	other := storetest.RandomBytes(43, len(h.blob.Data))
 	h.act = func(n int64, w http.ResponseWriter, r *http.Request, start, end int64) bool {
 		if n == 1 {
 			breakAfter(w, h.blob.Data, start, end)
@@ -272,7 +272,7 @@ func TestHostileObjectChangesAfterResume(t *testing.T) {
 		return true
 	}
 	cs, dir := newCachingStore(t, startHostileLayout(t, h), 16<<20)
-	if err := cs.Ensure(context.Background(), h.blob.Desc); !errors.Is(err, fetch.ErrDigestMismatch) {
+	if err := cs.Ensure(context.Background(), h.blob.Desc); !errors.Is(err, stores.ErrDigestMismatch) {
 		t.Fatalf("err = %v, want a digest mismatch", err)
 	}
 	assertCacheEmpty(t, dir)
@@ -312,7 +312,7 @@ func TestHostileExtraBytes(t *testing.T) {
 		}
 		cs, dir := newCachingStore(t, startHostileLayout(t, h), part)
 		err := cs.Ensure(context.Background(), h.blob.Desc)
-		if !errors.Is(err, fetch.ErrDigestMismatch) || !strings.Contains(err.Error(), "more than") {
+		if !errors.Is(err, stores.ErrDigestMismatch) || !strings.Contains(err.Error(), "more than") {
 			t.Fatalf("part %d: err = %v, want extra bytes refused", part, err)
 		}
 		assertCacheEmpty(t, dir)

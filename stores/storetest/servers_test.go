@@ -1,4 +1,4 @@
-package fetchtest
+package storetest
 
 import (
 	"fmt"

@@ -1,10 +1,10 @@
-// Package fetch holds the snapshot stores (file, s3/minio, oci, http), the
+// Package stores holds the snapshot stores (file, s3/minio, oci, http), the
 // node-local content-addressed cache and the single-flight downloader.
 //
 // Every store speaks one interface: content-addressed blobs with ranged reads,
 // and references (tags) that name a manifest. Publishing is blobs first,
 // reference last, so a reader never sees a reference to a missing blob.
-package fetch
+package stores
 
 import (
 	"context"

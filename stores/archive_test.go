@@ -1,4 +1,4 @@
-package fetch_test
+package stores_test
 
 import (
 	"archive/tar"
@@ -14,32 +14,32 @@ import (
 	"github.com/containerd/errdefs"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
-	"github.com/cryo-runtime/cryo/fetch"
-	"github.com/cryo-runtime/cryo/fetch/fetchtest"
+	"github.com/cryo-runtime/cryo/stores"
+	"github.com/cryo-runtime/cryo/stores/storetest"
 )
 
 // archiveOf writes fixture f as an oci-archive and returns the tar bytes.
-func archiveOf(t *testing.T, f fetchtest.Fixture) []byte {
+func archiveOf(t *testing.T, f storetest.Fixture) []byte {
 	t.Helper()
 	src, _ := openT(t, "file://"+t.TempDir()+"/src")
-	fetchtest.Seed(t, src, f)
+	storetest.Seed(t, src, f)
 	root, err := src.Resolve(context.Background(), f.Tag)
 	if err != nil {
 		t.Fatal(err)
 	}
 	root.Annotations = map[string]string{ocispec.AnnotationRefName: f.Tag}
 	var buf bytes.Buffer
-	if err := fetch.WriteArchive(context.Background(), &buf, src, []ocispec.Descriptor{root}); err != nil {
+	if err := stores.WriteArchive(context.Background(), &buf, src, []ocispec.Descriptor{root}); err != nil {
 		t.Fatal(err)
 	}
 	return buf.Bytes()
 }
 
 func TestArchiveRoundTrip(t *testing.T) {
-	f := fetchtest.NewFixture("v1", 4)
+	f := storetest.NewFixture("v1", 4)
 	b := archiveOf(t, f)
 	tmp, _ := openT(t, "file://"+t.TempDir()+"/tmp")
-	roots, err := fetch.ReadArchive(context.Background(), bytes.NewReader(b), tmp, fetch.ArchiveOptions{})
+	roots, err := stores.ReadArchive(context.Background(), bytes.NewReader(b), tmp, stores.ArchiveOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,13 +47,13 @@ func TestArchiveRoundTrip(t *testing.T) {
 		t.Fatalf("roots = %+v", roots)
 	}
 	dst, _ := openT(t, "file://"+t.TempDir()+"/dst")
-	if err := fetch.Copy(context.Background(), tmp, dst, roots[0]); err != nil {
+	if err := stores.Copy(context.Background(), tmp, dst, roots[0]); err != nil {
 		t.Fatal(err)
 	}
 	if err := dst.Tag(context.Background(), roots[0], "v1"); err != nil {
 		t.Fatal(err)
 	}
-	fetchtest.CheckRead(t, dst, f)
+	storetest.CheckRead(t, dst, f)
 }
 
 // entry is one tar entry of a hand-made archive.
@@ -125,7 +125,7 @@ func paxLen(rec string) string {
 }
 
 func TestArchiveHostile(t *testing.T) {
-	f := fetchtest.NewFixture("v1", 5)
+	f := storetest.NewFixture("v1", 5)
 	good := entriesOf(t, archiveOf(t, f))
 	// Put extra entries first so they are met before the layout is complete.
 	with := func(extra ...entry) []entry { return append(extra, good...) }
@@ -179,11 +179,11 @@ func TestArchiveHostile(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			root := t.TempDir()
-			dst, err := fetch.NewFileStore(filepath.Join(root, "layout"))
+			dst, err := stores.NewFileStore(filepath.Join(root, "layout"))
 			if err != nil {
 				t.Fatal(err)
 			}
-			_, err = fetch.ReadArchive(context.Background(), bytes.NewReader(tarOf(t, tc.entries)), dst, fetch.ArchiveOptions{})
+			_, err = stores.ReadArchive(context.Background(), bytes.NewReader(tarOf(t, tc.entries)), dst, stores.ArchiveOptions{})
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("err = %v, want %q", err, tc.want)
 			}
@@ -203,7 +203,7 @@ func TestArchiveHostile(t *testing.T) {
 }
 
 func TestArchiveLayoutJSON(t *testing.T) {
-	es := entriesOf(t, archiveOf(t, fetchtest.NewFixture("v1", 6)))
+	es := entriesOf(t, archiveOf(t, storetest.NewFixture("v1", 6)))
 	if es[0].hdr.Name != "oci-layout" || es[len(es)-1].hdr.Name != "index.json" {
 		t.Fatalf("entry order %s ... %s, want oci-layout first and index.json last", es[0].hdr.Name, es[len(es)-1].hdr.Name)
 	}

@@ -1,6 +1,6 @@
 //go:build integration
 
-package fetch_test
+package stores_test
 
 import (
 	"bytes"
@@ -13,18 +13,18 @@ import (
 
 	"github.com/containerd/errdefs"
 
-	"github.com/cryo-runtime/cryo/fetch"
-	"github.com/cryo-runtime/cryo/fetch/fetchtest"
 	"github.com/cryo-runtime/cryo/nodecache"
+	"github.com/cryo-runtime/cryo/stores"
+	"github.com/cryo-runtime/cryo/stores/storetest"
 )
 
-func envOpts(env map[string]string) fetch.Options {
-	return fetch.Options{Getenv: func(k string) string { return env[k] }, RetryBackoff: 10 * time.Millisecond}
+func envOpts(env map[string]string) stores.Options {
+	return stores.Options{Getenv: func(k string) string { return env[k] }, RetryBackoff: 10 * time.Millisecond}
 }
 
-func openEnv(t *testing.T, url string, env map[string]string) fetch.Store {
+func openEnv(t *testing.T, url string, env map[string]string) stores.Store {
 	t.Helper()
-	s, _, err := fetch.Open(context.Background(), url, envOpts(env))
+	s, _, err := stores.Open(context.Background(), url, envOpts(env))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -32,14 +32,14 @@ func openEnv(t *testing.T, url string, env map[string]string) fetch.Store {
 }
 
 func TestIntegrationS3Store(t *testing.T) {
-	srv := fetchtest.StartS3(t)
+	srv := storetest.StartS3(t)
 	t.Run("s3", func(t *testing.T) {
-		fetchtest.RunStoreSuite(t, openEnv(t, "s3://"+srv.Bucket+"/team/app:v1", srv.Env("S3")))
+		storetest.RunStoreSuite(t, openEnv(t, "s3://"+srv.Bucket+"/team/app:v1", srv.Env("S3")))
 	})
 	t.Run("minio-env-bucket-and-prefix", func(t *testing.T) {
 		env := srv.Env("MINIO")
 		env["STORAGE_MINIO_PREFIX"] = "envprefix"
-		fetchtest.RunStoreSuite(t, openEnv(t, "minio:///app:v1", env))
+		storetest.RunStoreSuite(t, openEnv(t, "minio:///app:v1", env))
 		// The objects are where the documented layout says.
 		c := srv.Client(t)
 		if _, err := c.StatObject(context.Background(), srv.Bucket, "envprefix/refs/app/v1", minioStat()); err != nil {
@@ -48,7 +48,7 @@ func TestIntegrationS3Store(t *testing.T) {
 	})
 	t.Run("clear-errors", func(t *testing.T) {
 		ctx := context.Background()
-		b := fetchtest.NewBlob("application/octet-stream", []byte("x"))
+		b := storetest.NewBlob("application/octet-stream", []byte("x"))
 		s := openEnv(t, "s3://no-such-bucket/app", srv.Env("S3"))
 		err := s.Push(ctx, b.Desc, bytes.NewReader(b.Data))
 		if !errdefs.IsNotFound(err) || !strings.Contains(err.Error(), "bucket no-such-bucket does not exist") {
@@ -66,19 +66,19 @@ func TestIntegrationS3Store(t *testing.T) {
 		env := srv.Env("S3")
 		a := openEnv(t, "s3://"+srv.Bucket+"/gc/a", env)
 		b := openEnv(t, "s3://"+srv.Bucket+"/gc/b", env)
-		fa, fb := fetchtest.NewFixture("v1", 10), fetchtest.NewFixture("v1", 11)
-		fetchtest.Seed(t, a, fa)
-		fetchtest.Seed(t, b, fb)
+		fa, fb := storetest.NewFixture("v1", 10), storetest.NewFixture("v1", 11)
+		storetest.Seed(t, a, fa)
+		storetest.Seed(t, b, fb)
 		// b sees a's blobs: one pool per prefix.
 		if ok, err := b.Exists(context.Background(), fa.Layers[0].Desc); err != nil || !ok {
 			t.Fatalf("blob pool not shared: %v, %v", ok, err)
 		}
-		orphan := fetchtest.NewBlob("application/octet-stream", []byte("orphan"))
+		orphan := storetest.NewBlob("application/octet-stream", []byte("orphan"))
 		if err := a.Push(context.Background(), orphan.Desc, bytes.NewReader(orphan.Data)); err != nil {
 			t.Fatal(err)
 		}
 		// Young orphans survive (a publish may be in progress) ...
-		res, err := fetch.GC(context.Background(), a, fetch.GCOptions{})
+		res, err := stores.GC(context.Background(), a, stores.GCOptions{})
 		if err != nil || res.Deleted != 0 || res.Kept != 1 || res.Reachable != 8 {
 			t.Fatalf("gc = %+v, %v", res, err)
 		}
@@ -86,16 +86,16 @@ func TestIntegrationS3Store(t *testing.T) {
 		if err := b.Untag(context.Background(), "v1"); err != nil {
 			t.Fatal(err)
 		}
-		res, err = fetch.GC(context.Background(), a, fetch.GCOptions{Grace: -time.Hour})
+		res, err = stores.GC(context.Background(), a, stores.GCOptions{Grace: -time.Hour})
 		if err != nil || res.Deleted != 5 || res.Reachable != 4 {
 			t.Fatalf("gc = %+v, %v; want fb's 4 blobs and the orphan deleted", res, err)
 		}
-		fetchtest.CheckRead(t, a, fa)
+		storetest.CheckRead(t, a, fa)
 	})
 	t.Run("downloaded-once-per-node", func(t *testing.T) {
 		s := openEnv(t, "s3://"+srv.Bucket+"/team/once:v1", srv.Env("S3"))
-		f := fetchtest.NewFixture("v1", 20)
-		fetchtest.Seed(t, s, f)
+		f := storetest.NewFixture("v1", 20)
+		storetest.Seed(t, s, f)
 		c, err := nodecache.OpenBlobs(t.TempDir(), 1<<30)
 		if err != nil {
 			t.Fatal(err)
@@ -106,7 +106,7 @@ func TestIntegrationS3Store(t *testing.T) {
 			cs := nodecache.NewCachingStore(openEnv(t, "s3://"+srv.Bucket+"/team/once", srv.Env("S3")), c, nodecache.CachingOptions{PartSize: 1 << 20})
 			wg.Go(func() {
 				for _, b := range f.All() {
-					if got := fetchtest.ReadAll(t, cs, b.Desc, 0, -1); !bytes.Equal(got, b.Data) {
+					if got := storetest.ReadAll(t, cs, b.Desc, 0, -1); !bytes.Equal(got, b.Data) {
 						t.Errorf("store %d: blob %s differs", i, b.Desc.Digest)
 					}
 				}
@@ -125,21 +125,21 @@ func TestIntegrationS3Store(t *testing.T) {
 }
 
 func TestIntegrationRegistryStore(t *testing.T) {
-	addr := fetchtest.StartRegistry(t)
+	addr := storetest.StartRegistry(t)
 	s := openEnv(t, "oci://"+addr+"/cryo/app:v1", nil)
-	fetchtest.RunStoreSuite(t, s)
+	storetest.RunStoreSuite(t, s)
 
 	t.Run("cached-ranged-parts", func(t *testing.T) {
 		s := openEnv(t, "oci://"+addr+"/cryo/parts", nil)
-		f := fetchtest.NewFixture("v1", 30)
-		fetchtest.Seed(t, s, f)
+		f := storetest.NewFixture("v1", 30)
+		storetest.Seed(t, s, f)
 		c, err := nodecache.OpenBlobs(t.TempDir(), 1<<30)
 		if err != nil {
 			t.Fatal(err)
 		}
 		cs := nodecache.NewCachingStore(s, c, nodecache.CachingOptions{PartSize: 512 << 10})
 		big := f.Layers[0]
-		if got := fetchtest.ReadAll(t, cs, big.Desc, 7, 1<<20); !bytes.Equal(got, big.Data[7:7+1<<20]) {
+		if got := storetest.ReadAll(t, cs, big.Desc, 7, 1<<20); !bytes.Equal(got, big.Data[7:7+1<<20]) {
 			t.Fatal("ranged read through the cache differs")
 		}
 		if tags, err := s.Tags(context.Background()); err != nil || !slices.Equal(tags, []string{"v1"}) {

@@ -1,4 +1,4 @@
-package fetchtest
+package storetest
 
 import (
 	"bytes"
@@ -15,7 +15,7 @@ import (
 	specs "github.com/opencontainers/image-spec/specs-go"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
-	"github.com/cryo-runtime/cryo/fetch"
+	"github.com/cryo-runtime/cryo/stores"
 )
 
 // Blob is test content with its descriptor.
@@ -73,7 +73,7 @@ func NewFixture(tag string, seed uint64) Fixture {
 }
 
 // Seed pushes f into s (blobs first, tag last).
-func Seed(t testing.TB, s fetch.Store, f Fixture) {
+func Seed(t testing.TB, s stores.Store, f Fixture) {
 	t.Helper()
 	ctx := context.Background()
 	for _, b := range f.All() {
@@ -87,7 +87,7 @@ func Seed(t testing.TB, s fetch.Store, f Fixture) {
 }
 
 // ReadAll fetches a range and returns the bytes.
-func ReadAll(t testing.TB, s fetch.Store, d ocispec.Descriptor, off, n int64) []byte {
+func ReadAll(t testing.TB, s stores.Store, d ocispec.Descriptor, off, n int64) []byte {
 	t.Helper()
 	rc, err := s.Fetch(context.Background(), d, off, n)
 	if err != nil {
@@ -102,7 +102,7 @@ func ReadAll(t testing.TB, s fetch.Store, d ocispec.Descriptor, off, n int64) []
 }
 
 // CheckRead checks every read operation of s against fixture f already in s.
-func CheckRead(t *testing.T, s fetch.Store, f Fixture) {
+func CheckRead(t *testing.T, s stores.Store, f Fixture) {
 	ctx := context.Background()
 	t.Run("resolve", func(t *testing.T) {
 		d, err := s.Resolve(ctx, f.Tag)
@@ -174,7 +174,7 @@ func (f failReader) Read([]byte) (int, error) {
 
 // RunStoreSuite runs the conformance checks of a writable store; s must be
 // empty for the tag "v1".
-func RunStoreSuite(t *testing.T, s fetch.Store) {
+func RunStoreSuite(t *testing.T, s stores.Store) {
 	ctx := context.Background()
 	f := NewFixture("v1", 1)
 	Seed(t, s, f)
@@ -228,7 +228,7 @@ func RunStoreSuite(t *testing.T, s fetch.Store) {
 }
 
 // CheckReadOnly checks that writes to a read-only store fail clearly.
-func CheckReadOnly(t *testing.T, s fetch.Store, f Fixture) {
+func CheckReadOnly(t *testing.T, s stores.Store, f Fixture) {
 	ctx := context.Background()
 	b := NewBlob("application/octet-stream", []byte("new"))
 	if err := s.Push(ctx, b.Desc, bytes.NewReader(b.Data)); !errdefs.IsNotImplemented(err) {

@@ -1,7 +1,7 @@
 // Package fetchtest starts real store servers for tests (versitygw for S3,
 // the CNCF distribution registry, a net/http file server over an OCI
-// layout) and holds a conformance suite every fetch.Store must pass.
-package fetchtest
+// layout) and holds a conformance suite every stores.Store must pass.
+package storetest
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package fetch_test
+package stores_test
 
 import (
 	"bytes"
@@ -13,17 +13,17 @@ import (
 
 	"github.com/containerd/errdefs"
 
-	"github.com/cryo-runtime/cryo/fetch"
-	"github.com/cryo-runtime/cryo/fetch/fetchtest"
 	"github.com/cryo-runtime/cryo/internal/safefs"
+	"github.com/cryo-runtime/cryo/stores"
+	"github.com/cryo-runtime/cryo/stores/storetest"
 )
 
 // TestFileStoreHostileEntries: whoever can write a file store cannot make
 // the node read or write outside it with symlinks, nor block it with a
 // FIFO or a socket where a blob or the index should be.
 func TestFileStoreHostileEntries(t *testing.T) {
-	blob := fetchtest.NewBlob("application/octet-stream", []byte("the blob's bytes"))
-	other := fetchtest.NewBlob("application/octet-stream", []byte("pushed after the edit"))
+	blob := storetest.NewBlob("application/octet-stream", []byte("the blob's bytes"))
+	other := storetest.NewBlob("application/octet-stream", []byte("pushed after the edit"))
 	hexName := blob.Desc.Digest.Encoded()
 	cases := []struct {
 		name string
@@ -31,7 +31,7 @@ func TestFileStoreHostileEntries(t *testing.T) {
 		// beside it that the writer points at.
 		edit func(t *testing.T, root, outside string)
 		// op is what must be refused.
-		op func(s fetch.Store) error
+		op func(s stores.Store) error
 	}{
 		{"blob is a symlink to a host file with its bytes", func(t *testing.T, root, outside string) {
 			p := filepath.Join(root, "blobs", "sha256", hexName)
@@ -44,7 +44,7 @@ func TestFileStoreHostileEntries(t *testing.T) {
 			os.WriteFile(filepath.Join(outside, "copy"), blob.Data, 0o600)
 			os.Remove(p)
 			must(t, os.Symlink(filepath.Join(outside, "copy"), p))
-		}, func(s fetch.Store) error { _, err := s.Exists(context.Background(), blob.Desc); return err }},
+		}, func(s stores.Store) error { _, err := s.Exists(context.Background(), blob.Desc); return err }},
 		{"blob is a FIFO", func(t *testing.T, root, outside string) {
 			p := filepath.Join(root, "blobs", "sha256", hexName)
 			os.Remove(p)
@@ -72,15 +72,15 @@ func TestFileStoreHostileEntries(t *testing.T) {
 			os.WriteFile(filepath.Join(outside, "index.json"), b, 0o600)
 			os.Remove(filepath.Join(root, "index.json"))
 			must(t, os.Symlink(filepath.Join(outside, "index.json"), filepath.Join(root, "index.json")))
-		}, func(s fetch.Store) error { _, err := s.Resolve(context.Background(), "v1"); return err }},
+		}, func(s stores.Store) error { _, err := s.Resolve(context.Background(), "v1"); return err }},
 		{"index is a FIFO", func(t *testing.T, root, outside string) {
 			os.Remove(filepath.Join(root, "index.json"))
 			must(t, syscall.Mkfifo(filepath.Join(root, "index.json"), 0o600))
-		}, func(s fetch.Store) error { _, err := s.Resolve(context.Background(), "v1"); return err }},
+		}, func(s stores.Store) error { _, err := s.Resolve(context.Background(), "v1"); return err }},
 		{"tag through a symlinked index", func(t *testing.T, root, outside string) {
 			os.Remove(filepath.Join(root, "index.json"))
 			must(t, os.Symlink(filepath.Join(outside, "index.json"), filepath.Join(root, "index.json")))
-		}, func(s fetch.Store) error {
+		}, func(s stores.Store) error {
 			return s.Tag(context.Background(), blob.Desc, "v2")
 		}},
 	}
@@ -89,7 +89,7 @@ func TestFileStoreHostileEntries(t *testing.T) {
 			parent := t.TempDir()
 			root, outside := filepath.Join(parent, "store"), filepath.Join(parent, "outside")
 			must(t, os.Mkdir(outside, 0o700))
-			s, err := fetch.NewFileStore(root)
+			s, err := stores.NewFileStore(root)
 			must(t, err)
 			ctx := context.Background()
 			must(t, s.Push(ctx, blob.Desc, bytes.NewReader(blob.Data)))
@@ -119,7 +119,7 @@ func TestFileStoreHostileEntries(t *testing.T) {
 func TestFileStoreRootThroughSymlink(t *testing.T) {
 	parent, target := t.TempDir(), t.TempDir()
 	must(t, os.Symlink(target, filepath.Join(parent, "team-a")))
-	_, err := fetch.NewFileStore(filepath.Join(parent, "team-a", "store"))
+	_, err := stores.NewFileStore(filepath.Join(parent, "team-a", "store"))
 	if !errors.Is(err, safefs.ErrUnsafe) {
 		t.Fatalf("got %v, want a refusal", err)
 	}
@@ -128,8 +128,8 @@ func TestFileStoreRootThroughSymlink(t *testing.T) {
 	}
 }
 
-func fetchOp(b fetchtest.Blob) func(fetch.Store) error {
-	return func(s fetch.Store) error {
+func fetchOp(b storetest.Blob) func(stores.Store) error {
+	return func(s stores.Store) error {
 		rc, err := s.Fetch(context.Background(), b.Desc, 0, -1)
 		if err != nil {
 			return err
@@ -143,8 +143,8 @@ func fetchOp(b fetchtest.Blob) func(fetch.Store) error {
 	}
 }
 
-func pushOp(b fetchtest.Blob) func(fetch.Store) error {
-	return func(s fetch.Store) error { return s.Push(context.Background(), b.Desc, bytes.NewReader(b.Data)) }
+func pushOp(b storetest.Blob) func(stores.Store) error {
+	return func(s stores.Store) error { return s.Push(context.Background(), b.Desc, bytes.NewReader(b.Data)) }
 }
 
 // listTree lists every path under dir with its size.

@@ -1,4 +1,4 @@
-package fetch_test
+package stores_test
 
 import (
 	"context"
@@ -9,13 +9,13 @@ import (
 
 	"github.com/containerd/errdefs"
 
-	"github.com/cryo-runtime/cryo/fetch"
-	"github.com/cryo-runtime/cryo/fetch/fetchtest"
+	"github.com/cryo-runtime/cryo/stores"
+	"github.com/cryo-runtime/cryo/stores/storetest"
 )
 
-func openT(t *testing.T, url string) (fetch.Store, string) {
+func openT(t *testing.T, url string) (stores.Store, string) {
 	t.Helper()
-	s, ref, err := fetch.Open(context.Background(), url, fetch.Options{Getenv: func(string) string { return "" }})
+	s, ref, err := stores.Open(context.Background(), url, stores.Options{Getenv: func(string) string { return "" }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -28,7 +28,7 @@ func TestFileStore(t *testing.T) {
 	if ref != "v1" {
 		t.Fatalf("ref = %q", ref)
 	}
-	fetchtest.RunStoreSuite(t, s)
+	storetest.RunStoreSuite(t, s)
 
 	root := filepath.Join(dir, "app")
 	t.Run("layout-and-permissions", func(t *testing.T) {
@@ -70,7 +70,7 @@ func TestFileStore(t *testing.T) {
 		}
 	})
 	t.Run("relative-path-refused", func(t *testing.T) {
-		if _, err := fetch.NewFileStore("rel/dir"); !errdefs.IsInvalidArgument(err) {
+		if _, err := stores.NewFileStore("rel/dir"); !errdefs.IsInvalidArgument(err) {
 			t.Fatalf("err = %v", err)
 		}
 	})
@@ -81,39 +81,39 @@ func TestFileStore(t *testing.T) {
 func TestHTTPStore(t *testing.T) {
 	dir := t.TempDir()
 	w, _ := openT(t, "file://"+dir+"/app")
-	f := fetchtest.NewFixture("v1", 7)
-	fetchtest.Seed(t, w, f)
-	base := fetchtest.ServeDir(t, dir)
+	f := storetest.NewFixture("v1", 7)
+	storetest.Seed(t, w, f)
+	base := storetest.ServeDir(t, dir)
 	s, ref := openT(t, base+"/app:v1")
 	if ref != "v1" {
 		t.Fatalf("ref = %q", ref)
 	}
-	fetchtest.CheckRead(t, s, f)
-	fetchtest.CheckReadOnly(t, s, f)
+	storetest.CheckRead(t, s, f)
+	storetest.CheckReadOnly(t, s, f)
 }
 
 func TestFileStoreGC(t *testing.T) {
 	dir := t.TempDir()
 	s, _ := openT(t, "file://"+dir+"/app")
-	f, g := fetchtest.NewFixture("v1", 1), fetchtest.NewFixture("v2", 2)
-	fetchtest.Seed(t, s, f)
-	fetchtest.Seed(t, s, g)
+	f, g := storetest.NewFixture("v1", 1), storetest.NewFixture("v2", 2)
+	storetest.Seed(t, s, f)
+	storetest.Seed(t, s, g)
 	ctx := context.Background()
 	if err := s.Untag(ctx, "v2"); err != nil {
 		t.Fatal(err)
 	}
-	res, err := fetch.GC(ctx, s, fetch.GCOptions{})
+	res, err := stores.GC(ctx, s, stores.GCOptions{})
 	if err != nil || res.Deleted != 0 || res.Kept != 4 {
 		t.Fatalf("gc within grace = %+v, %v", res, err)
 	}
-	res, err = fetch.GC(ctx, s, fetch.GCOptions{Grace: -1, DryRun: true})
+	res, err = stores.GC(ctx, s, stores.GCOptions{Grace: -1, DryRun: true})
 	if err != nil || res.Deleted != 4 {
 		t.Fatalf("dry run = %+v, %v", res, err)
 	}
 	if ok, _ := s.Exists(ctx, g.Manifest.Desc); !ok {
 		t.Fatal("dry run deleted")
 	}
-	res, err = fetch.GC(ctx, s, fetch.GCOptions{Grace: -1})
+	res, err = stores.GC(ctx, s, stores.GCOptions{Grace: -1})
 	if err != nil || res.Deleted != 4 || res.Reachable != 4 {
 		t.Fatalf("gc = %+v, %v", res, err)
 	}
@@ -122,5 +122,5 @@ func TestFileStoreGC(t *testing.T) {
 			t.Fatalf("unreferenced %s survived", b.Desc.Digest)
 		}
 	}
-	fetchtest.CheckRead(t, s, f)
+	storetest.CheckRead(t, s, f)
 }
