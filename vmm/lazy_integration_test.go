@@ -1,0 +1,528 @@
+//go:build integration
+
+package vmm
+
+// TestLazyRAM is the measurement behind the lazy-restore design (issues 13
+// and 14): QEMU 7.2 restored with its RAM on a pagefs (FUSE) file, share=off
+// from a read-only file per snapshot, and share=on from a layered file per
+// sandbox. It asserts that each mode restores the guest intact and that the
+// dirty set it finds is complete, and logs the numbers ("lazy:" lines).
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cryo-runtime/cryo/pagefs"
+	"golang.org/x/sys/unix"
+)
+
+const lazyMemMiB = 512
+
+type lazySnap struct {
+	ram, state string // base RAM file and device state (x-ignore-shared)
+	token      string
+	warmSum    string
+	digests    [][32]byte
+}
+
+func TestLazyRAM(t *testing.T) {
+	mountFusectl(t)
+	snap := lazySnapshot(t)
+	t.Run("ReadAhead", func(t *testing.T) { lazyReadAhead(t, snap) })
+	t.Run("ShareOff", func(t *testing.T) { lazyShareOff(t, snap) })
+	t.Run("ShareOn", func(t *testing.T) { lazyShareOn(t, snap) })
+	t.Run("Abort", func(t *testing.T) { lazyAbort(t, snap) })
+}
+
+// lazySnapshot boots a guest, fills 48 MiB of its RAM with random data and
+// checkpoints it as the shim does for a booted sandbox.
+func lazySnapshot(t *testing.T) lazySnap {
+	cfg := testConfig(t, "lzsrc")
+	cfg.MemoryMiB = lazyMemMiB
+	src := startVM(t, cfg)
+	waitConsole(t, src, "cryo-test-ready", 60*time.Second)
+	a := dialAgent(t, src)
+	s := lazySnap{token: a.run(t, "echo $TOKEN")}
+	s.warmSum = a.run(t, "dd if=/dev/urandom of=/warm bs=1M count=48 2>/dev/null; sha256sum /warm | cut -c1-16")
+	a.c.Close()
+	dir := t.TempDir()
+	s.state = filepath.Join(dir, "devstate")
+	saveTo(t, src, s.state)
+	s.ram = cfg.MemoryPath + ".base"
+	if err := os.Link(cfg.MemoryPath, s.ram); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(s.ram) })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := src.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(s.ram)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if s.digests, err = pagefs.ChunkDigests(f, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func saveTo(t *testing.T, m *Machine, path string) time.Duration {
+	t.Helper()
+	w, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	start := time.Now()
+	if err := m.SaveState(ctx, w); err != nil {
+		t.Fatalf("SaveState: %v", err)
+	}
+	return time.Since(start)
+}
+
+// base opens the snapshot's RAM file as a verified source.
+func (s lazySnap) base(t *testing.T) *pagefs.VerifiedFile {
+	f, err := os.Open(s.ram)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	v, err := pagefs.NewVerifiedFile(f, 1<<20, s.digests)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+func mountPagefs(t *testing.T, files ...*pagefs.File) *pagefs.Server {
+	t.Helper()
+	return mountPagefsOpts(t, pagefs.Options{}, files...)
+}
+
+func mountPagefsOpts(t *testing.T, o pagefs.Options, files ...*pagefs.File) *pagefs.Server {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "mnt")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := pagefs.Mount(dir, files, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		// A QEMU still faulting on the mount would hang the unmount.
+		srv.Abort()
+		if err := srv.Unmount(); err != nil {
+			t.Errorf("unmount: %v", err)
+		}
+	})
+	return srv
+}
+
+// restoreFrom starts a machine on ram, loads state and resumes it; it
+// returns the machine, an agent connection, and the time from QEMU's start
+// to the answer of the first command.
+func restoreFrom(t *testing.T, s lazySnap, id, ram, state string, shared, served bool) (*Machine, *agentConn, time.Duration) {
+	t.Helper()
+	cfg := testConfig(t, id)
+	cfg.MemoryMiB = lazyMemMiB
+	cfg.Incoming, cfg.MemoryShared, cfg.MemoryServed, cfg.MemoryPath = true, shared, served, ram
+	start := time.Now()
+	m := startVM(t, cfg)
+	r, err := os.Open(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := m.LoadState(ctx, r); err != nil {
+		t.Fatalf("LoadState: %v", err)
+	}
+	if err := m.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	a := dialAgent(t, m)
+	if got := a.run(t, "echo $TOKEN"); got != s.token {
+		t.Fatalf("%s: token %q, want %q", id, got, s.token)
+	}
+	return m, a, time.Since(start)
+}
+
+func lazyShareOff(t *testing.T, s lazySnap) {
+	ram := pagefs.NewReadOnly("ram", s.base(t))
+	srv := mountPagefs(t, ram)
+	var ms []*Machine
+	var first *agentConn
+	for i := range 3 {
+		before := ram.Stats()
+		m, a, d := restoreFrom(t, s, fmt.Sprintf("lzoff%d", i), srv.Path("ram"), s.state, false, true)
+		st := ram.Stats()
+		t.Logf("lazy: share=off clone %d: first exec %v, FUSE read %s in %d reads before it (max read %d KiB)",
+			i, d.Round(time.Millisecond), mib(st.ReadBytes-before.ReadBytes), st.Reads-before.Reads, st.MaxRead>>10)
+		ms = append(ms, m)
+		if i == 0 {
+			first = a
+			assertConfined(t, m)
+		}
+	}
+	if got := first.run(t, "sha256sum /warm | cut -c1-16"); got != s.warmSum {
+		t.Errorf("restored /warm sum %q, want %q", got, s.warmSum)
+	}
+	logPss(t, "share=off", ms, srv.Path("ram"))
+
+	// The dirty set of a private mapping, from outside, during a pause.
+	start := time.Now()
+	first.run(t, "dd if=/dev/urandom of=/dirty bs=1M count=32 2>/dev/null; echo ok")
+	t.Logf("lazy: share=off guest wrote 32 MiB in %v", time.Since(start).Round(time.Millisecond))
+	sum := first.run(t, "sha256sum /dirty | cut -c1-16")
+	m := ms[0]
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := m.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mp, err := pagefs.FindMapping(m.Pid(), srv.Path("ram"), int64(lazyMemMiB)<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start = time.Now()
+	viaPagemap, err := pagefs.PrivatePagesPagemap(m.Pid(), mp)
+	dPagemap := time.Since(start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start = time.Now()
+	viaScan, err := pagefs.PrivatePagesScan(m.Pid(), mp)
+	dScan := time.Since(start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slicesEqual(viaPagemap, viaScan) {
+		t.Errorf("pagemap found %d private pages, PAGEMAP_SCAN %d", len(viaPagemap), len(viaScan))
+	}
+	buf := make([]byte, len(viaScan)*pagefs.PageSize)
+	start = time.Now()
+	if err := pagefs.ReadPages(m.Pid(), mp, viaScan, buf); err != nil {
+		t.Fatal(err)
+	}
+	dRead := time.Since(start)
+	t.Logf("lazy: share=off dirty set: %d pages (%s) of %d MiB; pagemap read %v, PAGEMAP_SCAN %v, process_vm_readv %v",
+		len(viaScan), mib(int64(len(buf))), lazyMemMiB, dPagemap, dScan, dRead)
+	if int64(len(viaScan))*pagefs.PageSize < 32<<20 {
+		t.Errorf("dirty set %s is smaller than the 32 MiB the guest wrote", mib(int64(len(buf))))
+	}
+	// RAM = base + the private pages, compared with all of RAM read through
+	// /proc/<pid>/mem: a page written but missed would differ.
+	merged := mergedRAM(t, s.ram, viaScan, buf)
+	if err := sameAsMemory(m.Pid(), mp, merged); err != nil {
+		t.Error(err)
+	}
+	// Status quo: the share=off device state carries the RAM.
+	st := filepath.Join(t.TempDir(), "state-off")
+	d := saveTo(t, m, st)
+	fi, _ := os.Stat(st)
+	t.Logf("lazy: share=off SaveState (RAM in the stream) %v, %s; guest /dirty sum %s", d.Round(time.Millisecond), mib(fi.Size()), sum)
+}
+
+func lazyShareOn(t *testing.T, s lazySnap) {
+	base := s.base(t)
+	var ms []*Machine
+	var files []*pagefs.File
+	var srvs []*pagefs.Server
+	var agents []*agentConn
+	for i := range 2 {
+		layer := sparseFile(t, int64(lazyMemMiB)<<20)
+		f, err := pagefs.NewLayered("ram", base, layer)
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := mountPagefs(t, f)
+		m, a, d := restoreFrom(t, s, fmt.Sprintf("lzon%d", i), srv.Path("ram"), s.state, true, true)
+		st := f.Stats()
+		t.Logf("lazy: share=on clone %d: first exec %v, FUSE read %s in %d reads (max read %d KiB), wrote back %s",
+			i, d.Round(time.Millisecond), mib(st.ReadBytes), st.Reads, st.MaxRead>>10, mib(st.WriteBytes))
+		ms, files, srvs, agents = append(ms, m), append(files, f), append(srvs, srv), append(agents, a)
+	}
+	assertConfined(t, ms[0])
+	for i := range ms {
+		logPss(t, fmt.Sprintf("share=on clone %d", i), ms[i:i+1], srvs[i].Path("ram"))
+	}
+	a, m, f, srv := agents[0], ms[0], files[0], srvs[0]
+	start := time.Now()
+	a.run(t, "dd if=/dev/urandom of=/dirty bs=1M count=32 2>/dev/null; echo ok")
+	t.Logf("lazy: share=on guest wrote 32 MiB in %v (writeback meanwhile %s)", time.Since(start).Round(time.Millisecond), mib(f.Stats().WriteBytes))
+	sum := a.run(t, "sha256sum /dirty | cut -c1-16")
+
+	// Checkpoint: pause, device state without RAM, then write back.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pauseStart := time.Now()
+	if err := m.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	before := f.Stats()
+	start = time.Now()
+	if err := syncFile(srv.Path("ram")); err != nil {
+		t.Fatal(err)
+	}
+	dSync := time.Since(start)
+	after := f.Stats()
+	state := filepath.Join(t.TempDir(), "state-on")
+	dSave := saveTo(t, m, state)
+	pause := time.Since(pauseStart)
+	fi, _ := os.Stat(state)
+	dirty := f.DirtyPages()
+	t.Logf("lazy: share=on checkpoint: fsync wrote back %s in %d writes, %v (%v/MiB); device state %s in %v; pause %v; dirty set %s",
+		mib(after.WriteBytes-before.WriteBytes), after.Writes-before.Writes, dSync.Round(time.Millisecond),
+		perMiB(dSync, after.WriteBytes-before.WriteBytes), mib(fi.Size()), dSave.Round(time.Millisecond), pause.Round(time.Millisecond),
+		mib(int64(len(dirty))*pagefs.PageSize))
+	if fi.Size() > 8<<20 {
+		t.Errorf("share=on device state is %s: RAM went into the stream", mib(fi.Size()))
+	}
+	if int64(len(dirty))*pagefs.PageSize < 32<<20 {
+		t.Errorf("dirty set %d pages is smaller than the 32 MiB the guest wrote", len(dirty))
+	}
+	mp, err := pagefs.FindMapping(m.Pid(), srv.Path("ram"), int64(lazyMemMiB)<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// RAM = base + layer must be what QEMU sees.
+	merged := filepath.Join("/dev/shm", fmt.Sprintf("cryo-vmmtest-lzmerged-%d.ram", os.Getpid()))
+	t.Cleanup(func() { os.Remove(merged) })
+	if err := copyView(merged, f); err != nil {
+		t.Fatal(err)
+	}
+	if err := sameAsMemory(m.Pid(), mp, merged); err != nil {
+		t.Error(err)
+	}
+	// ... and restores the guest with what it wrote after its restore.
+	_, b, d := restoreFrom(t, s, "lzonre", merged, state, false, false)
+	if got := b.run(t, "sha256sum /dirty | cut -c1-16"); got != sum {
+		t.Errorf("second-generation restore: /dirty sum %q, want %q", got, sum)
+	}
+	if got := b.run(t, "sha256sum /warm | cut -c1-16"); got != s.warmSum {
+		t.Errorf("second-generation restore: /warm sum %q, want %q", got, s.warmSum)
+	}
+	t.Logf("lazy: share=on generation 2 restored (eager, from base+layer) in %v", d.Round(time.Millisecond))
+}
+
+// lazyAbort: what a dead page server does to a running QEMU.
+func lazyAbort(t *testing.T, s lazySnap) {
+	for _, shared := range []bool{false, true} {
+		var f *pagefs.File
+		if shared {
+			var err error
+			if f, err = pagefs.NewLayered("ram", s.base(t), sparseFile(t, int64(lazyMemMiB)<<20)); err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			f = pagefs.NewReadOnly("ram", s.base(t))
+		}
+		srv := mountPagefs(t, f)
+		m, a, _ := restoreFrom(t, s, fmt.Sprintf("lzab%v", shared), srv.Path("ram"), s.state, shared, true)
+		if err := srv.Abort(); err != nil {
+			t.Fatalf("abort connection %d: %v", srv.Connection(), err)
+		}
+		start := time.Now()
+		// Fresh guest pages: QEMU faults on file pages not yet read.
+		fmt.Fprintln(a.c, "dd if=/dev/zero of=/big bs=1M count=256 2>/dev/null; echo survived")
+		select {
+		case <-m.Exited():
+			t.Logf("lazy: share=%v: after abort, qemu exited in %v: %v; stderr: %s", shared, time.Since(start).Round(time.Millisecond),
+				m.Wait(context.Background()), lastLine(m.Stderr()))
+		case <-time.After(20 * time.Second):
+			t.Errorf("share=%v: qemu still alive 20 s after its page server's connection was aborted", shared)
+		}
+	}
+}
+
+// mountFusectl mounts the fuse control filesystem (Server.Abort needs it)
+// if it is not mounted, until the test ends.
+func mountFusectl(t *testing.T) {
+	const dir = "/sys/fs/fuse/connections"
+	if isMounted(dir) {
+		return
+	}
+	if err := unix.Mount("fusectl", dir, "fusectl", 0, ""); err != nil {
+		t.Fatalf("mount fusectl on %s: %v", dir, err)
+	}
+	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
+}
+
+// lazyReadAhead measures the first exec of one restore for several FUSE
+// read sizes (max_read = readahead).
+func lazyReadAhead(t *testing.T, s lazySnap) {
+	for _, kib := range []int{128, 256, 1024} {
+		ram := pagefs.NewReadOnly("ram", s.base(t))
+		srv := mountPagefsOpts(t, pagefs.Options{MaxRead: kib << 10}, ram)
+		m, _, d := restoreFrom(t, s, fmt.Sprintf("lzra%d", kib), srv.Path("ram"), s.state, false, true)
+		st := ram.Stats()
+		t.Logf("lazy: read size %d KiB: first exec %v, FUSE read %s in %d reads (max %d KiB)", kib, d.Round(time.Millisecond), mib(st.ReadBytes), st.Reads, st.MaxRead>>10)
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		m.Shutdown(ctx)
+		cancel()
+	}
+}
+
+func isMounted(dir string) bool {
+	b, _ := os.ReadFile("/proc/self/mounts")
+	return strings.Contains(string(b), " "+dir+" ")
+}
+
+func lastLine(s string) string {
+	s = strings.TrimSpace(s)
+	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
+		return s[i+1:]
+	}
+	return s
+}
+
+func sparseFile(t *testing.T, size int64) *os.File {
+	t.Helper()
+	f, err := os.CreateTemp("/dev/shm", "cryo-vmmtest-layer-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close(); os.Remove(f.Name()) })
+	if err := f.Truncate(size); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// syncFile makes the kernel write the file's dirty page cache back to its
+// filesystem (for pagefs: to the server), as the shim would at checkpoint.
+func syncFile(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
+}
+
+// mergedRAM writes base with pages replaced by buf to a temporary file.
+func mergedRAM(t *testing.T, base string, pages []int64, buf []byte) string {
+	t.Helper()
+	out := filepath.Join("/dev/shm", fmt.Sprintf("cryo-vmmtest-lzoffmerged-%d.ram", os.Getpid()))
+	t.Cleanup(func() { os.Remove(out) })
+	b, err := os.ReadFile(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, p := range pages {
+		copy(b[p*pagefs.PageSize:], buf[i*pagefs.PageSize:(i+1)*pagefs.PageSize])
+	}
+	if err := os.WriteFile(out, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func copyView(dst string, f *pagefs.File) error {
+	w, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	defer w.Close()
+	_, err = io.Copy(w, io.NewSectionReader(f, 0, f.Size()))
+	return err
+}
+
+// sameAsMemory compares the file with pid's memory at m, read through
+// /proc/<pid>/mem.
+func sameAsMemory(pid int, m pagefs.Mapping, path string) error {
+	want, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	mem, err := os.Open("/proc/" + strconv.Itoa(pid) + "/mem")
+	if err != nil {
+		return err
+	}
+	defer mem.Close()
+	got := make([]byte, m.End-m.Start)
+	if _, err := mem.ReadAt(got, int64(m.Start)); err != nil {
+		return fmt.Errorf("read qemu memory: %w", err)
+	}
+	if len(want) != len(got) {
+		return fmt.Errorf("ram file %d bytes, mapping %d", len(want), len(got))
+	}
+	diff := 0
+	for off := 0; off < len(got); off += pagefs.PageSize {
+		if !bytes.Equal(got[off:off+pagefs.PageSize], want[off:off+pagefs.PageSize]) {
+			diff++
+		}
+	}
+	if diff > 0 {
+		return fmt.Errorf("%d pages of qemu's RAM differ from base + dirty set", diff)
+	}
+	return nil
+}
+
+// logPss logs the Pss of each machine's QEMU and of its RAM mapping.
+func logPss(t *testing.T, what string, ms []*Machine, ram string) {
+	for i, m := range ms {
+		total := smapsField("/proc/"+strconv.Itoa(m.Pid())+"/smaps_rollup", "", "Pss:")
+		rss := smapsField("/proc/"+strconv.Itoa(m.Pid())+"/smaps", ram, "Rss:")
+		pss := smapsField("/proc/"+strconv.Itoa(m.Pid())+"/smaps", ram, "Pss:")
+		anon := smapsField("/proc/"+strconv.Itoa(m.Pid())+"/smaps", ram, "Anonymous:")
+		t.Logf("lazy: %s qemu %d: Pss %d MiB; RAM mapping Rss %d MiB, Pss %d MiB, private (COW) %d MiB", what, i, total>>10, rss>>10, pss>>10, anon>>10)
+	}
+}
+
+// smapsField returns field (kB) of the mapping of path in an smaps file, or
+// of the file's first entry when path is "".
+func smapsField(file, path, field string) int64 {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return -1
+	}
+	in := path == ""
+	for _, l := range strings.Split(string(b), "\n") {
+		if fs := strings.Fields(l); len(fs) >= 6 && strings.Contains(fs[0], "-") {
+			in = path == "" || strings.Join(fs[5:], " ") == path
+			continue
+		}
+		if in && strings.HasPrefix(l, field) {
+			n, _ := strconv.ParseInt(strings.Fields(l)[1], 10, 64)
+			return n
+		}
+	}
+	return -1
+}
+
+func slicesEqual(a, b []int64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func mib(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
+
+func perMiB(d time.Duration, n int64) time.Duration {
+	if n == 0 {
+		return 0
+	}
+	return time.Duration(float64(d) / (float64(n) / (1 << 20)))
+}
