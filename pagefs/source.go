@@ -22,6 +22,7 @@ type VerifiedFile struct {
 
 	mu       sync.Mutex
 	verified []bool
+	order    []int64 // chunks in the order they were first verified
 	inflight map[int64]*sync.WaitGroup
 }
 
@@ -100,6 +101,7 @@ func (v *VerifiedFile) verify(c int64) error {
 	delete(v.inflight, c)
 	if err == nil {
 		v.verified[c] = true
+		v.order = append(v.order, c)
 	}
 	v.mu.Unlock()
 	wg.Done()
@@ -129,4 +131,13 @@ func (v *VerifiedFile) Verified() int {
 		}
 	}
 	return n
+}
+
+// Order returns the chunks verified so far, in the order they were first
+// read: the working set a snapshot's first lazy restore records for the
+// prefetch of the next ones.
+func (v *VerifiedFile) Order() []int64 {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return append([]int64(nil), v.order...)
 }

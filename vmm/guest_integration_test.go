@@ -74,6 +74,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(helperEnv) != "" {
 		runHelper() // never returns
 	}
+	if os.Getenv(pagefsHelperEnv) != "" {
+		runPagefsHelper() // never returns
+	}
 	removeStaleRAMFiles()
 	code := m.Run()
 	if guestDir != "" {

@@ -14,9 +14,11 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -36,10 +38,16 @@ type lazySnap struct {
 func TestLazyRAM(t *testing.T) {
 	mountFusectl(t)
 	snap := lazySnapshot(t)
+	t.Run("Floor", func(t *testing.T) {
+		m, _, d := restoreFrom(t, snap, "lzfloor", snap.ram, snap.state, false, false)
+		t.Logf("lazy: floor (eager, local RAM file, confined private copy): first exec %v", d.Round(time.Millisecond))
+		logPss(t, "floor", []*Machine{m}, m.ramFile())
+	})
 	t.Run("ReadAhead", func(t *testing.T) { lazyReadAhead(t, snap) })
 	t.Run("ShareOff", func(t *testing.T) { lazyShareOff(t, snap) })
 	t.Run("ShareOn", func(t *testing.T) { lazyShareOn(t, snap) })
 	t.Run("Abort", func(t *testing.T) { lazyAbort(t, snap) })
+	t.Run("ServerKilled", func(t *testing.T) { lazyServerKilled(t, snap) })
 }
 
 // lazySnapshot boots a guest, fills 48 MiB of its RAM with random data and
@@ -51,7 +59,11 @@ func lazySnapshot(t *testing.T) lazySnap {
 	waitConsole(t, src, "cryo-test-ready", 60*time.Second)
 	a := dialAgent(t, src)
 	s := lazySnap{token: a.run(t, "echo $TOKEN")}
-	s.warmSum = a.run(t, "dd if=/dev/urandom of=/warm bs=1M count=48 2>/dev/null; sha256sum /warm | cut -c1-16")
+	warm := 48
+	if v, err := strconv.Atoi(os.Getenv("CRYO_LAZY_WARM_MIB")); err == nil {
+		warm = v // to see how the first exec's reads depend on the warm data
+	}
+	s.warmSum = a.run(t, fmt.Sprintf("dd if=/dev/urandom of=/warm bs=1M count=%d 2>/dev/null; sha256sum /warm | cut -c1-16", warm))
 	a.c.Close()
 	dir := t.TempDir()
 	s.state = filepath.Join(dir, "devstate")
@@ -137,11 +149,19 @@ func mountPagefsOpts(t *testing.T, o pagefs.Options, files ...*pagefs.File) *pag
 // to the answer of the first command.
 func restoreFrom(t *testing.T, s lazySnap, id, ram, state string, shared, served bool) (*Machine, *agentConn, time.Duration) {
 	t.Helper()
+	return restorePhased(t, s, id, ram, state, shared, served, func(string) {})
+}
+
+// restorePhased is restoreFrom calling phase after QEMU started ("start"),
+// after LoadState ("load") and after the first command ("exec").
+func restorePhased(t *testing.T, s lazySnap, id, ram, state string, shared, served bool, phase func(string)) (*Machine, *agentConn, time.Duration) {
+	t.Helper()
 	cfg := testConfig(t, id)
 	cfg.MemoryMiB = lazyMemMiB
 	cfg.Incoming, cfg.MemoryShared, cfg.MemoryServed, cfg.MemoryPath = true, shared, served, ram
 	start := time.Now()
 	m := startVM(t, cfg)
+	phase("start")
 	r, err := os.Open(state)
 	if err != nil {
 		t.Fatal(err)
@@ -152,6 +172,7 @@ func restoreFrom(t *testing.T, s lazySnap, id, ram, state string, shared, served
 	if err := m.LoadState(ctx, r); err != nil {
 		t.Fatalf("LoadState: %v", err)
 	}
+	phase("load")
 	if err := m.Resume(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -159,7 +180,9 @@ func restoreFrom(t *testing.T, s lazySnap, id, ram, state string, shared, served
 	if got := a.run(t, "echo $TOKEN"); got != s.token {
 		t.Fatalf("%s: token %q, want %q", id, got, s.token)
 	}
-	return m, a, time.Since(start)
+	d := time.Since(start)
+	phase("exec")
+	return m, a, d
 }
 
 func lazyShareOff(t *testing.T, s lazySnap) {
@@ -182,12 +205,18 @@ func lazyShareOff(t *testing.T, s lazySnap) {
 	if got := first.run(t, "sha256sum /warm | cut -c1-16"); got != s.warmSum {
 		t.Errorf("restored /warm sum %q, want %q", got, s.warmSum)
 	}
+	if st := ram.Stats(); st.Writes != 0 || st.ReadErrors != 0 {
+		t.Errorf("read-only file: %d writes, %d read errors", st.Writes, st.ReadErrors)
+	}
 	logPss(t, "share=off", ms, srv.Path("ram"))
 
 	// The dirty set of a private mapping, from outside, during a pause.
 	start := time.Now()
 	first.run(t, "dd if=/dev/urandom of=/dirty bs=1M count=32 2>/dev/null; echo ok")
 	t.Logf("lazy: share=off guest wrote 32 MiB in %v", time.Since(start).Round(time.Millisecond))
+	start = time.Now()
+	first.run(t, "for i in 1 2 3 4; do dd if=/dev/zero of=/rw bs=1M count=32 conv=notrunc 2>/dev/null; done; echo ok")
+	t.Logf("lazy: share=off guest rewrote 32 MiB 4 times in %v", time.Since(start).Round(time.Millisecond))
 	sum := first.run(t, "sha256sum /dirty | cut -c1-16")
 	m := ms[0]
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -222,7 +251,7 @@ func lazyShareOff(t *testing.T, s lazySnap) {
 	dRead := time.Since(start)
 	t.Logf("lazy: share=off dirty set: %d pages (%s) of %d MiB; pagemap read %v, PAGEMAP_SCAN %v, process_vm_readv %v",
 		len(viaScan), mib(int64(len(buf))), lazyMemMiB, dPagemap, dScan, dRead)
-	if int64(len(viaScan))*pagefs.PageSize < 32<<20 {
+	if int64(len(viaScan))*pagefs.PageSize < 64<<20 {
 		t.Errorf("dirty set %s is smaller than the 32 MiB the guest wrote", mib(int64(len(buf))))
 	}
 	// RAM = base + the private pages, compared with all of RAM read through
@@ -265,6 +294,10 @@ func lazyShareOn(t *testing.T, s lazySnap) {
 	start := time.Now()
 	a.run(t, "dd if=/dev/urandom of=/dirty bs=1M count=32 2>/dev/null; echo ok")
 	t.Logf("lazy: share=on guest wrote 32 MiB in %v (writeback meanwhile %s)", time.Since(start).Round(time.Millisecond), mib(f.Stats().WriteBytes))
+	start = time.Now()
+	a.run(t, "for i in 1 2 3 4; do dd if=/dev/zero of=/rw bs=1M count=32 conv=notrunc 2>/dev/null; done; echo ok")
+	t.Logf("lazy: share=on guest rewrote 32 MiB 4 times in %v", time.Since(start).Round(time.Millisecond))
+	t.Logf("lazy: share=on writeback so far %s in %d writes", mib(f.Stats().WriteBytes), f.Stats().Writes)
 	sum := a.run(t, "sha256sum /dirty | cut -c1-16")
 
 	// Checkpoint: pause, device state without RAM, then write back.
@@ -293,7 +326,7 @@ func lazyShareOn(t *testing.T, s lazySnap) {
 	if fi.Size() > 8<<20 {
 		t.Errorf("share=on device state is %s: RAM went into the stream", mib(fi.Size()))
 	}
-	if int64(len(dirty))*pagefs.PageSize < 32<<20 {
+	if int64(len(dirty))*pagefs.PageSize < 64<<20 {
 		t.Errorf("dirty set %d pages is smaller than the 32 MiB the guest wrote", len(dirty))
 	}
 	mp, err := pagefs.FindMapping(m.Pid(), srv.Path("ram"), int64(lazyMemMiB)<<20)
@@ -366,16 +399,92 @@ func mountFusectl(t *testing.T) {
 // lazyReadAhead measures the first exec of one restore for several FUSE
 // read sizes (max_read = readahead).
 func lazyReadAhead(t *testing.T, s lazySnap) {
-	for _, kib := range []int{128, 256, 1024} {
-		ram := pagefs.NewReadOnly("ram", s.base(t))
-		srv := mountPagefsOpts(t, pagefs.Options{MaxRead: kib << 10}, ram)
-		m, _, d := restoreFrom(t, s, fmt.Sprintf("lzra%d", kib), srv.Path("ram"), s.state, false, true)
+	for _, o := range []pagefs.Options{
+		{MaxRead: 128 << 10, MaxReadAhead: 4 << 10},
+		{MaxRead: 128 << 10},
+		{MaxRead: 256 << 10},
+		{MaxRead: 1 << 20},
+	} {
+		base := s.base(t)
+		tr := &tracingSource{Source: base}
+		ram := pagefs.NewReadOnly("ram", tr)
+		srv := mountPagefsOpts(t, o, ram)
+		bdi := fmt.Sprintf("/sys/class/bdi/0:%d/read_ahead_kb", srv.Connection())
+		ra, _ := os.ReadFile(bdi)
+		if kb := os.Getenv("CRYO_LAZY_BDI_RA_KB"); kb != "" {
+			if err := os.WriteFile(bdi, []byte(kb), 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		t.Logf("lazy: bdi read_ahead_kb %s (set %q)", strings.TrimSpace(string(ra)), os.Getenv("CRYO_LAZY_BDI_RA_KB"))
+		var phases []string
+		m, _, d := restorePhased(t, s, fmt.Sprintf("lzra%d", o.MaxRead>>10), srv.Path("ram"), s.state, false, true, func(p string) {
+			phases = append(phases, fmt.Sprintf("%s %s/%d chunks", p, mib(ram.Stats().ReadBytes), base.Verified()))
+		})
 		st := ram.Stats()
-		t.Logf("lazy: read size %d KiB: first exec %v, FUSE read %s in %d reads (max %d KiB)", kib, d.Round(time.Millisecond), mib(st.ReadBytes), st.Reads, st.MaxRead>>10)
+		t.Logf("lazy: max_read %d KiB, readahead %d KiB: first exec %v, FUSE read %s in %d reads (max %d KiB); by phase: %s; distinct blocks read: %s",
+			o.MaxRead>>10, o.MaxReadAhead>>10, d.Round(time.Millisecond), mib(st.ReadBytes), st.Reads, st.MaxRead>>10,
+			strings.Join(phases, ", "), tr.blocks(4<<10, 64<<10, 256<<10, 1<<20, 4<<20))
+		if o.MaxRead == 1<<20 {
+			t.Logf("lazy: 1 MiB chunks touched before the first exec, in order: %s", ranges(base.Order()))
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 		m.Shutdown(ctx)
 		cancel()
 	}
+}
+
+// tracingSource records the ranges read from a Source.
+type tracingSource struct {
+	pagefs.Source
+	mu   sync.Mutex
+	offs [][2]int64
+}
+
+func (s *tracingSource) ReadAt(p []byte, off int64) (int, error) {
+	s.mu.Lock()
+	s.offs = append(s.offs, [2]int64{off, int64(len(p))})
+	s.mu.Unlock()
+	return s.Source.ReadAt(p, off)
+}
+
+// blocks says how much a store would send for the ranges read if it
+// fetched whole chunks of each size.
+func (s *tracingSource) blocks(sizes ...int64) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for _, sz := range sizes {
+		seen := map[int64]bool{}
+		for _, r := range s.offs {
+			for b := r[0] / sz; b*sz < r[0]+r[1]; b++ {
+				seen[b] = true
+			}
+		}
+		out = append(out, fmt.Sprintf("%d KiB chunks: %s", sz>>10, mib(int64(len(seen))*sz)))
+	}
+	return strings.Join(out, ", ")
+}
+
+// ranges writes chunk indexes as runs ("0-3 17 40-41").
+func ranges(cs []int64) string {
+	var b strings.Builder
+	for i := 0; i < len(cs); {
+		j := i + 1
+		for j < len(cs) && cs[j] == cs[j-1]+1 {
+			j++
+		}
+		if b.Len() > 0 {
+			b.WriteByte(' ')
+		}
+		if j-i == 1 {
+			fmt.Fprintf(&b, "%d", cs[i])
+		} else {
+			fmt.Fprintf(&b, "%d-%d", cs[i], cs[j-1])
+		}
+		i = j
+	}
+	return b.String()
 }
 
 func isMounted(dir string) bool {
@@ -525,4 +634,90 @@ func perMiB(d time.Duration, n int64) time.Duration {
 		return 0
 	}
 	return time.Duration(float64(d) / (float64(n) / (1 << 20)))
+}
+
+// pagefsHelperEnv makes the test binary a page server in its own process
+// (mount dir, RAM file), so a test can kill it.
+const pagefsHelperEnv = "CRYO_VMM_TEST_PAGEFS"
+
+func runPagefsHelper() {
+	dir, ram, _ := strings.Cut(os.Getenv(pagefsHelperEnv), "\n")
+	fail := func(err error) { fmt.Fprintln(os.Stderr, "pagefs helper:", err); os.Exit(2) }
+	f, err := os.Open(ram)
+	if err != nil {
+		fail(err)
+	}
+	digests, err := pagefs.ChunkDigests(f, 1<<20)
+	if err != nil {
+		fail(err)
+	}
+	v, err := pagefs.NewVerifiedFile(f, 1<<20, digests)
+	if err != nil {
+		fail(err)
+	}
+	if _, err := pagefs.Mount(dir, []*pagefs.File{pagefs.NewReadOnly("ram", v)}, pagefs.Options{}); err != nil {
+		fail(err)
+	}
+	fmt.Println("ready")
+	select {}
+}
+
+// lazyServerKilled: the page server process is SIGKILLed under a running
+// share=off restore.
+func lazyServerKilled(t *testing.T, s lazySnap) {
+	dir := filepath.Join(t.TempDir(), "mnt")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), pagefsHelperEnv+"="+dir+"\n"+s.ram)
+	cmd.Stderr = os.Stderr
+	out, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	cmd.Stdout = w
+	err = cmd.Start()
+	w.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-exited
+		unix.Unmount(dir, unix.MNT_DETACH)
+	})
+	out.SetReadDeadline(time.Now().Add(20 * time.Second))
+	line := make([]byte, 6)
+	if _, err := io.ReadFull(out, line); err != nil || string(line) != "ready\n" {
+		t.Fatalf("pagefs helper: %q, %v", line, err)
+	}
+	m, a, d := restoreFrom(t, s, "lzkill", filepath.Join(dir, "ram"), s.state, false, true)
+	t.Logf("lazy: served by a separate process: first exec %v", d.Round(time.Millisecond))
+	cmd.Process.Kill()
+	select {
+	case <-exited:
+	case <-time.After(10 * time.Second):
+		t.Fatal("killed page server did not exit in 10 s")
+	}
+	var st unix.Stat_t
+	t.Logf("lazy: after the server died, stat of the mount: %v", unix.Stat(dir, &st))
+	time.Sleep(2 * time.Second)
+	select {
+	case <-m.Exited():
+		t.Logf("lazy: idle qemu died within 2 s of its server")
+	default:
+		t.Logf("lazy: idle qemu still alive 2 s after its server died (it only faults on pages not yet cached)")
+	}
+	start := time.Now()
+	fmt.Fprintln(a.c, "dd if=/dev/zero of=/big bs=1M count=256 2>/dev/null; echo survived")
+	select {
+	case <-m.Exited():
+		t.Logf("lazy: after the server was killed, qemu exited %v after the guest touched new pages: %v", time.Since(start).Round(time.Millisecond), m.Wait(context.Background()))
+	case <-time.After(20 * time.Second):
+		t.Errorf("qemu still alive 20 s after its page server was killed and the guest touched new pages")
+	}
 }
