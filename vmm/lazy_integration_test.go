@@ -19,6 +19,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -48,6 +49,7 @@ func TestLazyRAM(t *testing.T) {
 	t.Run("ShareOn", func(t *testing.T) { lazyShareOn(t, snap) })
 	t.Run("Abort", func(t *testing.T) { lazyAbort(t, snap) })
 	t.Run("ServerKilled", func(t *testing.T) { lazyServerKilled(t, snap) })
+	t.Run("ServerHung", func(t *testing.T) { lazyServerHung(t, snap) })
 }
 
 // lazySnapshot boots a guest, fills 48 MiB of its RAM with random data and
@@ -280,6 +282,7 @@ func lazyShareOn(t *testing.T, s lazySnap) {
 			t.Fatal(err)
 		}
 		srv := mountPagefs(t, f)
+		tuneBDI(t, srv)
 		m, a, d := restoreFrom(t, s, fmt.Sprintf("lzon%d", i), srv.Path("ram"), s.state, true, true)
 		st := f.Stats()
 		t.Logf("lazy: share=on clone %d: first exec %v, FUSE read %s in %d reads (max read %d KiB), wrote back %s",
@@ -300,7 +303,15 @@ func lazyShareOn(t *testing.T, s lazySnap) {
 	t.Logf("lazy: share=on writeback so far %s in %d writes", mib(f.Stats().WriteBytes), f.Stats().Writes)
 	sum := a.run(t, "sha256sum /dirty | cut -c1-16")
 
-	// Checkpoint: pause, device state without RAM, then write back.
+	// Checkpoint: write back while the guest runs (a pre-copy pass), pause,
+	// write back what it dirtied since, save the device state without RAM.
+	a.run(t, "dd if=/dev/urandom of=/late bs=1M count=16 2>/dev/null; echo ok")
+	pre := f.Stats()
+	start = time.Now()
+	if err := syncFile(srv.Path("ram")); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("lazy: share=on pre-pause fsync (guest running) wrote back %s in %v", mib(f.Stats().WriteBytes-pre.WriteBytes), time.Since(start).Round(time.Millisecond))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	pauseStart := time.Now()
@@ -400,23 +411,16 @@ func mountFusectl(t *testing.T) {
 // read sizes (max_read = readahead).
 func lazyReadAhead(t *testing.T, s lazySnap) {
 	for _, o := range []pagefs.Options{
-		{MaxRead: 128 << 10, MaxReadAhead: 4 << 10},
+		{MaxRead: 4 << 10},
+		{MaxRead: 64 << 10},
 		{MaxRead: 128 << 10},
-		{MaxRead: 256 << 10},
 		{MaxRead: 1 << 20},
 	} {
 		base := s.base(t)
 		tr := &tracingSource{Source: base}
 		ram := pagefs.NewReadOnly("ram", tr)
 		srv := mountPagefsOpts(t, o, ram)
-		bdi := fmt.Sprintf("/sys/class/bdi/0:%d/read_ahead_kb", srv.Connection())
-		ra, _ := os.ReadFile(bdi)
-		if kb := os.Getenv("CRYO_LAZY_BDI_RA_KB"); kb != "" {
-			if err := os.WriteFile(bdi, []byte(kb), 0); err != nil {
-				t.Fatal(err)
-			}
-		}
-		t.Logf("lazy: bdi read_ahead_kb %s (set %q)", strings.TrimSpace(string(ra)), os.Getenv("CRYO_LAZY_BDI_RA_KB"))
+		tuneBDI(t, srv)
 		var phases []string
 		m, _, d := restorePhased(t, s, fmt.Sprintf("lzra%d", o.MaxRead>>10), srv.Path("ram"), s.state, false, true, func(p string) {
 			phases = append(phases, fmt.Sprintf("%s %s/%d chunks", p, mib(ram.Stats().ReadBytes), base.Verified()))
@@ -464,6 +468,30 @@ func (s *tracingSource) blocks(sizes ...int64) string {
 		out = append(out, fmt.Sprintf("%d KiB chunks: %s", sz>>10, mib(int64(len(seen))*sz)))
 	}
 	return strings.Join(out, ", ")
+}
+
+// tuneBDI logs the writeback limits of the mount's backing device and sets
+// those named in CRYO_LAZY_BDI ("strict_limit=0,max_bytes=N").
+func tuneBDI(t *testing.T, srv *pagefs.Server) {
+	dir := fmt.Sprintf("/sys/class/bdi/0:%d", srv.Connection())
+	if set := os.Getenv("CRYO_LAZY_BDI"); set != "" {
+		for _, kv := range strings.Split(set, ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			if err := os.WriteFile(filepath.Join(dir, k), []byte(v), 0); err != nil {
+				t.Fatalf("bdi %s=%s: %v", k, v, err)
+			}
+		}
+	}
+	var got []string
+	for _, k := range []string{"read_ahead_kb", "max_ratio", "max_bytes", "strict_limit", "min_ratio"} {
+		b, err := os.ReadFile(filepath.Join(dir, k))
+		if err != nil {
+			got = append(got, k+"=?")
+			continue
+		}
+		got = append(got, k+"="+strings.TrimSpace(string(b)))
+	}
+	t.Logf("lazy: bdi %s: %s", dir, strings.Join(got, " "))
 }
 
 // ranges writes chunk indexes as runs ("0-3 17 40-41").
@@ -719,5 +747,49 @@ func lazyServerKilled(t *testing.T, s lazySnap) {
 		t.Logf("lazy: after the server was killed, qemu exited %v after the guest touched new pages: %v", time.Since(start).Round(time.Millisecond), m.Wait(context.Background()))
 	case <-time.After(20 * time.Second):
 		t.Errorf("qemu still alive 20 s after its page server was killed and the guest touched new pages")
+	}
+}
+
+// hangingSource stops answering once hang is set, until release closes.
+type hangingSource struct {
+	pagefs.Source
+	hang    atomic.Bool
+	release chan struct{}
+}
+
+func (s *hangingSource) ReadAt(p []byte, off int64) (int, error) {
+	if s.hang.Load() {
+		<-s.release
+		return 0, io.ErrUnexpectedEOF
+	}
+	return s.Source.ReadAt(p, off)
+}
+
+// lazyServerHung: the page server stops answering. With the kernel's FUSE
+// request timeout (fs.fuse.default_request_timeout, Linux 6.14) the
+// connection is aborted and QEMU dies of SIGBUS.
+func lazyServerHung(t *testing.T, s lazySnap) {
+	const sysctl = "/proc/sys/fs/fuse/default_request_timeout"
+	old, err := os.ReadFile(sysctl)
+	if err != nil {
+		t.Fatalf("%s: %v (FUSE request timeouts need Linux 6.14)", sysctl, err)
+	}
+	if err := os.WriteFile(sysctl, []byte("5"), 0); err != nil {
+		t.Fatal(err)
+	}
+	defer os.WriteFile(sysctl, old, 0) // it applies to connections made meanwhile
+	src := &hangingSource{Source: s.base(t), release: make(chan struct{})}
+	srv := mountPagefs(t, pagefs.NewReadOnly("ram", src))
+	t.Cleanup(func() { close(src.release) }) // before the unmount, which waits for the server's requests
+	os.WriteFile(sysctl, old, 0)
+	m, a, _ := restoreFrom(t, s, "lzhang", srv.Path("ram"), s.state, false, true)
+	src.hang.Store(true)
+	start := time.Now()
+	fmt.Fprintln(a.c, "dd if=/dev/zero of=/big bs=1M count=256 2>/dev/null; echo survived")
+	select {
+	case <-m.Exited():
+		t.Logf("lazy: server hung, request timeout 5 s: qemu exited %v after the guest touched new pages: %v", time.Since(start).Round(time.Millisecond), m.Wait(context.Background()))
+	case <-time.After(60 * time.Second):
+		t.Errorf("qemu still alive 60 s after its page server hung, with a 5 s FUSE request timeout")
 	}
 }
