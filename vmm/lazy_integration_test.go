@@ -50,6 +50,8 @@ func TestLazyRAM(t *testing.T) {
 	t.Run("Abort", func(t *testing.T) { lazyAbort(t, snap) })
 	t.Run("ServerKilled", func(t *testing.T) { lazyServerKilled(t, snap) })
 	t.Run("ServerHung", func(t *testing.T) { lazyServerHung(t, snap) })
+	t.Run("ServerHungKill", func(t *testing.T) { lazyServerHungKill(t, snap) })
+	t.Run("ServerStopped", func(t *testing.T) { lazyServerStopped(t, snap) })
 }
 
 // lazySnapshot boots a guest, fills 48 MiB of its RAM with random data and
@@ -690,9 +692,9 @@ func runPagefsHelper() {
 	select {}
 }
 
-// lazyServerKilled: the page server process is SIGKILLed under a running
-// share=off restore.
-func lazyServerKilled(t *testing.T, s lazySnap) {
+// startPagefsHelper runs a page server for s's RAM in its own process and
+// returns it and its mount directory; the cleanup kills it and unmounts.
+func startPagefsHelper(t *testing.T, s lazySnap) (*exec.Cmd, string, <-chan struct{}) {
 	dir := filepath.Join(t.TempDir(), "mnt")
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)
@@ -715,6 +717,7 @@ func lazyServerKilled(t *testing.T, s lazySnap) {
 	go func() { cmd.Wait(); close(exited) }()
 	t.Cleanup(func() {
 		cmd.Process.Kill()
+		cmd.Process.Signal(unix.SIGCONT)
 		<-exited
 		unix.Unmount(dir, unix.MNT_DETACH)
 	})
@@ -723,6 +726,13 @@ func lazyServerKilled(t *testing.T, s lazySnap) {
 	if _, err := io.ReadFull(out, line); err != nil || string(line) != "ready\n" {
 		t.Fatalf("pagefs helper: %q, %v", line, err)
 	}
+	return cmd, dir, exited
+}
+
+// lazyServerKilled: the page server process is SIGKILLed under a running
+// share=off restore.
+func lazyServerKilled(t *testing.T, s lazySnap) {
+	cmd, dir, exited := startPagefsHelper(t, s)
 	m, a, d := restoreFrom(t, s, "lzkill", filepath.Join(dir, "ram"), s.state, false, true)
 	t.Logf("lazy: served by a separate process: first exec %v", d.Round(time.Millisecond))
 	cmd.Process.Kill()
@@ -791,5 +801,76 @@ func lazyServerHung(t *testing.T, s lazySnap) {
 		t.Logf("lazy: server hung, request timeout 5 s: qemu exited %v after the guest touched new pages: %v", time.Since(start).Round(time.Millisecond), m.Wait(context.Background()))
 	case <-time.After(60 * time.Second):
 		t.Errorf("qemu still alive 60 s after its page server hung, with a 5 s FUSE request timeout")
+	}
+}
+
+// lazyServerHungKill: the page server stops answering and nothing aborts
+// the connection; the shim's watchdog SIGKILLs QEMU.
+func lazyServerHungKill(t *testing.T, s lazySnap) {
+	src := &hangingSource{Source: s.base(t), release: make(chan struct{})}
+	srv := mountPagefs(t, pagefs.NewReadOnly("ram", src))
+	t.Cleanup(func() { close(src.release) })
+	m, a, _ := restoreFrom(t, s, "lzhangk", srv.Path("ram"), s.state, false, true)
+	src.hang.Store(true)
+	fmt.Fprintln(a.c, "dd if=/dev/zero of=/big bs=1M count=256 2>/dev/null; echo survived")
+	time.Sleep(2 * time.Second)
+	select {
+	case <-m.Exited():
+		t.Fatalf("qemu exited by itself under a hung server: %v", m.Wait(context.Background()))
+	default:
+	}
+	start := time.Now()
+	if err := unix.Kill(m.Pid(), unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-m.Exited():
+		t.Logf("lazy: server hung, no timeout: SIGKILLed qemu exited in %v", time.Since(start).Round(time.Millisecond))
+	case <-time.After(10 * time.Second):
+		st, _ := os.ReadFile("/proc/" + strconv.Itoa(m.Pid()) + "/stack")
+		t.Errorf("SIGKILLed qemu still there after 10 s under a hung server; its stack:\n%s", st)
+		start = time.Now()
+		srv.Abort()
+		select {
+		case <-m.Exited():
+			t.Logf("lazy: ... it exited %v after the connection was aborted", time.Since(start).Round(time.Millisecond))
+		case <-time.After(10 * time.Second):
+			t.Errorf("qemu still there 10 s after the abort")
+		}
+	}
+}
+
+// lazyServerStopped: the page server process is SIGSTOPped (hung for
+// every request, FLUSH included); the shim's watchdog SIGKILLs QEMU.
+func lazyServerStopped(t *testing.T, s lazySnap) {
+	cmd, dir, _ := startPagefsHelper(t, s)
+	m, a, _ := restoreFrom(t, s, "lzstop", filepath.Join(dir, "ram"), s.state, false, true)
+	cmd.Process.Signal(unix.SIGSTOP)
+	fmt.Fprintln(a.c, "dd if=/dev/zero of=/big bs=1M count=256 2>/dev/null; echo survived")
+	time.Sleep(2 * time.Second)
+	start := time.Now()
+	if err := unix.Kill(m.Pid(), unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-m.Exited():
+		t.Logf("lazy: server stopped: SIGKILLed qemu exited in %v", time.Since(start).Round(time.Millisecond))
+		return
+	case <-time.After(10 * time.Second):
+	}
+	st, _ := os.ReadFile("/proc/" + strconv.Itoa(m.Pid()) + "/stack")
+	t.Logf("lazy: server stopped: SIGKILLed qemu still there after 10 s; its stack: %s", strings.ReplaceAll(string(st), "\n", " | "))
+	var sb unix.Stat_t
+	unix.Stat(dir, &sb)
+	start = time.Now()
+	abort := filepath.Join("/sys/fs/fuse/connections", strconv.Itoa(int(unix.Minor(sb.Dev))), "abort")
+	if err := os.WriteFile(abort, []byte("1"), 0); err != nil {
+		t.Fatalf("abort: %v", err)
+	}
+	select {
+	case <-m.Exited():
+		t.Errorf("SIGKILL did not end qemu under a stopped server; aborting the connection did, in %v", time.Since(start).Round(time.Millisecond))
+	case <-time.After(10 * time.Second):
+		t.Errorf("qemu still there 10 s after the connection was aborted")
 	}
 }
