@@ -44,8 +44,10 @@ type File struct {
 	size  int64
 	layer *os.File // nil: read-only
 
-	mu    sync.RWMutex // guards dirty and orders layer reads after writes
-	dirty []uint64     // one bit per page written into layer
+	mu      sync.RWMutex // guards the bitmaps and gen, orders layer reads after writes
+	inLayer bitmap       // pages whose content is in layer
+	dirty   bitmap       // pages written since the last Seal
+	gen     *Generation  // the sealed generation still being read, if any
 
 	reads, readBytes, maxRead, writes, writeBytes, readErrs atomic.Int64
 }
@@ -68,7 +70,7 @@ func NewLayered(name string, base Source, layer *os.File) (*File, error) {
 		return nil, fmt.Errorf("layer of %s: %d bytes, base has %d", name, st.Size(), base.Size())
 	}
 	pages := (base.Size() + PageSize - 1) / PageSize
-	return &File{name: name, base: base, size: base.Size(), layer: layer, dirty: make([]uint64, (pages+63)/64)}, nil
+	return &File{name: name, base: base, size: base.Size(), layer: layer, inLayer: newBitmap(pages), dirty: newBitmap(pages)}, nil
 }
 
 // Name is the file's name in the mount.
@@ -86,21 +88,13 @@ func (f *File) Stats() Stats {
 }
 
 // DirtyPages returns the indexes of the pages written since the file was
-// made, in order. Call it after the writer stopped and its dirty page cache
-// was written back (Sync on the mounted file), or pages still in the kernel
-// are missing.
+// made or last sealed, in order. Call it after the writer stopped and its
+// dirty page cache was written back (Sync on the mounted file), or pages
+// still in the kernel are missing.
 func (f *File) DirtyPages() []int64 {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
-	var out []int64
-	for i, w := range f.dirty {
-		for w != 0 {
-			b := bits.TrailingZeros64(w)
-			out = append(out, int64(i)*64+int64(b))
-			w &^= 1 << b
-		}
-	}
-	return out
+	return f.dirty.list()
 }
 
 // ReadAt reads the file as QEMU sees it: written pages from the layer, the
@@ -129,12 +123,18 @@ func (f *File) readAt(p []byte, off int64) (int, error) {
 	}
 	f.mu.RLock()
 	defer f.mu.RUnlock()
+	return f.view(p, off)
+}
+
+// view reads the current content: pages in the layer from there, the
+// others from the base. The caller holds f.mu.
+func (f *File) view(p []byte, off int64) (int, error) {
 	done := 0
 	for done < len(p) {
 		pos := off + int64(done)
-		fromLayer := f.isDirty(pos / PageSize)
+		fromLayer := f.inLayer.has(pos / PageSize)
 		end := pos/PageSize*PageSize + PageSize
-		for end < off+int64(len(p)) && f.isDirty(end/PageSize) == fromLayer {
+		for end < off+int64(len(p)) && f.inLayer.has(end/PageSize) == fromLayer {
 			end += PageSize
 		}
 		end = min(end, off+int64(len(p)))
@@ -163,6 +163,13 @@ func (f *File) WriteAt(p []byte, off int64) (int, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	first, last := off/PageSize, (off+int64(len(p))-1)/PageSize
+	if f.gen != nil {
+		for pg := first; pg <= last; pg++ {
+			if err := f.gen.preserve(pg); err != nil {
+				return 0, err
+			}
+		}
+	}
 	for _, pg := range []int64{first, last} {
 		if err := f.fillPartial(pg, off, int64(len(p))); err != nil {
 			return 0, err
@@ -170,7 +177,8 @@ func (f *File) WriteAt(p []byte, off int64) (int, error) {
 	}
 	n, err := f.layer.WriteAt(p, off)
 	for pg := first; pg <= last; pg++ {
-		f.dirty[pg/64] |= 1 << (pg % 64)
+		f.inLayer.set(pg)
+		f.dirty.set(pg)
 	}
 	f.writes.Add(1)
 	f.writeBytes.Add(int64(n))
@@ -182,7 +190,7 @@ func (f *File) WriteAt(p []byte, off int64) (int, error) {
 func (f *File) fillPartial(pg, off, n int64) error {
 	start := pg * PageSize
 	end := min(start+PageSize, f.size)
-	if f.isDirty(pg) || (off <= start && off+n >= end) {
+	if f.inLayer.has(pg) || (off <= start && off+n >= end) {
 		return nil
 	}
 	buf := make([]byte, end-start)
@@ -193,7 +201,25 @@ func (f *File) fillPartial(pg, off, n int64) error {
 	return err
 }
 
-func (f *File) isDirty(pg int64) bool { return f.dirty[pg/64]&(1<<(pg%64)) != 0 }
+// bitmap has one bit per page.
+type bitmap []uint64
+
+func newBitmap(pages int64) bitmap { return make(bitmap, (pages+63)/64) }
+
+func (b bitmap) has(pg int64) bool { return b[pg/64]&(1<<(pg%64)) != 0 }
+func (b bitmap) set(pg int64)      { b[pg/64] |= 1 << (pg % 64) }
+
+func (b bitmap) list() []int64 {
+	var out []int64
+	for i, w := range b {
+		for w != 0 {
+			bit := bits.TrailingZeros64(w)
+			out = append(out, int64(i)*64+int64(bit))
+			w &^= 1 << bit
+		}
+	}
+	return out
+}
 
 var (
 	errReadOnly   = errors.New("read-only file")

@@ -121,3 +121,54 @@ func TestVerifiedFileRefusesACorruptChunk(t *testing.T) {
 		t.Errorf("verified chunks %v, want [0]", got)
 	}
 }
+
+func TestGenerationReadsTheSealedContent(t *testing.T) {
+	base, data := baseFile(t, 128<<10)
+	dir := t.TempDir()
+	layer, _ := os.Create(filepath.Join(dir, "layer"))
+	defer layer.Close()
+	layer.Truncate(int64(len(data)))
+	f, err := NewLayered("ram", base, layer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	one, two := bytes.Repeat([]byte{1}, PageSize), bytes.Repeat([]byte{2}, PageSize)
+	f.WriteAt(one, 1*PageSize)
+	f.WriteAt(one, 2*PageSize)
+	side, _ := os.Create(filepath.Join(dir, "side"))
+	defer side.Close()
+	g, err := f.Seal(side)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sealed := slices.Clone(data)
+	copy(sealed[1*PageSize:], one)
+	copy(sealed[2*PageSize:], one)
+	if _, err := f.Seal(side); err == nil {
+		t.Error("a second Seal with a generation open succeeded")
+	}
+	// The guest runs on: it rewrites a sealed page and writes a base page.
+	f.WriteAt(two, 2*PageSize)
+	f.WriteAt(two, 5*PageSize)
+	got := make([]byte, len(data))
+	if _, err := g.ReadAt(got, 0); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, sealed) {
+		t.Error("the generation does not read the content at Seal")
+	}
+	if !slices.Equal(g.Pages(), []int64{1, 2}) || !slices.Equal(f.DirtyPages(), []int64{2, 5}) {
+		t.Errorf("generation pages %v (want [1 2]), dirty since %v (want [2 5])", g.Pages(), f.DirtyPages())
+	}
+	now := slices.Clone(sealed)
+	copy(now[2*PageSize:], two)
+	copy(now[5*PageSize:], two)
+	f.ReadAt(got, 0)
+	if !bytes.Equal(got, now) {
+		t.Error("the file does not read its latest content")
+	}
+	g.Close()
+	if _, err := f.Seal(side); err != nil {
+		t.Errorf("Seal after Close: %v", err)
+	}
+}

@@ -369,15 +369,46 @@ func lazyShareOn(t *testing.T, s lazySnap) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Seal: the checkpoint's RAM is frozen while the guest runs on.
+	gen, err := f.Seal(sparseFile(t, f.Size()))
+	if err != nil {
+		t.Fatal(err)
+	}
 	// RAM = base + layer must be what QEMU sees.
 	merged := filepath.Join("/dev/shm", fmt.Sprintf("cryo-vmmtest-lzmerged-%d.ram", os.Getpid()))
 	t.Cleanup(func() { os.Remove(merged) })
-	if err := copyView(merged, f); err != nil {
+	if err := copyView(merged, gen); err != nil {
 		t.Fatal(err)
 	}
 	if err := sameAsMemory(m.Pid(), mp, merged); err != nil {
 		t.Error(err)
 	}
+	if err := m.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	start = time.Now()
+	a.run(t, "dd if=/dev/urandom of=/dirty bs=1M count=8 conv=notrunc 2>/dev/null; echo ok")
+	if err := syncFile(srv.Path("ram")); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("lazy: share=on after the checkpoint the guest rewrote 8 MiB of /dirty (%v); new dirty set %s",
+		time.Since(start).Round(time.Millisecond), mib(int64(len(f.DirtyPages()))*pagefs.PageSize))
+	if got := a.run(t, "sha256sum /dirty | cut -c1-16"); got == sum {
+		t.Fatal("the guest's rewrite of /dirty changed nothing")
+	}
+	if len(gen.Pages()) != len(dirty) {
+		t.Errorf("sealed generation has %d pages, the dirty set had %d", len(gen.Pages()), len(dirty))
+	}
+	again := merged + ".again"
+	t.Cleanup(func() { os.Remove(again) })
+	if err := copyView(again, gen); err != nil {
+		t.Fatal(err)
+	}
+	if fileSHA256(again) != fileSHA256(merged) {
+		t.Error("the sealed generation changed while the guest ran on")
+	}
+	os.Remove(again)
+	gen.Close()
 	// ... and restores the guest with what it wrote after its restore.
 	_, b, d := restoreFrom(t, s, "lzonre", merged, state, false, false)
 	if got := b.run(t, "sha256sum /dirty | cut -c1-16"); got != sum {
@@ -595,7 +626,10 @@ func mergedRAM(t *testing.T, base string, pages []int64, buf []byte) string {
 	return out
 }
 
-func copyView(dst string, f *pagefs.File) error {
+func copyView(dst string, f interface {
+	io.ReaderAt
+	Size() int64
+}) error {
 	w, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
 		return err
