@@ -245,6 +245,10 @@ func TestArgsIncomingSharedOff(t *testing.T) {
 	if priv, ok := m.cfg.privateMemory(); !ok || m.ramFile() != priv || filepath.Dir(priv) != "/dev/shm" {
 		t.Errorf("confined restore maps %s (private %s %v), want its own copy in /dev/shm", m.ramFile(), priv, ok)
 	}
+	cfg.MemoryServed = true // a page server guards its file itself: no copy
+	if s := mustNew(t, cfg); s.ramFile() != cfg.MemoryPath {
+		t.Errorf("confined restore of served memory maps %s, want %s", s.ramFile(), cfg.MemoryPath)
+	}
 	devs := argsAfter(a, "-device")
 	port := slices.Index(devs, "pcie-root-port,id=rp3,bus=pcie.0,addr=0x13,chassis=4")
 	disk := slices.Index(devs, "virtio-blk-pci,id=c1,drive=nc1,bus=rp3,addr=0x0,serial=c1")
@@ -388,6 +392,7 @@ func TestConfigValidation(t *testing.T) {
 		{"too little memory", func(c *Config) { c.MemoryMiB = 32 }, "at least 64"},
 		{"relative memory path", func(c *Config) { c.MemoryPath = "ram" }, "memory path"},
 		{"share off cold boot", func(c *Config) { c.MemoryShared = false }, "only for restores"},
+		{"served memory cold boot", func(c *Config) { c.MemoryServed = true }, "served memory is only for restores"},
 		{"too many vcpus", func(c *Config) { c.VCPUs = 65 }, "vcpus"},
 		{"too many ports", func(c *Config) { c.HotplugPorts = 16 }, "hotplug ports"},
 		{"duplicate disk", func(c *Config) { c.Disks[1].ID = "rootfs" }, "duplicate device id"},

@@ -73,6 +73,10 @@ type Config struct {
 	// supports links; no copy).
 	MemoryPath   string
 	MemoryShared bool
+	// MemoryServed says MemoryPath is a file of a page server (pagefs)
+	// that decides itself which writes it takes: a confined restore maps it
+	// directly instead of copying it first (see PrivateMemoryDir).
+	MemoryServed bool
 
 	Disks []Disk // attached at boot, in this order (the order fixes their PCI slots)
 	NICs  []NIC  // at most MaxNICs
@@ -231,6 +235,9 @@ func (cfg Config) validate() error {
 		// Not wrong for QEMU, but SaveState could not keep RAM out of the stream.
 		return bad("memory share=off is only for restores (Incoming)")
 	}
+	if cfg.MemoryServed && !cfg.Incoming {
+		return bad("served memory is only for restores (Incoming)")
+	}
 	if err := cfg.Confine.validate(); err != nil {
 		return bad("%v", err)
 	}
@@ -315,7 +322,7 @@ func (d Disk) validate() error {
 // privateMemory reports whether the machine gives QEMU its own copy of
 // MemoryPath (a confined restore), and names it.
 func (cfg Config) privateMemory() (string, bool) {
-	if cfg.ownsMemory() || cfg.Confine.Disabled {
+	if cfg.ownsMemory() || cfg.MemoryServed || cfg.Confine.Disabled {
 		return "", false
 	}
 	sum := sha256.Sum256([]byte(cfg.StateDir))
