@@ -107,12 +107,12 @@ func (w *writer) checkParentChunk(f SourceFile, c *ChunkDesc) error {
 		return nil
 	}
 	if c.Base == nil {
-		return check(c.Desc, w.codec.mediaType())
+		return check(c.Stored, w.codec.mediaType())
 	}
-	if err := check(c.Desc, w.codec.deltaMediaType()); err != nil {
+	if err := check(c.Stored, w.codec.deltaMediaType()); err != nil {
 		return err
 	}
-	if b := c.Desc.Annotations[AnnotationBase]; b != c.Base.Digest.String() {
+	if b := c.Stored.Annotations[AnnotationBase]; b != c.Base.Digest.String() {
 		return fmt.Errorf("chunk at %d: delta against %q, its base is %s", c.Offset, b, c.Base.Digest)
 	}
 	return check(*c.Base, w.codec.mediaType())
@@ -158,10 +158,10 @@ func (w *writer) readIncremental(ctx context.Context, fileIdx int, f SourceFile,
 // reuse places parent chunk pc in the new snapshot when the store has its
 // blobs, and reports whether it did.
 func (w *writer) reuse(ctx context.Context, fileIdx int, file string, pc *ChunkDesc) bool {
-	if !w.baseExists(ctx, pc.Desc) || (pc.Base != nil && !w.baseExists(ctx, *pc.Base)) {
+	if !w.baseExists(ctx, pc.Stored) || (pc.Base != nil && !w.baseExists(ctx, *pc.Base)) {
 		return false
 	}
-	desc := placedDesc(pc.Desc, file, pc.Offset, pc.Size)
+	desc := placedDesc(pc.Stored, file, pc.Offset, pc.Size)
 	j := chunkJob{fileIdx: fileIdx, off: pc.Offset, desc: desc}
 	if pc.Base != nil {
 		desc.Annotations[AnnotationBase] = pc.Base.Digest.String()
@@ -219,7 +219,7 @@ func newParentScratch(cs int64) *parentScratch {
 func (w *writer) fromParent(ctx context.Context, j *chunkJob, ps *parentScratch, scratch []byte) bool {
 	raw := *j.raw
 	size := int64(len(raw))
-	base := j.parent.Desc
+	base := j.parent.Stored
 	if j.parent.Base != nil {
 		base = *j.parent.Base
 	}

@@ -100,7 +100,7 @@ func (c *ramChain) check(ref string) *Snapshot {
 		switch {
 		case ch.Base == nil:
 			c.base[ch.Offset] = slices.Clone(c.ram[ch.Offset : ch.Offset+ch.Size])
-			c.baseDigest[ch.Offset] = ch.Desc.Digest
+			c.baseDigest[ch.Offset] = ch.Stored.Digest
 		case ch.Base.Digest != c.baseDigest[ch.Offset]:
 			t.Errorf("%s: chunk at %d is a delta against %s, its place's full chunk is %s", ref, ch.Offset, ch.Base.Digest, c.baseDigest[ch.Offset])
 		}
@@ -250,7 +250,7 @@ func TestIncrementalParentMissing(t *testing.T) {
 	gone := 0
 	for _, ch := range s.FileChunks(FileRAM) {
 		if ch.Offset/chainCS%3 == 0 {
-			c.store.remove(ch.Desc.Digest)
+			c.store.remove(ch.Stored.Digest)
 			gone++
 		}
 	}
