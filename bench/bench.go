@@ -169,6 +169,7 @@ func Run(ctx context.Context, o Options) (_ *Report, retErr error) {
 		{"expensive warm-up, cold and restored", r.warmUp},
 		{"concurrent restores", r.fanOut},
 		{"checkpoint pause windows and incremental checkpoint", r.pauseWindows},
+		{"hibernation loop: lazy restore, change, checkpoint", r.hibernate},
 		{"restore pipeline throughput", r.pipeline},
 		{"shim peak RSS during a restore", r.shimRSS},
 	} {

@@ -80,7 +80,6 @@ func (w *writer) parentPlaces(ctx context.Context, f SourceFile) map[int64]*Chun
 	}
 	if why != "" {
 		log.G(ctx).WithFields(log.Fields{"file": f.Name, "reason": why}).Warn("parent does not fit the snapshot, writing full chunks")
-		w.parentMissing.Add(int64(len(p.Chunks)))
 		return nil
 	}
 	return places
@@ -148,8 +147,12 @@ func (w *writer) readIncremental(ctx context.Context, fileIdx int, f SourceFile,
 		if !dirty[idx] {
 			pc = nil
 		}
-		if err := w.readChunk(ctx, fileIdx, f, idx, pc, jobs); err != nil {
+		stored, err := w.readChunk(ctx, fileIdx, f, idx, pc, jobs)
+		if err != nil {
 			return err
+		}
+		if stored && places == nil {
+			w.parentMissing.Add(1)
 		}
 	}
 	return nil

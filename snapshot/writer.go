@@ -289,7 +289,10 @@ func (w *writer) read(ctx context.Context, jobs chan<- *chunkJob) error {
 		if f.parent != nil {
 			err = w.readIncremental(ctx, i, f, jobs)
 		} else {
-			err = f.chunkIndexes(w.opts.ChunkSize, func(idx int64) error { return w.readChunk(ctx, i, f, idx, nil, jobs) })
+			err = f.chunkIndexes(w.opts.ChunkSize, func(idx int64) error {
+				_, err := w.readChunk(ctx, i, f, idx, nil, jobs)
+				return err
+			})
 		}
 		if err != nil {
 			return err
@@ -299,14 +302,14 @@ func (w *writer) read(ctx context.Context, jobs chan<- *chunkJob) error {
 }
 
 // readChunk reads chunk idx of file i and, unless it is all zeros, hands
-// it to the compress workers; parent is set for a written chunk of an
-// incremental file that has a parent chunk there.
-func (w *writer) readChunk(ctx context.Context, i int, f SourceFile, idx int64, parent *ChunkDesc, jobs chan<- *chunkJob) error {
+// it to the compress workers (stored); parent is set for a written chunk
+// of an incremental file that has a parent chunk there.
+func (w *writer) readChunk(ctx context.Context, i int, f SourceFile, idx int64, parent *ChunkDesc, jobs chan<- *chunkJob) (stored bool, err error) {
 	cs := w.opts.ChunkSize
 	select {
 	case w.tokens <- struct{}{}:
 	case <-ctx.Done():
-		return ctx.Err()
+		return false, ctx.Err()
 	}
 	off := idx * cs
 	raw := w.rawPool.get()
@@ -317,21 +320,21 @@ func (w *writer) readChunk(ctx context.Context, i int, f SourceFile, idx int64, 
 	}
 	if err != nil {
 		w.release(raw, nil)
-		return fmt.Errorf("read %s at %d: %w", f.Name, off, err)
+		return false, fmt.Errorf("read %s at %d: %w", f.Name, off, err)
 	}
 	w.readBytes.Add(n)
 	if isZero((*raw)[:n]) {
 		w.zero.Add(1)
 		w.release(raw, nil)
-		return nil
+		return false, nil
 	}
 	*raw = (*raw)[:n]
 	select {
 	case jobs <- &chunkJob{fileIdx: i, file: f.Name, off: off, raw: raw, parent: parent, inc: f.parent != nil}:
-		return nil
+		return true, nil
 	case <-ctx.Done():
 		w.release(raw, nil)
-		return ctx.Err()
+		return false, ctx.Err()
 	}
 }
 
