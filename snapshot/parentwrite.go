@@ -230,7 +230,11 @@ func (w *writer) fromParent(ctx context.Context, j *chunkJob, ps *parentScratch,
 		w.parentMissing.Add(1)
 		return false
 	}
-	sb, err := fetchVerified(ctx, w.store, base, maxStoredSize(w.opts.ChunkSize), 0, ps.stored)
+	from := w.store
+	if w.opts.ParentReads != nil {
+		from = w.opts.ParentReads
+	}
+	sb, err := fetchVerified(ctx, from, base, maxStoredSize(w.opts.ChunkSize), 0, ps.stored)
 	var b []byte
 	if err == nil {
 		b, err = w.dcodec.open(j.file, j.off, size, sb, ps.open, ps.base)

@@ -298,3 +298,26 @@ func (m *memStore) remove(d digest.Digest) {
 	defer m.mu.Unlock()
 	delete(m.blobs, d)
 }
+
+// TestIncrementalParentReads: parent chunks are read from ParentReads
+// (the node cache), never from the target store, which is only asked
+// whether it has them.
+func TestIncrementalParentReads(t *testing.T) {
+	c := newRAMChain(t, nil)
+	cache := newMemStore()
+	c.store.mu.Lock()
+	for d, b := range c.store.blobs {
+		cache.blobs[d] = b
+	}
+	c.store.mu.Unlock()
+	c.opts.ParentReads = cache
+	fetches := c.store.fetches.Load()
+	st, _ := c.next([]int64{1, 40, 100})
+	if got := c.store.fetches.Load() - fetches; got != 0 || cache.fetches.Load() == 0 {
+		t.Errorf("write fetched %d blobs from the target store, %d from ParentReads", got, cache.fetches.Load())
+	}
+	if st.Deltas == 0 {
+		t.Error("no delta")
+	}
+	c.check("g1")
+}

@@ -61,6 +61,11 @@ type WriteOptions struct {
 	// StoreID names the store in the page index, e.g. its URL without the
 	// reference: Base only serves the store it was made for.
 	StoreID string
+	// ParentReads, when set, is where the parent chunks of an incremental
+	// file (IncrementalSourceFile) are read from to make deltas, e.g. the
+	// node cache over the target store, which a lazy restore filled. The
+	// target store is still asked whether it has them.
+	ParentReads stores.Store
 }
 
 // WriteStats reports what Write did.
