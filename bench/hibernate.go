@@ -20,6 +20,9 @@ func (r *runner) hibernate() error {
 	mem := r.o.LargeGuestMiB
 	cfg, err := r.cfgWith("hibernate", func(c *configs.Config) {
 		c.Restore.AllowedModes = append(c.Restore.AllowedModes, configs.RestoreLazy)
+		if r.o.ChunkMiB == 0 {
+			c.Snapshot.ChunkSizeMiB = 1 // lazy RAM's chunk size (pagefs/DESIGN.md)
+		}
 	})
 	if err != nil {
 		return err
