@@ -88,6 +88,10 @@ type Options struct {
 	// KeepLog, when set, receives a copy of containerd's log (the shims'
 	// "restore step" lines are there) before the stack is removed.
 	KeepLog string
+	// Only, when set, runs only the steps whose name contains it, and
+	// checks only the hibernation loop's targets, if it ran (the report
+	// is then not Complete).
+	Only string
 }
 
 type runner struct {
@@ -176,10 +180,19 @@ func Run(ctx context.Context, o Options) (_ *Report, retErr error) {
 		if err := ctx.Err(); err != nil {
 			return r.r, err
 		}
+		if o.Only != "" && !strings.Contains(step.name, o.Only) {
+			continue
+		}
 		r.progress("== %s", step.name)
 		if err := step.fn(); err != nil {
 			return r.r, fmt.Errorf("%s: %w", step.name, err)
 		}
+	}
+	if o.Only != "" {
+		if r.r.value("booted_pause") > 0 {
+			r.hibernateTargets()
+		}
+		return r.r, nil
 	}
 	r.targets()
 	r.r.Complete = true
