@@ -118,7 +118,7 @@ func Run(ctx context.Context, o Options) (_ *Report, retErr error) {
 	if o.Progress == nil {
 		o.Progress = io.Discard
 	}
-	r := &runner{ctx: ctx, o: o, r: &Report{Sizes: o.Sizes}, began: time.Now()}
+	r := &runner{ctx: ctx, o: o, r: &Report{Sizes: o.Sizes, Only: o.Only}, began: time.Now()}
 	defer func() { r.r.Seconds = time.Since(r.began).Seconds() }()
 
 	s3dir, err := os.MkdirTemp("", "cryo-bench-s3-")
