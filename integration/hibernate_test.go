@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -186,4 +187,92 @@ func storeBlobs0(t *testing.T, e *harness.Env, name string) (int, int64) {
 		return 0, 0
 	}
 	return storeBlobs(t, e, name)
+}
+
+// TestHibernationClonesAndGC (issue #14): two clones of one parent,
+// checkpointed at the same time into one store, share the parent's blobs;
+// once the older snapshots are removed and the store collected, the
+// newest one still restores and the store holds only the blobs it names.
+func TestHibernationClonesAndGC(t *testing.T) {
+	e := harness.Start(t, hibernateNode)
+	startWorkload(t, e, "src")
+	e.MustCtr("task", "exec", "--exec-id", "fill", "src", "sh", "-c", "dd if=/dev/urandom of=/dev/shm/blob bs=1M count=32 2>/dev/null; sync")
+	first := checkpointReport(t, e, "src", e.StoreURL("clones:g0"))
+	stopCtr(t, e, "src")
+
+	clones := []string{"a", "b"}
+	sums := map[string]string{}
+	for i, id := range clones {
+		restore(t, e, id, e.StoreURL("clones:g0"), lazyMode)
+		e.MustCtr("task", "exec", "--exec-id", "w", id, "sh", "-c", fmt.Sprintf(
+			"dd if=/dev/urandom of=/dev/shm/blob bs=1M count=1 seek=%d conv=notrunc 2>/dev/null; echo %s > /data/who; sync", 4+i*8, id))
+		sums[id] = md5Of(t, e, id, "/dev/shm/blob")
+	}
+	nb, bb := storeBlobs(t, e, "clones")
+	reports := make([]shimapi.CheckpointReport, len(clones))
+	var wg sync.WaitGroup
+	for i, id := range clones {
+		wg.Add(1)
+		go func() { defer wg.Done(); reports[i] = checkpointReport(t, e, id, e.StoreURL("clones:"+id)) }()
+	}
+	wg.Wait()
+	na, ba := storeBlobs(t, e, "clones")
+	t.Logf("two clones checkpointed at once: %d blobs, %d bytes added (first checkpoint %d bytes)", na-nb, ba-bb, first.UploadedBytes)
+	for i, r := range reports {
+		if r.UploadedBytes > 12<<20 || r.DeltaChunks == 0 {
+			t.Errorf("clone %s uploaded %d bytes, %d deltas: it did not reuse the parent", clones[i], r.UploadedBytes, r.DeltaChunks)
+		}
+	}
+	if ba-bb > first.UploadedBytes/3 {
+		t.Errorf("two clones added %d bytes to the store, the parent is %d", ba-bb, first.UploadedBytes)
+	}
+	for _, id := range clones {
+		stopCtr(t, e, id)
+	}
+
+	// a's child, then everything but it removed and collected.
+	restore(t, e, "a2", e.StoreURL("clones:a"), lazyMode)
+	e.MustCtr("task", "exec", "--exec-id", "w", "a2", "sh", "-c", "dd if=/dev/urandom of=/dev/shm/blob bs=1M count=1 seek=20 conv=notrunc 2>/dev/null; sync")
+	sum := md5Of(t, e, "a2", "/dev/shm/blob")
+	checkpointReport(t, e, "a2", e.StoreURL("clones:a2"))
+	stopCtr(t, e, "a2")
+	for _, tag := range []string{"g0", "a", "b"} {
+		if out, errs, err := e.Cryoctl("rm", e.StoreURL("clones:"+tag)); err != nil {
+			t.Fatalf("cryoctl rm %s: %v\n%s%s", tag, err, out, errs)
+		}
+	}
+	if out, errs, err := e.Cryoctl("gc", "--grace", "0s", "--no-cache", e.StoreURL("clones")); err != nil {
+		t.Fatalf("cryoctl gc: %v\n%s%s", err, out, errs)
+	} else {
+		t.Logf("gc: %s", strings.TrimSpace(out))
+	}
+	ctx := context.Background()
+	st, ref, err := stores.Open(ctx, e.StoreURL("clones:a2"), stores.Options{Getenv: func(string) string { return "" }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := snapshot.Open(ctx, st, ref, snapshot.ReadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	named := map[string]bool{s.Descriptor.Digest.String(): true, s.Manifest.Config.Digest.String(): true}
+	for _, l := range s.Manifest.Layers {
+		named[l.Digest.String()] = true
+	}
+	if n, _ := storeBlobs(t, e, "clones"); n != len(named) {
+		t.Errorf("after gc the store holds %d blobs, the kept snapshot names %d", n, len(named))
+	}
+	if out, errs, err := e.Cryoctl("verify", e.StoreURL("clones:a2")); err != nil {
+		t.Fatalf("cryoctl verify after gc: %v\n%s%s", err, out, errs)
+	}
+	restore(t, e, "back", e.StoreURL("clones:a2"), lazyMode)
+	if got := md5Of(t, e, "back", "/dev/shm/blob"); got != sum {
+		t.Fatalf("restore after gc: /dev/shm/blob %s, want %s", got, sum)
+	}
+	if got := strings.TrimSpace(e.MustCtr("task", "exec", "--exec-id", "who", "back", "cat", "/data/who")); got != "a" {
+		t.Fatalf("restore after gc: /data/who %q, want a", got)
+	}
+	stopCtr(t, e, "back")
+	noLeftovers(t, e)
+	noLazyLeftovers(t, e)
 }
