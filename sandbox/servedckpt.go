@@ -44,7 +44,8 @@ func (c *checkpointing) parentReads(ctx context.Context) stores.Store {
 // checkpoint: the sealed generation's pages are in it, the file's dirty
 // set now holds only what the guest wrote since the seal.
 func (r *servedRAM) published(ctx context.Context, store stores.Store, to string, desc ocispec.Descriptor, st snapshot.WriteStats) {
-	l := log.G(ctx).WithFields(log.Fields{"reused_chunks": st.Reused, "delta_chunks": st.Deltas, "uploaded_bytes": st.UploadedBytes})
+	l := log.G(ctx).WithFields(log.Fields{"reused_chunks": st.Reused, "delta_chunks": st.Deltas,
+		"uploaded_bytes": st.UploadedBytes, "dirty_bytes": st.DirtyBytes})
 	if st.ParentMissing > 0 {
 		l.WithField("full_chunks", st.ParentMissing).Warn("checkpoint of served ram: parent's blobs missing: full chunks")
 	}

@@ -128,6 +128,7 @@ func (w *writer) readIncremental(ctx context.Context, fileIdx int, f SourceFile,
 			return fmt.Errorf("%s: dirty page %d outside the file's %d bytes: %w", f.Name, pg, f.Size, errdefs.ErrInvalidArgument)
 		}
 		dirty[pg*PageSize/cs] = true
+		w.dirtyBytes.Add(min(PageSize, f.Size-pg*PageSize))
 	}
 	places := w.parentPlaces(ctx, f)
 	for idx := int64(0); idx < n; idx++ {

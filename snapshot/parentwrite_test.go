@@ -214,6 +214,9 @@ func TestIncrementalChain(t *testing.T) {
 				if st.ParentMissing != 0 {
 					t.Errorf("generation %d: %d chunks without parent", g, st.ParentMissing)
 				}
+				if st.DirtyBytes != changed {
+					t.Errorf("generation %d: %d dirty bytes, %d written", g, st.DirtyBytes, changed)
+				}
 				if st.Reused < parentChunks-dirtyChunks(pages) {
 					t.Errorf("generation %d reused %d chunks of %d, %d were written", g, st.Reused, parentChunks, dirtyChunks(pages))
 				}

@@ -96,7 +96,10 @@ type WriteStats struct {
 	// and stored full because the store no longer has the parent's blobs
 	// there (or the parent does not fit the write).
 	Reused, ParentMissing int
-	Duration              time.Duration
+	// DirtyBytes are the pages of incremental files written since their
+	// parent: what changed, which the uploads of their chunks compare to.
+	DirtyBytes int64
+	Duration   time.Duration
 }
 
 // chunkJob is one chunk moving through the pipeline.
@@ -144,7 +147,7 @@ type writer struct {
 
 	readBytes, dataBytes, storedBytes, uploadedBytes, skippedBytes atomic.Int64
 	zero, uploadedN, skippedN                                      atomic.Int64
-	reused, parentMissing                                          atomic.Int64
+	reused, parentMissing, dirtyBytes                              atomic.Int64
 }
 
 // Write snapshots src into store under ref and returns the manifest
@@ -541,5 +544,5 @@ func (w *writer) stats() WriteStats {
 		Chunks: len(w.layers), ZeroChunks: zero, HoleChunks: slots - len(w.layers) - zero,
 		UploadedChunks: int(w.uploadedN.Load()), SkippedChunks: int(w.skippedN.Load()),
 		Deltas: int(w.deltas.Load()), Bases: len(w.bases),
-		Reused: int(w.reused.Load()), ParentMissing: int(w.parentMissing.Load())}
+		Reused: int(w.reused.Load()), ParentMissing: int(w.parentMissing.Load()), DirtyBytes: w.dirtyBytes.Load()}
 }
