@@ -15,6 +15,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/cryo-runtime/cryo/internal/redact"
+	"github.com/cryo-runtime/cryo/nodecache"
 	"github.com/cryo-runtime/cryo/pagefs"
 	"github.com/cryo-runtime/cryo/snapshot"
 )
@@ -42,6 +43,7 @@ type servedRAM struct {
 	layerFile *os.File
 
 	readers []*snapshot.FileReader // ram first, then the disks
+	blobs   *nodecache.Blobs       // the node cache, for the logs
 	store   string                 // redacted store URL, for the logs
 	disks   map[string]string      // disk name -> served path
 
@@ -176,6 +178,21 @@ func (r *servedRAM) Seal() (*pagefs.Generation, error) {
 	return g, nil
 }
 
+// fetchedFields describe what the sandbox read so far: the FUSE reads of
+// its RAM and the chunks its readers decoded.
+func (r *servedRAM) fetchedFields() log.Fields {
+	var chunks, stored int64
+	for _, fr := range r.readers {
+		c, b := fr.Fetched()
+		chunks, stored = chunks+c, stored+b
+	}
+	f := log.Fields{"ram_read_bytes": r.file.Stats().ReadBytes, "chunks_fetched": chunks, "chunk_bytes_fetched": stored}
+	if r.blobs != nil {
+		f["cache_downloaded_bytes"] = r.blobs.Stats().BytesDownloaded
+	}
+	return f
+}
+
 // Parent is the snapshot the RAM came from.
 func (r *servedRAM) Parent() ParentRAM { return r.parent }
 
@@ -239,6 +256,10 @@ func (r *servedRAM) abort(ctx context.Context) {
 // cache in the background, workers at a time, so the sandbox stops
 // depending on the store; it logs when it completes.
 func (r *servedRAM) startPrefetch(ctx context.Context, workers int) {
+	if workers == 0 {
+		log.G(ctx).Info("lazy restore: prefetch off ([restore] prefetch_workers = 0)")
+		return
+	}
 	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	r.mu.Lock()
 	if r.closed {
@@ -265,7 +286,12 @@ func (r *servedRAM) startPrefetch(ctx context.Context, workers int) {
 				return
 			}
 		}
-		log.G(ctx).WithFields(log.Fields{"chunks": chunks, "stored_bytes": bytes, "duration": time.Since(start), "store": r.store}).Info("prefetch complete")
+		l := log.G(ctx).WithFields(log.Fields{"chunks": chunks, "stored_bytes": bytes, "duration": time.Since(start), "store": r.store})
+		if r.blobs != nil {
+			st := r.blobs.Stats()
+			l = l.WithFields(log.Fields{"cache_downloaded_bytes": st.BytesDownloaded, "cache_downloads": st.Downloads, "cache_adopted": st.Adopted})
+		}
+		l.Info("prefetch complete")
 	}()
 }
 
