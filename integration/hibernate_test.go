@@ -276,3 +276,41 @@ func TestHibernationClonesAndGC(t *testing.T) {
 	noLeftovers(t, e)
 	noLazyLeftovers(t, e)
 }
+
+// TestHibernationBeforePrefetch (issue #14): a served sandbox whose RAM
+// was never prefetched (prefetch off: the guest's faults fetched what it
+// touched) checkpoints incrementally; the chunks it wrote are read from
+// the store during the checkpoint, and the snapshot restores.
+func TestHibernationBeforePrefetch(t *testing.T) {
+	e := harness.Start(t, hibernateNode, func(c *configs.Config) { c.Restore.PrefetchWorkers = 0 })
+	startWorkload(t, e, "src")
+	e.MustCtr("task", "exec", "--exec-id", "fill", "src", "sh", "-c", "dd if=/dev/urandom of=/dev/shm/blob bs=1M count=32 2>/dev/null; sync")
+	first := checkpointReport(t, e, "src", e.StoreURL("nopf:g0"))
+	stopCtr(t, e, "src")
+	// Every later read comes from the store: the node cache is emptied.
+	if err := os.RemoveAll(filepath.Join(e.Cfg.Snapshot.CacheDir, "blobs")); err != nil {
+		t.Fatal(err)
+	}
+	restore(t, e, "g1", e.StoreURL("nopf:g0"), lazyMode)
+	e.MustCtr("task", "exec", "--exec-id", "w", "g1", "sh", "-c",
+		"dd if=/dev/urandom of=/dev/shm/blob bs=1M count=1 seek=9 conv=notrunc 2>/dev/null; echo one >> /data/gens; sync")
+	sum := md5Of(t, e, "g1", "/dev/shm/blob")
+	r := checkpointReport(t, e, "g1", e.StoreURL("nopf:g1"))
+	if strings.Contains(e.LogTail(100000), "prefetch complete") {
+		t.Fatal("a prefetch ran: the test needs it off")
+	}
+	if r.UploadedBytes > first.UploadedBytes/3 || r.DeltaChunks == 0 {
+		t.Errorf("checkpoint before any prefetch uploaded %d bytes, %d deltas (first %d)", r.UploadedBytes, r.DeltaChunks, first.UploadedBytes)
+	}
+	stopCtr(t, e, "g1")
+	restore(t, e, "g2", e.StoreURL("nopf:g1"), lazyMode)
+	if got := md5Of(t, e, "g2", "/dev/shm/blob"); got != sum {
+		t.Fatalf("restore: /dev/shm/blob %s, want %s", got, sum)
+	}
+	if got := e.MustCtr("task", "exec", "--exec-id", "gens", "g2", "cat", "/data/gens"); got != "one\n" {
+		t.Fatalf("restore: /data/gens %q", got)
+	}
+	stopCtr(t, e, "g2")
+	noLeftovers(t, e)
+	noLazyLeftovers(t, e)
+}
