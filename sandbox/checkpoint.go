@@ -218,6 +218,7 @@ func (c *checkpointing) publish(ctx context.Context, _ *undo) error {
 	defer src.Close()
 	gen, wopts := c.cap.gen, c.wopts
 	if gen != nil {
+		wopts.ChunkSize = c.sb.ram.chunkSize(ctx, wopts.ChunkSize)
 		ram := snapshot.IncrementalSourceFile(snapshot.FileRAM, gen, c.sb.ram.writeParent(wopts))
 		src.Files = append([]snapshot.SourceFile{ram}, src.Files...)
 		wopts.ParentReads = c.parentReads(ctx)

@@ -24,6 +24,23 @@ func (r *servedRAM) writeParent(o snapshot.WriteOptions) *snapshot.Parent {
 	return out
 }
 
+// chunkSize is the chunk size of a served RAM's checkpoint: its parent's,
+// so that a chain keeps reusing its chunks whatever the node's
+// [snapshot] chunk_size_mib says (configured is WriteOptions.ChunkSize).
+func (r *servedRAM) chunkSize(ctx context.Context, configured int64) int64 {
+	p := r.Parent().ChunkSize
+	if configured == 0 {
+		configured = snapshot.DefaultChunkSize
+	}
+	if p < snapshot.MinChunkSize || p > snapshot.MaxChunkSize || p&(p-1) != 0 {
+		return configured // no usable parent: the checkpoint writes the whole RAM
+	}
+	if p != configured {
+		log.G(ctx).WithFields(log.Fields{"parent": p, "configured": configured}).Info("checkpoint of served ram: the parent's chunk size")
+	}
+	return p
+}
+
 // parentReads is the node cache over the target store: the parent chunks
 // a delta is made against were fetched there by the restore (or its
 // prefetch). Without a node cache they are read from the store.

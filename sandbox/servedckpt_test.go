@@ -251,6 +251,7 @@ func (sc *servedChain) checkpoint() snapshot.WriteStats {
 func TestServedCheckpointIsIncremental(t *testing.T) {
 	for _, key := range [][]byte{nil, bytes.Repeat([]byte{3}, 32)} {
 		sc := newServedChain(t, key)
+		sc.wopts.ChunkSize = 0 // the node's default (4 MiB): the chain keeps its parent's
 		parentChunks := len(sc.sb.ram.Parent().Chunks)
 		sc.write(1, 2, 3, 16*16+1) // chunks 0 and 16
 		st := sc.checkpoint()
