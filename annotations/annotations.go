@@ -25,6 +25,7 @@ const (
 	RestoreDigest     = Prefix + "restore-digest"
 	CheckpointTo      = Prefix + "checkpoint-to"
 	RestoreFallback   = Prefix + "restore-fallback"
+	RestoreMode       = Prefix + "restore-mode"
 	PreCheckpointExec = Prefix + "pre-checkpoint-exec"
 	PostRestoreExec   = Prefix + "post-restore-exec"
 
@@ -47,7 +48,7 @@ const (
 
 var known = map[string]bool{
 	VCPUs: true, Memory: true, RestoreFrom: true, RestoreDigest: true, CheckpointTo: true,
-	RestoreFallback: true, PreCheckpointExec: true, PostRestoreExec: true,
+	RestoreFallback: true, RestoreMode: true, PreCheckpointExec: true, PostRestoreExec: true,
 }
 
 // Request is what a sandbox's annotations ask of cryo.
@@ -60,8 +61,11 @@ type Request struct {
 	RestoreDigest   string
 	CheckpointTo    string
 	RestoreFallback string
-	PreCheckpoint   string
-	PostRestore     string
+	// RestoreMode is "eager" or "lazy" (configs.Restore.Mode unless the
+	// pod asked for another the node allows).
+	RestoreMode   string
+	PreCheckpoint string
+	PostRestore   string
 	// Namespace is the pod's Kubernetes namespace (CRISandboxNamespace),
 	// "" for a task that did not come through CRI.
 	Namespace string
@@ -85,6 +89,7 @@ func Parse(a map[string]string, cfg configs.Config) (Request, error) {
 		VCPUs:           cfg.Hypervisor.VCPUs,
 		MemoryMiB:       cfg.Hypervisor.MemoryMiB,
 		RestoreFallback: cfg.Restore.Fallback,
+		RestoreMode:     cfg.Restore.Mode,
 		CheckpointTo:    cfg.Stores.DefaultCheckpointTo,
 		Namespace:       a[CRISandboxNamespace],
 	}
@@ -118,6 +123,14 @@ func Parse(a map[string]string, cfg configs.Config) (Request, error) {
 				err = fmt.Errorf("want fail or cold")
 			}
 			r.RestoreFallback = v
+		case RestoreMode:
+			switch {
+			case v != configs.RestoreEager && v != configs.RestoreLazy:
+				err = fmt.Errorf("want eager or lazy")
+			case !cfg.Restore.Allows(v):
+				err = fmt.Errorf("this node does not allow %s restores (its [restore] mode and allowed_modes)", v)
+			}
+			r.RestoreMode = v
 		case PreCheckpointExec:
 			r.PreCheckpoint = v
 		case PostRestoreExec:

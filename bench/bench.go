@@ -88,6 +88,10 @@ type Options struct {
 	// KeepLog, when set, receives a copy of containerd's log (the shims'
 	// "restore step" lines are there) before the stack is removed.
 	KeepLog string
+	// Only, when set, runs only the steps whose name contains it, and
+	// checks only the hibernation loop's targets, if it ran (the report
+	// is then not Complete).
+	Only string
 }
 
 type runner struct {
@@ -114,7 +118,7 @@ func Run(ctx context.Context, o Options) (_ *Report, retErr error) {
 	if o.Progress == nil {
 		o.Progress = io.Discard
 	}
-	r := &runner{ctx: ctx, o: o, r: &Report{Sizes: o.Sizes}, began: time.Now()}
+	r := &runner{ctx: ctx, o: o, r: &Report{Sizes: o.Sizes, Only: o.Only}, began: time.Now()}
 	defer func() { r.r.Seconds = time.Since(r.began).Seconds() }()
 
 	s3dir, err := os.MkdirTemp("", "cryo-bench-s3-")
@@ -169,16 +173,26 @@ func Run(ctx context.Context, o Options) (_ *Report, retErr error) {
 		{"expensive warm-up, cold and restored", r.warmUp},
 		{"concurrent restores", r.fanOut},
 		{"checkpoint pause windows and incremental checkpoint", r.pauseWindows},
+		{"hibernation loop: lazy restore, change, checkpoint", r.hibernate},
 		{"restore pipeline throughput", r.pipeline},
 		{"shim peak RSS during a restore", r.shimRSS},
 	} {
 		if err := ctx.Err(); err != nil {
 			return r.r, err
 		}
+		if o.Only != "" && !strings.Contains(step.name, o.Only) {
+			continue
+		}
 		r.progress("== %s", step.name)
 		if err := step.fn(); err != nil {
 			return r.r, fmt.Errorf("%s: %w", step.name, err)
 		}
+	}
+	if o.Only != "" {
+		if r.r.value("booted_pause") > 0 {
+			r.hibernateTargets()
+		}
+		return r.r, nil
 	}
 	r.targets()
 	r.r.Complete = true

@@ -42,6 +42,8 @@ type Report struct {
 	Targets  []Target `json:"targets"`
 	Seconds  float64  `json:"seconds"`
 	Complete bool     `json:"complete"`
+	// Only is Options.Only: the run measured only the steps it matches.
+	Only string `json:"only,omitempty"`
 }
 
 // Host describes the machine the numbers come from.
@@ -132,7 +134,10 @@ func (r *Report) WriteText(w io.Writer) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", t.Name, t.Want, trim(t.Value), res, t.Detail)
 	}
 	tw.Flush()
-	if !r.Complete {
+	switch {
+	case r.Only != "":
+		fmt.Fprintf(w, "\n(only the steps matching %q)\n", r.Only)
+	case !r.Complete:
 		fmt.Fprintln(w, "\n(incomplete: the bench stopped early; see the error)")
 	}
 }

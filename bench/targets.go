@@ -86,6 +86,8 @@ func (r *runner) targets() {
 		fmt.Sprintf("%.1f MiB vs %.1f MiB; %.0f of %.0f chunks (%.0f as deltas); %.2f bytes uploaded per (random, incompressible) byte changed", rep.value("second_checkpoint_uploaded"), rep.value("first_checkpoint_uploaded"),
 			rep.value("second_chunks_uploaded"), rep.value("chunks"), rep.value("second_delta_chunks"), rep.value("second_uploaded_per_changed_byte")))
 
+	r.hibernateTargets()
+
 	rss := rep.value(fmt.Sprintf("shim_peak_rss_restore_%dMiB", r.o.LargeGuestMiB))
 	rep.target(fmt.Sprintf("shim peak RSS, %d MiB restore (MiB)", r.o.LargeGuestMiB), "<= 256", rss, rss > 0 && rss <= 256,
 		fmt.Sprintf("QEMU RSS after restore %.0f MiB", rep.value(fmt.Sprintf("qemu_rss_after_restore_%dMiB", r.o.LargeGuestMiB))))

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -162,6 +163,44 @@ type Registry struct {
 type Restore struct {
 	// Fallback is "fail" or "cold".
 	Fallback string `toml:"fallback"`
+	// Mode is how a restore gets the snapshot's RAM: "eager" downloads and
+	// materializes the whole snapshot before QEMU starts; "lazy" starts
+	// QEMU once the metadata and device state are verified and serves RAM
+	// page by page (pagefs). Default eager until the bench says lazy is
+	// no slower at every size.
+	Mode string `toml:"mode"`
+	// AllowedModes are the modes a pod may ask for with
+	// cryo.dev/restore-mode. Eager is always allowed (it needs nothing of
+	// the node that a restore does not); lazy only when listed here or
+	// when it is the node's Mode, since it mounts a FUSE server per
+	// sandbox and keeps the sandbox depending on the store until its
+	// prefetch completes.
+	AllowedModes []string `toml:"allowed_modes"`
+	// PrefetchWorkers bounds a lazy restore's background fetches (4). 0
+	// turns the prefetch off: the sandbox then depends on the store (and
+	// the node cache keeping its chunks) for as long as it runs.
+	PrefetchWorkers int `toml:"prefetch_workers"`
+	// PageTimeout bounds one page read of a lazy sandbox (its chunk's
+	// fetch from the store); a read stuck longer kills the VM rather than
+	// leave it hanging (30s).
+	PageTimeout Duration `toml:"page_timeout"`
+}
+
+// Restore modes.
+const (
+	RestoreEager = "eager"
+	RestoreLazy  = "lazy"
+)
+
+// Allows reports whether a pod may ask for restore mode m.
+func (r Restore) Allows(m string) bool {
+	switch m {
+	case RestoreEager:
+		return true
+	case RestoreLazy:
+		return r.Mode == RestoreLazy || slices.Contains(r.AllowedModes, RestoreLazy)
+	}
+	return false
 }
 
 // Annotations configures which pod annotations the shim honours.
@@ -230,7 +269,7 @@ func Default() Config {
 			Allowed:              []string{"file:///var/lib/cryo/store/" + NamespacePlaceholder + "/"},
 			MaxConcurrentFetches: 8,
 		},
-		Restore:     Restore{Fallback: "fail"},
+		Restore:     Restore{Fallback: "fail", Mode: RestoreEager, PrefetchWorkers: 4, PageTimeout: Duration{30 * time.Second}},
 		Annotations: Annotations{Enabled: []string{"cryo.dev/*"}},
 	}
 }
@@ -355,6 +394,24 @@ func (c *Config) Validate() error {
 	}
 	if f := c.Restore.Fallback; f != "fail" && f != "cold" {
 		return fmt.Errorf("restore.fallback %q: must be fail or cold", f)
+	}
+	return c.Restore.validate()
+}
+
+func (r Restore) validate() error {
+	if r.Mode != RestoreEager && r.Mode != RestoreLazy {
+		return fmt.Errorf("restore.mode %q: must be eager or lazy", r.Mode)
+	}
+	for _, m := range r.AllowedModes {
+		if m != RestoreEager && m != RestoreLazy {
+			return fmt.Errorf("restore.allowed_modes: %q: must be eager or lazy", m)
+		}
+	}
+	if r.PrefetchWorkers < 0 || r.PrefetchWorkers > 64 {
+		return fmt.Errorf("restore.prefetch_workers %d: must be in [0, 64]", r.PrefetchWorkers)
+	}
+	if r.PageTimeout.Duration < time.Second || r.PageTimeout.Duration > 10*time.Minute {
+		return fmt.Errorf("restore.page_timeout %s: must be in [1s, 10m]", r.PageTimeout.Duration)
 	}
 	return nil
 }

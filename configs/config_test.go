@@ -38,6 +38,21 @@ func TestLoad(t *testing.T) {
 		{name: "bad duration", body: "[agent]\ndial_timeout = \"soon\"\n", wantErr: "invalid duration"},
 		{name: "memory too small", body: "[hypervisor]\ndefault_memory = 16\n", wantErr: "default_memory"},
 		{name: "fallback", body: "[restore]\nfallback = \"maybe\"\n", wantErr: "restore.fallback"},
+		{name: "restore mode", body: "[restore]\nmode = \"lazy\"\nprefetch_workers = 2\npage_timeout = \"5s\"\n",
+			check: func(c Config) bool {
+				return c.Restore.Mode == RestoreLazy && c.Restore.Allows(RestoreLazy) && c.Restore.Allows(RestoreEager) &&
+					c.Restore.PrefetchWorkers == 2 && c.Restore.PageTimeout.Seconds() == 5
+			}},
+		{name: "restore mode default", body: "[restore]\nfallback = \"cold\"\n",
+			check: func(c Config) bool {
+				return c.Restore.Mode == RestoreEager && !c.Restore.Allows(RestoreLazy) && c.Restore.Allows(RestoreEager) && !c.Restore.Allows("")
+			}},
+		{name: "lazy allowed", body: "[restore]\nallowed_modes = [\"lazy\"]\n",
+			check: func(c Config) bool { return c.Restore.Mode == RestoreEager && c.Restore.Allows(RestoreLazy) }},
+		{name: "bad restore mode", body: "[restore]\nmode = \"postcopy\"\n", wantErr: "restore.mode"},
+		{name: "bad allowed mode", body: "[restore]\nallowed_modes = [\"eager\", \"fast\"]\n", wantErr: "restore.allowed_modes"},
+		{name: "prefetch workers", body: "[restore]\nprefetch_workers = -1\n", wantErr: "restore.prefetch_workers"},
+		{name: "page timeout", body: "[restore]\npage_timeout = \"1ms\"\n", wantErr: "restore.page_timeout"},
 		{name: "syntax", body: "[hypervisor\n", wantErr: "line 1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -95,7 +95,7 @@ func (s *Server) Unmount() error {
 // not yet in the page cache raises SIGBUS). The fusectl filesystem must be
 // mounted on /sys/fs/fuse/connections.
 func (s *Server) Abort() error {
-	p := filepath.Join("/sys/fs/fuse/connections", strconv.FormatUint(uint64(s.conn), 10), "abort")
+	p := filepath.Join(fusectlDir, strconv.FormatUint(uint64(s.conn), 10), "abort")
 	return os.WriteFile(p, []byte("1"), 0)
 }
 
@@ -212,4 +212,41 @@ func (n *node) Allocate(ctx context.Context, fh fs.FileHandle, off, size uint64,
 		return syscall.EOPNOTSUPP
 	}
 	return 0
+}
+
+// fusectlDir is where the fuse control filesystem lives (Abort).
+const fusectlDir = "/sys/fs/fuse/connections"
+
+// EnsureFusectl mounts the fuse control filesystem if it is not mounted:
+// Abort needs it, and a server stuck on a request is only ended by an
+// abort. It is left mounted (it is the kernel's, shared by every mount).
+func EnsureFusectl() error {
+	var st, parent unix.Stat_t
+	if err := unix.Stat(fusectlDir, &st); err != nil {
+		return fmt.Errorf("fusectl: %w", err)
+	}
+	if err := unix.Stat(filepath.Dir(fusectlDir), &parent); err != nil {
+		return fmt.Errorf("fusectl: %w", err)
+	}
+	if st.Dev != parent.Dev {
+		return nil // something is mounted there: fusectl
+	}
+	if err := unix.Mount("fusectl", fusectlDir, "fusectl", 0, ""); err != nil && !errors.Is(err, unix.EBUSY) {
+		return fmt.Errorf("mount fusectl on %s: %w", fusectlDir, err)
+	}
+	return nil
+}
+
+// TuneWriteback lifts the FUSE bdi's default writeback limits for the
+// mount (strict_limit=1, max_ratio=1: the kernel writes a share=on guest's
+// RAM back continuously, twice as slow for a rewriting guest, DESIGN.md):
+// strict_limit=0 and max_bytes. It needs kernel 6.2 or later.
+func (s *Server) TuneWriteback(maxBytes int64) error {
+	dir := fmt.Sprintf("/sys/class/bdi/0:%d", s.conn)
+	for _, kv := range [][2]string{{"strict_limit", "0"}, {"max_bytes", strconv.FormatInt(maxBytes, 10)}} {
+		if err := os.WriteFile(filepath.Join(dir, kv[0]), []byte(kv[1]), 0); err != nil {
+			return fmt.Errorf("pagefs writeback %s=%s: %w", kv[0], kv[1], err)
+		}
+	}
+	return nil
 }

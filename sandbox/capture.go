@@ -14,6 +14,7 @@ import (
 	"github.com/cryo-runtime/cryo/annotations"
 	"github.com/cryo-runtime/cryo/fingerprint"
 	"github.com/cryo-runtime/cryo/internal/sparse"
+	"github.com/cryo-runtime/cryo/pagefs"
 	"github.com/cryo-runtime/cryo/snapshot"
 	"github.com/cryo-runtime/cryo/vmm"
 )
@@ -21,8 +22,11 @@ import (
 // capture is what the pause window produced: frozen files, ready to pack
 // while the sandbox runs on.
 type capture struct {
-	pause    time.Duration
-	ram      string // RAM copy or link; "" when RAM is in the device state
+	pause time.Duration
+	ram   string // RAM copy or link; "" when RAM is in the device state or served
+	// gen is a served RAM sealed in the pause: read after it, closed once
+	// published (or the checkpoint failed).
+	gen      *pagefs.Generation
 	devstate string
 	disks    []frozenDisk
 	record   *sandboxRecord
@@ -37,17 +41,51 @@ type frozenDisk struct {
 }
 
 func (c *capture) cleanup() {
+	if c.gen != nil {
+		c.gen.Close()
+		c.gen = nil
+	}
 	for _, f := range c.extra {
 		os.Remove(f)
 	}
 }
 
+// pauser is the part of the VM the pause window drives (a *vmm.Machine).
+type pauser interface {
+	Pause(ctx context.Context) error
+	Resume(ctx context.Context) error
+	SaveState(ctx context.Context, w *os.File) error
+	SnapshotDisk(ctx context.Context, id, overlayPath string) error
+	Disks() []vmm.Disk
+	Config() vmm.Config
+	Fingerprint() fingerprint.Fingerprint
+}
+
+// servedMemory is what the pause window needs of a served RAM
+// (servedRAM): a writeback of the guest's dirty pages to the server and
+// a seal of its content with the pages written since the last one.
+type servedMemory interface {
+	Sync() error
+	Seal() (*pagefs.Generation, error)
+}
+
 // captureVM stops the VM, freezes every writable disk behind a new qcow2
-// overlay, saves the device state and takes the RAM file (linked with
-// exit: the VM ends once published), then lets the VM run on unless
-// keepStopped.
-func captureVM(ctx context.Context, sb *Sandbox, record *sandboxRecord, work string, exit, keepStopped bool) (_ *capture, retErr error) {
-	vm := sb.vm
+// overlay, saves the device state and takes the RAM (a served RAM is
+// sealed; a booted one's file is linked with exit, the VM ending once
+// published, or copied), then lets the VM run on unless keepStopped.
+func captureVM(ctx context.Context, sb *Sandbox, record *sandboxRecord, work string, exit, keepStopped bool) (*capture, error) {
+	var ram servedMemory
+	if sb.ram != nil {
+		ram = sb.ram
+	}
+	return pauseWindow(ctx, sb.vm, ram, sb.spec.DiskDir, record, work, exit, keepStopped)
+}
+
+// pauseWindow is captureVM on its parts. A served RAM is written back to
+// the server before the pause (most of it) and in it (what the guest
+// dirtied since), and sealed: the device state then carries no RAM
+// (x-ignore-shared) and nothing of the RAM is copied in the pause.
+func pauseWindow(ctx context.Context, vm pauser, ram servedMemory, diskDir string, record *sandboxRecord, work string, exit, keepStopped bool) (_ *capture, retErr error) {
 	cfg := vm.Config()
 	c := &capture{record: record}
 	defer func() {
@@ -57,6 +95,11 @@ func captureVM(ctx context.Context, sb *Sandbox, record *sandboxRecord, work str
 	}()
 
 	flushDisks(ctx, vm.Disks())
+	if ram != nil {
+		if err := ram.Sync(); err != nil {
+			return nil, fmt.Errorf("checkpoint: write back guest ram before the pause: %w", err)
+		}
+	}
 	t0 := time.Now()
 	if err := vm.Pause(ctx); err != nil {
 		return nil, fmt.Errorf("checkpoint: stop vm: %w", err)
@@ -69,17 +112,13 @@ func captureVM(ctx context.Context, sb *Sandbox, record *sandboxRecord, work str
 			}
 		}
 	}()
-	for _, d := range vm.Disks() {
-		if d.ReadOnly {
-			continue
+	if err := c.freezeDisks(ctx, vm, diskDir); err != nil {
+		return nil, err
+	}
+	if ram != nil {
+		if err := ram.Sync(); err != nil {
+			return nil, fmt.Errorf("checkpoint: write back guest ram: %w", err)
 		}
-		overlay := filepath.Join(sb.spec.DiskDir, fmt.Sprintf("%s-%d.qcow2", d.ID, time.Now().UnixNano()))
-		if err := vm.SnapshotDisk(ctx, d.ID, overlay); err != nil {
-			return nil, fmt.Errorf("checkpoint: freeze disk %s: %w", d.ID, err)
-		}
-		rec := recordDisk{Name: d.ID, ID: d.ID, Serial: d.Serial, Port: d.Port}
-		c.disks = append(c.disks, frozenDisk{rec: rec, path: d.Path, format: d.Format})
-		c.record.Disks = append(c.record.Disks, rec)
 	}
 	c.devstate = filepath.Join(work, "devstate")
 	f, err := os.OpenFile(c.devstate, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
@@ -91,18 +130,16 @@ func captureVM(ctx context.Context, sb *Sandbox, record *sandboxRecord, work str
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: save device state: %w", err)
 	}
-	if cfg.MemoryShared {
-		c.ram = filepath.Join(filepath.Dir(cfg.MemoryPath), fmt.Sprintf("cryo-ckpt-%d.ram", time.Now().UnixNano()))
-		c.extra = append(c.extra, c.ram)
-		if exit {
-			err = os.Link(cfg.MemoryPath, c.ram)
-		} else {
-			err = sparse.Copy(c.ram, cfg.MemoryPath, -1)
+	switch {
+	case ram != nil:
+		if c.gen, err = ram.Seal(); err != nil {
+			return nil, fmt.Errorf("checkpoint: seal guest ram: %w", err)
 		}
-		if err != nil {
-			return nil, fmt.Errorf("checkpoint: capture guest ram: %w", err)
+	case cfg.MemoryShared:
+		if err := c.takeRAM(cfg.MemoryPath, exit); err != nil {
+			return nil, err
 		}
-	} else {
+	default:
 		c.record.RAMInStream = true
 	}
 	c.fp = vm.Fingerprint()
@@ -114,6 +151,40 @@ func captureVM(ctx context.Context, sb *Sandbox, record *sandboxRecord, work str
 	resumed = true
 	c.pause = time.Since(t0)
 	return c, nil
+}
+
+// freezeDisks puts every writable disk behind a new overlay: the frozen
+// image is the checkpoint's.
+func (c *capture) freezeDisks(ctx context.Context, vm pauser, diskDir string) error {
+	for _, d := range vm.Disks() {
+		if d.ReadOnly {
+			continue
+		}
+		overlay := filepath.Join(diskDir, fmt.Sprintf("%s-%d.qcow2", d.ID, time.Now().UnixNano()))
+		if err := vm.SnapshotDisk(ctx, d.ID, overlay); err != nil {
+			return fmt.Errorf("checkpoint: freeze disk %s: %w", d.ID, err)
+		}
+		rec := recordDisk{Name: d.ID, ID: d.ID, Serial: d.Serial, Port: d.Port}
+		c.disks = append(c.disks, frozenDisk{rec: rec, path: d.Path, format: d.Format})
+		c.record.Disks = append(c.record.Disks, rec)
+	}
+	return nil
+}
+
+// takeRAM links (exit) or copies a booted VM's shared RAM file.
+func (c *capture) takeRAM(path string, exit bool) error {
+	c.ram = filepath.Join(filepath.Dir(path), fmt.Sprintf("cryo-ckpt-%d.ram", time.Now().UnixNano()))
+	c.extra = append(c.extra, c.ram)
+	var err error
+	if exit {
+		err = os.Link(path, c.ram)
+	} else {
+		err = sparse.Copy(c.ram, path, -1)
+	}
+	if err != nil {
+		return fmt.Errorf("checkpoint: capture guest ram: %w", err)
+	}
+	return nil
 }
 
 // flatten turns the frozen disks into raw images (sparse; qcow2 chains are

@@ -98,7 +98,7 @@ func (s *Sandbox) Checkpoint(ctx context.Context, req CheckpointRequest) (Checkp
 	log.G(ctx).WithFields(log.Fields{
 		"ref": c.to, "digest": c.res.Digest, "pause_window": c.res.PauseWindow, "duration": c.res.Duration,
 		"raw_bytes": st.RawBytes, "stored_bytes": st.StoredBytes, "uploaded_bytes": st.UploadedBytes,
-		"delta_chunks": st.Deltas,
+		"delta_chunks": st.Deltas, "reused_chunks": st.Reused,
 	}).Info("checkpoint published")
 	return c.res, nil
 }
@@ -184,6 +184,9 @@ func (c *checkpointing) capture(ctx context.Context, u *undo) error {
 	}
 	c.cap = cp
 	u.cleanup(func(context.Context) { cp.cleanup() })
+	if cp.gen != nil {
+		u.onFailure(func(ctx context.Context) { c.sb.ram.lostGeneration(ctx) })
+	}
 	if c.req.Exit && !c.wasPaused {
 		// With exit the VM stays stopped; if publishing fails, the sandbox
 		// must run on as it did before the checkpoint.
@@ -204,18 +207,32 @@ func (c *checkpointing) flatten(ctx context.Context, _ *undo) (err error) {
 }
 
 // publish packs the captured files and writes them to the store, tags
-// last.
+// last. A served RAM is written as its parent's chunks and the pages the
+// guest wrote since (snapshot.IncrementalSourceFile); the snapshot it
+// publishes is the parent of the sandbox's next checkpoint.
 func (c *checkpointing) publish(ctx context.Context, _ *undo) error {
 	src, err := snapshot.NewSource(c.metadata(), c.paths)
 	if err != nil {
 		return fmt.Errorf("checkpoint: %w", err)
 	}
 	defer src.Close()
-	desc, stats, err := snapshot.Write(ctx, c.store, c.ref, src, c.wopts)
+	gen, wopts := c.cap.gen, c.wopts
+	if gen != nil {
+		wopts.ChunkSize = c.sb.ram.chunkSize(ctx, wopts.ChunkSize)
+		ram := snapshot.IncrementalSourceFile(snapshot.FileRAM, gen, c.sb.ram.writeParent(wopts))
+		src.Files = append([]snapshot.SourceFile{ram}, src.Files...)
+		wopts.ParentReads = c.parentReads(ctx)
+	}
+	desc, stats, err := snapshot.Write(ctx, c.store, c.ref, src, wopts)
 	if err != nil {
 		return fmt.Errorf("checkpoint: publish to %s: %w", c.to, err)
 	}
 	c.res.Ref, c.res.Digest, c.res.Stats = c.to, desc.Digest.String(), stats
+	if gen != nil {
+		gen.Close()
+		c.cap.gen = nil
+		c.sb.ram.published(ctx, c.store, c.to, desc, stats)
+	}
 	return nil
 }
 

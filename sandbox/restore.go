@@ -86,6 +86,10 @@ type restoring struct {
 	digests guestDigests
 	mat     *snapshot.Materialized
 	release func()
+	// ram serves RAM and disks in a lazy restore; devState is then the
+	// fetched, verified device state.
+	ram      *servedRAM
+	devState string
 }
 
 // Restore resolves, fetches, verifies and materializes the snapshot,
@@ -96,10 +100,14 @@ func Restore(ctx context.Context, spec Spec, src Source) (*Sandbox, *Restored, e
 	// Logged before the allowlist refuses what a URL must not carry.
 	ctx = log.WithLogger(ctx, log.G(ctx).WithFields(log.Fields{"sandbox": spec.ID, "restore_from": redact.URL(src.URL)}))
 	st := &start{Spec: spec, src: src, restore: &restoring{}}
+	fetch := step{"fetch+materialize", st.materialize}
+	if spec.Request.RestoreMode == configs.RestoreLazy {
+		fetch = step{"fetch+serve", st.serve}
+	}
 	err := runSteps(ctx, "restore", []step{
 		{"resolve", st.resolve},
 		{"check host", st.checkHost},
-		{"fetch+materialize", st.materialize},
+		fetch,
 		{"pod network", st.restoredNetwork},
 		{"vm config", st.restoreConfig},
 		{"vm", st.newVM},
@@ -122,9 +130,15 @@ func Restore(ctx context.Context, spec Spec, src Source) (*Sandbox, *Restored, e
 		return nil, nil, err
 	}
 	r := st.restore
-	sb := st.finish(&Sandbox{spec: spec, rootfs: newRootfsBuilder(spec.Config), restoredFrom: src.URL, releaseSnapshot: r.release})
+	sb := st.finish(&Sandbox{spec: spec, rootfs: newRootfsBuilder(spec.Config), restoredFrom: src.URL, releaseSnapshot: r.release, ram: r.ram})
 	rs := NewRestored(r.rec.SandboxID, r.rec.Containers)
-	log.G(ctx).WithFields(log.Fields{"boot_id": st.info.BootID, "digest": r.snap.Descriptor.Digest, "qemu_pid": st.vm.Pid()}).Info("sandbox restored")
+	mode := configs.RestoreEager
+	if r.ram != nil {
+		mode = configs.RestoreLazy
+		log.G(ctx).WithFields(r.ram.fetchedFields()).Info("lazy restore: fetched before the guest ran")
+		r.ram.startPrefetch(ctx, spec.Config.Restore.PrefetchWorkers)
+	}
+	log.G(ctx).WithFields(log.Fields{"boot_id": st.info.BootID, "digest": r.snap.Descriptor.Digest, "qemu_pid": st.vm.Pid(), "mode": mode}).Info("sandbox restored")
 	return sb, rs, nil
 }
 
@@ -213,6 +227,64 @@ func (st *start) materialize(ctx context.Context, u *undo) error {
 	return nil
 }
 
+// serve is a lazy restore's fetch: the device state is fetched and
+// verified, the RAM and base disks are mounted from the snapshot (pagefs),
+// page by page on demand. Like materialize, it holds the snapshot's
+// use-lock for the sandbox's life, so `cryoctl gc` leaves it alone. A
+// snapshot whose RAM travels in its device state has nothing to serve and
+// is materialized.
+func (st *start) serve(ctx context.Context, u *undo) error {
+	r := st.restore
+	if r.rec.RAMInStream {
+		log.G(ctx).Info("lazy restore: the snapshot's RAM is in its device state; restoring eagerly")
+		return st.materialize(ctx, u)
+	}
+	release, err := r.node.Snapshots().Use(ctx, r.snap.Descriptor.Digest)
+	if err != nil {
+		return fmt.Errorf("restore from %s: %w", st.src.URL, err)
+	}
+	u.onFailure(func(context.Context) { release() })
+	if err := os.MkdirAll(st.StateDir, 0o700); err != nil {
+		return fmt.Errorf("restore: state dir: %w", err)
+	}
+	// Before QEMU starts: a device state that does not verify stops the
+	// restore while restore-fallback can still boot the pod cold.
+	ds, err := r.snap.ReadFile(ctx, snapshot.FileDevState, maxServedDevState)
+	if err != nil {
+		return fmt.Errorf("restore from %s: %w", st.src.URL, err)
+	}
+	r.devState = filepath.Join(st.StateDir, "devstate.in")
+	if err := os.WriteFile(r.devState, ds, 0o600); err != nil {
+		return fmt.Errorf("restore: device state: %w", err)
+	}
+	u.cleanup(func(context.Context) { os.Remove(r.devState) })
+	var disks []string
+	for _, d := range r.rec.Disks {
+		disks = append(disks, d.Name)
+	}
+	ram, err := serveRAM(ctx, r.snap, st.src.URL, st.StateDir, st.Config.Hypervisor.MemoryDir, disks, st.Config.Restore.PageTimeout.Duration)
+	if err != nil {
+		return fmt.Errorf("restore from %s: serve: %w", st.src.URL, err)
+	}
+	// Pushed before QEMU's shutdown: the undo stack kills QEMU first.
+	u.onFailure(func(ctx context.Context) {
+		if err := ram.Close(ctx); err != nil {
+			log.G(ctx).WithError(err).Warn("lazy restore: unmount served ram")
+		}
+	})
+	ram.blobs, _ = r.node.Blobs()
+	m := &snapshot.Materialized{ManifestDigest: r.snap.Descriptor.Digest, RAM: ram.Path(), Disks: map[string]string{}}
+	for _, name := range disks {
+		m.Disks[name], _ = ram.Disk(name)
+	}
+	r.mat, r.release, r.ram = m, release, ram
+	return nil
+}
+
+// maxServedDevState bounds the device state of a lazy restore, which
+// holds no RAM (x-ignore-shared): some MiB of device registers and queues.
+const maxServedDevState = 256 << 20
+
 // restoreConfig is the checkpointed VM's configuration on this host, with
 // the new pod's NIC.
 func (st *start) restoreConfig(ctx context.Context, _ *undo) error {
@@ -221,6 +293,11 @@ func (st *start) restoreConfig(ctx context.Context, _ *undo) error {
 	if err != nil {
 		return err
 	}
+	if r.ram != nil {
+		// The sandbox's own layered file: QEMU writes through to the
+		// server, which keeps the dirty set a checkpoint needs.
+		c.MemoryShared, c.MemoryServed = true, true
+	}
 	c.NICs = st.pn.nics()
 	st.vmcfg = confined(r.digests.apply(c), st.Config)
 	return nil
@@ -228,7 +305,15 @@ func (st *start) restoreConfig(ctx context.Context, _ *undo) error {
 
 // loadState loads the snapshot's device state into the paused QEMU.
 func (st *start) loadState(ctx context.Context, _ *undo) error {
-	f, err := os.Open(st.restore.mat.DevState)
+	path := st.restore.mat.DevState
+	if ram := st.restore.ram; ram != nil {
+		path = st.restore.devState
+		vm := st.vm
+		ram.mu.Lock()
+		ram.onStuck = vm.Kill
+		ram.mu.Unlock()
+	}
+	f, err := os.Open(path)
 	if err != nil {
 		return err
 	}

@@ -119,6 +119,9 @@ type Sandbox struct {
 	// releaseSnapshot ends the sandbox's use of its materialized files.
 	restoredFrom    string
 	releaseSnapshot func()
+	// ram is the served RAM of a lazily restored sandbox (nil for booted
+	// and eagerly restored ones).
+	ram *servedRAM
 	// net is the pod network bridged to the VM's NIC; nil without one.
 	net *podNetwork
 	run runState
@@ -282,8 +285,18 @@ func (s *Sandbox) Shutdown(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
 	defer cancel()
+	// QEMU first: it maps the served RAM until it is gone.
 	err := s.vm.Shutdown(ctx)
 	s.run.set(vmStopped)
+	if s.ram != nil {
+		if err != nil {
+			// A QEMU stuck on a page read exits once the reads fail.
+			s.ram.abort(ctx)
+		}
+		if rerr := s.ram.Close(ctx); rerr != nil {
+			err = errors.Join(err, rerr)
+		}
+	}
 	if s.releaseSnapshot != nil && err == nil {
 		s.releaseSnapshot() // QEMU is gone; closing twice is harmless
 	}

@@ -32,6 +32,10 @@ type SourceFile struct {
 	// file, when set, is asked for its data extents (SEEK_DATA/SEEK_HOLE)
 	// so that holes are skipped without being read.
 	file *os.File
+	// parent, when set, is the stored file this one was restored from and
+	// dirty the pages written since (IncrementalSourceFile).
+	parent *Parent
+	dirty  []int64
 }
 
 // SourcePaths names the files of a sandbox checkpoint on the local disk.

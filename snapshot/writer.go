@@ -61,6 +61,11 @@ type WriteOptions struct {
 	// StoreID names the store in the page index, e.g. its URL without the
 	// reference: Base only serves the store it was made for.
 	StoreID string
+	// ParentReads, when set, is where the parent chunks of an incremental
+	// file (IncrementalSourceFile) are read from to make deltas, e.g. the
+	// node cache over the target store, which a lazy restore filled. The
+	// target store is still asked whether it has them.
+	ParentReads stores.Store
 }
 
 // WriteStats reports what Write did.
@@ -86,7 +91,15 @@ type WriteStats struct {
 	// Deltas of the Chunks were stored as deltas; Bases are the layers
 	// they need (already in the store: counted in SkippedBytes).
 	Deltas, Bases int
-	Duration      time.Duration
+	// Reused chunks of incremental files (IncrementalSourceFile) are their
+	// parent's, neither read nor uploaded; ParentMissing chunks were read
+	// and stored full because the store no longer has the parent's blobs
+	// there (or the parent does not fit the write).
+	Reused, ParentMissing int
+	// DirtyBytes are the pages of incremental files written since their
+	// parent: what changed, which the uploads of their chunks compare to.
+	DirtyBytes int64
+	Duration   time.Duration
 }
 
 // chunkJob is one chunk moving through the pipeline.
@@ -100,6 +113,11 @@ type chunkJob struct {
 	// entry is the chunk's base in the new page index; base is set when
 	// the chunk is a delta against it (deltawrite.go).
 	entry, base *pageEntry
+	// parent is the parent's chunk at this place of an incremental file
+	// when the chunk has written pages (parentwrite.go); inc marks every
+	// chunk of an incremental file, which the page index leaves out.
+	parent *ChunkDesc
+	inc    bool
 }
 
 type writer struct {
@@ -107,6 +125,8 @@ type writer struct {
 	src   *Source
 	opts  WriteOptions
 	codec *chunkCodec
+	// dcodec decodes parent chunks for deltas of incremental files.
+	dcodec *chunkCodec
 
 	rawPool, storedPool *bufPool
 	tokens              chan struct{}
@@ -127,6 +147,7 @@ type writer struct {
 
 	readBytes, dataBytes, storedBytes, uploadedBytes, skippedBytes atomic.Int64
 	zero, uploadedN, skippedN                                      atomic.Int64
+	reused, parentMissing, dirtyBytes                              atomic.Int64
 }
 
 // Write snapshots src into store under ref and returns the manifest
@@ -146,6 +167,9 @@ func Write(ctx context.Context, store stores.Store, ref string, src *Source, opt
 		return ocispec.Descriptor{}, WriteStats{}, fmt.Errorf("write snapshot %s: %w", ref, err)
 	}
 	defer w.codec.Close()
+	if w.dcodec != nil {
+		defer w.dcodec.Close()
+	}
 	w.useBase(ctx)
 	if err := w.chunks(ctx); err != nil {
 		return ocispec.Descriptor{}, WriteStats{}, fmt.Errorf("write snapshot %s: %w", ref, err)
@@ -159,7 +183,7 @@ func Write(ctx context.Context, store stores.Store, ref string, src *Source, opt
 	st.Duration = time.Since(start)
 	log.G(ctx).WithFields(log.Fields{"ref": ref, "digest": desc.Digest, "raw": st.RawBytes,
 		"stored": st.StoredBytes, "uploaded": st.UploadedBytes, "chunks": st.Chunks,
-		"duration": st.Duration}).Debug("snapshot written")
+		"reused": st.Reused, "parent_missing": st.ParentMissing, "duration": st.Duration}).Debug("snapshot written")
 	return desc, st, nil
 }
 
@@ -184,7 +208,9 @@ func newWriter(store stores.Store, src *Source, opts WriteOptions) (*writer, err
 		level = zstd.EncoderLevelFromZstd(opts.Level)
 	}
 	seen := map[string]bool{}
+	incremental := false
 	for _, f := range src.Files {
+		incremental = incremental || f.parent != nil
 		if err := validFileName(f.Name); err != nil {
 			return nil, err
 		}
@@ -217,8 +243,17 @@ func newWriter(store stores.Store, src *Source, opts WriteOptions) (*writer, err
 	if opts.Base != nil || opts.IndexPath != "" {
 		budget -= int64(opts.Workers) * opts.ChunkSize // delta payloads
 	}
+	var dcodec *chunkCodec
+	if incremental {
+		// parentScratch: a parent chunk stored and decoded, a payload.
+		budget -= int64(opts.Workers) * (2*maxStoredSize(opts.ChunkSize) + 2*opts.ChunkSize)
+		if dcodec, err = newChunkCodec(opts.ChunkSize, opts.EncryptionKey, level, opts.Workers, false); err != nil {
+			codec.Close()
+			return nil, err
+		}
+	}
 	inflight := max(int(budget/perJob), 1)
-	w := &writer{store: store, src: src, opts: opts, codec: codec,
+	w := &writer{store: store, src: src, opts: opts, codec: codec, dcodec: dcodec,
 		tokens: make(chan struct{}, inflight), claimed: map[string]bool{}, perFile: make([]int, len(src.Files)),
 		existing: map[string]bool{}, bases: map[string]ocispec.Descriptor{},
 		rawPool: newBufPool(inflight, opts.ChunkSize), storedPool: newBufPool(inflight, maxStoredSize(opts.ChunkSize))}
@@ -257,45 +292,58 @@ func (w *writer) chunks(ctx context.Context) error {
 }
 
 func (w *writer) read(ctx context.Context, jobs chan<- *chunkJob) error {
-	cs := w.opts.ChunkSize
 	for i, f := range w.src.Files {
-		err := f.chunkIndexes(cs, func(idx int64) error {
-			select {
-			case w.tokens <- struct{}{}:
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-			off := idx * cs
-			raw := w.rawPool.get()
-			n := min(cs, f.Size-off)
-			got, err := f.ReaderAt.ReadAt((*raw)[:n], off)
-			if int64(got) == n {
-				err = nil
-			}
-			if err != nil {
-				w.release(raw, nil)
-				return fmt.Errorf("read %s at %d: %w", f.Name, off, err)
-			}
-			w.readBytes.Add(n)
-			if isZero((*raw)[:n]) {
-				w.zero.Add(1)
-				w.release(raw, nil)
-				return nil
-			}
-			*raw = (*raw)[:n]
-			select {
-			case jobs <- &chunkJob{fileIdx: i, file: f.Name, off: off, raw: raw}:
-				return nil
-			case <-ctx.Done():
-				w.release(raw, nil)
-				return ctx.Err()
-			}
-		})
+		var err error
+		if f.parent != nil {
+			err = w.readIncremental(ctx, i, f, jobs)
+		} else {
+			err = f.chunkIndexes(w.opts.ChunkSize, func(idx int64) error {
+				_, err := w.readChunk(ctx, i, f, idx, nil, jobs)
+				return err
+			})
+		}
 		if err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// readChunk reads chunk idx of file i and, unless it is all zeros, hands
+// it to the compress workers (stored); parent is set for a written chunk
+// of an incremental file that has a parent chunk there.
+func (w *writer) readChunk(ctx context.Context, i int, f SourceFile, idx int64, parent *ChunkDesc, jobs chan<- *chunkJob) (stored bool, err error) {
+	cs := w.opts.ChunkSize
+	select {
+	case w.tokens <- struct{}{}:
+	case <-ctx.Done():
+		return false, ctx.Err()
+	}
+	off := idx * cs
+	raw := w.rawPool.get()
+	n := min(cs, f.Size-off)
+	got, err := f.ReaderAt.ReadAt((*raw)[:n], off)
+	if int64(got) == n {
+		err = nil
+	}
+	if err != nil {
+		w.release(raw, nil)
+		return false, fmt.Errorf("read %s at %d: %w", f.Name, off, err)
+	}
+	w.readBytes.Add(n)
+	if isZero((*raw)[:n]) {
+		w.zero.Add(1)
+		w.release(raw, nil)
+		return false, nil
+	}
+	*raw = (*raw)[:n]
+	select {
+	case jobs <- &chunkJob{fileIdx: i, file: f.Name, off: off, raw: raw, parent: parent, inc: f.parent != nil}:
+		return true, nil
+	case <-ctx.Done():
+		w.release(raw, nil)
+		return false, ctx.Err()
+	}
 }
 
 // release returns buffers to their pools and frees one in-flight slot.
@@ -318,9 +366,20 @@ func (w *writer) compress(ctx context.Context, jobs <-chan *chunkJob, pushes cha
 	if w.hashPages {
 		ds = newDeltaScratch(w.opts.ChunkSize)
 	}
+	var ps *parentScratch
 	for j := range jobs {
 		rawLen := int64(len(*j.raw))
-		if ds == nil || !w.incremental(ctx, j, ds, scratch) {
+		done := false
+		switch {
+		case j.parent != nil:
+			if ps == nil {
+				ps = newParentScratch(w.opts.ChunkSize)
+			}
+			done = w.fromParent(ctx, j, ps, scratch)
+		case ds != nil && !j.inc:
+			done = w.incremental(ctx, j, ds, scratch)
+		}
+		if !done {
 			j.stored = w.storedPool.get()
 			out := w.codec.seal(j.file, j.off, *j.raw, scratch, *j.stored)
 			*j.stored = out
@@ -334,7 +393,7 @@ func (w *writer) compress(ctx context.Context, jobs <-chan *chunkJob, pushes cha
 					AnnotationSize:   strconv.FormatInt(rawLen, 10),
 				},
 			}
-			if ds != nil {
+			if ds != nil && !j.inc {
 				j.entry = newPageEntry(j.desc, rawLen, ds.hashes)
 			}
 		}
@@ -368,7 +427,7 @@ func (w *writer) pushChunk(ctx context.Context, j *chunkJob) error {
 	w.mu.Lock()
 	dup := w.claimed[d]
 	w.claimed[d] = true
-	w.layers = append(w.layers, chunkJob{fileIdx: j.fileIdx, off: j.off, desc: j.desc, entry: j.entry})
+	w.layers = append(w.layers, chunkJob{fileIdx: j.fileIdx, off: j.off, desc: j.desc, entry: j.entry, base: j.base})
 	w.perFile[j.fileIdx]++
 	if j.base != nil {
 		w.addBase(j.base)
@@ -484,5 +543,6 @@ func (w *writer) stats() WriteStats {
 		StoredBytes: w.storedBytes.Load(), UploadedBytes: w.uploadedBytes.Load(), SkippedBytes: w.skippedBytes.Load(),
 		Chunks: len(w.layers), ZeroChunks: zero, HoleChunks: slots - len(w.layers) - zero,
 		UploadedChunks: int(w.uploadedN.Load()), SkippedChunks: int(w.skippedN.Load()),
-		Deltas: int(w.deltas.Load()), Bases: len(w.bases)}
+		Deltas: int(w.deltas.Load()), Bases: len(w.bases),
+		Reused: int(w.reused.Load()), ParentMissing: int(w.parentMissing.Load()), DirtyBytes: w.dirtyBytes.Load()}
 }

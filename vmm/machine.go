@@ -286,6 +286,10 @@ func (m *Machine) kill() {
 	}
 }
 
+// Kill sends QEMU SIGKILL at once, for when it cannot be asked (its page
+// server is stuck); Shutdown still reaps it and removes its files.
+func (m *Machine) Kill() { m.kill() }
+
 // Pause stops the guest's vCPUs (QMP stop).
 func (m *Machine) Pause(ctx context.Context) error {
 	if err := m.execute(ctx, "stop", nil, nil); err != nil {

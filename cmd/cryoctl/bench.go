@@ -82,6 +82,7 @@ warm-up. Flags given explicitly override the preset.`,
 	f.IntVar(&sz.ChunkMiB, "chunk-size", 0, "snapshot chunk size in MiB (default: the config's, 4)")
 	f.StringVar(&o.CPUProfile, "cpuprofile", "", "write a CPU profile of the pipeline step (this process) to this file")
 	f.StringVar(&o.KeepLog, "keep-log", "", "copy containerd's log (with the shims' restore steps) to this file")
+	f.StringVar(&o.Only, "only", "", "run only the steps whose name contains this (e.g. hibernation), with only the hibernation loop's targets")
 	return cmd
 }
 

@@ -1,0 +1,95 @@
+package sandbox
+
+import (
+	"context"
+
+	"github.com/containerd/log"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/cryo-runtime/cryo/nodecache"
+	"github.com/cryo-runtime/cryo/snapshot"
+	"github.com/cryo-runtime/cryo/stores"
+)
+
+// writeParent is the served RAM's parent as the snapshot writer takes it.
+// The parent was restored with the tenant's key, which is the key the
+// checkpoint writes with (configs: one key per tenant), or was plaintext:
+// the writer refuses parent chunks of the other kind by media type.
+func (r *servedRAM) writeParent(o snapshot.WriteOptions) *snapshot.Parent {
+	p := r.Parent()
+	out := &snapshot.Parent{ChunkSize: p.ChunkSize, Chunks: p.Chunks}
+	if o.EncryptionKey != nil {
+		out.KeyID = snapshot.KeyID(o.EncryptionKey)
+	}
+	return out
+}
+
+// chunkSize is the chunk size of a served RAM's checkpoint: its parent's,
+// so that a chain keeps reusing its chunks whatever the node's
+// [snapshot] chunk_size_mib says (configured is WriteOptions.ChunkSize).
+func (r *servedRAM) chunkSize(ctx context.Context, configured int64) int64 {
+	p := r.Parent().ChunkSize
+	if configured == 0 {
+		configured = snapshot.DefaultChunkSize
+	}
+	if p < snapshot.MinChunkSize || p > snapshot.MaxChunkSize || p&(p-1) != 0 {
+		return configured // no usable parent: the checkpoint writes the whole RAM
+	}
+	if p != configured {
+		log.G(ctx).WithFields(log.Fields{"parent": p, "configured": configured}).Info("checkpoint of served ram: the parent's chunk size")
+	}
+	return p
+}
+
+// parentReads is the node cache over the target store: the parent chunks
+// a delta is made against were fetched there by the restore (or its
+// prefetch). Without a node cache they are read from the store.
+func (c *checkpointing) parentReads(ctx context.Context) stores.Store {
+	node, err := c.sb.spec.Config.Snapshot.NodeCache()
+	var cs *nodecache.CachingStore
+	if err == nil {
+		cs, err = node.Store(c.store, nodecache.CachingOptions{})
+	}
+	if err != nil {
+		log.G(ctx).WithError(err).Warn("checkpoint of served ram: no node cache, parent chunks are read from the store")
+		return nil
+	}
+	return cs
+}
+
+// published makes the snapshot just written the parent of the next
+// checkpoint: the sealed generation's pages are in it, the file's dirty
+// set now holds only what the guest wrote since the seal.
+func (r *servedRAM) published(ctx context.Context, store stores.Store, to string, desc ocispec.Descriptor, st snapshot.WriteStats) {
+	l := log.G(ctx).WithFields(log.Fields{"reused_chunks": st.Reused, "delta_chunks": st.Deltas,
+		"uploaded_bytes": st.UploadedBytes, "dirty_bytes": st.DirtyBytes})
+	if st.ParentMissing > 0 {
+		l.WithField("full_chunks", st.ParentMissing).Warn("checkpoint of served ram: parent's blobs missing: full chunks")
+	}
+	s, err := snapshot.Open(ctx, store, desc.Digest.String(), snapshot.ReadOptions{})
+	if err != nil {
+		l.WithError(err).Warn("checkpoint of served ram: the new snapshot cannot be read back, the next checkpoint writes the whole ram")
+		r.setParent(ParentRAM{StoreURL: to, Manifest: desc.Digest})
+		return
+	}
+	r.setParent(ParentRAM{StoreURL: to, Manifest: desc.Digest, ChunkSize: s.Metadata.ChunkSize, Chunks: s.FileChunks(snapshot.FileRAM)})
+	l.Info("checkpoint of served ram published")
+}
+
+// lostGeneration is a checkpoint that failed after the seal: the pages
+// the guest wrote before it are in no snapshot and no longer in the dirty
+// set, so the next checkpoint cannot trust the parent and writes the
+// whole RAM (a parent of chunk size 0 fits no write).
+func (r *servedRAM) lostGeneration(ctx context.Context) {
+	log.G(ctx).Warn("checkpoint of served ram failed after the seal: the next checkpoint writes the whole ram")
+	p := r.Parent()
+	r.setParent(ParentRAM{StoreURL: p.StoreURL, Manifest: p.Manifest})
+}
+
+// setParent replaces the parent a checkpoint reads (checkpoints of one
+// sandbox do not overlap).
+func (r *servedRAM) setParent(p ParentRAM) {
+	r.mu.Lock()
+	r.parent = p
+	r.mu.Unlock()
+}

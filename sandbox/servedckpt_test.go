@@ -1,0 +1,291 @@
+package sandbox
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/cryo-runtime/cryo/configs"
+	"github.com/cryo-runtime/cryo/fingerprint"
+	"github.com/cryo-runtime/cryo/pagefs"
+	"github.com/cryo-runtime/cryo/snapshot"
+	"github.com/cryo-runtime/cryo/stores"
+	"github.com/cryo-runtime/cryo/vmm"
+)
+
+// fakeVM records what the pause window asks of the VM.
+type fakeVM struct {
+	calls *[]string
+	cfg   vmm.Config
+	disks []vmm.Disk
+}
+
+func (v fakeVM) Pause(context.Context) error  { *v.calls = append(*v.calls, "stop"); return nil }
+func (v fakeVM) Resume(context.Context) error { *v.calls = append(*v.calls, "cont"); return nil }
+func (v fakeVM) SaveState(_ context.Context, f *os.File) error {
+	*v.calls = append(*v.calls, "save state")
+	_, err := f.WriteString("device state")
+	return err
+}
+func (v fakeVM) SnapshotDisk(_ context.Context, id, _ string) error {
+	*v.calls = append(*v.calls, "freeze "+id)
+	return nil
+}
+func (v fakeVM) Disks() []vmm.Disk                    { return v.disks }
+func (v fakeVM) Config() vmm.Config                   { return v.cfg }
+func (v fakeVM) Fingerprint() fingerprint.Fingerprint { return fingerprint.Fingerprint{} }
+
+// fakeServed is a served RAM: a layered pagefs file over a plain source.
+type fakeServed struct {
+	calls   *[]string
+	file    *pagefs.File
+	sealErr error
+}
+
+func (s fakeServed) Sync() error { *s.calls = append(*s.calls, "sync"); return nil }
+func (s fakeServed) Seal() (*pagefs.Generation, error) {
+	*s.calls = append(*s.calls, "seal")
+	if s.sealErr != nil {
+		return nil, s.sealErr
+	}
+	side, err := os.CreateTemp("", "side-")
+	if err != nil {
+		return nil, err
+	}
+	os.Remove(side.Name())
+	return s.file.Seal(side)
+}
+
+type bytesSource struct{ *bytes.Reader }
+
+func (b bytesSource) Size() int64 { return b.Reader.Size() }
+
+func layered(t *testing.T, src pagefs.Source) *pagefs.File {
+	t.Helper()
+	layer, err := os.Create(filepath.Join(t.TempDir(), "ram.layer"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { layer.Close() })
+	if err := layer.Truncate(src.Size()); err != nil {
+		t.Fatal(err)
+	}
+	f, err := pagefs.NewLayered("ram", src, layer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// TestPauseWindowServed: a served RAM is written back before the pause
+// and in it, sealed after the device state is saved and before the VM
+// continues, and neither copied nor put in the stream.
+func TestPauseWindowServed(t *testing.T) {
+	var calls []string
+	vm := fakeVM{calls: &calls, cfg: vmm.Config{MemoryPath: "/nonexistent/ram", MemoryShared: true, MemoryServed: true, Incoming: true},
+		disks: []vmm.Disk{{ID: "root", Path: "/nonexistent/root.qcow2", Format: "qcow2"}, {ID: "base", ReadOnly: true}}}
+	ram := fakeServed{calls: &calls, file: layered(t, bytesSource{bytes.NewReader(make([]byte, 1<<20))})}
+	work := t.TempDir()
+	c, err := pauseWindow(context.Background(), vm, ram, t.TempDir(), &sandboxRecord{}, work, false, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.cleanup()
+	want := []string{"sync", "stop", "freeze root", "sync", "save state", "seal", "cont"}
+	if !slices.Equal(calls, want) {
+		t.Errorf("pause window did %q, want %q", calls, want)
+	}
+	if c.gen == nil || c.ram != "" || c.record.RAMInStream {
+		t.Errorf("capture: generation %v, ram file %q, ram in stream %v; want a generation only", c.gen != nil, c.ram, c.record.RAMInStream)
+	}
+	c.cleanup()
+	if c.gen != nil {
+		t.Error("cleanup left the generation open")
+	}
+
+	// A failed seal resumes the VM and leaves nothing.
+	calls = nil
+	ram.sealErr = errors.New("boom")
+	work = t.TempDir()
+	if _, err := pauseWindow(context.Background(), vm, ram, t.TempDir(), &sandboxRecord{}, work, false, false); err == nil {
+		t.Fatal("a failed seal did not fail the capture")
+	}
+	if calls[len(calls)-1] != "cont" {
+		t.Errorf("after a failed seal: %q, the vm was not resumed", calls)
+	}
+	// (the checkpoint's work dir, which holds the device state, is removed
+	// by its own step)
+}
+
+// servedChain is a sandbox whose RAM is served from a snapshot in a file
+// store, as a lazy restore leaves it, checkpointed with publish.
+type servedChain struct {
+	t     *testing.T
+	store stores.Store
+	dir   string
+	sb    *Sandbox
+	ram   []byte // what the guest's RAM holds
+	ropts snapshot.ReadOptions
+	wopts snapshot.WriteOptions
+	gen   int
+}
+
+const servedCS = 64 << 10
+
+func newServedChain(t *testing.T, key []byte) *servedChain {
+	dir := t.TempDir()
+	sc := &servedChain{t: t, dir: dir, ram: make([]byte, 40*servedCS)}
+	sc.wopts = snapshot.WriteOptions{ChunkSize: servedCS, EncryptionKey: key}
+	sc.ropts = snapshot.ReadOptions{DecryptionKey: key}
+	r := rand.New(rand.NewPCG(1, 1))
+	for i := range sc.ram {
+		if i/servedCS%3 != 2 {
+			sc.ram[i] = byte(r.Uint32())
+		}
+	}
+	var err error
+	sc.store, _, err = stores.Open(context.Background(), sc.url(0), stores.Options{Getenv: func(string) string { return "" }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := &snapshot.Source{Files: []snapshot.SourceFile{snapshot.BytesSourceFile(snapshot.FileRAM, sc.ram)}}
+	if _, _, err := snapshot.Write(context.Background(), sc.store, "g00", src, sc.wopts); err != nil {
+		t.Fatal(err)
+	}
+	sc.serve("g00")
+	return sc
+}
+
+func (sc *servedChain) url(g int) string {
+	return "file://" + filepath.Join(sc.dir, "store") + ":g" + itoa(g)
+}
+
+func itoa(i int) string { return string(rune('0'+i/10)) + string(rune('0'+i%10)) }
+
+// serve restores ref as a lazy restore does: RAM served by a FileReader,
+// writes in a layer, the parent from the reader's chunks.
+func (sc *servedChain) serve(ref string) {
+	t := sc.t
+	s, err := snapshot.Open(context.Background(), sc.store, ref, sc.ropts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fr, err := s.ServeFile(snapshot.FileRAM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { fr.Close() })
+	f := layered(t, fr)
+	var cfg configs.Config
+	cfg.Snapshot.CacheDir = filepath.Join(sc.dir, "cache")
+	sc.sb = &Sandbox{spec: Spec{ID: "sb", Pod: &specs.Spec{}, Config: cfg}, ram: &servedRAM{file: f, layer: filepath.Join(t.TempDir(), "ram.layer"),
+		parent: ParentRAM{StoreURL: sc.url(0), Manifest: s.Descriptor.Digest, ChunkSize: fr.ChunkSize(), Chunks: fr.Chunks()}}}
+}
+
+// write is the guest writing pages (random content).
+func (sc *servedChain) write(pages ...int64) {
+	r := rand.New(rand.NewPCG(uint64(sc.gen), 9))
+	buf := make([]byte, pagefs.PageSize)
+	for _, pg := range pages {
+		for i := range buf {
+			buf[i] = byte(r.Uint32())
+		}
+		copy(sc.ram[pg*pagefs.PageSize:], buf)
+		if _, err := sc.sb.ram.file.WriteAt(buf, pg*pagefs.PageSize); err != nil {
+			sc.t.Fatal(err)
+		}
+	}
+}
+
+// checkpoint seals the RAM and publishes it as the next generation; it
+// checks that the snapshot reads back as the RAM.
+func (sc *servedChain) checkpoint() snapshot.WriteStats {
+	t := sc.t
+	sc.gen++
+	gen, err := sc.sb.ram.Seal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	devstate := filepath.Join(t.TempDir(), "devstate")
+	if err := os.WriteFile(devstate, []byte("state"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ref := "g" + itoa(sc.gen)
+	c := &checkpointing{sb: sc.sb, store: sc.store, ref: ref, to: sc.url(sc.gen), wopts: sc.wopts,
+		cap:   &capture{gen: gen, record: &sandboxRecord{}},
+		paths: snapshot.SourcePaths{DevState: devstate, Spec: []byte("{}")}}
+	if err := c.publish(context.Background(), nil); err != nil {
+		t.Fatal(err)
+	}
+	if c.cap.gen != nil {
+		t.Error("publish left the generation open")
+	}
+	s, err := snapshot.Open(context.Background(), sc.store, ref, sc.ropts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Verify(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.ReadFile(context.Background(), snapshot.FileRAM, 1<<30)
+	if err != nil || !bytes.Equal(got, sc.ram) {
+		t.Fatalf("%s: ram read back differs (%v)", ref, err)
+	}
+	if p := sc.sb.ram.Parent(); p.Manifest != s.Descriptor.Digest || len(p.Chunks) != len(s.FileChunks(snapshot.FileRAM)) {
+		t.Errorf("%s: the next parent is %s with %d chunks, want the new snapshot", ref, p.Manifest, len(p.Chunks))
+	}
+	return c.res.Stats
+}
+
+// TestServedCheckpointIsIncremental: a served sandbox checkpoints as its
+// parent plus what the guest wrote, twice without a restore and once
+// after one; a checkpoint that failed after its seal makes the next one
+// full.
+func TestServedCheckpointIsIncremental(t *testing.T) {
+	for _, key := range [][]byte{nil, bytes.Repeat([]byte{3}, 32)} {
+		sc := newServedChain(t, key)
+		sc.wopts.ChunkSize = 0 // the node's default (4 MiB): the chain keeps its parent's
+		parentChunks := len(sc.sb.ram.Parent().Chunks)
+		sc.write(1, 2, 3, 16*16+1) // chunks 0 and 16
+		st := sc.checkpoint()
+		if st.Reused != parentChunks-2 || st.Deltas != 2 || st.ParentMissing != 0 {
+			t.Errorf("first checkpoint: %d reused of %d, %d deltas, %d without parent", st.Reused, parentChunks, st.Deltas, st.ParentMissing)
+		}
+		if st.UploadedBytes > 64<<10 {
+			t.Errorf("first checkpoint uploaded %d bytes for 4 pages", st.UploadedBytes)
+		}
+		// Again, without a restore: the dirty set is what was written since.
+		sc.write(5)
+		st = sc.checkpoint()
+		if st.Deltas != 2 || st.UploadedBytes > 64<<10 {
+			t.Errorf("second checkpoint: %d deltas, %d bytes uploaded", st.Deltas, st.UploadedBytes)
+		}
+		// A restore of it, a write, a checkpoint.
+		sc.serve("g02")
+		sc.write(2*16 + 3) // a zero chunk of the parent
+		st = sc.checkpoint()
+		if st.Reused != len(sc.sb.ram.Parent().Chunks)-1 || st.ParentMissing != 0 {
+			t.Errorf("checkpoint after a restore: %d reused, %d without parent", st.Reused, st.ParentMissing)
+		}
+		// A checkpoint fails after its seal: the next one writes all.
+		sc.write(7)
+		gen, err := sc.sb.ram.Seal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		gen.Close()
+		sc.sb.ram.lostGeneration(context.Background())
+		sc.write(8)
+		st = sc.checkpoint()
+		if st.Reused != 0 || st.ParentMissing == 0 {
+			t.Errorf("after a lost generation: %d reused, %d full chunks", st.Reused, st.ParentMissing)
+		}
+	}
+}

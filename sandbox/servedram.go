@@ -1,0 +1,350 @@
+package sandbox
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/containerd/log"
+	"github.com/opencontainers/go-digest"
+
+	"github.com/cryo-runtime/cryo/internal/redact"
+	"github.com/cryo-runtime/cryo/nodecache"
+	"github.com/cryo-runtime/cryo/pagefs"
+	"github.com/cryo-runtime/cryo/snapshot"
+)
+
+// ParentRAM describes the snapshot a served sandbox's RAM came from: a
+// checkpoint reuses the chunks the guest did not change.
+type ParentRAM struct {
+	StoreURL  string
+	Manifest  digest.Digest
+	ChunkSize int64
+	// Chunks are the "ram" file's stored chunks, in offset order.
+	Chunks []snapshot.ChunkDesc
+}
+
+// servedRAM is a lazily restored sandbox's guest RAM (and base disks):
+// files of a pagefs mount the shim serves from the snapshot, RAM layered
+// (the guest's writes land in a root-only sparse layer file, never given
+// to QEMU).
+type servedRAM struct {
+	srv    *pagefs.Server
+	file   *pagefs.File
+	layer  string
+	parent ParentRAM
+
+	layerFile *os.File
+
+	readers []*snapshot.FileReader // ram first, then the disks
+	blobs   *nodecache.Blobs       // the node cache, for the logs
+	store   string                 // redacted store URL, for the logs
+	disks   map[string]string      // disk name -> served path
+
+	mu      sync.Mutex
+	side    *os.File // the open generation's side file (unlinked)
+	readErr error    // the first page read that failed
+	onStuck func()   // kills QEMU: a page read outlived its deadline
+
+	cancel   context.CancelFunc // stops the prefetch
+	prefetch sync.WaitGroup
+	closed   bool
+}
+
+// layerPath names the RAM layer of the sandbox whose state is in stateDir
+// (as ramPath names a booted sandbox's RAM).
+func layerPath(memoryDir, stateDir string) string {
+	sum := sha256.Sum256([]byte(stateDir))
+	return filepath.Join(memoryDir, "cryo-"+hex.EncodeToString(sum[:8])+".layer")
+}
+
+// serveRAM mounts the snapshot's "ram" file (layered) and its disks
+// (read-only) at <stateDir>/pagefs. Every page read is bounded by
+// timeout; one that outlives it by a grace period calls the servedRAM's
+// onStuck (set once QEMU runs). On error nothing is left.
+func serveRAM(ctx context.Context, snap *snapshot.Snapshot, storeURL, stateDir, memoryDir string, disks []string, timeout time.Duration) (_ *servedRAM, retErr error) {
+	r := &servedRAM{store: redact.URL(storeURL), disks: map[string]string{}}
+	defer func() {
+		if retErr != nil {
+			r.Close(ctx)
+		}
+	}()
+	ram, err := snap.ServeFile(snapshot.FileRAM)
+	if err != nil {
+		return nil, err
+	}
+	r.readers = append(r.readers, ram)
+	r.parent = ParentRAM{StoreURL: storeURL, Manifest: snap.Descriptor.Digest, ChunkSize: ram.ChunkSize(), Chunks: ram.Chunks()}
+	r.layer = layerPath(memoryDir, stateDir)
+	if err := os.Remove(r.layer); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	lf, err := os.OpenFile(r.layer, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("ram layer: %w", err)
+	}
+	r.layerFile = lf
+	if err := lf.Truncate(ram.Size()); err != nil {
+		return nil, fmt.Errorf("ram layer: %w", err)
+	}
+	if r.file, err = pagefs.NewLayered("ram", r.source(ram, timeout), lf); err != nil {
+		return nil, err
+	}
+	files := []*pagefs.File{r.file}
+	for _, name := range disks {
+		fr, err := snap.ServeFile(snapshot.DiskFile(name))
+		if err != nil {
+			return nil, err
+		}
+		r.readers = append(r.readers, fr)
+		f := pagefs.NewReadOnly("disk-"+name, r.source(fr, timeout))
+		files = append(files, f)
+	}
+	if err := pagefs.EnsureFusectl(); err != nil {
+		return nil, err
+	}
+	dir := filepath.Join(stateDir, "pagefs")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("pagefs mount point: %w", err)
+	}
+	srv, err := pagefs.Mount(dir, files, pagefs.Options{})
+	if err != nil {
+		os.Remove(dir)
+		return nil, err
+	}
+	r.srv = srv
+	for _, name := range disks {
+		r.disks[name] = srv.Path("disk-" + name)
+	}
+	// Nothing is written back while the guest runs; a checkpoint's fsync
+	// writes what it dirtied (DESIGN.md, Writeback).
+	if err := srv.TuneWriteback(min(ram.Size(), 1<<30)); err != nil {
+		log.G(ctx).WithError(err).Warn("lazy restore: guest RAM writeback stays throttled")
+	}
+	return r, nil
+}
+
+// Path is the served RAM file QEMU maps.
+func (r *servedRAM) Path() string { return r.srv.Path("ram") }
+
+// Disk is the served path of base disk name.
+func (r *servedRAM) Disk(name string) (string, bool) {
+	p, ok := r.disks[name]
+	return p, ok
+}
+
+// Sync writes the guest's dirty RAM pages back to the server (into the
+// layer and the dirty set).
+func (r *servedRAM) Sync() error {
+	f, err := os.OpenFile(r.Path(), os.O_RDWR, 0)
+	if err != nil {
+		return fmt.Errorf("sync served ram: %w", err)
+	}
+	defer f.Close()
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("sync served ram: %w", err)
+	}
+	return nil
+}
+
+// Seal freezes the RAM's content for a checkpoint (call it after Sync with
+// the guest stopped) and starts a new dirty set. The caller closes the
+// generation once the checkpoint is written.
+func (r *servedRAM) Seal() (*pagefs.Generation, error) {
+	side, err := os.CreateTemp(filepath.Dir(r.layer), filepath.Base(r.layer)+".side-")
+	if err != nil {
+		return nil, fmt.Errorf("seal served ram: %w", err)
+	}
+	// Unlinked at once: it lives as long as the descriptor, and nothing is
+	// left behind whatever happens to the shim.
+	os.Remove(side.Name())
+	g, err := r.file.Seal(side)
+	if err != nil {
+		side.Close()
+		return nil, err
+	}
+	r.mu.Lock()
+	if r.side != nil {
+		r.side.Close() // the previous generation's: closed by now
+	}
+	r.side = side
+	r.mu.Unlock()
+	return g, nil
+}
+
+// fetchedFields describe what the sandbox read so far: the FUSE reads of
+// its RAM and the chunks its readers decoded.
+func (r *servedRAM) fetchedFields() log.Fields {
+	var chunks, stored int64
+	for _, fr := range r.readers {
+		c, b := fr.Fetched()
+		chunks, stored = chunks+c, stored+b
+	}
+	f := log.Fields{"ram_read_bytes": r.file.Stats().ReadBytes, "chunks_fetched": chunks, "chunk_bytes_fetched": stored}
+	if r.blobs != nil {
+		f["cache_downloaded_bytes"] = r.blobs.Stats().BytesDownloaded
+	}
+	return f
+}
+
+// Parent is the snapshot the RAM came from.
+func (r *servedRAM) Parent() ParentRAM { return r.parent }
+
+// Err is the first page read that failed (chunk, digest), nil if none.
+func (r *servedRAM) Err() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.readErr
+}
+
+// Close stops the prefetch, unmounts (call it after QEMU is gone: a
+// mapping still faulting would be aborted) and removes the layer. It is
+// idempotent.
+func (r *servedRAM) Close(ctx context.Context) error {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return nil
+	}
+	r.closed = true
+	cancel, side := r.cancel, r.side
+	r.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+	r.prefetch.Wait()
+	var err error
+	if r.srv != nil {
+		err = r.srv.Unmount()
+		os.Remove(filepath.Dir(r.Path()))
+	}
+	if side != nil {
+		side.Close()
+	}
+	if r.layerFile != nil {
+		r.layerFile.Close()
+	}
+	for _, fr := range r.readers {
+		fr.Close()
+	}
+	if r.layer != "" {
+		if rerr := os.Remove(r.layer); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+			err = errors.Join(err, rerr)
+		}
+	}
+	return err
+}
+
+// abort ends the FUSE connection: every pending and later page read fails,
+// so a QEMU stuck in one can exit.
+func (r *servedRAM) abort(ctx context.Context) {
+	if r.srv == nil {
+		return
+	}
+	if err := r.srv.Abort(); err != nil {
+		log.G(ctx).WithError(err).Warn("abort pagefs connection")
+	}
+}
+
+// startPrefetch fetches every chunk of the served files into the node
+// cache in the background, workers at a time, so the sandbox stops
+// depending on the store; it logs when it completes.
+func (r *servedRAM) startPrefetch(ctx context.Context, workers int) {
+	if workers == 0 {
+		log.G(ctx).Info("lazy restore: prefetch off ([restore] prefetch_workers = 0)")
+		return
+	}
+	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		cancel()
+		return
+	}
+	r.cancel = cancel
+	r.prefetch.Add(1)
+	r.mu.Unlock()
+	go func() {
+		defer r.prefetch.Done()
+		start := time.Now()
+		var chunks int
+		var bytes int64
+		for _, fr := range r.readers {
+			st, err := fr.Prefetch(ctx, workers, nil)
+			chunks += st.Chunks
+			bytes += st.StoredBytes
+			if err != nil {
+				if ctx.Err() == nil {
+					log.G(ctx).WithError(err).WithField("store", r.store).Warn("lazy restore: prefetch failed; pages are still fetched when the guest touches them")
+				}
+				return
+			}
+		}
+		l := log.G(ctx).WithFields(log.Fields{"chunks": chunks, "stored_bytes": bytes, "duration": time.Since(start), "store": r.store})
+		if r.blobs != nil {
+			st := r.blobs.Stats()
+			l = l.WithFields(log.Fields{"cache_downloaded_bytes": st.BytesDownloaded, "cache_downloads": st.Downloads, "cache_adopted": st.Adopted})
+		}
+		l.Info("prefetch complete")
+	}()
+}
+
+// pageSource is a served file's content: the snapshot reader under a
+// deadline per read.
+type pageSource struct {
+	r       *servedRAM
+	fr      *snapshot.FileReader
+	timeout time.Duration
+}
+
+func (r *servedRAM) source(fr *snapshot.FileReader, timeout time.Duration) *pageSource {
+	return &pageSource{r: r, fr: fr, timeout: timeout}
+}
+
+func (s *pageSource) Size() int64 { return s.fr.Size() }
+
+// ReadAt answers one FUSE read. A read that fails is logged with its chunk
+// and the store, and pagefs answers EIO: QEMU gets SIGBUS and dies rather
+// than the guest seeing a wrong byte. A read still running a grace period
+// after its deadline (a store that ignores cancellation) kills QEMU and
+// aborts the connection: the guest must not hang for ever.
+func (s *pageSource) ReadAt(p []byte, off int64) (int, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
+	defer cancel()
+	stuck := time.AfterFunc(s.timeout+5*time.Second, s.r.stuck)
+	n, err := s.fr.ReadAtContext(ctx, p, off)
+	stuck.Stop()
+	if err != nil && n == 0 && off < s.fr.Size() {
+		s.r.failed(fmt.Errorf("served %s at %d from %s: %w", s.fr.Name(), off, s.r.store, err))
+	}
+	return n, err
+}
+
+func (r *servedRAM) failed(err error) {
+	r.mu.Lock()
+	first := r.readErr == nil
+	if first {
+		r.readErr = err
+	}
+	r.mu.Unlock()
+	if first {
+		log.L.WithError(err).WithField("store", r.store).Error("lazy restore: a page could not be served; the vm stops")
+	}
+}
+
+func (r *servedRAM) stuck() {
+	r.failed(fmt.Errorf("a page read from %s outlived its deadline", r.store))
+	r.mu.Lock()
+	kill := r.onStuck
+	r.mu.Unlock()
+	if kill != nil {
+		kill()
+	}
+	r.abort(context.Background())
+}
