@@ -28,7 +28,7 @@ type chunk struct {
 
 // pipeline: the restore pipeline (open, fetch into a fresh node cache,
 // verify, decompress, write the sparse files: snapshot.Materialize through
-// stores.CachingStore, as the shim runs it) against raw SHA-256 of the same
+// nodecache.CachingStore, as the shim runs it) against raw SHA-256 of the same
 // raw bytes and raw zstd decoding of the same stored chunks, each on
 // GOMAXPROCS goroutines. All three are reported as raw (decompressed,
 // non-zero) MiB per second.
@@ -46,23 +46,15 @@ func (r *runner) pipeline() error {
 	if err != nil {
 		return err
 	}
-	chunks, rawBytes, err := loadChunks(ctx, store, snap.Manifest.Layers)
-	if err != nil {
-		return err
-	}
 	workers := runtime.GOMAXPROCS(0)
 	dec, err := zstd.NewReader(nil, zstd.WithDecoderConcurrency(workers))
 	if err != nil {
 		return err
 	}
 	defer dec.Close()
-	// Decode once untimed: the raw bytes SHA-256 runs on.
-	if err := parallel(chunks, workers, func(c *chunk, _ []byte) error {
-		var err error
-		c.raw, err = dec.DecodeAll(c.stored, make([]byte, 0, len(c.stored)*2))
+	chunks, rawBytes, err := decodedChunks(ctx, store, snap, dec, workers)
+	if err != nil {
 		return err
-	}); err != nil {
-		return fmt.Errorf("decode chunks: %w", err)
 	}
 
 	var shaRate, zstdRate, writeRate, pipeRate, matRate, shmRate []float64
@@ -134,6 +126,23 @@ func (r *runner) pipeline() error {
 	r.progress("pipeline: %.0f MiB/s (blobs already cached: %.0f MiB/s; on tmpfs: %.0f MiB/s); raw sha256 %.0f MiB/s, raw zstd decode %.0f MiB/s, raw write %.0f MiB/s (%d workers, %.0f MiB)",
 		Median(pipeRate), Median(matRate), Median(shmRate), Median(shaRate), Median(zstdRate), Median(writeRate), workers, mib(rawBytes))
 	return nil
+}
+
+// decodedChunks loads the snapshot's stored chunks into memory and decodes
+// each once, untimed: the raw bytes SHA-256 runs on.
+func decodedChunks(ctx context.Context, store stores.Store, snap *snapshot.Snapshot, dec *zstd.Decoder, workers int) ([]*chunk, int64, error) {
+	chunks, rawBytes, err := loadChunks(ctx, store, snap.Manifest.Layers)
+	if err != nil {
+		return nil, 0, err
+	}
+	if err := parallel(chunks, workers, func(c *chunk, _ []byte) error {
+		var err error
+		c.raw, err = dec.DecodeAll(c.stored, make([]byte, 0, len(c.stored)*2))
+		return err
+	}); err != nil {
+		return nil, 0, fmt.Errorf("decode chunks: %w", err)
+	}
+	return chunks, rawBytes, nil
 }
 
 // materialize runs the shim's restore data path once into a fresh node

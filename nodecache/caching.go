@@ -224,7 +224,7 @@ func (cs *CachingStore) fetchPart(ctx context.Context, tmp *cacheTemp, desc ocis
 		return err
 	}
 	defer rc.Close()
-	got, err := io.Copy(io.NewOffsetWriter(tmp.f, off), io.LimitReader(&progressReader{r: ctxReader{ctx, rc}, fn: count}, n+1))
+	got, err := io.Copy(io.NewOffsetWriter(tmp.f, off), io.LimitReader(&progressReader{r: stores.ContextReader(ctx, rc), fn: count}, n+1))
 	if err != nil {
 		return err
 	}
@@ -274,19 +274,6 @@ func (cs *CachingStore) openVerified(ctx context.Context, desc ocispec.Descripto
 		// Evicted between Ensure and Open (by us or another process), or
 		// torn by a machine crash: once more.
 	}
-}
-
-// ctxReader stops a copy when its context is cancelled.
-type ctxReader struct {
-	ctx context.Context
-	r   io.Reader
-}
-
-func (c ctxReader) Read(p []byte) (int, error) {
-	if err := c.ctx.Err(); err != nil {
-		return 0, err
-	}
-	return c.r.Read(p)
 }
 
 func sizeDesc(n, want int64) string {

@@ -221,7 +221,7 @@ func (st *start) materialize(ctx context.Context, u *undo) error {
 	if err != nil {
 		return fmt.Errorf("restore from %s: %w", st.src.URL, err)
 	}
-	log.G(ctx).WithFields(log.Fields{"cache_hit": m.CacheHit, "digest": r.snap.Descriptor.Digest}).Debug("snapshot materialized")
+	log.G(ctx).WithFields(log.Fields{"cache_hit": m.CacheHit, "digest": r.snap.Descriptor.Digest}).Info("snapshot materialized")
 	r.mat, r.release = m, release
 	return nil
 }

@@ -397,9 +397,9 @@ func (s *service) resumeAll(ctx context.Context) error {
 	return nil
 }
 
-// killGrace is how long a SIGKILLed init may take to be reported dead by
+// killGrace (a variable for tests) is how long a SIGKILLed init may take to be reported dead by
 // the guest before the shim stops the VM itself.
-const killGrace = 10 * time.Second
+var killGrace = 10 * time.Second
 
 // backstopKill stops the VM when the guest took a SIGKILL for p but does not
 // report its exit within killGrace: the task's exit then comes from the VM's

@@ -1,6 +1,7 @@
-// Package shim is cryo's containerd shim v2: the manager (start and delete
-// actions of the binary), the task service, and the sandbox and process
-// state machines that drive a QEMU virtual machine through its guest agent.
+// Package shim is cryo's containerd shim v2, containerd's side of it: the
+// manager (start and delete actions of the binary), the task service, its
+// containers, processes and I/O, and containerd's checkpoint-directory
+// contract. The VM itself is package sandbox's.
 package shim
 
 import (

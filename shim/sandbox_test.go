@@ -260,3 +260,33 @@ func (ts *testService) published(topic string) bool {
 	defer ts.pub.mu.Unlock()
 	return slices.Contains(ts.pub.topics, topic)
 }
+
+// TestKillBackstopStopsTheVM: a guest that takes SIGKILL but never reports
+// the exit loses its VM after killGrace, and the task's exit comes from
+// the VM's: no Wait is left hanging on a broken guest.
+func TestKillBackstopStopsTheVM(t *testing.T) {
+	defer func(g time.Duration) { killGrace = g }(killGrace)
+	killGrace = 200 * time.Millisecond
+	ts := newTestService(t)
+	ts.maker.sb.guest.deaf = true
+	ts.create(t, "pod", nil)
+	if _, err := ts.Start(ts.ctx, &taskAPI.StartRequest{ID: "pod"}); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if _, err := ts.Kill(ts.ctx, &taskAPI.KillRequest{ID: "pod", Signal: uint32(unix.SIGKILL)}); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ts.ctx, 10*time.Second)
+	defer cancel()
+	w, err := ts.Wait(wctx, &taskAPI.WaitRequest{ID: "pod"})
+	if err != nil || w.ExitStatus != exitKilled {
+		t.Fatalf("wait: %+v, %v; want exit %d", w, err, exitKilled)
+	}
+	if d := time.Since(start); d < killGrace {
+		t.Fatalf("exit after %s, before the %s grace", d, killGrace)
+	}
+	if !slices.Contains(ts.maker.sb.calls, "stop") {
+		t.Fatalf("sandbox calls %v: the backstop must stop the vm", ts.maker.sb.calls)
+	}
+}

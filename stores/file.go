@@ -188,6 +188,10 @@ func randomSuffix() string {
 	return hex.EncodeToString(rnd[:])
 }
 
+// ContextReader returns r as a reader that stops a copy once ctx is
+// cancelled.
+func ContextReader(ctx context.Context, r io.Reader) io.Reader { return ctxReader{ctx, r} }
+
 // ctxReader stops a copy when its context is cancelled.
 type ctxReader struct {
 	ctx context.Context

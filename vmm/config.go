@@ -62,7 +62,7 @@ type Config struct {
 	MemoryMiB   int
 
 	// MemoryPath is the memory-backend-file mem-path (on tmpfs, e.g.
-	// /dev/shm/cryo-<id>.ram). MemoryShared selects share=on (normal boot;
+	// /dev/shm/cryo-<hash of the state dir>.ram). MemoryShared selects share=on (normal boot;
 	// needed by SaveState's x-ignore-shared) or share=off (restore: a
 	// MAP_PRIVATE, copy-on-write mapping of a materialized RAM file).
 	//

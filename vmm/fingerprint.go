@@ -1,6 +1,7 @@
 package vmm
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"os/exec"
 	"regexp"
 	"strings"
+	"time"
 
 	"github.com/cryo-runtime/cryo/fingerprint"
 )
@@ -137,9 +139,15 @@ func fileSHA256(path string) string {
 
 var qemuVersionRe = regexp.MustCompile(`version ([0-9]+\.[0-9]+\.[0-9]+)`)
 
+// qemuVersionTimeout bounds `qemu --version`: a binary that hangs must not
+// hold a restore.
+const qemuVersionTimeout = 10 * time.Second
+
 // QEMUVersion asks the QEMU binary at path its version ("7.2.19").
 func QEMUVersion(path string) (string, error) {
-	out, err := exec.Command(path, "--version").Output()
+	ctx, cancel := context.WithTimeout(context.Background(), qemuVersionTimeout)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, path, "--version").Output()
 	if err != nil {
 		return "", fmt.Errorf("%s --version: %w", path, err)
 	}

@@ -20,6 +20,7 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"github.com/spf13/cobra"
 
+	"github.com/cryo-runtime/cryo/internal/atomicfile"
 	"github.com/cryo-runtime/cryo/snapshot"
 	"github.com/cryo-runtime/cryo/stores"
 )
@@ -157,36 +158,11 @@ func (a *App) export(ctx context.Context, url, dir, ns, id string) (res exportRe
 	if err != nil {
 		return res, err
 	}
-	if err := writeFile0600(filepath.Join(out, metadataName), append(mb, '\n')); err != nil {
+	if err := atomicfile.Write(filepath.Join(out, metadataName), append(mb, '\n'), 0o600); err != nil {
 		return res, err
 	}
 	// The checksum goes last: its presence says the export is complete.
-	return res, writeFile0600(filepath.Join(out, checksumName), []byte(res.SHA256+"  "+archiveName+"\n"))
-}
-
-// writeFile0600 writes b atomically (temp file and rename) with mode 0600.
-func writeFile0600(path string, b []byte) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+"-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(f.Name())
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Chmod(0o600); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(f.Name(), path)
+	return res, atomicfile.Write(filepath.Join(out, checksumName), []byte(res.SHA256+"  "+archiveName+"\n"), 0o600)
 }
 
 func newImportCommand(a *App) *cobra.Command {

@@ -1,6 +1,6 @@
 // Package atomicfile replaces a file whole: a reader sees the old content
-// or the new, never a part (a temp file in the same directory, renamed
-// over the target).
+// or the new, never a part, also after a crash (a temp file in the same
+// directory, synced, renamed over the target).
 package atomicfile
 
 import (
@@ -20,6 +20,10 @@ func Write(path string, b []byte, perm os.FileMode) error {
 		return err
 	}
 	if err := tmp.Chmod(perm); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
 		tmp.Close()
 		return err
 	}

@@ -1,0 +1,54 @@
+package stack
+
+import (
+	"errors"
+	"fmt"
+	"os/exec"
+	"strconv"
+	"strings"
+)
+
+// Shape limits the loopback traffic to and from one TCP port (a store's)
+// to rate (tc's syntax, e.g. "1gbit"), as if the store were across a link
+// of that speed; everything else on lo passes unshaped. This kernel has
+// the htb qdisc and the u32 filter (not netem or prio). The returned
+// function removes the shaping; call it also when the measurement fails.
+// Shape refuses a loopback that already has a root qdisc of its own: it
+// would replace someone's shaping.
+func Shape(port int, rate string) (remove func() error, _ error) {
+	if port <= 0 || port > 65535 {
+		return nil, fmt.Errorf("shape: port %d", port)
+	}
+	if _, err := exec.LookPath("tc"); err != nil {
+		return nil, errors.New("shape: tc not found: install Debian's iproute2")
+	}
+	out, err := exec.Command("tc", "qdisc", "show", "dev", "lo").CombinedOutput()
+	if err != nil {
+		return nil, fmt.Errorf("shape: tc qdisc show dev lo: %w: %s", err, out)
+	}
+	if root := string(out); !strings.HasPrefix(root, "qdisc noqueue") && !strings.HasPrefix(root, "qdisc pfifo") {
+		return nil, fmt.Errorf("shape: lo already has a root qdisc (%s); remove it first: tc qdisc del dev lo root", strings.TrimSpace(root))
+	}
+	remove = func() error {
+		if out, err := exec.Command("tc", "qdisc", "del", "dev", "lo", "root").CombinedOutput(); err != nil {
+			return fmt.Errorf("unshape lo: %w: %s", err, out)
+		}
+		return nil
+	}
+	p := strconv.Itoa(port)
+	// htb's default class 1:10 is far above what lo moves here; the store's
+	// traffic, either way, goes to 1:20 at rate.
+	for _, args := range [][]string{
+		{"qdisc", "add", "dev", "lo", "root", "handle", "1:", "htb", "default", "10"},
+		{"class", "add", "dev", "lo", "parent", "1:", "classid", "1:1", "htb", "rate", "400gbit", "quantum", "200000"},
+		{"class", "add", "dev", "lo", "parent", "1:1", "classid", "1:10", "htb", "rate", "400gbit", "quantum", "200000"},
+		{"class", "add", "dev", "lo", "parent", "1:1", "classid", "1:20", "htb", "rate", rate, "ceil", rate, "quantum", "200000"},
+		{"filter", "add", "dev", "lo", "parent", "1:", "protocol", "ip", "prio", "1", "u32", "match", "ip", "sport", p, "0xffff", "flowid", "1:20"},
+		{"filter", "add", "dev", "lo", "parent", "1:", "protocol", "ip", "prio", "1", "u32", "match", "ip", "dport", p, "0xffff", "flowid", "1:20"},
+	} {
+		if out, err := exec.Command("tc", args...).CombinedOutput(); err != nil {
+			return nil, errors.Join(fmt.Errorf("shape: tc %s: %w: %s", strings.Join(args, " "), err, out), remove())
+		}
+	}
+	return remove, nil
+}
