@@ -325,16 +325,28 @@ func (r *servedRAM) startPrefetch(ctx context.Context, workers int) {
 	}()
 }
 
+// pageReader is what a pageSource reads: a *snapshot.FileReader.
+type pageReader interface {
+	ReadAtContext(ctx context.Context, p []byte, off int64) (int, error)
+	Size() int64
+	Name() string
+}
+
+// stuckGrace is how long a page read may outlive its deadline (a store
+// that ignores cancellation) before QEMU is killed.
+const stuckGrace = 5 * time.Second
+
 // pageSource is a served file's content: the snapshot reader under a
 // deadline per read.
 type pageSource struct {
 	r       *servedRAM
-	fr      *snapshot.FileReader
+	fr      pageReader
 	timeout time.Duration
+	grace   time.Duration
 }
 
-func (r *servedRAM) source(fr *snapshot.FileReader, timeout time.Duration) *pageSource {
-	return &pageSource{r: r, fr: fr, timeout: timeout}
+func (r *servedRAM) source(fr pageReader, timeout time.Duration) *pageSource {
+	return &pageSource{r: r, fr: fr, timeout: timeout, grace: stuckGrace}
 }
 
 func (s *pageSource) Size() int64 { return s.fr.Size() }
@@ -347,7 +359,7 @@ func (s *pageSource) Size() int64 { return s.fr.Size() }
 func (s *pageSource) ReadAt(p []byte, off int64) (int, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
 	defer cancel()
-	stuck := time.AfterFunc(s.timeout+5*time.Second, s.r.stuck)
+	stuck := time.AfterFunc(s.timeout+s.grace, s.r.stuck)
 	n, err := s.fr.ReadAtContext(ctx, p, off)
 	stuck.Stop()
 	if err != nil && n == 0 && off < s.fr.Size() {
