@@ -176,7 +176,9 @@ type Restore struct {
 	// sandbox and keeps the sandbox depending on the store until its
 	// prefetch completes.
 	AllowedModes []string `toml:"allowed_modes"`
-	// PrefetchWorkers bounds a lazy restore's background fetches (4).
+	// PrefetchWorkers bounds a lazy restore's background fetches (4). 0
+	// turns the prefetch off: the sandbox then depends on the store (and
+	// the node cache keeping its chunks) for as long as it runs.
 	PrefetchWorkers int `toml:"prefetch_workers"`
 	// PageTimeout bounds one page read of a lazy sandbox (its chunk's
 	// fetch from the store); a read stuck longer kills the VM rather than
@@ -405,8 +407,8 @@ func (r Restore) validate() error {
 			return fmt.Errorf("restore.allowed_modes: %q: must be eager or lazy", m)
 		}
 	}
-	if r.PrefetchWorkers < 1 || r.PrefetchWorkers > 64 {
-		return fmt.Errorf("restore.prefetch_workers %d: must be in [1, 64]", r.PrefetchWorkers)
+	if r.PrefetchWorkers < 0 || r.PrefetchWorkers > 64 {
+		return fmt.Errorf("restore.prefetch_workers %d: must be in [0, 64]", r.PrefetchWorkers)
 	}
 	if r.PageTimeout.Duration < time.Second || r.PageTimeout.Duration > 10*time.Minute {
 		return fmt.Errorf("restore.page_timeout %s: must be in [1s, 10m]", r.PageTimeout.Duration)

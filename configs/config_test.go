@@ -51,7 +51,7 @@ func TestLoad(t *testing.T) {
 			check: func(c Config) bool { return c.Restore.Mode == RestoreEager && c.Restore.Allows(RestoreLazy) }},
 		{name: "bad restore mode", body: "[restore]\nmode = \"postcopy\"\n", wantErr: "restore.mode"},
 		{name: "bad allowed mode", body: "[restore]\nallowed_modes = [\"eager\", \"fast\"]\n", wantErr: "restore.allowed_modes"},
-		{name: "prefetch workers", body: "[restore]\nprefetch_workers = 0\n", wantErr: "restore.prefetch_workers"},
+		{name: "prefetch workers", body: "[restore]\nprefetch_workers = -1\n", wantErr: "restore.prefetch_workers"},
 		{name: "page timeout", body: "[restore]\npage_timeout = \"1ms\"\n", wantErr: "restore.page_timeout"},
 		{name: "syntax", body: "[hypervisor\n", wantErr: "line 1"},
 	} {

@@ -3,16 +3,21 @@
 package integration
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/cryo-runtime/cryo/configs"
 	"github.com/cryo-runtime/cryo/integration/harness"
+	"github.com/cryo-runtime/cryo/nodecache"
+	"github.com/cryo-runtime/cryo/snapshot"
+	"github.com/cryo-runtime/cryo/stores"
 )
 
 // lazyNode lets pods ask for lazy restores.
@@ -48,7 +53,29 @@ func waitShimLog(t *testing.T, e *harness.Env, re *regexp.Regexp, timeout time.D
 	return m
 }
 
-var prefetchRe = regexp.MustCompile(`msg="prefetch complete".*chunks=(\d+).*duration=(\S+).*stored_bytes=(\d+)`)
+var (
+	prefetchRe   = regexp.MustCompile(`msg="prefetch complete".*chunks=(\d+).*duration=(\S+).*sandbox=(\S+).*stored_bytes=(\d+)`)
+	downloadedRe = regexp.MustCompile(`msg="prefetch complete".*cache_downloaded_bytes=(\d+).*sandbox=(\S+)`)
+	storedRe     = regexp.MustCompile(`msg="checkpoint published".*stored_bytes=(\d+)`)
+	beforeRunRe  = regexp.MustCompile(`msg="lazy restore: fetched before the guest ran".*cache_downloaded_bytes=(\d+).*chunk_bytes_fetched=(\d+).*ram_read_bytes=(\d+).*sandbox=(\S+)`)
+)
+
+// bigFile writes 40 MiB of random data to the guest's RAM (/dev/shm, a 64 MiB tmpfs) and
+// returns its md5.
+func bigFile(t *testing.T, e *harness.Env, id string) string {
+	t.Helper()
+	out := e.MustCtr("task", "exec", "--exec-id", "big", id, "sh", "-c", "head -c 41943040 /dev/urandom > /dev/shm/big; md5sum /dev/shm/big")
+	return strings.Fields(out)[0]
+}
+
+// clearNodeCache empties the node's blob cache (no shim of the Env uses it
+// for a restore now), so the next restore fetches from the store.
+func clearNodeCache(t *testing.T, e *harness.Env) {
+	t.Helper()
+	if err := os.RemoveAll(filepath.Join(e.Cfg.Snapshot.CacheDir, "blobs")); err != nil {
+		t.Fatal(err)
+	}
+}
 
 // TestLazyRestore: a pod restored with cryo.dev/restore-mode lazy has the
 // checkpointed RAM and disk, QEMU maps the served file, the prefetch
@@ -58,7 +85,18 @@ func TestLazyRestore(t *testing.T) {
 	before := startWorkload(t, e, "src")
 	checkpoint(t, e, "src", e.StoreURL("lazy:v1"))
 
+	// Eager first, from an empty node cache, for comparison (an eager
+	// sandbox needs its materialized files, not the blob cache).
+	clearNodeCache(t, e)
 	t0 := time.Now()
+	restore(t, e, "eg", e.StoreURL("lazy:v1"), "--annotation=cryo.dev/restore-mode=eager")
+	if st := readState(t, e, "eg"); st.secret != before.secret {
+		t.Fatalf("eager restore state %+v", st)
+	}
+	t.Logf("eager restore: first exec %v", time.Since(t0).Round(time.Millisecond))
+
+	clearNodeCache(t, e)
+	t0 = time.Now()
 	restore(t, e, "lz", e.StoreURL("lazy:v1"), lazyMode)
 	after := readState(t, e, "lz")
 	firstExec := time.Since(t0)
@@ -70,7 +108,12 @@ func TestLazyRestore(t *testing.T) {
 		t.Fatalf("restore was not lazy:\n%s", e.LogTail(40))
 	}
 	m := waitShimLog(t, e, prefetchRe, 60*time.Second)
-	t.Logf("lazy restore: first exec %v; prefetch %s chunks, %s stored bytes in %s", firstExec.Round(time.Millisecond), m[1], m[3], m[2])
+	b := beforeRunRe.FindStringSubmatch(e.LogTail(100000))
+	if b == nil {
+		t.Fatal("no log of what the lazy restore fetched before the guest ran")
+	}
+	t.Logf("lazy restore: first exec %v; before the guest ran: %s chunk bytes fetched, %s RAM bytes read; prefetch %s chunks, %s stored bytes in %s",
+		firstExec.Round(time.Millisecond), b[2], b[3], m[1], m[4], m[2])
 	if n, _ := strconv.Atoi(m[1]); n == 0 {
 		t.Fatalf("prefetch fetched no chunk: %s", m[0])
 	}
@@ -80,12 +123,76 @@ func TestLazyRestore(t *testing.T) {
 		t.Fatalf("disk after writes: %q", out)
 	}
 
-	for _, id := range []string{"src", "lz"} {
+	for _, id := range []string{"src", "lz", "eg"} {
 		e.MustCtr("task", "kill", "-s", "SIGKILL", id)
 		waitStopped(t, e, id)
 		e.MustCtr("task", "delete", id)
 		e.MustCtr("c", "rm", id)
 	}
+	noLeftovers(t, e)
+	noLazyLeftovers(t, e)
+}
+
+// ramChunks returns the digests of the stored chunks of ref's "ram" file.
+func ramChunks(t *testing.T, url string) []string {
+	t.Helper()
+	ctx := t.Context()
+	store, ref, err := stores.Open(ctx, url, stores.Options{Getenv: func(string) string { return "" }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := snapshot.Open(ctx, store, ref, snapshot.ReadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fr, err := s.ServeFile(snapshot.FileRAM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fr.Close()
+	var out []string
+	for _, c := range fr.Chunks() {
+		out = append(out, c.Stored.Digest.Encoded())
+	}
+	return out
+}
+
+// TestLazyFallbackCold: every RAM chunk corrupted in the store: the lazy
+// restore fails before cont (QEMU dies loading its device state, which
+// touches RAM); restore-fallback fail reports it and leaves nothing;
+// restore-fallback cold boots the container. No mount or layer is left.
+func TestLazyFallbackCold(t *testing.T) {
+	e := harness.Start(t, lazyNode)
+	startWorkload(t, e, "src")
+	url := e.StoreURL("broken:v1")
+	checkpoint(t, e, "src", url)
+	e.MustCtr("task", "kill", "-s", "SIGKILL", "src")
+	waitStopped(t, e, "src")
+	clearNodeCache(t, e)
+	for _, d := range ramChunks(t, url) {
+		p := filepath.Join(e.Dir, "store", "broken", "blobs", "sha256", d)
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b[len(b)/3] ^= 0x10
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, errs, err := e.Ctr(e.RunArgs("--rm", "--annotation", "cryo.dev/restore-from="+url, lazyMode, harness.Image, "fail", "true")...)
+	if err == nil || !strings.Contains(errs, "load") {
+		t.Fatalf("lazy restore of a snapshot with corrupted RAM: %v\n%s\n%s", err, out, errs)
+	}
+	e.Ctr("c", "rm", "fail")
+	noLazyLeftovers(t, e)
+	out = e.MustCtr(e.RunArgs("--rm", "--annotation", "cryo.dev/restore-from="+url, lazyMode, "--annotation", "cryo.dev/restore-fallback=cold",
+		harness.Image, "cold", "sh", "-c", "echo booted-cold")...)
+	if !strings.Contains(out, "booted-cold") {
+		t.Fatalf("cold fallback output %q", out)
+	}
+	e.MustCtr("task", "delete", "src")
+	e.MustCtr("c", "rm", "src")
 	noLeftovers(t, e)
 	noLazyLeftovers(t, e)
 }
@@ -100,4 +207,127 @@ func TestLazyRefused(t *testing.T) {
 	if err == nil || !strings.Contains(out+errs, "cryo.dev/restore-mode") {
 		t.Fatalf("lazy restore on a node that does not allow it: %v\n%s\n%s", err, out, errs)
 	}
+}
+
+// TestLazyClones: two lazy restores of one snapshot at once, each in its
+// own shim, with an empty node cache: both have the checkpointed RAM, and
+// together they download each byte of the snapshot once. gc while they run
+// removes nothing they need.
+func TestLazyClones(t *testing.T) {
+	e := harness.Start(t, lazyNode)
+	before := startWorkload(t, e, "src")
+	sum := bigFile(t, e, "src")
+	checkpoint(t, e, "src", e.StoreURL("clones:v1"))
+	stored, _ := strconv.ParseInt(storedRe.FindStringSubmatch(e.LogTail(100000))[1], 10, 64)
+	e.MustCtr("task", "kill", "-s", "SIGKILL", "src")
+	waitStopped(t, e, "src")
+	clearNodeCache(t, e)
+
+	var wg sync.WaitGroup
+	for _, id := range []string{"a", "b"} {
+		wg.Go(func() { restore(t, e, id, e.StoreURL("clones:v1"), lazyMode) })
+	}
+	wg.Wait()
+	for _, id := range []string{"a", "b"} {
+		if st := readState(t, e, id); st.secret != before.secret || st.bootID != before.bootID {
+			t.Fatalf("clone %s: state %+v, checkpointed %+v", id, st, before)
+		}
+	}
+	out, errs, err := e.Cryoctl("gc", "-o", "json", "--keep-materialized", "0s", e.StoreURL("clones:v1"))
+	var gc struct{ CacheFreedBytes int64 }
+	if err != nil || json.Unmarshal([]byte(out), &gc) != nil {
+		t.Fatalf("cryoctl gc: %v\n%s\n%s", err, out, errs)
+	}
+	if leases, _ := filepath.Glob(filepath.Join(nodecache.SnapshotsDir(e.Cfg.Snapshot.CacheDir), ".*.blobs")); len(leases) != 1 {
+		t.Fatalf("leases of the clones' snapshot in the node cache: %v", leases)
+	}
+	for _, id := range []string{"a", "b"} {
+		if got := strings.Fields(e.MustCtr("task", "exec", "--exec-id", "md5", id, "md5sum", "/dev/shm/big"))[0]; got != sum {
+			t.Fatalf("clone %s: md5 of the RAM file %s, checkpointed %s", id, got, sum)
+		}
+	}
+	var downloaded int64
+	if !harness.WaitFor(60*time.Second, func() bool {
+		ms := downloadedRe.FindAllStringSubmatch(e.LogTail(100000), -1)
+		downloaded = 0
+		for _, m := range ms {
+			n, _ := strconv.ParseInt(m[1], 10, 64)
+			downloaded += n
+		}
+		return len(ms) == 2
+	}) {
+		t.Fatalf("both prefetches did not complete:\n%s", e.LogTail(40))
+	}
+	t.Logf("lazy clones: %d bytes downloaded by the two shims, snapshot stores %d", downloaded, stored)
+	// Chunks once; manifest, config and signature-less refs are small.
+	if downloaded > stored+1<<20 || downloaded < stored/2 {
+		t.Fatalf("two clones downloaded %d bytes of a %d-byte snapshot: want each chunk once", downloaded, stored)
+	}
+	for _, id := range []string{"src", "a", "b"} {
+		if id != "src" {
+			e.MustCtr("task", "kill", "-s", "SIGKILL", id)
+			waitStopped(t, e, id)
+		}
+		e.MustCtr("task", "delete", id)
+		e.MustCtr("c", "rm", id)
+	}
+	noLeftovers(t, e)
+	noLazyLeftovers(t, e)
+}
+
+// TestLazyCorruptChunk: a chunk the store corrupts after the lazy sandbox
+// runs (no prefetch, an empty node cache: the guest's untouched pages are
+// still in the store) stops the VM when the guest touches it; the guest
+// never reads a wrong byte, and the shim log names the chunk and the store.
+func TestLazyCorruptChunk(t *testing.T) {
+	e := harness.Start(t, lazyNode, func(c *configs.Config) { c.Restore.PrefetchWorkers = 0 })
+	startWorkload(t, e, "src")
+	sum := bigFile(t, e, "src")
+	checkpoint(t, e, "src", e.StoreURL("bad:v1"))
+	e.MustCtr("task", "kill", "-s", "SIGKILL", "src")
+	waitStopped(t, e, "src")
+	clearNodeCache(t, e)
+	restore(t, e, "lz", e.StoreURL("bad:v1"), lazyMode)
+	readState(t, e, "lz")
+
+	// Every blob the node has not fetched yet is corrupted in the store.
+	blobs, _ := filepath.Glob(filepath.Join(e.Dir, "store", "bad", "blobs", "sha256", "*"))
+	var bad []string
+	for _, p := range blobs {
+		if _, err := os.Stat(filepath.Join(e.Cfg.Snapshot.CacheDir, "blobs", "blobs", "sha256", filepath.Base(p))); err == nil {
+			continue
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b[len(b)/2] ^= 0x40
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		bad = append(bad, filepath.Base(p))
+	}
+	if len(bad) == 0 {
+		t.Fatal("the lazy sandbox fetched every chunk before it ran: nothing left to corrupt")
+	}
+	out, errs, err := e.Ctr("task", "exec", "--exec-id", "md5", "lz", "md5sum", "/dev/shm/big")
+	if err == nil && !strings.Contains(out, sum) {
+		t.Fatalf("the guest read wrong bytes: md5 %q, checkpointed %s", out, sum)
+	}
+	t.Logf("exec after the corruption (%d blobs): %v %q %q", len(bad), err, out, errs)
+	waitStopped(t, e, "lz")
+	log := e.LogTail(100000)
+	named := false
+	for _, d := range bad {
+		named = named || strings.Contains(log, d)
+	}
+	if !strings.Contains(log, "a page could not be served") || !named || !strings.Contains(log, `store="file://`) {
+		t.Fatalf("shim log does not name the failed chunk and its store:\n%s", e.LogTail(40))
+	}
+	for _, id := range []string{"src", "lz"} {
+		e.MustCtr("task", "delete", id)
+		e.MustCtr("c", "rm", id)
+	}
+	noLeftovers(t, e)
+	noLazyLeftovers(t, e)
 }

@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cryo-runtime/cryo/internal/bootid"
+	"github.com/cryo-runtime/cryo/internal/flock"
 	"github.com/cryo-runtime/cryo/internal/safefs"
 	"github.com/cryo-runtime/cryo/stores"
 )
@@ -59,7 +60,7 @@ type Blobs struct {
 	pins    map[digest.Digest]int
 	flights map[digest.Digest]*flight
 
-	hits, misses, downloads, shared, downloaded, evictions atomic.Int64
+	hits, misses, downloads, shared, downloaded, evictions, adopted atomic.Int64
 }
 
 type cacheEntry struct {
@@ -76,9 +77,12 @@ type BlobStats struct {
 	SharedDownloads int64 `json:"sharedDownloads"` // callers that joined a download in flight
 	BytesDownloaded int64 `json:"bytesDownloaded"` // bytes read from stores
 	Evictions       int64 `json:"evictions"`
-	Blobs           int64 `json:"blobs"` // blobs in the cache now
-	Bytes           int64 `json:"bytes"` // their total size
-	MaxBytes        int64 `json:"maxBytes"`
+	// Adopted counts blobs another process of the node downloaded while
+	// this one waited for it, or since it opened the cache.
+	Adopted  int64 `json:"adopted"`
+	Blobs    int64 `json:"blobs"` // blobs in the cache now
+	Bytes    int64 `json:"bytes"` // their total size
+	MaxBytes int64 `json:"maxBytes"`
 }
 
 // OpenBlobs opens (creating) the cache in dir, bounded by maxBytes (<= 0: no
@@ -418,6 +422,66 @@ func (t *cacheTemp) discard() {
 	t.dir.Close()
 }
 
+// lockDownload takes the node-wide lock on downloading d (a flock on
+// locks/<hex>, which other processes of the cache take too). Unlocking
+// removes the lock file: a later locker always checks for the blob first.
+func (c *Blobs) lockDownload(ctx context.Context, d digest.Digest) (unlock func(), _ error) {
+	dir, err := c.root.MkdirAll("locks", 0o700)
+	if err != nil {
+		return nil, err
+	}
+	defer dir.Close()
+	for {
+		f, err := dir.OpenFile(d.Encoded(), os.O_CREATE|os.O_RDWR, 0o600)
+		if err != nil {
+			return nil, err
+		}
+		if err := flock.Wait(ctx, f, unix.LOCK_EX); err != nil {
+			f.Close()
+			return nil, err
+		}
+		// The holder before us may have removed the file we locked.
+		if sameFile(f, filepath.Join(c.dir, "locks", d.Encoded())) {
+			return func() {
+				os.Remove(filepath.Join(c.dir, "locks", d.Encoded()))
+				f.Close()
+			}, nil
+		}
+		f.Close()
+	}
+}
+
+// adopt takes in blob desc if another process of the node committed it
+// since this one loaded the cache. A blob of an earlier boot is hashed
+// again, as Open does.
+func (c *Blobs) adopt(desc ocispec.Descriptor) bool {
+	f, err := c.root.Open(c.blobName(desc.Digest))
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil || st.Size() != desc.Size {
+		return false
+	}
+	if !stampedThisBoot(f) {
+		if verifyFile(f, desc.Digest, desc.Size) != nil {
+			return false
+		}
+		stamp(f)
+	}
+	c.mu.Lock()
+	if c.entries[desc.Digest] == nil {
+		e := &cacheEntry{d: desc.Digest, size: desc.Size}
+		e.elem = c.lru.PushFront(e)
+		c.entries[desc.Digest] = e
+		c.size += desc.Size
+	}
+	c.mu.Unlock()
+	c.adopted.Add(1)
+	return true
+}
+
 // commit renames a verified temp file into the cache and evicts down to
 // the bound.
 func (c *Blobs) commit(t *cacheTemp, desc ocispec.Descriptor) error {
@@ -519,6 +583,6 @@ func (c *Blobs) Stats() BlobStats {
 	return BlobStats{
 		Hits: c.hits.Load(), Misses: c.misses.Load(), Downloads: c.downloads.Load(),
 		SharedDownloads: c.shared.Load(), BytesDownloaded: c.downloaded.Load(),
-		Evictions: c.evictions.Load(), Blobs: blobs, Bytes: size, MaxBytes: c.max,
+		Evictions: c.evictions.Load(), Adopted: c.adopted.Load(), Blobs: blobs, Bytes: size, MaxBytes: c.max,
 	}
 }

@@ -306,3 +306,56 @@ func assertCacheEmpty(t *testing.T, dir string) {
 		}
 	}
 }
+
+// TestCachingStoreOneDownloadPerNode: caches of two processes (two Blobs
+// over one directory, as two shims have) asked for one blob at once
+// download it once; the other takes in the first's blob.
+func TestCachingStoreOneDownloadPerNode(t *testing.T) {
+	dir := t.TempDir()
+	w, _ := openT(t, "file://"+dir+"/app")
+	f := storetest.NewFixture("v1", 3)
+	storetest.Seed(t, w, f)
+	var mu sync.Mutex
+	gets := 0
+	fs := http.FileServer(http.Dir(dir))
+	srv := storetest.ServeHandler(t, http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		gets++
+		mu.Unlock()
+		time.Sleep(100 * time.Millisecond)
+		fs.ServeHTTP(rw, r)
+	}))
+	s, _ := openT(t, srv+"/app")
+	cdir := t.TempDir()
+	var css []*nodecache.CachingStore
+	for range 2 {
+		c, err := nodecache.OpenBlobs(cdir, 1<<30)
+		if err != nil {
+			t.Fatal(err)
+		}
+		css = append(css, nodecache.NewCachingStore(s, c, nodecache.CachingOptions{}))
+	}
+	big := f.Layers[0]
+	var wg sync.WaitGroup
+	errs := make(chan error, 2)
+	for _, cs := range css {
+		wg.Go(func() {
+			got := storetest.ReadAll(t, cs, big.Desc, 0, -1)
+			if !bytes.Equal(got, big.Data) {
+				errs <- errors.New("wrong bytes")
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	a, b := css[0].Blobs().Stats(), css[1].Blobs().Stats()
+	if gets != 1 || a.BytesDownloaded+b.BytesDownloaded != big.Desc.Size || a.Adopted+b.Adopted != 1 {
+		t.Fatalf("%d GETs; stats %+v and %+v: want one download and one adopted blob", gets, a, b)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(cdir, "locks")); len(ents) != 0 {
+		t.Fatalf("%d download locks left", len(ents))
+	}
+}

@@ -171,6 +171,16 @@ type flight struct {
 // is large, verifies it and commits it to the cache.
 func (cs *CachingStore) download(ctx context.Context, desc ocispec.Descriptor) error {
 	c := cs.cache
+	// One download per node, not per process: shims of clones restoring
+	// one snapshot at once wait for the first, then find its blob.
+	unlock, err := c.lockDownload(ctx, desc.Digest)
+	if err != nil {
+		return fmt.Errorf("download %s: %w", desc.Digest, err)
+	}
+	defer unlock()
+	if c.adopt(desc) {
+		return nil
+	}
 	tmp, err := c.newTemp()
 	if err != nil {
 		return err

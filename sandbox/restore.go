@@ -135,6 +135,7 @@ func Restore(ctx context.Context, spec Spec, src Source) (*Sandbox, *Restored, e
 	mode := configs.RestoreEager
 	if r.ram != nil {
 		mode = configs.RestoreLazy
+		log.G(ctx).WithFields(r.ram.fetchedFields()).Info("lazy restore: fetched before the guest ran")
 		r.ram.startPrefetch(ctx, spec.Config.Restore.PrefetchWorkers)
 	}
 	log.G(ctx).WithFields(log.Fields{"boot_id": st.info.BootID, "digest": r.snap.Descriptor.Digest, "qemu_pid": st.vm.Pid(), "mode": mode}).Info("sandbox restored")
@@ -271,6 +272,8 @@ func (st *start) serve(ctx context.Context, u *undo) error {
 			log.G(ctx).WithError(err).Warn("lazy restore: unmount served ram")
 		}
 	})
+	ram.blobs, _ = r.node.Blobs()
+	ram.keepBlobs(ctx, r.node, r.snap.Descriptor.Digest)
 	m := &snapshot.Materialized{ManifestDigest: r.snap.Descriptor.Digest, RAM: ram.Path(), Disks: map[string]string{}}
 	for _, name := range disks {
 		m.Disks[name], _ = ram.Disk(name)

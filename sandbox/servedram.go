@@ -15,6 +15,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/cryo-runtime/cryo/internal/redact"
+	"github.com/cryo-runtime/cryo/nodecache"
 	"github.com/cryo-runtime/cryo/pagefs"
 	"github.com/cryo-runtime/cryo/snapshot"
 )
@@ -42,8 +43,11 @@ type servedRAM struct {
 	layerFile *os.File
 
 	readers []*snapshot.FileReader // ram first, then the disks
+	blobs   *nodecache.Blobs       // the node cache, for the logs
 	store   string                 // redacted store URL, for the logs
 	disks   map[string]string      // disk name -> served path
+
+	unpin []func() // the blobs pinned in this process's node cache
 
 	mu      sync.Mutex
 	side    *os.File // the open generation's side file (unlinked)
@@ -176,6 +180,46 @@ func (r *servedRAM) Seal() (*pagefs.Generation, error) {
 	return g, nil
 }
 
+// fetchedFields describe what the sandbox read so far: the FUSE reads of
+// its RAM and the chunks its readers decoded.
+func (r *servedRAM) fetchedFields() log.Fields {
+	var chunks, stored int64
+	for _, fr := range r.readers {
+		c, b := fr.Fetched()
+		chunks, stored = chunks+c, stored+b
+	}
+	f := log.Fields{"ram_read_bytes": r.file.Stats().ReadBytes, "chunks_fetched": chunks, "chunk_bytes_fetched": stored}
+	if r.blobs != nil {
+		f["cache_downloaded_bytes"] = r.blobs.Stats().BytesDownloaded
+	}
+	return f
+}
+
+// keepBlobs makes the node cache keep every blob the served files read
+// for the sandbox's life: pinned in this shim's view of it, and leased
+// beside the snapshot's use-lock for `cryoctl gc` (Node.Prune). An evicted
+// blob would be downloaded again, but the store may have dropped it by
+// then.
+func (r *servedRAM) keepBlobs(ctx context.Context, node *nodecache.Node, snap digest.Digest) {
+	var ds []digest.Digest
+	for _, fr := range r.readers {
+		for _, c := range fr.Chunks() {
+			ds = append(ds, c.Stored.Digest)
+			if c.Base != nil {
+				ds = append(ds, c.Base.Digest)
+			}
+		}
+	}
+	if r.blobs != nil {
+		for _, d := range ds {
+			r.unpin = append(r.unpin, r.blobs.Pin(d))
+		}
+	}
+	if err := node.Snapshots().Lease(snap, ds); err != nil {
+		log.G(ctx).WithError(err).Warn("lazy restore: lease the snapshot's blobs in the node cache; gc may evict them")
+	}
+}
+
 // Parent is the snapshot the RAM came from.
 func (r *servedRAM) Parent() ParentRAM { return r.parent }
 
@@ -216,6 +260,9 @@ func (r *servedRAM) Close(ctx context.Context) error {
 	for _, fr := range r.readers {
 		fr.Close()
 	}
+	for _, u := range r.unpin {
+		u()
+	}
 	if r.layer != "" {
 		if rerr := os.Remove(r.layer); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
 			err = errors.Join(err, rerr)
@@ -239,6 +286,10 @@ func (r *servedRAM) abort(ctx context.Context) {
 // cache in the background, workers at a time, so the sandbox stops
 // depending on the store; it logs when it completes.
 func (r *servedRAM) startPrefetch(ctx context.Context, workers int) {
+	if workers == 0 {
+		log.G(ctx).Info("lazy restore: prefetch off ([restore] prefetch_workers = 0)")
+		return
+	}
 	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	r.mu.Lock()
 	if r.closed {
@@ -265,20 +316,37 @@ func (r *servedRAM) startPrefetch(ctx context.Context, workers int) {
 				return
 			}
 		}
-		log.G(ctx).WithFields(log.Fields{"chunks": chunks, "stored_bytes": bytes, "duration": time.Since(start), "store": r.store}).Info("prefetch complete")
+		l := log.G(ctx).WithFields(log.Fields{"chunks": chunks, "stored_bytes": bytes, "duration": time.Since(start), "store": r.store})
+		if r.blobs != nil {
+			st := r.blobs.Stats()
+			l = l.WithFields(log.Fields{"cache_downloaded_bytes": st.BytesDownloaded, "cache_downloads": st.Downloads, "cache_adopted": st.Adopted})
+		}
+		l.Info("prefetch complete")
 	}()
 }
+
+// pageReader is what a pageSource reads: a *snapshot.FileReader.
+type pageReader interface {
+	ReadAtContext(ctx context.Context, p []byte, off int64) (int, error)
+	Size() int64
+	Name() string
+}
+
+// stuckGrace is how long a page read may outlive its deadline (a store
+// that ignores cancellation) before QEMU is killed.
+const stuckGrace = 5 * time.Second
 
 // pageSource is a served file's content: the snapshot reader under a
 // deadline per read.
 type pageSource struct {
 	r       *servedRAM
-	fr      *snapshot.FileReader
+	fr      pageReader
 	timeout time.Duration
+	grace   time.Duration
 }
 
-func (r *servedRAM) source(fr *snapshot.FileReader, timeout time.Duration) *pageSource {
-	return &pageSource{r: r, fr: fr, timeout: timeout}
+func (r *servedRAM) source(fr pageReader, timeout time.Duration) *pageSource {
+	return &pageSource{r: r, fr: fr, timeout: timeout, grace: stuckGrace}
 }
 
 func (s *pageSource) Size() int64 { return s.fr.Size() }
@@ -291,7 +359,7 @@ func (s *pageSource) Size() int64 { return s.fr.Size() }
 func (s *pageSource) ReadAt(p []byte, off int64) (int, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
 	defer cancel()
-	stuck := time.AfterFunc(s.timeout+5*time.Second, s.r.stuck)
+	stuck := time.AfterFunc(s.timeout+s.grace, s.r.stuck)
 	n, err := s.fr.ReadAtContext(ctx, p, off)
 	stuck.Stop()
 	if err != nil && n == 0 && off < s.fr.Size() {
