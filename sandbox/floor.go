@@ -51,7 +51,9 @@ func Floor(ctx context.Context, spec Spec, src Source) (time.Duration, error) {
 		{"agent", st.connectAgent},
 		{"first command", func(ctx context.Context, _ *undo) error {
 			defer st.agent.close()
-			out, status, err := st.agent.runHook(ctx, "", []string{"true"}, 10*time.Second)
+			// In the checkpointed sandbox's own container, as an exec
+			// would run: the guest's root has no such command.
+			out, status, err := st.agent.runHook(ctx, st.restore.rec.SandboxID, []string{"true"}, 10*time.Second)
 			if err == nil && status != 0 {
 				err = fmt.Errorf("floor: true exited %d: %s", status, out)
 			}
