@@ -35,24 +35,25 @@ type Sizes struct {
 	WarmUp        time.Duration `json:"warmUpNs"`      // the expensive workload's warm-up (ns in JSON)
 	ChangePercent int           `json:"changePercent"` // RAM changed before the second checkpoint
 	ChunkMiB      int           `json:"chunkMiB"`      // snapshot chunk size (0: the config's default)
+	LazyFillMiB   int           `json:"lazyFillMiB"`   // RAM the large lazy-restore guest fills (its RAM: 2.5x)
 }
 
 // Quick is the smallest run: every row once, two VMs at a time at most.
 func Quick() Sizes {
 	return Sizes{Runs: 1, GuestMiB: 256, SmallGuestMiB: 256, LargeGuestMiB: 384, SmallDiskMiB: 256, LargeDiskMiB: 512,
-		Clones: []int{1, 2}, WarmUp: 3 * time.Second, ChangePercent: 5}
+		Clones: []int{1, 2}, WarmUp: 3 * time.Second, ChangePercent: 5, LazyFillMiB: 128}
 }
 
 // Default fits a small shared machine (a few VMs at a time).
 func Default() Sizes {
 	return Sizes{Runs: 3, GuestMiB: 256, SmallGuestMiB: 256, LargeGuestMiB: 512, SmallDiskMiB: 1024, LargeDiskMiB: 2048,
-		Clones: []int{1, 2, 4}, WarmUp: 10 * time.Second, ChangePercent: 5}
+		Clones: []int{1, 2, 4}, WarmUp: 10 * time.Second, ChangePercent: 5, LazyFillMiB: 384}
 }
 
 // Full is the issue's sizes: 1 GiB guests, 8 GiB disks, 8 clones, 20 s warm-up.
 func Full() Sizes {
 	return Sizes{Runs: 3, GuestMiB: 256, SmallGuestMiB: 256, LargeGuestMiB: 1024, SmallDiskMiB: 1024, LargeDiskMiB: 8192,
-		Clones: []int{1, 4, 8}, WarmUp: 20 * time.Second, ChangePercent: 5}
+		Clones: []int{1, 4, 8}, WarmUp: 20 * time.Second, ChangePercent: 5, LazyFillMiB: 1024}
 }
 
 // Validate checks the sizes.
@@ -70,6 +71,8 @@ func (s Sizes) Validate() error {
 		return errors.New("warm-up must be at least 1s")
 	case s.ChangePercent < 1 || s.ChangePercent > 50:
 		return errors.New("change percent must be between 1 and 50")
+	case s.LazyFillMiB < 32:
+		return errors.New("the lazy guest must fill at least 32 MiB")
 	case s.ChunkMiB < 0 || s.ChunkMiB > 64:
 		return errors.New("chunk size must be between 1 and 64 MiB")
 	}
@@ -144,7 +147,7 @@ func Run(ctx context.Context, o Options) (_ *Report, retErr error) {
 		if o.ChunkMiB > 0 {
 			c.Snapshot.ChunkSizeMiB = o.ChunkMiB
 		}
-		c.Hypervisor.MaxMemoryMiB = max(c.Hypervisor.MaxMemoryMiB, o.LargeGuestMiB)
+		c.Hypervisor.MaxMemoryMiB = max(c.Hypervisor.MaxMemoryMiB, o.LargeGuestMiB, o.LazyFillMiB*5/2)
 		c.Stores.Allowed = append(c.Stores.Allowed, "s3://"+r.s3.Bucket+"/")
 		c.Stores.S3 = configs.S3{Endpoint: r.s3.Endpoint, AccessKey: r.s3.AccessKey, SecretKey: r.s3.SecretKey, Region: "us-east-1"}
 	})
@@ -175,6 +178,7 @@ func Run(ctx context.Context, o Options) (_ *Report, retErr error) {
 		{"checkpoint pause windows and incremental checkpoint", r.pauseWindows},
 		{"hibernation loop: lazy restore, change, checkpoint", r.hibernate},
 		{"restore pipeline throughput", r.pipeline},
+		{"lazy and eager restores over a 1 Gbit/s link", r.lazyRestore},
 		{"shim peak RSS during a restore", r.shimRSS},
 	} {
 		if err := ctx.Err(); err != nil {

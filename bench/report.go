@@ -183,5 +183,16 @@ func RowNames(s Sizes) []string {
 	n = append(n, "snapshot_raw_nonzero", "raw_sha256", "raw_zstd_decode", "raw_write", "fetch_verify_materialize",
 		"materialize_from_node_cache", "fetch_verify_materialize_tmpfs",
 		fmt.Sprintf("shim_peak_rss_restore_%dMiB", s.LargeGuestMiB), fmt.Sprintf("qemu_rss_after_restore_%dMiB", s.LargeGuestMiB))
+	n = append(n, "large_snapshot_stored", "large_snapshot_ram")
+	for _, size := range []string{"small", "large"} {
+		for _, mode := range []string{"eager", "lazy"} {
+			x := fmt.Sprintf("s3_1gbit_%s_%s_to_exec", size, mode)
+			n = append(n, timings(x)...)
+			n = append(n, x+"/fetched", x+"/fetched_of_stored")
+		}
+	}
+	n = append(n, timings("cached_large_lazy_to_exec")...)
+	c := s.Clones[len(s.Clones)-1]
+	n = append(n, "floor_large_to_first_command", fmt.Sprintf("clones_%d_last_to_exec", c), fmt.Sprintf("clones_%d_fetched_of_stored", c), fmt.Sprintf("clones_%d_qemu_pss_total", c))
 	return n
 }

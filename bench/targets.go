@@ -91,4 +91,31 @@ func (r *runner) targets() {
 	rss := rep.value(fmt.Sprintf("shim_peak_rss_restore_%dMiB", r.o.LargeGuestMiB))
 	rep.target(fmt.Sprintf("shim peak RSS, %d MiB restore (MiB)", r.o.LargeGuestMiB), "<= 256", rss, rss > 0 && rss <= 256,
 		fmt.Sprintf("QEMU RSS after restore %.0f MiB", rep.value(fmt.Sprintf("qemu_rss_after_restore_%dMiB", r.o.LargeGuestMiB))))
+
+	r.lazyTargets(ratio)
+}
+
+// lazyTargets are issue 13's: lazy restore time does not grow with the
+// snapshot, fetches a small part of it before the first exec, is close to
+// the floor from the node cache, and clones fetch each byte once.
+func (r *runner) lazyTargets(ratio func(a, b float64) float64) {
+	rep := r.r
+	ls, ll := rep.value("s3_1gbit_small_lazy_to_exec"), rep.value("s3_1gbit_large_lazy_to_exec")
+	el := rep.value("s3_1gbit_large_eager_to_exec")
+	v := ratio(ll, ls)
+	rep.target("lazy large / lazy small (S3, 1 Gbit/s)", "<= 1.5", v, v > 0 && v <= 1.5,
+		fmt.Sprintf("large %.0f ms, small %.0f ms; eager: large %.0f ms, small %.0f ms", ll, ls, el, rep.value("s3_1gbit_small_eager_to_exec")))
+	v = ratio(ll, el)
+	rep.target("lazy large / eager large (S3, 1 Gbit/s)", "<= 0.25", v, v > 0 && v <= 0.25, fmt.Sprintf("%.0f ms vs %.0f ms", ll, el))
+	f := rep.value("s3_1gbit_large_lazy_to_exec/fetched_of_stored")
+	rep.target("lazy large: fetched before the first exec / stored (%)", "<= 15", f, f > 0 && f <= 15,
+		fmt.Sprintf("%.1f MiB of %.0f MiB stored", rep.value("s3_1gbit_large_lazy_to_exec/fetched"), rep.value("large_snapshot_stored")))
+	fl := rep.value("floor_large_to_first_command")
+	v = ratio(rep.value("cached_large_lazy_to_exec"), fl)
+	rep.target("lazy from the node cache / floor", "<= 1.2", v, v > 0 && v <= 1.2,
+		fmt.Sprintf("lazy %.0f ms, floor (QEMU from the materialized files, a first command) %.0f ms", rep.value("cached_large_lazy_to_exec"), fl))
+	n := r.o.Clones[len(r.o.Clones)-1]
+	v = rep.value(fmt.Sprintf("clones_%d_fetched_of_stored", n))
+	rep.target(fmt.Sprintf("%d lazy clones: fetched / stored", n), "<= 1.1", v, v > 0 && v <= 1.1,
+		fmt.Sprintf("last answered after %.0f ms; QEMU Pss %.0f MiB", rep.value(fmt.Sprintf("clones_%d_last_to_exec", n)), rep.value(fmt.Sprintf("clones_%d_qemu_pss_total", n))))
 }

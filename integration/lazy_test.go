@@ -15,6 +15,9 @@ import (
 
 	"github.com/cryo-runtime/cryo/configs"
 	"github.com/cryo-runtime/cryo/integration/harness"
+	"github.com/cryo-runtime/cryo/nodecache"
+	"github.com/cryo-runtime/cryo/snapshot"
+	"github.com/cryo-runtime/cryo/stores"
 )
 
 // lazyNode lets pods ask for lazy restores.
@@ -82,7 +85,18 @@ func TestLazyRestore(t *testing.T) {
 	before := startWorkload(t, e, "src")
 	checkpoint(t, e, "src", e.StoreURL("lazy:v1"))
 
+	// Eager first, from an empty node cache, for comparison (an eager
+	// sandbox needs its materialized files, not the blob cache).
+	clearNodeCache(t, e)
 	t0 := time.Now()
+	restore(t, e, "eg", e.StoreURL("lazy:v1"), "--annotation=cryo.dev/restore-mode=eager")
+	if st := readState(t, e, "eg"); st.secret != before.secret {
+		t.Fatalf("eager restore state %+v", st)
+	}
+	t.Logf("eager restore: first exec %v", time.Since(t0).Round(time.Millisecond))
+
+	clearNodeCache(t, e)
+	t0 = time.Now()
 	restore(t, e, "lz", e.StoreURL("lazy:v1"), lazyMode)
 	after := readState(t, e, "lz")
 	firstExec := time.Since(t0)
@@ -109,12 +123,76 @@ func TestLazyRestore(t *testing.T) {
 		t.Fatalf("disk after writes: %q", out)
 	}
 
-	for _, id := range []string{"src", "lz"} {
+	for _, id := range []string{"src", "lz", "eg"} {
 		e.MustCtr("task", "kill", "-s", "SIGKILL", id)
 		waitStopped(t, e, id)
 		e.MustCtr("task", "delete", id)
 		e.MustCtr("c", "rm", id)
 	}
+	noLeftovers(t, e)
+	noLazyLeftovers(t, e)
+}
+
+// ramChunks returns the digests of the stored chunks of ref's "ram" file.
+func ramChunks(t *testing.T, url string) []string {
+	t.Helper()
+	ctx := t.Context()
+	store, ref, err := stores.Open(ctx, url, stores.Options{Getenv: func(string) string { return "" }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := snapshot.Open(ctx, store, ref, snapshot.ReadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fr, err := s.ServeFile(snapshot.FileRAM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fr.Close()
+	var out []string
+	for _, c := range fr.Chunks() {
+		out = append(out, c.Stored.Digest.Encoded())
+	}
+	return out
+}
+
+// TestLazyFallbackCold: every RAM chunk corrupted in the store: the lazy
+// restore fails before cont (QEMU dies loading its device state, which
+// touches RAM); restore-fallback fail reports it and leaves nothing;
+// restore-fallback cold boots the container. No mount or layer is left.
+func TestLazyFallbackCold(t *testing.T) {
+	e := harness.Start(t, lazyNode)
+	startWorkload(t, e, "src")
+	url := e.StoreURL("broken:v1")
+	checkpoint(t, e, "src", url)
+	e.MustCtr("task", "kill", "-s", "SIGKILL", "src")
+	waitStopped(t, e, "src")
+	clearNodeCache(t, e)
+	for _, d := range ramChunks(t, url) {
+		p := filepath.Join(e.Dir, "store", "broken", "blobs", "sha256", d)
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b[len(b)/3] ^= 0x10
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, errs, err := e.Ctr(e.RunArgs("--rm", "--annotation", "cryo.dev/restore-from="+url, lazyMode, harness.Image, "fail", "true")...)
+	if err == nil || !strings.Contains(errs, "load") {
+		t.Fatalf("lazy restore of a snapshot with corrupted RAM: %v\n%s\n%s", err, out, errs)
+	}
+	e.Ctr("c", "rm", "fail")
+	noLazyLeftovers(t, e)
+	out = e.MustCtr(e.RunArgs("--rm", "--annotation", "cryo.dev/restore-from="+url, lazyMode, "--annotation", "cryo.dev/restore-fallback=cold",
+		harness.Image, "cold", "sh", "-c", "echo booted-cold")...)
+	if !strings.Contains(out, "booted-cold") {
+		t.Fatalf("cold fallback output %q", out)
+	}
+	e.MustCtr("task", "delete", "src")
+	e.MustCtr("c", "rm", "src")
 	noLeftovers(t, e)
 	noLazyLeftovers(t, e)
 }
@@ -159,6 +237,9 @@ func TestLazyClones(t *testing.T) {
 	var gc struct{ CacheFreedBytes int64 }
 	if err != nil || json.Unmarshal([]byte(out), &gc) != nil {
 		t.Fatalf("cryoctl gc: %v\n%s\n%s", err, out, errs)
+	}
+	if leases, _ := filepath.Glob(filepath.Join(nodecache.SnapshotsDir(e.Cfg.Snapshot.CacheDir), ".*.blobs")); len(leases) != 1 {
+		t.Fatalf("leases of the clones' snapshot in the node cache: %v", leases)
 	}
 	for _, id := range []string{"a", "b"} {
 		if got := strings.Fields(e.MustCtr("task", "exec", "--exec-id", "md5", id, "md5sum", "/dev/shm/big"))[0]; got != sum {

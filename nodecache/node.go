@@ -108,6 +108,14 @@ func (n *Node) Prune(ctx context.Context, opts PruneOptions) (PruneResult, error
 	if err != nil {
 		return res, err
 	}
+	// What running lazy sandboxes read stays, whatever the limit.
+	leased, err := n.snaps.leased(opts.DryRun)
+	if err != nil {
+		return res, err
+	}
+	for _, d := range leased {
+		defer b.Pin(d)()
+	}
 	if limit := b.Stats().MaxBytes; !opts.DryRun && limit > 0 {
 		if res.BlobsFreed, err = b.Prune(limit); err != nil {
 			return res, err

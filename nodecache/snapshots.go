@@ -5,9 +5,11 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -28,6 +30,8 @@ import (
 //	                      completion marker naming the boot it was made in)
 //	<dir>/.<hex>.use      its use-lock (see Use); its mtime is the last use
 //	<dir>/.<hex>.lock     held while one materialization of it runs
+//	<dir>/.<hex>.blobs    the blobs a lazily restored sandbox of it reads
+//	                      from the blob cache (Lease)
 //	<dir>/.tmp-*          materializations in progress, and stale ones
 //
 // A materialized snapshot is in use while a sandbox restored from it runs:
@@ -81,6 +85,98 @@ func (s *Snapshots) Use(ctx context.Context, d digest.Digest) (release func(), _
 		log.G(ctx).WithError(err).Warn("record the use of a materialized snapshot")
 	}
 	return func() { f.Close() }, nil // closing releases the lock
+}
+
+func (s *Snapshots) leasePath(d digest.Digest) string {
+	return filepath.Join(s.dir, "."+d.Encoded()+".blobs")
+}
+
+// Lease records that sandboxes holding d's use-lock read blobs from the
+// node's blob cache (a lazy restore serves its RAM from them): Node.Prune
+// keeps them for as long as any sandbox holds the lock. Call it with the
+// lock held.
+func (s *Snapshots) Lease(d digest.Digest, blobs []digest.Digest) error {
+	if err := checkDigest(d); err != nil {
+		return err
+	}
+	var b []byte
+	for _, x := range blobs {
+		if err := checkDigest(x); err != nil {
+			return err
+		}
+		b = append(append(b, x.Encoded()...), '\n')
+	}
+	tmp := s.leasePath(d) + ".tmp-" + randomSuffix()
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return fmt.Errorf("lease %s: %w", d, err)
+	}
+	if err := os.Rename(tmp, s.leasePath(d)); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("lease %s: %w", d, err)
+	}
+	return nil
+}
+
+// leased returns the blobs of the leases of snapshots in use, and removes
+// the leases of snapshots no sandbox uses.
+func (s *Snapshots) leased(dryRun bool) ([]digest.Digest, error) {
+	leases, err := filepath.Glob(filepath.Join(s.dir, ".*.blobs"))
+	if err != nil {
+		return nil, err
+	}
+	var out []digest.Digest
+	for _, p := range leases {
+		hexd := strings.TrimSuffix(strings.TrimPrefix(filepath.Base(p), "."), ".blobs")
+		d := digest.NewDigestFromEncoded(digest.SHA256, hexd)
+		if checkDigest(d) != nil {
+			continue
+		}
+		inUse, err := s.inUse(d)
+		if err != nil {
+			return nil, err
+		}
+		if !inUse {
+			if !dryRun {
+				os.Remove(p)
+			}
+			continue
+		}
+		f, err := openInDir(p, os.O_RDONLY)
+		if err != nil {
+			return nil, err
+		}
+		b, err := io.ReadAll(io.LimitReader(f, 64<<20))
+		f.Close()
+		if err != nil {
+			return nil, err
+		}
+		for _, l := range strings.Fields(string(b)) {
+			if x := digest.NewDigestFromEncoded(digest.SHA256, l); checkDigest(x) == nil {
+				out = append(out, x)
+			}
+		}
+	}
+	return out, nil
+}
+
+// inUse reports whether a sandbox holds d's use-lock.
+func (s *Snapshots) inUse(d digest.Digest) (bool, error) {
+	use, err := openInDir(s.usePath(d), os.O_RDWR)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	defer use.Close()
+	switch err := unix.Flock(int(use.Fd()), unix.LOCK_EX|unix.LOCK_NB); err {
+	case nil:
+		return false, nil // closing unlocks
+	case unix.EWOULDBLOCK:
+		return true, nil
+	default:
+		return false, fmt.Errorf("lease %s: lock: %w", d, err)
+	}
 }
 
 // checkDigest refuses anything but a well-formed sha256 digest: it names a

@@ -273,6 +273,7 @@ func (st *start) serve(ctx context.Context, u *undo) error {
 		}
 	})
 	ram.blobs, _ = r.node.Blobs()
+	ram.keepBlobs(ctx, r.node, r.snap.Descriptor.Digest)
 	m := &snapshot.Materialized{ManifestDigest: r.snap.Descriptor.Digest, RAM: ram.Path(), Disks: map[string]string{}}
 	for _, name := range disks {
 		m.Disks[name], _ = ram.Disk(name)

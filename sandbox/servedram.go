@@ -47,6 +47,8 @@ type servedRAM struct {
 	store   string                 // redacted store URL, for the logs
 	disks   map[string]string      // disk name -> served path
 
+	unpin []func() // the blobs pinned in this process's node cache
+
 	mu      sync.Mutex
 	side    *os.File // the open generation's side file (unlinked)
 	readErr error    // the first page read that failed
@@ -193,6 +195,31 @@ func (r *servedRAM) fetchedFields() log.Fields {
 	return f
 }
 
+// keepBlobs makes the node cache keep every blob the served files read
+// for the sandbox's life: pinned in this shim's view of it, and leased
+// beside the snapshot's use-lock for `cryoctl gc` (Node.Prune). An evicted
+// blob would be downloaded again, but the store may have dropped it by
+// then.
+func (r *servedRAM) keepBlobs(ctx context.Context, node *nodecache.Node, snap digest.Digest) {
+	var ds []digest.Digest
+	for _, fr := range r.readers {
+		for _, c := range fr.Chunks() {
+			ds = append(ds, c.Stored.Digest)
+			if c.Base != nil {
+				ds = append(ds, c.Base.Digest)
+			}
+		}
+	}
+	if r.blobs != nil {
+		for _, d := range ds {
+			r.unpin = append(r.unpin, r.blobs.Pin(d))
+		}
+	}
+	if err := node.Snapshots().Lease(snap, ds); err != nil {
+		log.G(ctx).WithError(err).Warn("lazy restore: lease the snapshot's blobs in the node cache; gc may evict them")
+	}
+}
+
 // Parent is the snapshot the RAM came from.
 func (r *servedRAM) Parent() ParentRAM { return r.parent }
 
@@ -232,6 +259,9 @@ func (r *servedRAM) Close(ctx context.Context) error {
 	}
 	for _, fr := range r.readers {
 		fr.Close()
+	}
+	for _, u := range r.unpin {
+		u()
 	}
 	if r.layer != "" {
 		if rerr := os.Remove(r.layer); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
@@ -295,16 +325,28 @@ func (r *servedRAM) startPrefetch(ctx context.Context, workers int) {
 	}()
 }
 
+// pageReader is what a pageSource reads: a *snapshot.FileReader.
+type pageReader interface {
+	ReadAtContext(ctx context.Context, p []byte, off int64) (int, error)
+	Size() int64
+	Name() string
+}
+
+// stuckGrace is how long a page read may outlive its deadline (a store
+// that ignores cancellation) before QEMU is killed.
+const stuckGrace = 5 * time.Second
+
 // pageSource is a served file's content: the snapshot reader under a
 // deadline per read.
 type pageSource struct {
 	r       *servedRAM
-	fr      *snapshot.FileReader
+	fr      pageReader
 	timeout time.Duration
+	grace   time.Duration
 }
 
-func (r *servedRAM) source(fr *snapshot.FileReader, timeout time.Duration) *pageSource {
-	return &pageSource{r: r, fr: fr, timeout: timeout}
+func (r *servedRAM) source(fr pageReader, timeout time.Duration) *pageSource {
+	return &pageSource{r: r, fr: fr, timeout: timeout, grace: stuckGrace}
 }
 
 func (s *pageSource) Size() int64 { return s.fr.Size() }
@@ -317,7 +359,7 @@ func (s *pageSource) Size() int64 { return s.fr.Size() }
 func (s *pageSource) ReadAt(p []byte, off int64) (int, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
 	defer cancel()
-	stuck := time.AfterFunc(s.timeout+5*time.Second, s.r.stuck)
+	stuck := time.AfterFunc(s.timeout+s.grace, s.r.stuck)
 	n, err := s.fr.ReadAtContext(ctx, p, off)
 	stuck.Stop()
 	if err != nil && n == 0 && off < s.fr.Size() {

@@ -115,6 +115,8 @@ type Snapshot struct {
 	bases  map[digest.Digest]baseRef
 	// writeAt writes materialized bytes; tests inject failures here.
 	writeAt func(f writerAt, b []byte, off int64) (int, error)
+	// demand is when a served file's reader last waited for a chunk.
+	demand *demandClock
 }
 
 // chunkRef is one validated chunk layer.
@@ -150,7 +152,7 @@ func ParseRef(ref string) (tag string, pin digest.Digest, err error) {
 // validates every field before returning. Nothing is written.
 func Open(ctx context.Context, store stores.Store, ref string, opts ReadOptions) (*Snapshot, error) {
 	opts.defaults()
-	s := &Snapshot{Ref: ref, store: store, opts: opts}
+	s := &Snapshot{Ref: ref, store: store, opts: opts, demand: &demandClock{}}
 	if err := s.open(ctx); err != nil {
 		return nil, fmt.Errorf("open snapshot %s: %w", ref, err)
 	}

@@ -223,7 +223,9 @@ func (r *FileReader) chunk(ctx context.Context, idx int64) ([]byte, error) {
 	r.flights[idx] = f
 	r.mu.Unlock()
 
+	r.s.demand.begin()
 	f.raw, f.err = r.decode(ctx, r.chunks[idx])
+	r.s.demand.end()
 	r.mu.Lock()
 	delete(r.flights, idx)
 	if f.err == nil {
@@ -330,6 +332,9 @@ func (r *FileReader) Prefetch(ctx context.Context, workers int, order []int64) (
 		if gctx.Err() != nil {
 			break
 		}
+		if err := r.s.demand.quiet(gctx); err != nil {
+			break
+		}
 		g.Go(func() error {
 			var err error
 			if e, ok := r.s.store.(ensurer); ok {
@@ -349,4 +354,42 @@ func (r *FileReader) Prefetch(ctx context.Context, workers int, order []int64) (
 		err = ctx.Err()
 	}
 	return PrefetchStats{Chunks: len(descs), StoredBytes: bytes.Load(), Duration: time.Since(start)}, err
+}
+
+// demandQuiet is how long no page fault may have waited for a chunk before
+// prefetch starts another fetch: a guest that faults wants the link to
+// itself (a fault stalls a vCPU, a prefetch only saves a later one).
+const demandQuiet = 20 * time.Millisecond
+
+// demandClock says when the guest last waited for a chunk, so that
+// prefetch yields to page faults.
+type demandClock struct {
+	inFlight atomic.Int32
+	last     atomic.Int64 // unix nanoseconds
+}
+
+func (d *demandClock) begin() { d.inFlight.Add(1) }
+
+func (d *demandClock) end() {
+	d.last.Store(time.Now().UnixNano())
+	d.inFlight.Add(-1)
+}
+
+// quiet waits until no fault has waited for a chunk for demandQuiet.
+func (d *demandClock) quiet(ctx context.Context) error {
+	for {
+		idle := time.Since(time.Unix(0, d.last.Load()))
+		if d.inFlight.Load() == 0 && idle >= demandQuiet {
+			return nil
+		}
+		wait := demandQuiet
+		if idle < demandQuiet {
+			wait = demandQuiet - idle
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+	}
 }

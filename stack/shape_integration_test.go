@@ -15,14 +15,14 @@ import (
 // on lo is not slowed; the shaping is gone afterwards.
 func TestShapeLimitsOnePort(t *testing.T) {
 	shaped, other := listen(t), listen(t)
-	remove, err := Shape(shaped.Addr().(*net.TCPAddr).Port, "200mbit")
+	link, err := Shape(shaped.Addr().(*net.TCPAddr).Port, "200mbit")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer remove()
-	const n = 25 << 20 // 25 MiB: 1 s at 200 Mbit/s
-	slow := transfer(t, shaped, n)
-	fast := transfer(t, other, n)
+	defer link.Remove()
+	const n25 = 25 << 20 // 25 MiB: 1 s at 200 Mbit/s
+	slow := transfer(t, shaped, n25)
+	fast := transfer(t, other, n25)
 	t.Logf("25 MiB: shaped port %s, other port %s", slow, fast)
 	if slow < 700*time.Millisecond || slow > 3*time.Second {
 		t.Fatalf("shaped transfer took %s, want about 1 s at 200 Mbit/s", slow)
@@ -33,7 +33,10 @@ func TestShapeLimitsOnePort(t *testing.T) {
 	if _, err := Shape(other.Addr().(*net.TCPAddr).Port, "1gbit"); err == nil || !strings.Contains(err.Error(), "already has a root qdisc") {
 		t.Fatalf("second shaping: %v, want a refusal", err)
 	}
-	if err := remove(); err != nil {
+	if n, err := link.Bytes(); err != nil || n < n25 || n > n25*11/10 {
+		t.Fatalf("link carried %d bytes, %v; want about %d (the shaped transfer, not the other)", n, err, n25)
+	}
+	if err := link.Remove(); err != nil {
 		t.Fatal(err)
 	}
 	out, _ := exec.Command("tc", "qdisc", "show", "dev", "lo").Output()

@@ -1,0 +1,248 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/containerd/log"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/sirupsen/logrus"
+
+	"github.com/cryo-runtime/cryo/annotations"
+	"github.com/cryo-runtime/cryo/configs"
+	"github.com/cryo-runtime/cryo/sandbox"
+	"github.com/cryo-runtime/cryo/stack"
+)
+
+// linkRate is the shaped link between the node and its S3 store.
+const linkRate = "1gbit"
+
+// lazySnapshot is one snapshot the lazy-restore rows restore.
+type lazySnapshot struct {
+	name   string // "small", "large"
+	url    string // s3://
+	stored int64
+}
+
+// lazyRestore: restore to first exec from S3 over a loopback link shaped
+// to 1 Gbit/s (the S3 port only), the node cache empty, for a small
+// snapshot (the idle template) and a large one (a guest that filled
+// LazyFillMiB of RAM with compressible data), eager and lazy, with the
+// bytes that crossed the link before the first exec answered; then lazy
+// from the node cache, the floor (the same QEMU started directly from the
+// materialized files, sandbox.Floor), and concurrent lazy clones with the
+// bytes they fetched together.
+func (r *runner) lazyRestore() error {
+	large, err := r.largeLazySnapshot()
+	if err != nil {
+		return err
+	}
+	snaps := []lazySnapshot{{"small", r.tpl.s3, r.tpl.stored}, large}
+	_, port, err := net.SplitHostPort(r.s3.Endpoint)
+	if err != nil {
+		return fmt.Errorf("s3 endpoint %s: %w", r.s3.Endpoint, err)
+	}
+	p, _ := strconv.Atoi(port)
+	link, err := stack.Shape(p, linkRate)
+	if err != nil {
+		return err
+	}
+	defer link.Remove()
+	cfg, err := r.cfgWith("lazy", func(c *configs.Config) { c.Restore.AllowedModes = []string{configs.RestoreLazy} })
+	if err != nil {
+		return err
+	}
+	for _, s := range snaps {
+		for _, mode := range []string{configs.RestoreEager, configs.RestoreLazy} {
+			if err := r.shapedRestore(cfg, link, s, mode); err != nil {
+				return err
+			}
+		}
+	}
+	if err := r.cachedLazy(cfg, large); err != nil {
+		return err
+	}
+	if err := r.floor(large); err != nil {
+		return err
+	}
+	return r.lazyClones(cfg, link, large)
+}
+
+// largeLazySnapshot checkpoints a guest that filled LazyFillMiB of its RAM
+// (tmpfs) with compressible data to S3.
+func (r *runner) largeLazySnapshot() (lazySnapshot, error) {
+	fill := r.o.LazyFillMiB
+	mem := fill * 5 / 2
+	id := r.id("lazy")
+	ann := map[string]string{"cryo.dev/memory": strconv.Itoa(mem)}
+	tmpfs := fmt.Sprintf("type=tmpfs,src=tmpfs,dst=/fill,options=size=%dm:rw", mem)
+	if err := r.start("", id, ann, "sleep 100000", "--mount", tmpfs); err != nil {
+		return lazySnapshot{}, err
+	}
+	defer r.remove(id)
+	if err := r.sh(id, fillScript("/fill/ram", fill, min(fill/4, 128), false)); err != nil {
+		return lazySnapshot{}, err
+	}
+	url := "s3://" + r.s3.Bucket + "/bench/lazy-large:v1"
+	c, err := r.checkpoint(id, url)
+	if err != nil {
+		return lazySnapshot{}, err
+	}
+	r.r.add("lazy", "large_snapshot_stored", "MiB", mib(c.StoredBytes))
+	r.r.add("lazy", "large_snapshot_ram", "MiB", float64(mem))
+	r.progress("lazy: large snapshot, %d MiB guest with %d MiB filled: %.0f MiB stored", mem, fill, mib(c.StoredBytes))
+	return lazySnapshot{"large", url, c.StoredBytes}, nil
+}
+
+func modeAnn(url, mode string) map[string]string {
+	return map[string]string{annotations.RestoreFrom: url, annotations.RestoreMode: mode}
+}
+
+// shapedRestore: Runs restores of s in mode over the link, each with an
+// empty node cache.
+func (r *runner) shapedRestore(cfg string, link *stack.Link, s lazySnapshot, mode string) error {
+	var ts []execTiming
+	var fetched []float64
+	for range r.o.Runs {
+		if err := r.clearCache(); err != nil {
+			return err
+		}
+		before, err := link.Bytes()
+		if err != nil {
+			return err
+		}
+		id := r.id("lz")
+		t, err := r.startToExec(cfg, id, modeAnn(s.url, mode))
+		after, berr := link.Bytes()
+		r.remove(id)
+		if err != nil {
+			return err
+		}
+		if berr != nil {
+			return berr
+		}
+		// Measured after the second exec too: an upper bound of what the
+		// first one needed.
+		ts, fetched = append(ts, t), append(fetched, mib(after-before))
+	}
+	name := fmt.Sprintf("s3_1gbit_%s_%s_to_exec", s.name, mode)
+	r.addTimings("lazy", name, ts)
+	r.r.add("lazy", name+"/fetched", "MiB", fetched...)
+	r.r.add("lazy", name+"/fetched_of_stored", "%", 100*Median(fetched)/mib(max(1, s.stored)))
+	r.progress("lazy: %s snapshot, %s, S3 over %s: %.0f ms to first exec, %.1f MiB fetched (%.0f%% of %.0f MiB stored)",
+		s.name, mode, linkRate, r.r.value(name), Median(fetched), 100*Median(fetched)/mib(max(1, s.stored)), mib(s.stored))
+	return nil
+}
+
+// cachedLazy: lazy restores of s with its blobs in the node cache.
+func (r *runner) cachedLazy(cfg string, s lazySnapshot) error {
+	if err := r.clearCache(); err != nil {
+		return err
+	}
+	warm := r.id("lzw")
+	_, err := r.startToExec(cfg, warm, modeAnn(s.url, configs.RestoreEager))
+	r.remove(warm)
+	if err != nil {
+		return err
+	}
+	var ts []execTiming
+	for range r.o.Runs {
+		id := r.id("lzc")
+		t, err := r.startToExec(cfg, id, modeAnn(s.url, configs.RestoreLazy))
+		r.remove(id)
+		if err != nil {
+			return err
+		}
+		ts = append(ts, t)
+	}
+	name := fmt.Sprintf("cached_%s_lazy_to_exec", s.name)
+	r.addTimings("lazy", name, ts)
+	r.progress("lazy: %s snapshot from the node cache: %.0f ms to first exec", s.name, r.r.value(name))
+	return nil
+}
+
+// floor: sandbox.Floor on s, whose files the node cache holds (cachedLazy
+// restored it eagerly once).
+func (r *runner) floor(s lazySnapshot) error {
+	quiet := logrus.New()
+	quiet.Out = io.Discard
+	ctx := log.WithLogger(r.ctx, logrus.NewEntry(quiet))
+	var v []float64
+	for i := range r.o.Runs {
+		id := fmt.Sprintf("floor%d", i)
+		spec := sandbox.Spec{
+			ID: id, Config: r.s.Cfg, StateDir: filepath.Join(r.s.StateRoot, "floor", strconv.Itoa(i)),
+			DiskDir: filepath.Join(r.s.Dir, "floor-disks", strconv.Itoa(i)), Pod: &specs.Spec{},
+			Request: annotations.Request{RestoreMode: configs.RestoreEager}, Tenant: r.s.Namespace,
+		}
+		quiesce()
+		d, err := sandbox.Floor(ctx, spec, sandbox.Source{URL: s.url})
+		if err != nil {
+			return fmt.Errorf("floor: %w", err)
+		}
+		v = append(v, ms(d))
+	}
+	name := fmt.Sprintf("floor_%s_to_first_command", s.name)
+	r.r.add("lazy", name, "ms", v...)
+	r.progress("lazy: floor, QEMU started directly from the %s snapshot's materialized files: %.0f ms to a first command", s.name, Median(v))
+	return nil
+}
+
+// lazyClones: the largest fan-out of lazy restores of s at once, the node
+// cache empty: the bytes that crossed the link against one restore's.
+func (r *runner) lazyClones(cfg string, link *stack.Link, s lazySnapshot) error {
+	n := r.o.Clones[len(r.o.Clones)-1]
+	if err := r.clearCache(); err != nil {
+		return err
+	}
+	before, err := link.Bytes()
+	if err != nil {
+		return err
+	}
+	off := r.logSize()
+	ids := make([]string, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	t0 := time.Now()
+	for i := range ids {
+		ids[i] = r.id("lzf")
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if errs[i] = r.start(cfg, ids[i], modeAnn(s.url, configs.RestoreLazy), "sleep 100000"); errs[i] == nil {
+				_, errs[i] = r.exec(ids[i], "true")
+			}
+		}()
+	}
+	wg.Wait()
+	last := time.Since(t0)
+	// Let the prefetches finish: every chunk once, whoever asked first.
+	ctx, cancel := context.WithTimeout(r.ctx, 5*time.Minute)
+	defer cancel()
+	for ctx.Err() == nil && r.logCount("prefetch complete", off) < n {
+		time.Sleep(500 * time.Millisecond)
+	}
+	after, berr := link.Bytes()
+	mem := qemuMem(r.s.QEMUPids())
+	r.remove(ids...)
+	for i, err := range errs {
+		if err != nil {
+			return fmt.Errorf("lazy clone %d of %d: %w", i+1, n, err)
+		}
+	}
+	if berr != nil {
+		return berr
+	}
+	r.r.add("lazy", fmt.Sprintf("clones_%d_last_to_exec", n), "ms", ms(last))
+	r.r.add("lazy", fmt.Sprintf("clones_%d_fetched_of_stored", n), "ratio", float64(after-before)/float64(max(1, s.stored)))
+	r.r.add("lazy", fmt.Sprintf("clones_%d_qemu_pss_total", n), "MiB", mib(mem.pss))
+	r.progress("lazy: %d clones of the %s snapshot: last answered after %.0f ms; %.2fx the stored bytes crossed the link; QEMU Pss %.0f MiB",
+		n, s.name, ms(last), float64(after-before)/float64(max(1, s.stored)), mib(mem.pss))
+	return nil
+}

@@ -1,0 +1,65 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+)
+
+// blockingReader is a page reader whose reads wait for release, honouring
+// ctx or not.
+type blockingReader struct {
+	release   chan struct{}
+	honourCtx bool
+}
+
+func (b *blockingReader) Size() int64  { return 1 << 20 }
+func (b *blockingReader) Name() string { return "ram" }
+func (b *blockingReader) ReadAtContext(ctx context.Context, p []byte, off int64) (int, error) {
+	if b.honourCtx {
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-b.release:
+		}
+	} else {
+		<-b.release
+	}
+	return 0, errors.New("released")
+}
+
+// TestPageSourceDeadline: a page read that outlives its deadline fails
+// (pagefs answers EIO); one stuck beyond the grace period too (a store that
+// ignores cancellation) kills QEMU. Both are kept for the shim log.
+func TestPageSourceDeadline(t *testing.T) {
+	r := &servedRAM{store: "s3://bucket/x"}
+	killed := make(chan struct{})
+	r.onStuck = func() { close(killed) }
+
+	br := &blockingReader{release: make(chan struct{}), honourCtx: true}
+	defer close(br.release)
+	s := r.source(br, 20*time.Millisecond)
+	s.grace = time.Hour
+	start := time.Now()
+	if _, err := s.ReadAt(make([]byte, 4096), 0); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("read past its deadline: %v", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("the deadline took %v", d)
+	}
+	if err := r.Err(); err == nil || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("kept error %v", err)
+	}
+
+	stuck := &blockingReader{release: make(chan struct{})}
+	defer close(stuck.release)
+	s = r.source(stuck, 10*time.Millisecond)
+	s.grace = 20 * time.Millisecond
+	go s.ReadAt(make([]byte, 4096), 0)
+	select {
+	case <-killed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("a read stuck beyond its deadline did not kill qemu")
+	}
+}
