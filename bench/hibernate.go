@@ -72,7 +72,8 @@ func (r *runner) hibernateGen(cfg string, g int, prev string, change, fill int) 
 		return "", err
 	}
 	seek := (g * change) % max(1, fill-change)
-	if err := r.sh(id, fmt.Sprintf("dd if=/dev/urandom of=/fill/ram bs=1M count=%d seek=%d conv=notrunc 2>/dev/null", change, seek)); err != nil {
+	// 64 KiB at a time: dd's own buffer is RAM the guest writes too.
+	if err := r.sh(id, fmt.Sprintf("dd if=/dev/urandom of=/fill/ram bs=64k count=%d seek=%d conv=notrunc 2>/dev/null", change*16, seek*16)); err != nil {
 		return "", err
 	}
 	next := r.s.StoreURL(fmt.Sprintf("hib:g%d", g))

@@ -194,5 +194,10 @@ func RowNames(s Sizes) []string {
 	n = append(n, timings("cached_large_lazy_to_exec")...)
 	c := s.Clones[len(s.Clones)-1]
 	n = append(n, "floor_large_to_first_command", fmt.Sprintf("clones_%d_last_to_exec", c), fmt.Sprintf("clones_%d_fetched_of_stored", c), fmt.Sprintf("clones_%d_qemu_pss_total", c))
+	n = append(n, "booted_pause", "booted_uploaded")
+	for g := 1; g <= hibernateGens; g++ {
+		p := fmt.Sprintf("gen%d_", g)
+		n = append(n, p+"restore_to_exec", p+"pause", p+"uploaded", p+"uploaded_per_changed_byte", p+"delta_chunks", p+"ram_dirty", p+"uploaded_per_dirty_byte")
+	}
 	return n
 }
