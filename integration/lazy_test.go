@@ -80,8 +80,15 @@ func clearNodeCache(t *testing.T, e *harness.Env) {
 // TestLazyRestore: a pod restored with cryo.dev/restore-mode lazy has the
 // checkpointed RAM and disk, QEMU maps the served file, the prefetch
 // completes, and shutdown leaves no mount, layer or process.
+//
+// CRYO_LAZY_CHUNK_MIB sets the snapshot chunk size, to measure its effect
+// on what a lazy restore fetches before the guest runs.
 func TestLazyRestore(t *testing.T) {
-	e := harness.Start(t, lazyNode)
+	e := harness.Start(t, lazyNode, func(c *configs.Config) {
+		if n, err := strconv.Atoi(os.Getenv("CRYO_LAZY_CHUNK_MIB")); err == nil {
+			c.Snapshot.ChunkSizeMiB = n
+		}
+	})
 	before := startWorkload(t, e, "src")
 	checkpoint(t, e, "src", e.StoreURL("lazy:v1"))
 
@@ -325,6 +332,56 @@ func TestLazyCorruptChunk(t *testing.T) {
 		t.Fatalf("shim log does not name the failed chunk and its store:\n%s", e.LogTail(40))
 	}
 	for _, id := range []string{"src", "lz"} {
+		e.MustCtr("task", "delete", id)
+		e.MustCtr("c", "rm", id)
+	}
+	noLeftovers(t, e)
+	noLazyLeftovers(t, e)
+}
+
+// TestLazyLargeSnapshot: a guest with 192 MiB of random data in its page
+// cache (about 390 MiB stored with its disk): the lazy restore fetches a fraction of the
+// snapshot before the guest runs, an eager one all of it first. Both from
+// an empty node cache; the log has the times.
+func TestLazyLargeSnapshot(t *testing.T) {
+	e := harness.Start(t, lazyNode)
+	before := startWorkload(t, e, "src")
+	e.MustCtr("task", "exec", "--exec-id", "fill", "src", "sh", "-c", "head -c 201326592 /dev/urandom > /data/fill; sync; cat /data/fill > /dev/null")
+	checkpoint(t, e, "src", e.StoreURL("large:v1"))
+	stored, _ := strconv.ParseInt(storedRe.FindStringSubmatch(e.LogTail(100000))[1], 10, 64)
+	e.MustCtr("task", "kill", "-s", "SIGKILL", "src")
+	waitStopped(t, e, "src")
+
+	clearNodeCache(t, e)
+	t0 := time.Now()
+	restore(t, e, "eg", e.StoreURL("large:v1"), "--annotation=cryo.dev/restore-mode=eager")
+	readState(t, e, "eg")
+	eager := time.Since(t0)
+
+	clearNodeCache(t, e)
+	t0 = time.Now()
+	restore(t, e, "lz", e.StoreURL("large:v1"), lazyMode)
+	if st := readState(t, e, "lz"); st.secret != before.secret {
+		t.Fatalf("lazily restored %+v, checkpointed %+v", st, before)
+	}
+	lazy := time.Since(t0)
+	b := beforeRunRe.FindStringSubmatch(e.LogTail(100000))
+	if b == nil {
+		t.Fatal("no log of what the lazy restore fetched before the guest ran")
+	}
+	fetched, _ := strconv.ParseInt(b[1], 10, 64)
+	t.Logf("large snapshot (%d MiB stored): first exec eager %v, lazy %v; lazy downloaded %d MiB before the guest ran",
+		stored>>20, eager.Round(time.Millisecond), lazy.Round(time.Millisecond), fetched>>20)
+	if fetched > stored/2 {
+		t.Fatalf("lazy restore downloaded %d of %d stored bytes before the guest ran", fetched, stored)
+	}
+	m := waitShimLog(t, e, prefetchRe, 120*time.Second)
+	t.Logf("prefetch: %s chunks, %s stored bytes in %s", m[1], m[4], m[2])
+	for _, id := range []string{"src", "eg", "lz"} {
+		if id != "src" {
+			e.MustCtr("task", "kill", "-s", "SIGKILL", id)
+			waitStopped(t, e, id)
+		}
 		e.MustCtr("task", "delete", id)
 		e.MustCtr("c", "rm", id)
 	}
