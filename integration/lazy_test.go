@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -385,6 +386,44 @@ func TestLazyLargeSnapshot(t *testing.T) {
 		e.MustCtr("task", "delete", id)
 		e.MustCtr("c", "rm", id)
 	}
+	noLeftovers(t, e)
+	noLazyLeftovers(t, e)
+}
+
+// TestLazyShimKilled: the shim serving a lazy sandbox's pages is killed:
+// its QEMU dies with it (never hangs), and containerd's cleanup of the
+// dead shim leaves no mount, layer or state behind.
+func TestLazyShimKilled(t *testing.T) {
+	e := harness.Start(t, lazyNode)
+	startWorkload(t, e, "src")
+	checkpoint(t, e, "src", e.StoreURL("killed:v1"))
+	e.MustCtr("task", "kill", "-s", "SIGKILL", "src")
+	waitStopped(t, e, "src")
+	e.MustCtr("task", "delete", "src")
+	e.MustCtr("c", "rm", "src")
+	noLeftovers(t, e)
+
+	restore(t, e, "lz", e.StoreURL("killed:v1"), lazyMode)
+	readState(t, e, "lz")
+	shims := e.ShimPids()
+	if len(shims) != 1 || len(e.QEMUPids()) != 1 {
+		t.Fatalf("shims %v, qemus %v: want one of each", shims, e.QEMUPids())
+	}
+	if err := syscall.Kill(shims[0], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if !harness.WaitFor(10*time.Second, func() bool { return len(e.QEMUPids()) == 0 }) {
+		t.Fatalf("qemu %v still running 10 s after its page server was killed", e.QEMUPids())
+	}
+	// containerd runs the shim's delete action and drops the task.
+	if !harness.WaitFor(30*time.Second, func() bool {
+		out, _, err := e.Ctr("task", "ls")
+		return err == nil && !strings.Contains(out, "RUNNING")
+	}) {
+		t.Fatalf("task lz still running after its shim was killed")
+	}
+	e.Ctr("task", "delete", "lz")
+	e.MustCtr("c", "rm", "lz")
 	noLeftovers(t, e)
 	noLazyLeftovers(t, e)
 }
