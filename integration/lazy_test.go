@@ -241,19 +241,6 @@ func TestLazyClones(t *testing.T) {
 			t.Fatalf("clone %s: state %+v, checkpointed %+v", id, st, before)
 		}
 	}
-	out, errs, err := e.Cryoctl("gc", "-o", "json", "--keep-materialized", "0s", e.StoreURL("clones:v1"))
-	var gc struct{ CacheFreedBytes int64 }
-	if err != nil || json.Unmarshal([]byte(out), &gc) != nil {
-		t.Fatalf("cryoctl gc: %v\n%s\n%s", err, out, errs)
-	}
-	if leases, _ := filepath.Glob(filepath.Join(nodecache.SnapshotsDir(e.Cfg.Snapshot.CacheDir), ".*.blobs")); len(leases) != 1 {
-		t.Fatalf("leases of the clones' snapshot in the node cache: %v", leases)
-	}
-	for _, id := range []string{"a", "b"} {
-		if got := strings.Fields(e.MustCtr("task", "exec", "--exec-id", "md5", id, "md5sum", "/dev/shm/big"))[0]; got != sum {
-			t.Fatalf("clone %s: md5 of the RAM file %s, checkpointed %s", id, got, sum)
-		}
-	}
 	var downloaded int64
 	if !harness.WaitFor(60*time.Second, func() bool {
 		ms := downloadedRe.FindAllStringSubmatch(e.LogTail(100000), -1)
@@ -271,6 +258,36 @@ func TestLazyClones(t *testing.T) {
 	if downloaded > stored+1<<20 || downloaded < stored/2 {
 		t.Fatalf("two clones downloaded %d bytes of a %d-byte snapshot: want each chunk once", downloaded, stored)
 	}
+
+	// The snapshot is untagged and the store collected with no grace while
+	// the clones run: the node cache and the store keep what they read.
+	chunks := ramChunks(t, e.StoreURL("clones:v1"))
+	storeBlob := func(d string) string { return filepath.Join(e.Dir, "store", "clones", "blobs", "sha256", d) }
+	if out, errs, err := e.Cryoctl("rm", e.StoreURL("clones:v1")); err != nil {
+		t.Fatalf("cryoctl rm: %v\n%s\n%s", err, out, errs)
+	}
+	gc := func() {
+		t.Helper()
+		out, errs, err := e.Cryoctl("gc", "-o", "json", "--keep-materialized", "0s", "--grace", "0s", e.StoreURL("clones:v1"))
+		var r struct{ CacheFreedBytes int64 }
+		if err != nil || json.Unmarshal([]byte(out), &r) != nil {
+			t.Fatalf("cryoctl gc: %v\n%s\n%s", err, out, errs)
+		}
+	}
+	gc()
+	for _, d := range chunks {
+		if _, err := os.Stat(storeBlob(d)); err != nil {
+			t.Fatalf("gc removed chunk %s of the snapshot two running lazy sandboxes read: %v", d, err)
+		}
+	}
+	if leases, _ := filepath.Glob(filepath.Join(nodecache.SnapshotsDir(e.Cfg.Snapshot.CacheDir), ".*.blobs")); len(leases) != 1 {
+		t.Fatalf("leases of the clones' snapshot in the node cache: %v", leases)
+	}
+	for _, id := range []string{"a", "b"} {
+		if got := strings.Fields(e.MustCtr("task", "exec", "--exec-id", "md5", id, "md5sum", "/dev/shm/big"))[0]; got != sum {
+			t.Fatalf("clone %s: md5 of the RAM file %s, checkpointed %s", id, got, sum)
+		}
+	}
 	for _, id := range []string{"src", "a", "b"} {
 		if id != "src" {
 			e.MustCtr("task", "kill", "-s", "SIGKILL", id)
@@ -281,6 +298,11 @@ func TestLazyClones(t *testing.T) {
 	}
 	noLeftovers(t, e)
 	noLazyLeftovers(t, e)
+	// Once no sandbox reads them, they go.
+	gc()
+	if _, err := os.Stat(storeBlob(chunks[0])); err == nil {
+		t.Fatalf("chunk %s of the untagged snapshot survived gc once no sandbox used it", chunks[0])
+	}
 }
 
 // TestLazyCorruptChunk: a chunk the store corrupts after the lazy sandbox
