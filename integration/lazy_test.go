@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -80,8 +81,15 @@ func clearNodeCache(t *testing.T, e *harness.Env) {
 // TestLazyRestore: a pod restored with cryo.dev/restore-mode lazy has the
 // checkpointed RAM and disk, QEMU maps the served file, the prefetch
 // completes, and shutdown leaves no mount, layer or process.
+//
+// CRYO_LAZY_CHUNK_MIB sets the snapshot chunk size, to measure its effect
+// on what a lazy restore fetches before the guest runs.
 func TestLazyRestore(t *testing.T) {
-	e := harness.Start(t, lazyNode)
+	e := harness.Start(t, lazyNode, func(c *configs.Config) {
+		if n, err := strconv.Atoi(os.Getenv("CRYO_LAZY_CHUNK_MIB")); err == nil {
+			c.Snapshot.ChunkSizeMiB = n
+		}
+	})
 	before := startWorkload(t, e, "src")
 	checkpoint(t, e, "src", e.StoreURL("lazy:v1"))
 
@@ -233,19 +241,6 @@ func TestLazyClones(t *testing.T) {
 			t.Fatalf("clone %s: state %+v, checkpointed %+v", id, st, before)
 		}
 	}
-	out, errs, err := e.Cryoctl("gc", "-o", "json", "--keep-materialized", "0s", e.StoreURL("clones:v1"))
-	var gc struct{ CacheFreedBytes int64 }
-	if err != nil || json.Unmarshal([]byte(out), &gc) != nil {
-		t.Fatalf("cryoctl gc: %v\n%s\n%s", err, out, errs)
-	}
-	if leases, _ := filepath.Glob(filepath.Join(nodecache.SnapshotsDir(e.Cfg.Snapshot.CacheDir), ".*.blobs")); len(leases) != 1 {
-		t.Fatalf("leases of the clones' snapshot in the node cache: %v", leases)
-	}
-	for _, id := range []string{"a", "b"} {
-		if got := strings.Fields(e.MustCtr("task", "exec", "--exec-id", "md5", id, "md5sum", "/dev/shm/big"))[0]; got != sum {
-			t.Fatalf("clone %s: md5 of the RAM file %s, checkpointed %s", id, got, sum)
-		}
-	}
 	var downloaded int64
 	if !harness.WaitFor(60*time.Second, func() bool {
 		ms := downloadedRe.FindAllStringSubmatch(e.LogTail(100000), -1)
@@ -263,6 +258,36 @@ func TestLazyClones(t *testing.T) {
 	if downloaded > stored+1<<20 || downloaded < stored/2 {
 		t.Fatalf("two clones downloaded %d bytes of a %d-byte snapshot: want each chunk once", downloaded, stored)
 	}
+
+	// The snapshot is untagged and the store collected with no grace while
+	// the clones run: the node cache and the store keep what they read.
+	chunks := ramChunks(t, e.StoreURL("clones:v1"))
+	storeBlob := func(d string) string { return filepath.Join(e.Dir, "store", "clones", "blobs", "sha256", d) }
+	if out, errs, err := e.Cryoctl("rm", e.StoreURL("clones:v1")); err != nil {
+		t.Fatalf("cryoctl rm: %v\n%s\n%s", err, out, errs)
+	}
+	gc := func() {
+		t.Helper()
+		out, errs, err := e.Cryoctl("gc", "-o", "json", "--keep-materialized", "0s", "--grace", "0s", e.StoreURL("clones:v1"))
+		var r struct{ CacheFreedBytes int64 }
+		if err != nil || json.Unmarshal([]byte(out), &r) != nil {
+			t.Fatalf("cryoctl gc: %v\n%s\n%s", err, out, errs)
+		}
+	}
+	gc()
+	for _, d := range chunks {
+		if _, err := os.Stat(storeBlob(d)); err != nil {
+			t.Fatalf("gc removed chunk %s of the snapshot two running lazy sandboxes read: %v", d, err)
+		}
+	}
+	if leases, _ := filepath.Glob(filepath.Join(nodecache.SnapshotsDir(e.Cfg.Snapshot.CacheDir), ".*.blobs")); len(leases) != 1 {
+		t.Fatalf("leases of the clones' snapshot in the node cache: %v", leases)
+	}
+	for _, id := range []string{"a", "b"} {
+		if got := strings.Fields(e.MustCtr("task", "exec", "--exec-id", "md5", id, "md5sum", "/dev/shm/big"))[0]; got != sum {
+			t.Fatalf("clone %s: md5 of the RAM file %s, checkpointed %s", id, got, sum)
+		}
+	}
 	for _, id := range []string{"src", "a", "b"} {
 		if id != "src" {
 			e.MustCtr("task", "kill", "-s", "SIGKILL", id)
@@ -273,6 +298,11 @@ func TestLazyClones(t *testing.T) {
 	}
 	noLeftovers(t, e)
 	noLazyLeftovers(t, e)
+	// Once no sandbox reads them, they go.
+	gc()
+	if _, err := os.Stat(storeBlob(chunks[0])); err == nil {
+		t.Fatalf("chunk %s of the untagged snapshot survived gc once no sandbox used it", chunks[0])
+	}
 }
 
 // TestLazyCorruptChunk: a chunk the store corrupts after the lazy sandbox
@@ -328,6 +358,94 @@ func TestLazyCorruptChunk(t *testing.T) {
 		e.MustCtr("task", "delete", id)
 		e.MustCtr("c", "rm", id)
 	}
+	noLeftovers(t, e)
+	noLazyLeftovers(t, e)
+}
+
+// TestLazyLargeSnapshot: a guest with 192 MiB of random data in its page
+// cache (about 390 MiB stored with its disk): the lazy restore fetches a fraction of the
+// snapshot before the guest runs, an eager one all of it first. Both from
+// an empty node cache; the log has the times.
+func TestLazyLargeSnapshot(t *testing.T) {
+	e := harness.Start(t, lazyNode)
+	before := startWorkload(t, e, "src")
+	e.MustCtr("task", "exec", "--exec-id", "fill", "src", "sh", "-c", "head -c 201326592 /dev/urandom > /data/fill; sync; cat /data/fill > /dev/null")
+	checkpoint(t, e, "src", e.StoreURL("large:v1"))
+	stored, _ := strconv.ParseInt(storedRe.FindStringSubmatch(e.LogTail(100000))[1], 10, 64)
+	e.MustCtr("task", "kill", "-s", "SIGKILL", "src")
+	waitStopped(t, e, "src")
+
+	clearNodeCache(t, e)
+	t0 := time.Now()
+	restore(t, e, "eg", e.StoreURL("large:v1"), "--annotation=cryo.dev/restore-mode=eager")
+	readState(t, e, "eg")
+	eager := time.Since(t0)
+
+	clearNodeCache(t, e)
+	t0 = time.Now()
+	restore(t, e, "lz", e.StoreURL("large:v1"), lazyMode)
+	if st := readState(t, e, "lz"); st.secret != before.secret {
+		t.Fatalf("lazily restored %+v, checkpointed %+v", st, before)
+	}
+	lazy := time.Since(t0)
+	b := beforeRunRe.FindStringSubmatch(e.LogTail(100000))
+	if b == nil {
+		t.Fatal("no log of what the lazy restore fetched before the guest ran")
+	}
+	fetched, _ := strconv.ParseInt(b[1], 10, 64)
+	t.Logf("large snapshot (%d MiB stored): first exec eager %v, lazy %v; lazy downloaded %d MiB before the guest ran",
+		stored>>20, eager.Round(time.Millisecond), lazy.Round(time.Millisecond), fetched>>20)
+	if fetched > stored/2 {
+		t.Fatalf("lazy restore downloaded %d of %d stored bytes before the guest ran", fetched, stored)
+	}
+	m := waitShimLog(t, e, prefetchRe, 120*time.Second)
+	t.Logf("prefetch: %s chunks, %s stored bytes in %s", m[1], m[4], m[2])
+	for _, id := range []string{"src", "eg", "lz"} {
+		if id != "src" {
+			e.MustCtr("task", "kill", "-s", "SIGKILL", id)
+			waitStopped(t, e, id)
+		}
+		e.MustCtr("task", "delete", id)
+		e.MustCtr("c", "rm", id)
+	}
+	noLeftovers(t, e)
+	noLazyLeftovers(t, e)
+}
+
+// TestLazyShimKilled: the shim serving a lazy sandbox's pages is killed:
+// its QEMU dies with it (never hangs), and containerd's cleanup of the
+// dead shim leaves no mount, layer or state behind.
+func TestLazyShimKilled(t *testing.T) {
+	e := harness.Start(t, lazyNode)
+	startWorkload(t, e, "src")
+	checkpoint(t, e, "src", e.StoreURL("killed:v1"))
+	e.MustCtr("task", "kill", "-s", "SIGKILL", "src")
+	waitStopped(t, e, "src")
+	e.MustCtr("task", "delete", "src")
+	e.MustCtr("c", "rm", "src")
+	noLeftovers(t, e)
+
+	restore(t, e, "lz", e.StoreURL("killed:v1"), lazyMode)
+	readState(t, e, "lz")
+	shims := e.ShimPids()
+	if len(shims) != 1 || len(e.QEMUPids()) != 1 {
+		t.Fatalf("shims %v, qemus %v: want one of each", shims, e.QEMUPids())
+	}
+	if err := syscall.Kill(shims[0], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if !harness.WaitFor(10*time.Second, func() bool { return len(e.QEMUPids()) == 0 }) {
+		t.Fatalf("qemu %v still running 10 s after its page server was killed", e.QEMUPids())
+	}
+	// containerd runs the shim's delete action and drops the task.
+	if !harness.WaitFor(30*time.Second, func() bool {
+		out, _, err := e.Ctr("task", "ls")
+		return err == nil && !strings.Contains(out, "RUNNING")
+	}) {
+		t.Fatalf("task lz still running after its shim was killed")
+	}
+	e.Ctr("task", "delete", "lz")
+	e.MustCtr("c", "rm", "lz")
 	noLeftovers(t, e)
 	noLazyLeftovers(t, e)
 }

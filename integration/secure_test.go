@@ -30,6 +30,7 @@ func TestSignedEncryptedSnapshot(t *testing.T) {
 		// The keys alone require signatures and encryption (fail closed).
 		c.Snapshot.SigningKey, c.Snapshot.VerifyKey = priv, pub
 		c.Snapshot.EncryptionKey = enc
+		lazyNode(c)
 	})
 	e.MustCtr(e.RunArgs("-d", harness.Image, "src", "sh", "-c", "echo TOP-SECRET-MARKER-$((6*7)) > /dev/shm/s; "+workload)...)
 	waitCounting(t, e, "src")
@@ -54,6 +55,11 @@ func TestSignedEncryptedSnapshot(t *testing.T) {
 		}
 	}
 
+	// Lazily first (nothing in the node cache yet): every chunk is verified and decrypted as the guest touches it.
+	restore(t, e, "lazyback", e.StoreURL("sec:v1"), lazyMode)
+	if out := e.MustCtr("task", "exec", "--exec-id", "x", "lazyback", "cat", "/dev/shm/s"); out != "TOP-SECRET-MARKER-42\n" {
+		t.Fatalf("lazily restored secret %q", out)
+	}
 	restore(t, e, "back", e.StoreURL("sec:v1"))
 	if out := e.MustCtr("task", "exec", "--exec-id", "x", "back", "cat", "/dev/shm/s"); out != "TOP-SECRET-MARKER-42\n" {
 		t.Fatalf("restored secret %q", out)

@@ -19,6 +19,7 @@ func TestRestoreFromS3AndRegistry(t *testing.T) {
 	e := harness.Start(t, func(c *configs.Config) {
 		c.Stores.S3 = configs.S3{Endpoint: s3.Endpoint, AccessKey: s3.AccessKey, SecretKey: s3.SecretKey, Region: "us-east-1"}
 		c.Stores.Allowed = append(c.Stores.Allowed, "s3://"+s3.Bucket+"/", "oci://"+reg+"/cryo/")
+		lazyNode(c)
 	})
 	before := startWorkload(t, e, "src")
 	for _, tc := range []struct{ name, url string }{
@@ -28,6 +29,12 @@ func TestRestoreFromS3AndRegistry(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			checkpoint(t, e, "src", tc.url)
 			id := "from-" + tc.name
+			// Lazily first: RAM and disks served chunk by chunk from the
+			// store, then eagerly (from the node cache).
+			restore(t, e, id+"-lazy", tc.url, lazyMode)
+			if st := readState(t, e, id+"-lazy"); st.bootID != before.bootID || st.secret != before.secret || st.file != "on-rootfs" {
+				t.Fatalf("lazily restored from %s: %+v, checkpointed %+v", tc.url, st, before)
+			}
 			restore(t, e, id, tc.url)
 			st := readState(t, e, id)
 			if st.bootID != before.bootID || st.secret != before.secret || st.counter < before.counter || st.file != "on-rootfs" {

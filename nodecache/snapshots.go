@@ -117,8 +117,12 @@ func (s *Snapshots) Lease(d digest.Digest, blobs []digest.Digest) error {
 	return nil
 }
 
+// Leased returns the blobs that running lazy sandboxes of the node read
+// (the leases of snapshots in use).
+func (s *Snapshots) Leased() ([]digest.Digest, error) { return s.leased(true) }
+
 // leased returns the blobs of the leases of snapshots in use, and removes
-// the leases of snapshots no sandbox uses.
+// (unless dryRun) the leases of snapshots no sandbox uses.
 func (s *Snapshots) leased(dryRun bool) ([]digest.Digest, error) {
 	leases, err := filepath.Glob(filepath.Join(s.dir, ".*.blobs"))
 	if err != nil {

@@ -8,11 +8,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/containerd/log"
 	"github.com/opencontainers/go-digest"
+	"golang.org/x/sys/unix"
 
 	"github.com/cryo-runtime/cryo/internal/redact"
 	"github.com/cryo-runtime/cryo/nodecache"
@@ -41,6 +43,7 @@ type servedRAM struct {
 	parent ParentRAM
 
 	layerFile *os.File
+	stateDir  string
 
 	readers []*snapshot.FileReader // ram first, then the disks
 	blobs   *nodecache.Blobs       // the node cache, for the logs
@@ -71,7 +74,7 @@ func layerPath(memoryDir, stateDir string) string {
 // timeout; one that outlives it by a grace period calls the servedRAM's
 // onStuck (set once QEMU runs). On error nothing is left.
 func serveRAM(ctx context.Context, snap *snapshot.Snapshot, storeURL, stateDir, memoryDir string, disks []string, timeout time.Duration) (_ *servedRAM, retErr error) {
-	r := &servedRAM{store: redact.URL(storeURL), disks: map[string]string{}}
+	r := &servedRAM{store: redact.URL(storeURL), disks: map[string]string{}, stateDir: stateDir}
 	defer func() {
 		if retErr != nil {
 			r.Close(ctx)
@@ -86,6 +89,10 @@ func serveRAM(ctx context.Context, snap *snapshot.Snapshot, storeURL, stateDir, 
 	r.layer = layerPath(memoryDir, stateDir)
 	if err := os.Remove(r.layer); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, err
+	}
+	// Recorded first: a shim that dies leaves it for CleanupServed.
+	if err := os.WriteFile(filepath.Join(stateDir, servedRecord), []byte(r.layer), 0o600); err != nil {
+		return nil, fmt.Errorf("ram layer: %w", err)
 	}
 	lf, err := os.OpenFile(r.layer, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
@@ -130,6 +137,36 @@ func serveRAM(ctx context.Context, snap *snapshot.Snapshot, storeURL, stateDir, 
 		log.G(ctx).WithError(err).Warn("lazy restore: guest RAM writeback stays throttled")
 	}
 	return r, nil
+}
+
+// servedRecord, in the state dir, names the RAM layer of a served
+// sandbox.
+const servedRecord = "pagefs.layer"
+
+// CleanupServed removes what a served sandbox whose shim died left in
+// stateDir (call it after its QEMU is gone): the pagefs mount (its
+// connection ended with the shim) and the RAM layer. Nothing served: no-op.
+func CleanupServed(stateDir string) error {
+	var errs []error
+	mnt := filepath.Join(stateDir, "pagefs")
+	if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+		errs = append(errs, fmt.Errorf("unmount %s: %w", mnt, err))
+	}
+	b, err := os.ReadFile(filepath.Join(stateDir, servedRecord))
+	if errors.Is(err, os.ErrNotExist) {
+		return errors.Join(errs...)
+	}
+	if err != nil {
+		return errors.Join(append(errs, err)...)
+	}
+	layer := string(b)
+	if !filepath.IsAbs(layer) || filepath.Clean(layer) != layer || !strings.HasPrefix(filepath.Base(layer), "cryo-") || !strings.HasSuffix(layer, ".layer") {
+		return errors.Join(append(errs, fmt.Errorf("served sandbox record names %q, not a ram layer", layer))...)
+	}
+	if err := os.Remove(layer); err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
 }
 
 // Path is the served RAM file QEMU maps.
@@ -264,6 +301,7 @@ func (r *servedRAM) Close(ctx context.Context) error {
 		u()
 	}
 	if r.layer != "" {
+		os.Remove(filepath.Join(r.stateDir, servedRecord))
 		if rerr := os.Remove(r.layer); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
 			err = errors.Join(err, rerr)
 		}

@@ -3,6 +3,8 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 )
@@ -61,5 +63,35 @@ func TestPageSourceDeadline(t *testing.T) {
 	case <-killed:
 	case <-time.After(5 * time.Second):
 		t.Fatal("a read stuck beyond its deadline did not kill qemu")
+	}
+}
+
+// TestCleanupServed: what a dead shim's served sandbox left (its record and
+// RAM layer) goes; a record that names anything but a layer is refused and
+// nothing is removed; no record is no work.
+func TestCleanupServed(t *testing.T) {
+	dir := t.TempDir()
+	if err := CleanupServed(dir); err != nil {
+		t.Fatalf("nothing served: %v", err)
+	}
+	layer := filepath.Join(dir, "cryo-0123.layer")
+	os.WriteFile(layer, []byte("x"), 0o600)
+	os.WriteFile(filepath.Join(dir, servedRecord), []byte(layer), 0o600)
+	if err := CleanupServed(dir); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(layer); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("layer left: %v", err)
+	}
+	victim := filepath.Join(dir, "precious")
+	os.WriteFile(victim, []byte("x"), 0o600)
+	for _, bad := range []string{victim, "relative/cryo-1.layer", dir + "/../cryo-1.layer"} {
+		os.WriteFile(filepath.Join(dir, servedRecord), []byte(bad), 0o600)
+		if err := CleanupServed(dir); err == nil {
+			t.Errorf("record naming %q accepted", bad)
+		}
+	}
+	if _, err := os.Stat(victim); err != nil {
+		t.Fatalf("a bad record removed %s: %v", victim, err)
 	}
 }

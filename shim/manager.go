@@ -23,6 +23,7 @@ import (
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
 
+	"github.com/cryo-runtime/cryo/sandbox"
 	"github.com/cryo-runtime/cryo/vmm"
 )
 
@@ -171,6 +172,9 @@ func (m *manager) Stop(ctx context.Context, id string) (shim.StopStatus, error) 
 	}
 	if err := vmm.Cleanup(stateDir); err != nil {
 		log.G(ctx).WithError(err).WithField("state", stateDir).Warn("clean up vm")
+	}
+	if err := sandbox.CleanupServed(stateDir); err != nil {
+		log.G(ctx).WithError(err).WithField("state", stateDir).Warn("clean up served ram")
 	}
 	if err := os.RemoveAll(stateDir); err != nil {
 		return st, fmt.Errorf("remove sandbox state %s: %w", stateDir, err)

@@ -72,7 +72,7 @@ type chunkBufs struct{ stored, scratch, base, payload []byte }
 // keepDecoded bounds the decoded chunks a FileReader keeps: a fault cluster
 // reads a chunk in max_read pieces (1 MiB), so the chunk it is in is kept
 // for the next pieces, not for ever (the page cache is the real cache).
-const keepDecoded = 8
+const keepDecoded = 4
 
 // ServeFile returns a reader of the snapshot file name. An encrypted
 // snapshot needs its decryption key. Nothing is fetched yet.

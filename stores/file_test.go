@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/containerd/errdefs"
+	"github.com/opencontainers/go-digest"
 
 	"github.com/cryo-runtime/cryo/stores"
 	"github.com/cryo-runtime/cryo/stores/storetest"
@@ -112,6 +113,12 @@ func TestFileStoreGC(t *testing.T) {
 	}
 	if ok, _ := s.Exists(ctx, g.Manifest.Desc); !ok {
 		t.Fatal("dry run deleted")
+	}
+	// What a running lazy sandbox still reads stays.
+	kept := g.Layers[0].Desc
+	res, err = stores.GC(ctx, s, stores.GCOptions{Grace: -1, DryRun: true, Keep: []digest.Digest{kept.Digest}})
+	if err != nil || res.Deleted != 3 {
+		t.Fatalf("dry run keeping a leased blob = %+v, %v", res, err)
 	}
 	res, err = stores.GC(ctx, s, stores.GCOptions{Grace: -1})
 	if err != nil || res.Deleted != 4 || res.Reachable != 4 {

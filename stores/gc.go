@@ -51,6 +51,10 @@ type GCOptions struct {
 	Grace time.Duration
 	// DryRun reports what would be deleted without deleting.
 	DryRun bool
+	// Keep are blobs to keep though no reference reaches them: what the
+	// node's running lazy sandboxes still read (their snapshot may have
+	// expired or been untagged meanwhile).
+	Keep []digest.Digest
 }
 
 // GCResult is what GC found and removed.
@@ -83,6 +87,9 @@ func GC(ctx context.Context, s Store, opts GCOptions) (GCResult, error) {
 		}
 	}
 	res.Reachable = len(live)
+	for _, d := range opts.Keep {
+		live[d] = true
+	}
 	cutoff := time.Now().Add(-opts.Grace)
 	var doomed []BlobInfo
 	if err := g.Blobs(ctx, func(b BlobInfo) error {

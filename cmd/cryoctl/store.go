@@ -257,7 +257,15 @@ func (a *App) gcStore(ctx context.Context, url string, dryRun bool, grace time.D
 	if grace == 0 {
 		grace = -1 // stores.GC treats 0 as its default
 	}
-	r.Blobs, err = stores.GC(ctx, store, stores.GCOptions{Grace: grace, DryRun: dryRun})
+	// A running lazy sandbox of this node keeps reading its snapshot's
+	// blobs, expired or untagged.
+	var keep []digest.Digest
+	if node, err := a.node(); err == nil {
+		if keep, err = node.Snapshots().Leased(); err != nil {
+			return r, fmt.Errorf("gc %s: leases of running lazy sandboxes: %w", url, err)
+		}
+	}
+	r.Blobs, err = stores.GC(ctx, store, stores.GCOptions{Grace: grace, DryRun: dryRun, Keep: keep})
 	if errdefs.IsNotImplemented(err) {
 		r.Skipped = append(r.Skipped, "blobs: the store collects its own garbage")
 		err = nil
