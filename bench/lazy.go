@@ -82,7 +82,17 @@ func (r *runner) largeLazySnapshot() (lazySnapshot, error) {
 	id := r.id("lazy")
 	ann := map[string]string{"cryo.dev/memory": strconv.Itoa(mem)}
 	tmpfs := fmt.Sprintf("type=tmpfs,src=tmpfs,dst=/fill,options=size=%dm:rw", mem)
-	if err := r.start("", id, ann, "sleep 100000", "--mount", tmpfs); err != nil {
+	// 1 MiB chunks, lazy RAM's (pagefs/DESIGN.md: a first exec touches
+	// fewer bytes of smaller chunks), unless the run names a size.
+	cfg, err := r.cfgWith("lazy-src", func(c *configs.Config) {
+		if r.o.ChunkMiB == 0 {
+			c.Snapshot.ChunkSizeMiB = 1
+		}
+	})
+	if err != nil {
+		return lazySnapshot{}, err
+	}
+	if err := r.start(cfg, id, ann, "sleep 100000", "--mount", tmpfs); err != nil {
 		return lazySnapshot{}, err
 	}
 	defer r.remove(id)

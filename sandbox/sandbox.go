@@ -333,3 +333,12 @@ func (s *Sandbox) Request() annotations.Request { return s.spec.Request }
 
 // Annotations are the annotations of the container that made the sandbox.
 func (s *Sandbox) Annotations() map[string]string { return s.spec.Pod.Annotations }
+
+// Interacted tells a lazily restored sandbox that it answered its first
+// request (the task service's first exec): its background prefetch may
+// take the link now. Other sandboxes ignore it.
+func (s *Sandbox) Interacted() {
+	if s.ram != nil {
+		s.ram.interacted()
+	}
+}

@@ -57,6 +57,11 @@ type servedRAM struct {
 	readErr error    // the first page read that failed
 	onStuck func()   // kills QEMU: a page read outlived its deadline
 
+	// interactedCh closes when the sandbox answered its first request:
+	// the prefetch starts then (or after prefetchDelay).
+	interactedCh chan struct{}
+	interactOnce sync.Once
+
 	cancel   context.CancelFunc // stops the prefetch
 	prefetch sync.WaitGroup
 	closed   bool
@@ -74,7 +79,7 @@ func layerPath(memoryDir, stateDir string) string {
 // timeout; one that outlives it by a grace period calls the servedRAM's
 // onStuck (set once QEMU runs). On error nothing is left.
 func serveRAM(ctx context.Context, snap *snapshot.Snapshot, storeURL, stateDir, memoryDir string, disks []string, timeout time.Duration) (_ *servedRAM, retErr error) {
-	r := &servedRAM{store: redact.URL(storeURL), disks: map[string]string{}, stateDir: stateDir}
+	r := &servedRAM{store: redact.URL(storeURL), disks: map[string]string{}, stateDir: stateDir, interactedCh: make(chan struct{})}
 	defer func() {
 		if retErr != nil {
 			r.Close(ctx)
@@ -320,6 +325,19 @@ func (r *servedRAM) abort(ctx context.Context) {
 	}
 }
 
+// prefetchDelay is the longest a prefetch waits for the restored
+// sandbox's first request (Interacted) before it starts.
+const prefetchDelay = 2 * time.Second
+
+// interacted says the restored sandbox answered its first request.
+func (r *servedRAM) interacted() {
+	r.interactOnce.Do(func() {
+		if r.interactedCh != nil {
+			close(r.interactedCh)
+		}
+	})
+}
+
 // startPrefetch fetches every chunk of the served files into the node
 // cache in the background, workers at a time, so the sandbox stops
 // depending on the store; it logs when it completes.
@@ -340,6 +358,14 @@ func (r *servedRAM) startPrefetch(ctx context.Context, workers int) {
 	r.mu.Unlock()
 	go func() {
 		defer r.prefetch.Done()
+		// The first request the restored sandbox answers is what its user
+		// waits for: its faults get the link to themselves.
+		select {
+		case <-r.interactedCh:
+		case <-time.After(prefetchDelay):
+		case <-ctx.Done():
+			return
+		}
 		start := time.Now()
 		var chunks int
 		var bytes int64

@@ -23,6 +23,8 @@ type vmSandbox interface {
 	Resume(ctx context.Context) error
 	Paused() bool
 	Checkpoint(ctx context.Context, r sandbox.CheckpointRequest) (sandbox.CheckpointResult, error)
+	// Interacted says the sandbox answered its first exec.
+	Interacted()
 	// Stop kills the VM within seconds; Shutdown stops it and removes the
 	// sandbox's files.
 	Stop(ctx context.Context)
