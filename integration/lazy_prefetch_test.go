@@ -1,0 +1,89 @@
+//go:build integration
+
+package integration
+
+import (
+	"net"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cryo-runtime/cryo/configs"
+	"github.com/cryo-runtime/cryo/integration/harness"
+	"github.com/cryo-runtime/cryo/stack"
+	"github.com/cryo-runtime/cryo/stores/storetest"
+)
+
+// TestLazyCheckpointDuringPrefetch (issues #13 and #14): a sandbox
+// restored lazily from S3 over a slow link (tc, the store's port only) is
+// checkpointed while its prefetch still runs: the checkpoint is
+// incremental (a served RAM's), the prefetch then completes, and the new
+// snapshot restores with the state of both generations.
+func TestLazyCheckpointDuringPrefetch(t *testing.T) {
+	s3 := storetest.StartS3(t)
+	e := harness.Start(t, func(c *configs.Config) {
+		c.Stores.S3 = configs.S3{Endpoint: s3.Endpoint, AccessKey: s3.AccessKey, SecretKey: s3.SecretKey, Region: "us-east-1"}
+		c.Stores.Allowed = append(c.Stores.Allowed, "s3://"+s3.Bucket+"/")
+		c.Restore.PrefetchWorkers = 1
+		hibernateNode(c)
+	})
+	startWorkload(t, e, "src")
+	e.MustCtr("task", "exec", "--exec-id", "fill", "src", "sh", "-c", "dd if=/dev/urandom of=/dev/shm/blob bs=1M count=32 2>/dev/null")
+	sum0 := md5Of(t, e, "src", "/dev/shm/blob")
+	parent := "s3://" + s3.Bucket + "/agents/prefetch:v1"
+	checkpoint(t, e, "src", parent)
+	stopCtr(t, e, "src")
+	clearNodeCache(t, e)
+
+	_, port, err := net.SplitHostPort(s3.Endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, _ := strconv.Atoi(port)
+	link, err := stack.Shape(p, "40mbit") // the 32 MiB blob alone takes about 7 s to prefetch
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer link.Remove()
+
+	// The blob is left to the prefetch: generation 1 writes its own file.
+	restore(t, e, "g1", parent, lazyMode)
+	e.MustCtr("task", "exec", "--exec-id", "w", "g1", "sh", "-c", "head -c 1048576 /dev/urandom > /dev/shm/g1; echo gen-1 >> /data/gens; sync")
+	sum1 := md5Of(t, e, "g1", "/dev/shm/g1")
+	if strings.Contains(e.LogTail(100000), `msg="prefetch complete"`) {
+		t.Fatal("the prefetch completed before the checkpoint: the link is too fast for this test")
+	}
+	child := "s3://" + s3.Bucket + "/agents/prefetch:g1" // the parent's store: its blobs are reused
+	r := checkpointReport(t, e, "g1", child)
+	log := e.LogTail(100000)
+	if !strings.Contains(log, "checkpoint of served ram published") {
+		t.Fatalf("the checkpoint during prefetch was not a served RAM's:\n%s", e.LogTail(40))
+	}
+	if strings.Contains(log, `msg="prefetch complete"`) && strings.Index(log, `msg="prefetch complete"`) < strings.Index(log, "checkpoint of served ram published") {
+		t.Fatal("the prefetch completed before the checkpoint was published: it did not overlap")
+	}
+	t.Logf("checkpoint during prefetch: %d bytes uploaded, %d deltas, pause %d ms", r.UploadedBytes, r.DeltaChunks, r.PauseWindowMS)
+	if r.DeltaChunks == 0 || r.UploadedBytes > 16<<20 {
+		t.Errorf("checkpoint during prefetch uploaded %d bytes with %d deltas: not incremental", r.UploadedBytes, r.DeltaChunks)
+	}
+	waitShimLog(t, e, regexp.MustCompile(`msg="prefetch complete"`), 5*time.Minute)
+	stopCtr(t, e, "g1")
+	if err := link.Remove(); err != nil {
+		t.Fatal(err)
+	}
+
+	restore(t, e, "g2", child, lazyMode)
+	if got := md5Of(t, e, "g2", "/dev/shm/blob"); got != sum0 {
+		t.Fatalf("generation 2 restored blob %s, generation 0 wrote %s", got, sum0)
+	}
+	if got := md5Of(t, e, "g2", "/dev/shm/g1"); got != sum1 {
+		t.Fatalf("generation 2 restored /dev/shm/g1 %s, generation 1 wrote %s", got, sum1)
+	}
+	if out := e.MustCtr("task", "exec", "--exec-id", "gens", "g2", "cat", "/data/gens"); !strings.Contains(out, "gen-1") {
+		t.Fatalf("generation 2's disk: %q, want generation 1's line", out)
+	}
+	stopCtr(t, e, "g2")
+	noLazyLeftovers(t, e)
+}
