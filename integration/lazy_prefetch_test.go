@@ -3,6 +3,7 @@
 package integration
 
 import (
+	"context"
 	"net"
 	"regexp"
 	"strconv"
@@ -12,7 +13,9 @@ import (
 
 	"github.com/cryo-runtime/cryo/configs"
 	"github.com/cryo-runtime/cryo/integration/harness"
+	"github.com/cryo-runtime/cryo/snapshot"
 	"github.com/cryo-runtime/cryo/stack"
+	"github.com/cryo-runtime/cryo/stores"
 	"github.com/cryo-runtime/cryo/stores/storetest"
 )
 
@@ -68,6 +71,11 @@ func TestLazyCheckpointDuringPrefetch(t *testing.T) {
 	if r.DeltaChunks == 0 || r.UploadedBytes > 16<<20 {
 		t.Errorf("checkpoint during prefetch uploaded %d bytes with %d deltas: not incremental", r.UploadedBytes, r.DeltaChunks)
 	}
+	if ws := workingSet(t, e, child); len(ws) == 0 {
+		t.Error("the served checkpoint recorded no working set")
+	} else {
+		t.Logf("working set: %d ram chunks, first %v", len(ws), ws[:min(8, len(ws))])
+	}
 	waitShimLog(t, e, regexp.MustCompile(`msg="prefetch complete"`), 5*time.Minute)
 	stopCtr(t, e, "g1")
 	if err := link.Remove(); err != nil {
@@ -75,6 +83,8 @@ func TestLazyCheckpointDuringPrefetch(t *testing.T) {
 	}
 
 	restore(t, e, "g2", child, lazyMode)
+	// Its prefetch takes the recorded working set first.
+	waitShimLog(t, e, regexp.MustCompile(`msg="prefetch complete".*sandbox=g2.*working_set_chunks=[1-9]`), 2*time.Minute)
 	if got := md5Of(t, e, "g2", "/dev/shm/blob"); got != sum0 {
 		t.Fatalf("generation 2 restored blob %s, generation 0 wrote %s", got, sum0)
 	}
@@ -86,4 +96,19 @@ func TestLazyCheckpointDuringPrefetch(t *testing.T) {
 	}
 	stopCtr(t, e, "g2")
 	noLazyLeftovers(t, e)
+}
+
+// workingSet is the working set recorded in the snapshot at url.
+func workingSet(t *testing.T, e *harness.Env, url string) []int64 {
+	t.Helper()
+	ctx := context.Background()
+	st, ref, err := stores.Open(ctx, url, e.Cfg.Stores.FetchOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := snapshot.Open(ctx, st, ref, snapshot.ReadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s.Metadata.WorkingSet
 }

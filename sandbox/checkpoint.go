@@ -211,14 +211,18 @@ func (c *checkpointing) flatten(ctx context.Context, _ *undo) (err error) {
 // guest wrote since (snapshot.IncrementalSourceFile); the snapshot it
 // publishes is the parent of the sandbox's next checkpoint.
 func (c *checkpointing) publish(ctx context.Context, _ *undo) error {
-	src, err := snapshot.NewSource(c.metadata(), c.paths)
+	md := c.metadata()
+	gen, wopts := c.cap.gen, c.wopts
+	if gen != nil {
+		wopts.ChunkSize = c.sb.ram.chunkSize(ctx, wopts.ChunkSize)
+		md.WorkingSet = c.sb.ram.workingSet(wopts.ChunkSize)
+	}
+	src, err := snapshot.NewSource(md, c.paths)
 	if err != nil {
 		return fmt.Errorf("checkpoint: %w", err)
 	}
 	defer src.Close()
-	gen, wopts := c.cap.gen, c.wopts
 	if gen != nil {
-		wopts.ChunkSize = c.sb.ram.chunkSize(ctx, wopts.ChunkSize)
 		ram := snapshot.IncrementalSourceFile(snapshot.FileRAM, gen, c.sb.ram.writeParent(wopts))
 		src.Files = append([]snapshot.SourceFile{ram}, src.Files...)
 		wopts.ParentReads = c.parentReads(ctx)

@@ -93,3 +93,26 @@ func (r *servedRAM) setParent(p ParentRAM) {
 	r.parent = p
 	r.mu.Unlock()
 }
+
+// workingSet is the RAM chunks the guest faulted since its restore, in the
+// order of its first faults, as chunk indexes at chunk size cs: the next
+// lazy restore of the checkpoint prefetches them first.
+func (r *servedRAM) workingSet(cs int64) []int64 {
+	if len(r.readers) == 0 || cs <= 0 {
+		return nil
+	}
+	fr := r.readers[0] // ram
+	from := fr.ChunkSize()
+	n := (fr.Size() + cs - 1) / cs
+	var out []int64
+	seen := map[int64]bool{}
+	for _, idx := range fr.Order() {
+		for off := idx * from; off < (idx+1)*from && off < fr.Size(); off += cs {
+			if i := off / cs; !seen[i] && i < n {
+				seen[i] = true
+				out = append(out, i)
+			}
+		}
+	}
+	return out
+}

@@ -62,6 +62,10 @@ type servedRAM struct {
 	interactedCh chan struct{}
 	interactOnce sync.Once
 
+	// order is the snapshot's recorded working set: ram chunks the
+	// prefetch fetches first.
+	order []int64
+
 	cancel   context.CancelFunc // stops the prefetch
 	prefetch sync.WaitGroup
 	closed   bool
@@ -91,6 +95,7 @@ func serveRAM(ctx context.Context, snap *snapshot.Snapshot, storeURL, stateDir, 
 	}
 	r.readers = append(r.readers, ram)
 	r.parent = ParentRAM{StoreURL: storeURL, Manifest: snap.Descriptor.Digest, ChunkSize: ram.ChunkSize(), Chunks: ram.Chunks()}
+	r.order = snap.Metadata.WorkingSet // validated against the ram file
 	r.layer = layerPath(memoryDir, stateDir)
 	if err := os.Remove(r.layer); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, err
@@ -370,7 +375,11 @@ func (r *servedRAM) startPrefetch(ctx context.Context, workers int) {
 		var chunks int
 		var bytes int64
 		for _, fr := range r.readers {
-			st, err := fr.Prefetch(ctx, workers, nil)
+			var order []int64
+			if fr == r.readers[0] {
+				order = r.order // the recorded working set first
+			}
+			st, err := fr.Prefetch(ctx, workers, order)
 			chunks += st.Chunks
 			bytes += st.StoredBytes
 			if err != nil {
@@ -380,7 +389,7 @@ func (r *servedRAM) startPrefetch(ctx context.Context, workers int) {
 				return
 			}
 		}
-		l := log.G(ctx).WithFields(log.Fields{"chunks": chunks, "stored_bytes": bytes, "duration": time.Since(start), "store": r.store})
+		l := log.G(ctx).WithFields(log.Fields{"chunks": chunks, "stored_bytes": bytes, "duration": time.Since(start), "store": r.store, "working_set_chunks": len(r.order)})
 		if r.blobs != nil {
 			st := r.blobs.Stats()
 			l = l.WithFields(log.Fields{"cache_downloaded_bytes": st.BytesDownloaded, "cache_downloads": st.Downloads, "cache_adopted": st.Adopted})

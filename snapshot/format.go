@@ -149,6 +149,12 @@ type Metadata struct {
 	Network     Network                 `json:"network"`
 	// Annotations are free-form labels of the caller.
 	Annotations map[string]string `json:"annotations,omitempty"`
+	// WorkingSet lists chunks of the "ram" file (indexes: offset /
+	// ChunkSize) that a lazily restored guest touched, in the order it
+	// first touched them: a lazy restore of this snapshot prefetches them
+	// before the rest. Untrusted like every field: each index is in the
+	// file, none twice.
+	WorkingSet []int64 `json:"workingSet,omitempty"`
 
 	// The fields below are set by Write.
 

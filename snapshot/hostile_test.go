@@ -255,6 +255,15 @@ func TestHostile(t *testing.T) {
 		{"source too long", func(t *testing.T, st *memStore, s *Snapshot) {
 			rewrite(t, st, "v1", func(m *ocispec.Manifest, md *Metadata) { md.Source.Node = strings.Repeat("n", 257) })
 		}, ReadOptions{}, atOpen, names("source.node")},
+		{"working set index past the ram file", func(t *testing.T, st *memStore, s *Snapshot) {
+			rewrite(t, st, "v1", func(m *ocispec.Manifest, md *Metadata) { md.WorkingSet = []int64{0, 1 << 40} })
+		}, ReadOptions{}, atOpen, names("workingSet[1]")},
+		{"working set index twice", func(t *testing.T, st *memStore, s *Snapshot) {
+			rewrite(t, st, "v1", func(m *ocispec.Manifest, md *Metadata) { md.WorkingSet = []int64{1, 0, 1} })
+		}, ReadOptions{}, atOpen, names("workingSet[2]")},
+		{"working set negative", func(t *testing.T, st *memStore, s *Snapshot) {
+			rewrite(t, st, "v1", func(m *ocispec.Manifest, md *Metadata) { md.WorkingSet = []int64{-1} })
+		}, ReadOptions{}, atOpen, names("workingSet[0]")},
 		{"annotation value with NUL", func(t *testing.T, st *memStore, s *Snapshot) {
 			rewrite(t, st, "v1", func(m *ocispec.Manifest, md *Metadata) { md.Annotations = map[string]string{"k": "v\x00"} })
 		}, ReadOptions{}, atOpen, names("annotations[k]")},

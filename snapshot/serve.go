@@ -47,6 +47,10 @@ type FileReader struct {
 	lru      *list.List
 	flights  map[int64]*chunkFlight
 	firstErr error
+	// order is the chunks page faults decoded, in the order of their
+	// first fault (the working set a checkpoint records).
+	order   []int64
+	ordered map[int64]bool
 
 	fetched, fetchedBytes atomic.Int64
 }
@@ -89,7 +93,7 @@ func (s *Snapshot) ServeFile(name string) (*FileReader, error) {
 	}
 	r := &FileReader{s: s, name: name, size: size, cs: cs, codec: codec,
 		chunks:  make([]*servedChunk, (size+cs-1)/cs),
-		decoded: map[int64]*list.Element{}, lru: list.New(), flights: map[int64]*chunkFlight{}}
+		decoded: map[int64]*list.Element{}, lru: list.New(), flights: map[int64]*chunkFlight{}, ordered: map[int64]bool{}}
 	for _, c := range s.chunks {
 		if c.file == name {
 			r.chunks[c.off/cs] = &servedChunk{ref: c}
@@ -110,6 +114,14 @@ func (s *Snapshot) ServeFile(name string) (*FileReader, error) {
 
 // Name is the snapshot file served.
 func (r *FileReader) Name() string { return r.name }
+
+// Order is the chunks the reader's page faults decoded so far, in the
+// order of their first fault: the working set.
+func (r *FileReader) Order() []int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.order)
+}
 
 // Size is the file's logical size.
 func (r *FileReader) Size() int64 { return r.size }
@@ -228,6 +240,10 @@ func (r *FileReader) chunk(ctx context.Context, idx int64) ([]byte, error) {
 	r.s.demand.end()
 	r.mu.Lock()
 	delete(r.flights, idx)
+	if f.err == nil && !r.ordered[idx] {
+		r.ordered[idx] = true
+		r.order = append(r.order, idx)
+	}
 	if f.err == nil {
 		r.decoded[idx] = r.lru.PushFront(&decodedChunk{idx: idx, raw: f.raw})
 		for r.lru.Len() > keepDecoded {

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 
@@ -323,5 +324,30 @@ func BenchmarkServeFile(b *testing.B) {
 				tc.fn(r, i)
 			}
 		})
+	}
+}
+
+// TestWorkingSet: a reader records the chunks its faults decoded, in the
+// order of the first fault of each (never a hole, never twice), and a
+// snapshot written with that working set opens with it.
+func TestWorkingSet(t *testing.T) {
+	ts := newTestSnap(t)
+	store := newMemStore()
+	ts.write(t, store, "v1", WriteOptions{})
+	s := open(t, store, "v1", ReadOptions{})
+	r := serve(t, s, FileRAM)
+	p := make([]byte, 100)
+	for _, c := range []int64{6, 0, 2, 6, 0} { // chunk 2 is a hole
+		if _, err := r.ReadAt(p, c*testCS+10); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := r.Order(); !slices.Equal(got, []int64{6, 0}) {
+		t.Fatalf("order %v, want [6 0]", got)
+	}
+	ts.md.WorkingSet = r.Order()
+	ts.write(t, store, "v2", WriteOptions{})
+	if s2 := open(t, store, "v2", ReadOptions{}); !slices.Equal(s2.Metadata.WorkingSet, []int64{6, 0}) {
+		t.Fatalf("written working set %v", s2.Metadata.WorkingSet)
 	}
 }

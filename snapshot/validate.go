@@ -105,6 +105,7 @@ func (s *Snapshot) validateFields() error {
 		func() error { return validateSource(&md.Source) },
 		func() error { return validateAnnotations("annotations", md.Annotations) },
 		func() error { return validateTotals(&md.Totals) },
+		func() error { return validateWorkingSet(md) },
 	}
 	if e := md.Encryption; e != nil {
 		checks = append(checks, func() error { return checkKeyID(e.KeyID) })
@@ -254,6 +255,35 @@ func validateAnnotations(field string, a map[string]string) error {
 		if err := CheckText(field+"["+k+"]", v, maxLongText); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// validateWorkingSet checks that every working-set index names a chunk of
+// the ram file, once.
+func validateWorkingSet(md *Metadata) error {
+	if len(md.WorkingSet) == 0 {
+		return nil
+	}
+	var size int64 = -1
+	for _, f := range md.Files {
+		if f.Name == FileRAM {
+			size = f.Size
+		}
+	}
+	if size < 0 || md.ChunkSize <= 0 {
+		return fmt.Errorf("workingSet: %d entries, but the snapshot has no ram file in chunks: %w", len(md.WorkingSet), errdefs.ErrInvalidArgument)
+	}
+	n := (size + md.ChunkSize - 1) / md.ChunkSize
+	if int64(len(md.WorkingSet)) > n {
+		return fmt.Errorf("workingSet: %d entries, the ram file has %d chunks: %w", len(md.WorkingSet), n, errdefs.ErrInvalidArgument)
+	}
+	seen := make(map[int64]bool, len(md.WorkingSet))
+	for i, idx := range md.WorkingSet {
+		if idx < 0 || idx >= n || seen[idx] {
+			return fmt.Errorf("workingSet[%d] %d: not a chunk of the ram file (0 to %d), or listed twice: %w", i, idx, n-1, errdefs.ErrInvalidArgument)
+		}
+		seen[idx] = true
 	}
 	return nil
 }
