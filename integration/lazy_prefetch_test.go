@@ -55,6 +55,8 @@ func TestLazyCheckpointDuringPrefetch(t *testing.T) {
 	restore(t, e, "g1", parent, lazyMode)
 	e.MustCtr("task", "exec", "--exec-id", "w", "g1", "sh", "-c", "head -c 1048576 /dev/urandom > /dev/shm/g1; echo gen-1 >> /data/gens; sync")
 	sum1 := md5Of(t, e, "g1", "/dev/shm/g1")
+	// The checkpoint starts while the prefetch runs (it may end during
+	// the checkpoint, which reads parent chunks over the same link).
 	if strings.Contains(e.LogTail(100000), `msg="prefetch complete"`) {
 		t.Fatal("the prefetch completed before the checkpoint: the link is too fast for this test")
 	}
@@ -63,9 +65,6 @@ func TestLazyCheckpointDuringPrefetch(t *testing.T) {
 	log := e.LogTail(100000)
 	if !strings.Contains(log, "checkpoint of served ram published") {
 		t.Fatalf("the checkpoint during prefetch was not a served RAM's:\n%s", e.LogTail(40))
-	}
-	if strings.Contains(log, `msg="prefetch complete"`) && strings.Index(log, `msg="prefetch complete"`) < strings.Index(log, "checkpoint of served ram published") {
-		t.Fatal("the prefetch completed before the checkpoint was published: it did not overlap")
 	}
 	t.Logf("checkpoint during prefetch: %d bytes uploaded, %d deltas, pause %d ms", r.UploadedBytes, r.DeltaChunks, r.PauseWindowMS)
 	if r.DeltaChunks == 0 || r.UploadedBytes > 16<<20 {
