@@ -320,9 +320,13 @@ type vmSize struct {
 // stateDir. The name hashes the whole state dir path: sandboxes of
 // different containerd instances (and state roots) on one host must never
 // share a RAM file.
-func ramPath(memoryDir, stateDir string) string {
+func ramPath(memoryDir, stateDir string) string { return memoryFile(memoryDir, stateDir, ".ram") }
+
+// memoryFile names a sandbox's file in the memory dir by a hash of its
+// whole state dir path, with suffix ext.
+func memoryFile(memoryDir, stateDir, ext string) string {
 	sum := sha256.Sum256([]byte(stateDir))
-	return filepath.Join(memoryDir, "cryo-"+hex.EncodeToString(sum[:8])+".ram")
+	return filepath.Join(memoryDir, "cryo-"+hex.EncodeToString(sum[:8])+ext)
 }
 
 // StateDir is the sandbox's state directory.

@@ -2,8 +2,6 @@ package sandbox
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -73,10 +71,7 @@ type servedRAM struct {
 
 // layerPath names the RAM layer of the sandbox whose state is in stateDir
 // (as ramPath names a booted sandbox's RAM).
-func layerPath(memoryDir, stateDir string) string {
-	sum := sha256.Sum256([]byte(stateDir))
-	return filepath.Join(memoryDir, "cryo-"+hex.EncodeToString(sum[:8])+".layer")
-}
+func layerPath(memoryDir, stateDir string) string { return memoryFile(memoryDir, stateDir, ".layer") }
 
 // serveRAM mounts the snapshot's "ram" file (layered) and its disks
 // (read-only) at <stateDir>/pagefs. Every page read is bounded by
