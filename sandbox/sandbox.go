@@ -144,6 +144,16 @@ func (s *Sandbox) Exited() <-chan struct{} { return s.vm.Exited() }
 // Stderr is what QEMU wrote to its stderr.
 func (s *Sandbox) Stderr() string { return s.vm.Stderr() }
 
+// Failure is why the VM had to stop, when the sandbox knows: the first
+// page of a lazily restored sandbox that could not be fetched or verified
+// (it names the chunk and the store). It is nil otherwise.
+func (s *Sandbox) Failure() error {
+	if s.ram == nil {
+		return nil
+	}
+	return s.ram.Err()
+}
+
 // RootSpec names a container's root filesystem: containerd's mounts, made
 // into a disk in WorkDir.
 type RootSpec struct {

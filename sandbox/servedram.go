@@ -427,7 +427,9 @@ func (s *pageSource) Size() int64 { return s.fr.Size() }
 func (s *pageSource) ReadAt(p []byte, off int64) (int, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
 	defer cancel()
-	stuck := time.AfterFunc(s.timeout+s.grace, s.r.stuck)
+	stuck := time.AfterFunc(s.timeout+s.grace, func() {
+		s.r.stuck(fmt.Errorf("served %s at %d from %s: the read outlived its %s deadline by %s", s.fr.Name(), off, s.r.store, s.timeout, s.grace))
+	})
 	n, err := s.fr.ReadAtContext(ctx, p, off)
 	stuck.Stop()
 	if err != nil && n == 0 && off < s.fr.Size() {
@@ -448,8 +450,8 @@ func (r *servedRAM) failed(err error) {
 	}
 }
 
-func (r *servedRAM) stuck() {
-	r.failed(fmt.Errorf("a page read from %s outlived its deadline", r.store))
+func (r *servedRAM) stuck(err error) {
+	r.failed(err)
 	r.mu.Lock()
 	kill := r.onStuck
 	r.mu.Unlock()

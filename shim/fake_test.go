@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/containerd/ttrpc"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/protobuf/types/known/anypb"
 
@@ -47,10 +48,15 @@ type fakeSandbox struct {
 	adoptPid    uint32
 	exited      chan struct{}
 	stopOnce    sync.Once
+	// failure is what Failure reports once the VM has stopped.
+	failure error
 }
 
 func newFakeSandbox() *fakeSandbox {
-	return &fakeSandbox{guest: newFakeGuest(), exited: make(chan struct{}), adoptPid: 42}
+	exited := make(chan struct{})
+	g := newFakeGuest()
+	g.vmGone = exited
+	return &fakeSandbox{guest: g, exited: exited, adoptPid: 42}
 }
 
 func (f *fakeSandbox) call(c string) {
@@ -120,8 +126,13 @@ func (f *fakeSandbox) Shutdown(ctx context.Context) error {
 	f.stopOnce.Do(func() { close(f.exited) })
 	return nil
 }
-func (f *fakeSandbox) Exited() <-chan struct{}        { return f.exited }
-func (f *fakeSandbox) Stderr() string                 { return "" }
+func (f *fakeSandbox) Exited() <-chan struct{} { return f.exited }
+func (f *fakeSandbox) Stderr() string          { return "" }
+func (f *fakeSandbox) Failure() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.failure
+}
 func (f *fakeSandbox) Request() annotations.Request   { return f.spec.Request }
 func (f *fakeSandbox) Annotations() map[string]string { return f.spec.Pod.Annotations }
 
@@ -133,6 +144,11 @@ type fakeGuest struct {
 	calls   []string
 	exits   map[string]chan uint32 // by container/exec
 	started map[string]bool
+	// vmGone ends every Wait with a lost connection, as the real agent
+	// connection ends when its VM stops.
+	vmGone <-chan struct{}
+	// startErr fails StartProcess.
+	startErr error
 }
 
 func newFakeGuest() *fakeGuest {
@@ -172,6 +188,9 @@ func (g *fakeGuest) CreateContainer(ctx context.Context, r sandbox.CreateRequest
 }
 func (g *fakeGuest) StartProcess(ctx context.Context, containerID, execID string) (uint32, error) {
 	g.call("start " + containerID + "/" + execID)
+	if g.startErr != nil {
+		return 0, g.startErr
+	}
 	return 7, nil
 }
 func (g *fakeGuest) ExecProcess(ctx context.Context, containerID, execID string, p *specs.Process, s sandbox.Stdio) error {
@@ -193,6 +212,8 @@ func (g *fakeGuest) Wait(ctx context.Context, containerID, execID string) (uint3
 	select {
 	case st := <-g.exit(containerID, execID):
 		return st, time.Now(), nil
+	case <-g.vmGone:
+		return 0, time.Time{}, ttrpc.ErrClosed
 	case <-ctx.Done():
 		return 0, time.Time{}, ctx.Err()
 	}

@@ -34,6 +34,8 @@ type procIO struct {
 	stderr *output
 	copies sync.WaitGroup
 	closer sync.Once
+	// noticer writes notice's line once; a second caller waits for it.
+	noticer sync.Once
 	// moved is when the copies last moved a byte (unix nanos): a drain
 	// gives up once nothing moves, whatever the FIFOs' state.
 	moved atomic.Int64
@@ -234,6 +236,46 @@ func (pio *procIO) waitCopies(start time.Time) bool {
 			}
 		}
 	}
+}
+
+// noticeWait bounds each half of a notice: the wait for the guest's last
+// output, and the write of the line.
+const noticeWait = time.Second
+
+// notice writes line as the process's last output, after what the guest
+// sent: to stderr, or to stdout for a terminal. It is for what the guest
+// cannot say itself (why its VM stopped), and is written once; the streams
+// stay open for close.
+func (pio *procIO) notice(line string) {
+	if pio == nil {
+		return
+	}
+	pio.noticer.Do(func() {
+		o := pio.stderr
+		if o == nil {
+			o = pio.stdout
+		}
+		if o == nil {
+			return
+		}
+		copied := make(chan struct{})
+		go func() { pio.copies.Wait(); close(copied) }()
+		select {
+		case <-copied:
+		case <-time.After(noticeWait):
+		}
+		written := make(chan struct{})
+		go func() {
+			defer close(written)
+			// A FIFO whose reader never comes blocks this write until
+			// close ends it.
+			_, _ = o.Write([]byte(line + "\n"))
+		}()
+		select {
+		case <-written:
+		case <-time.After(noticeWait):
+		}
+	})
 }
 
 func (pio *procIO) closeStdin() {

@@ -3,9 +3,13 @@ package shim
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	eventstypes "github.com/containerd/containerd/api/events"
@@ -15,6 +19,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/protobuf"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
+	"github.com/containerd/ttrpc"
 	"github.com/containerd/typeurl/v2"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
@@ -287,7 +292,7 @@ func (s *service) startProcess(ctx context.Context, c *container, p *process) er
 	return p.start(func() (uint32, error) {
 		pid, err := s.sb.Guest().StartProcess(ctx, c.guestID, p.execID)
 		if err != nil {
-			return 0, fmt.Errorf("start %s: %w", p.name(), err)
+			return 0, s.withVMFailure(fmt.Errorf("start %s: %w", p.name(), err))
 		}
 		return pid, nil
 	})
@@ -302,7 +307,11 @@ func (s *service) execProcess(ctx context.Context, c *container, r *taskAPI.Exec
 		return fmt.Errorf("exec %s: parse process spec: %w", r.ExecID, err)
 	}
 	if init := c.init.current(); init != stateRunning {
-		return fmt.Errorf("exec in container %s that is %s: %w", c.id, init, errdefs.ErrFailedPrecondition)
+		err := fmt.Errorf("exec in container %s that is %s: %w", c.id, init, errdefs.ErrFailedPrecondition)
+		if failure, gone := s.vmStopped(0); gone {
+			err = fmt.Errorf("%w: %s", err, vmStoppedLine(failure))
+		}
+		return err
 	}
 	p := newProcess(c.id, r.ExecID, stdio{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal})
 	if err := c.addExec(p); err != nil {
@@ -315,7 +324,7 @@ func (s *service) execProcess(ctx context.Context, c *container, r *taskAPI.Exec
 	}()
 	g := s.sb.Guest()
 	if err := g.ExecProcess(ctx, c.guestID, r.ExecID, &spec, p.stdio); err != nil {
-		return fmt.Errorf("exec %s in guest: %w", p.name(), err)
+		return s.withVMFailure(fmt.Errorf("exec %s in guest: %w", p.name(), err))
 	}
 	var err error
 	if p.io, err = openIO(ctx, p.stdio); err != nil {
@@ -425,6 +434,9 @@ func (s *service) waitExit(c *container, p *process) {
 	if err != nil {
 		log.G(ctx).WithError(err).Debug("wait for process in guest")
 		status, at = exitKilled, time.Now()
+		if failure, gone := s.vmStopped(vmFailureWait); gone {
+			p.io.notice(vmStoppedLine(failure))
+		}
 	}
 	// Drain the output, then close containerd's side of the streams: clients
 	// such as `ctr task exec` wait for EOF on them before they delete.
@@ -445,6 +457,11 @@ func (s *service) waitExit(c *container, p *process) {
 	if p.setExited(status, at) {
 		s.publishExit(c, p)
 	}
+	if p.execID != "" {
+		// The first exec's answer is in: a lazy sandbox's prefetch may
+		// take the link now.
+		s.sb.Interacted()
+	}
 }
 
 func (s *service) publishExit(c *container, p *process) {
@@ -463,9 +480,17 @@ func processEventID(c *container, p *process) string {
 
 // monitor ends every process of the sandbox when its VM dies (QEMU killed or
 // crashed): containerd learns of the exits instead of waiting forever.
+// Each process it ends gets a last line of output saying why (see
+// vmStoppedLine): containerd's TaskExit has no field for a reason.
 func (s *service) monitor(sb vmSandbox) {
 	<-sb.Exited()
-	log.G(s.ctx).WithField("stderr", sb.Stderr()).Warn("sandbox vm exited")
+	failure := sb.Failure()
+	l := log.G(s.ctx).WithField("stderr", sb.Stderr())
+	if failure != nil {
+		l = l.WithError(failure)
+	}
+	l.Warn("sandbox vm exited")
+	line := vmStoppedLine(failure)
 	s.mu.Lock()
 	cs := make([]*container, 0, len(s.containers))
 	for _, c := range s.containers {
@@ -473,21 +498,99 @@ func (s *service) monitor(sb vmSandbox) {
 	}
 	s.mu.Unlock()
 	now := time.Now()
-	for _, c := range cs {
-		for _, e := range c.runningExecs() {
-			if e.setExited(exitKilled, now) {
-				e.io.close()
-				s.publishExit(c, e)
-			}
-		}
-		if st := c.init.current(); st == stateRunning || st == statePaused || st == stateCreated || st == stateCreatedCheckpoint {
-			_ = writeExitRecord(c.bundle, exitRecord{Pid: int(c.init.getPid()), Status: int(exitKilled), ExitedAt: now})
-			if c.init.setExited(exitKilled, now) {
-				c.init.io.close()
-				s.publishExit(c, c.init)
-			}
+	end := func(c *container, p *process, wg *sync.WaitGroup) {
+		defer wg.Done()
+		p.io.notice(line)
+		if p.setExited(exitKilled, now) {
+			p.io.close()
+			s.publishExit(c, p)
 		}
 	}
+	// The notices take up to seconds each: every exec at once, then the
+	// inits, whose exits come after their execs'.
+	var execs, inits sync.WaitGroup
+	for _, c := range cs {
+		for _, e := range c.runningExecs() {
+			execs.Add(1)
+			go end(c, e, &execs)
+		}
+	}
+	execs.Wait()
+	for _, c := range cs {
+		if st := c.init.current(); st == stateRunning || st == statePaused || st == stateCreated || st == stateCreatedCheckpoint {
+			_ = writeExitRecord(c.bundle, exitRecord{Pid: int(c.init.getPid()), Status: int(exitKilled), ExitedAt: now})
+			inits.Add(1)
+			go end(c, c.init, &inits)
+		}
+	}
+	inits.Wait()
+}
+
+// vmFailureWait is how long a guest call that lost its connection waits
+// for the VM's exit, to tell why it stopped.
+const vmFailureWait = 2 * time.Second
+
+// vmStopped reports whether the sandbox's VM has exited, waiting up to
+// wait for it, and why it stopped when the sandbox knows.
+func (s *service) vmStopped(wait time.Duration) (failure error, gone bool) {
+	sb := s.sb
+	if sb == nil {
+		return nil, false
+	}
+	select {
+	case <-sb.Exited():
+		return sb.Failure(), true
+	default:
+	}
+	if wait <= 0 {
+		return nil, false
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-sb.Exited():
+		return sb.Failure(), true
+	case <-t.C:
+		return nil, false
+	}
+}
+
+// withVMFailure adds why the VM stopped to err, a failed guest call whose
+// connection broke: the VM died under it (a lazy restore's page that could
+// not be served), and the connection's error alone does not say so. An
+// error the guest answered with is returned at once.
+func (s *service) withVMFailure(err error) error {
+	if !connectionLost(err) {
+		if failure, gone := s.vmStopped(0); gone {
+			return fmt.Errorf("%w: %s", err, vmStoppedLine(failure))
+		}
+		return err
+	}
+	if failure, gone := s.vmStopped(vmFailureWait); gone {
+		return fmt.Errorf("%w: %s", err, vmStoppedLine(failure))
+	}
+	return err
+}
+
+// connectionLost tells a guest call that failed because its connection
+// broke from one the guest refused.
+func connectionLost(err error) bool {
+	for _, e := range []error{ttrpc.ErrClosed, io.EOF, io.ErrUnexpectedEOF, net.ErrClosed, unix.ECONNRESET, unix.EPIPE, context.DeadlineExceeded} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
+// vmStoppedLine is the last line of output of a process whose VM stopped
+// under it, with the reason when the sandbox knows it. It never holds
+// anything the guest sent.
+func vmStoppedLine(failure error) string {
+	if failure == nil {
+		return "cryo: the sandbox vm stopped"
+	}
+	return "cryo: the sandbox vm stopped: " + failure.Error()
 }
 
 // deleteContainer removes a stopped container from the guest and the host;

@@ -31,6 +31,9 @@ type vmSandbox interface {
 	Shutdown(ctx context.Context) error
 	Exited() <-chan struct{}
 	Stderr() string
+	// Failure is why the VM had to stop, when the sandbox knows (a page
+	// of a lazy restore that could not be served), nil otherwise.
+	Failure() error
 	// Request and Annotations are what the sandbox was made for.
 	Request() annotations.Request
 	Annotations() map[string]string

@@ -290,29 +290,3 @@ func TestKillBackstopStopsTheVM(t *testing.T) {
 		t.Fatalf("sandbox calls %v: the backstop must stop the vm", ts.maker.sb.calls)
 	}
 }
-
-// TestFirstExecTellsTheSandbox: a started exec tells the sandbox it has
-// answered a request (a lazily restored one then starts its prefetch).
-func TestFirstExecTellsTheSandbox(t *testing.T) {
-	ts := newTestService(t)
-	ts.create(t, "pod", nil)
-	if _, err := ts.Start(ts.ctx, &taskAPI.StartRequest{ID: "pod"}); err != nil {
-		t.Fatal(err)
-	}
-	if slices.Contains(ts.maker.sb.calls, "interacted") {
-		t.Fatal("the sandbox was told of an exec before any")
-	}
-	spec, err := typeurl.MarshalAnyToProto(&specs.Process{Args: []string{"true"}, Cwd: "/"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ts.Exec(ts.ctx, &taskAPI.ExecProcessRequest{ID: "pod", ExecID: "e1", Spec: spec}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ts.Start(ts.ctx, &taskAPI.StartRequest{ID: "pod", ExecID: "e1"}); err != nil {
-		t.Fatal(err)
-	}
-	if !slices.Contains(ts.maker.sb.calls, "interacted") {
-		t.Fatalf("sandbox calls %v: a started exec must tell the sandbox", ts.maker.sb.calls)
-	}
-}

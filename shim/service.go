@@ -127,7 +127,6 @@ func (s *service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.
 		s.send(&eventstypes.TaskStart{ContainerID: r.ID, Pid: p.getPid()})
 	} else {
 		s.send(&eventstypes.TaskExecStarted{ContainerID: r.ID, ExecID: r.ExecID, Pid: p.getPid()})
-		s.sb.Interacted()
 	}
 	go s.waitExit(c, p)
 	return &taskAPI.StartResponse{Pid: p.getPid()}, nil

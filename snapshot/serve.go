@@ -228,7 +228,7 @@ func (r *FileReader) chunk(ctx context.Context, idx int64) ([]byte, error) {
 		case <-f.done:
 			return f.raw, f.err
 		case <-ctx.Done():
-			return nil, fmt.Errorf("read %s chunk at %d: %w", r.name, idx*r.cs, ctx.Err())
+			return nil, fmt.Errorf("wait for chunk at offset %d of %s (%s): %w", idx*r.cs, r.name, r.chunks[idx].ref.desc.Digest, ctx.Err())
 		}
 	}
 	f := &chunkFlight{done: make(chan struct{})}
