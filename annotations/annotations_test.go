@@ -27,9 +27,9 @@ func TestParse(t *testing.T) {
 		{name: "memory too small", in: map[string]string{Memory: "16Mi"}, wantErr: "between 128"},
 		{name: "unknown key", in: map[string]string{"cryo.dev/kernel": "/tmp/evil"}, wantErr: "unknown cryo annotation"},
 		{name: "fallback", in: map[string]string{RestoreFallback: "retry"}, wantErr: "fail or cold"},
-		{name: "restore mode default", in: map[string]string{}, want: func(r Request) bool { return r.RestoreMode == "eager" }},
+		{name: "restore mode default", in: map[string]string{}, want: func(r Request) bool { return r.RestoreMode == "lazy" }},
 		{name: "restore mode eager", in: map[string]string{RestoreMode: "eager"}, want: func(r Request) bool { return r.RestoreMode == "eager" }},
-		{name: "restore mode lazy refused", in: map[string]string{RestoreMode: "lazy"}, wantErr: "cryo.dev/restore-mode=\"lazy\": this node does not allow lazy"},
+		{name: "restore mode lazy", in: map[string]string{RestoreMode: "lazy"}, want: func(r Request) bool { return r.RestoreMode == "lazy" }},
 		{name: "restore mode bad", in: map[string]string{RestoreMode: "postcopy"}, wantErr: "eager or lazy"},
 		{name: "digest", in: map[string]string{RestoreDigest: "md5:x"}, wantErr: "sha256"},
 		{name: "kruise alias", in: map[string]string{KruiseArchiveLocation: "s3://b/x:1"},
@@ -54,17 +54,17 @@ func TestParse(t *testing.T) {
 			}
 		})
 	}
-	lazy := configs.Default()
-	lazy.Restore.AllowedModes = []string{configs.RestoreLazy}
-	if r, err := Parse(map[string]string{RestoreMode: "lazy"}, lazy); err != nil || r.RestoreMode != "lazy" {
-		t.Fatalf("lazy where the node allows it: %+v, %v", r, err)
+	eager := configs.Default()
+	eager.Restore.Mode = configs.RestoreEager
+	if r, err := Parse(nil, eager); err != nil || r.RestoreMode != "eager" {
+		t.Fatalf("an eager node's default: %+v, %v", r, err)
 	}
-	lazy.Restore.Mode, lazy.Restore.AllowedModes = configs.RestoreLazy, nil
-	if r, err := Parse(map[string]string{RestoreMode: "eager"}, lazy); err != nil || r.RestoreMode != "eager" {
-		t.Fatalf("eager on a lazy node: %+v, %v", r, err)
+	if _, err := Parse(map[string]string{RestoreMode: "lazy"}, eager); err == nil || !strings.Contains(err.Error(), `cryo.dev/restore-mode="lazy": this node does not allow lazy`) || !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Fatalf("lazy on an eager node: %v, want refused", err)
 	}
-	if r, err := Parse(nil, lazy); err != nil || r.RestoreMode != "lazy" {
-		t.Fatalf("a lazy node's default: %+v, %v", r, err)
+	eager.Restore.AllowedModes = []string{configs.RestoreLazy}
+	if r, err := Parse(map[string]string{RestoreMode: "lazy"}, eager); err != nil || r.RestoreMode != "lazy" {
+		t.Fatalf("lazy where the eager node allows it: %+v, %v", r, err)
 	}
 	cfg.Annotations.Enabled = []string{VCPUs}
 	if _, err := Parse(map[string]string{Memory: "1Gi"}, cfg); err == nil || !strings.Contains(err.Error(), "not enabled") {

@@ -166,8 +166,9 @@ type Restore struct {
 	// Mode is how a restore gets the snapshot's RAM: "eager" downloads and
 	// materializes the whole snapshot before QEMU starts; "lazy" starts
 	// QEMU once the metadata and device state are verified and serves RAM
-	// page by page (pagefs). Default eager until the bench says lazy is
-	// no slower at every size.
+	// page by page (pagefs). Default lazy: the bench finds it no slower
+	// than eager for an idle guest and several times faster for a large
+	// one (README, Performance).
 	Mode string `toml:"mode"`
 	// AllowedModes are the modes a pod may ask for with
 	// cryo.dev/restore-mode. Eager is always allowed (it needs nothing of
@@ -259,7 +260,7 @@ func Default() Config {
 			WritableDiskMiB: 1024,
 		},
 		Snapshot: Snapshot{
-			ChunkSizeMiB:     4,
+			ChunkSizeMiB:     1,
 			CompressionLevel: 1,
 			CacheDir:         "/var/lib/cryo/cache",
 			CacheMaxMiB:      20480,
@@ -269,7 +270,7 @@ func Default() Config {
 			Allowed:              []string{"file:///var/lib/cryo/store/" + NamespacePlaceholder + "/"},
 			MaxConcurrentFetches: 8,
 		},
-		Restore:     Restore{Fallback: "fail", Mode: RestoreEager, PrefetchWorkers: 4, PageTimeout: Duration{30 * time.Second}},
+		Restore:     Restore{Fallback: "fail", Mode: RestoreLazy, PrefetchWorkers: 4, PageTimeout: Duration{30 * time.Second}},
 		Annotations: Annotations{Enabled: []string{"cryo.dev/*"}},
 	}
 }

@@ -45,9 +45,12 @@ func TestLoad(t *testing.T) {
 			}},
 		{name: "restore mode default", body: "[restore]\nfallback = \"cold\"\n",
 			check: func(c Config) bool {
-				return c.Restore.Mode == RestoreEager && !c.Restore.Allows(RestoreLazy) && c.Restore.Allows(RestoreEager) && !c.Restore.Allows("")
+				return c.Restore.Mode == RestoreLazy && c.Restore.Allows(RestoreLazy) && c.Restore.Allows(RestoreEager) && !c.Restore.Allows("") &&
+					c.Snapshot.ChunkSizeMiB == 1
 			}},
-		{name: "lazy allowed", body: "[restore]\nallowed_modes = [\"lazy\"]\n",
+		{name: "eager node", body: "[restore]\nmode = \"eager\"\n",
+			check: func(c Config) bool { return c.Restore.Mode == RestoreEager && !c.Restore.Allows(RestoreLazy) && c.Restore.Allows(RestoreEager) }},
+		{name: "lazy allowed", body: "[restore]\nmode = \"eager\"\nallowed_modes = [\"lazy\"]\n",
 			check: func(c Config) bool { return c.Restore.Mode == RestoreEager && c.Restore.Allows(RestoreLazy) }},
 		{name: "bad restore mode", body: "[restore]\nmode = \"postcopy\"\n", wantErr: "restore.mode"},
 		{name: "bad allowed mode", body: "[restore]\nallowed_modes = [\"eager\", \"fast\"]\n", wantErr: "restore.allowed_modes"},

@@ -137,9 +137,10 @@ func TestCheckpointExit(t *testing.T) {
 
 // TestConcurrentRestores: two containers restored from one snapshot at the
 // same time both run, do not share writes, draw different randomness, and
-// the node materializes the snapshot once.
+// the node materializes the snapshot once (an eager node: lazy clones are
+// TestLazyClones).
 func TestConcurrentRestores(t *testing.T) {
-	e := harness.Start(t)
+	e := harness.Start(t, eagerNode)
 	startWorkload(t, e, "src")
 	checkpoint(t, e, "src", e.StoreURL("fan:v1"))
 	var wg sync.WaitGroup

@@ -21,8 +21,14 @@ import (
 	"github.com/cryo-runtime/cryo/stores"
 )
 
-// lazyNode lets pods ask for lazy restores.
-func lazyNode(c *configs.Config) { c.Restore.AllowedModes = []string{configs.RestoreLazy} }
+// lazyNode restores lazily and lets pods ask for it: the default, spelt
+// out where a test is about lazy restores.
+func lazyNode(c *configs.Config) { c.Restore.Mode = configs.RestoreLazy }
+
+// eagerNode restores eagerly and refuses lazy restores, for what only an
+// eager restore promises (one materialization per node, a bad chunk
+// refused before the VM starts).
+func eagerNode(c *configs.Config) { c.Restore.Mode, c.Restore.AllowedModes = configs.RestoreEager, nil }
 
 const lazyMode = "--annotation=cryo.dev/restore-mode=lazy"
 
@@ -60,6 +66,33 @@ var (
 	storedRe     = regexp.MustCompile(`msg="checkpoint published".*stored_bytes=(\d+)`)
 	beforeRunRe  = regexp.MustCompile(`msg="lazy restore: fetched before the guest ran".*cache_downloaded_bytes=(\d+).*chunk_bytes_fetched=(\d+).*ram_read_bytes=(\d+).*sandbox=(\S+)`)
 )
+
+// vmStopReason is why the VM stopped as the user of an exec it ended
+// sees it: the exec exited 137 with the shim's notice as its last line of
+// stderr, or ctr failed with the reason (the VM died while the exec was
+// being created or started). Either way the reason must be there.
+func vmStopReason(t *testing.T, out, errs string, err error) string {
+	t.Helper()
+	const stopped = "the sandbox vm stopped: "
+	i := strings.LastIndex(errs, stopped)
+	if err == nil || i < 0 {
+		t.Fatalf("exec on a vm that stopped: %v, stdout %q, stderr %q: want a failure that says why", err, out, errs)
+	}
+	if code := harness.ExitCode(err); code != 137 && code != 1 {
+		t.Fatalf("exec on a vm that stopped: exit %d (%v), want 137 (killed) or 1 (ctr's error)", code, err)
+	}
+	return strings.TrimSpace(errs[i+len(stopped):])
+}
+
+// containsAny reports whether s holds one of subs.
+func containsAny(s string, subs []string) bool {
+	for _, x := range subs {
+		if strings.Contains(s, x) {
+			return true
+		}
+	}
+	return false
+}
 
 // bigFile writes 40 MiB of random data to the guest's RAM (/dev/shm, a 64 MiB tmpfs) and
 // returns its md5.
@@ -205,10 +238,10 @@ func TestLazyFallbackCold(t *testing.T) {
 	noLazyLeftovers(t, e)
 }
 
-// TestLazyRefused: a node that does not allow lazy restores refuses the
-// annotation, naming it.
+// TestLazyRefused: a node set to eager refuses the lazy annotation,
+// naming it.
 func TestLazyRefused(t *testing.T) {
-	e := harness.Start(t)
+	e := harness.Start(t, eagerNode)
 	startWorkload(t, e, "src")
 	checkpoint(t, e, "src", e.StoreURL("nolazy:v1"))
 	out, errs, err := e.Ctr(e.RunArgs("--rm", "--annotation", "cryo.dev/restore-from="+e.StoreURL("nolazy:v1"), lazyMode, harness.Image, "x", "true")...)
@@ -345,6 +378,10 @@ func TestLazyCorruptChunk(t *testing.T) {
 		t.Fatalf("the guest read wrong bytes: md5 %q, checkpointed %s", out, sum)
 	}
 	t.Logf("exec after the corruption (%d blobs): %v %q %q", len(bad), err, out, errs)
+	reason := vmStopReason(t, out, errs, err)
+	if !strings.Contains(reason, "from file://") || !containsAny(reason, bad) {
+		t.Fatalf("the exec's reason %q names neither a corrupted chunk %v nor its store", reason, bad)
+	}
 	waitStopped(t, e, "lz")
 	log := e.LogTail(100000)
 	named := false

@@ -15,8 +15,11 @@ import (
 // TestRestoreRefused: a restore that must not happen fails the task create
 // with the reason, and leaves no QEMU, no sandbox state, no disks; with
 // restore-fallback cold the container boots instead.
+//
+// The node restores eagerly: a bad chunk is then refused before the VM
+// starts (TestLazyCorruptChunk is the lazy counterpart).
 func TestRestoreRefused(t *testing.T) {
-	e := harness.Start(t, func(c *configs.Config) {
+	e := harness.Start(t, eagerNode, func(c *configs.Config) {
 		c.Stores.Allowed = append(c.Stores.Allowed, "s3://down/")
 		c.Stores.S3 = configs.S3{Endpoint: "127.0.0.1:9", AccessKey: "x", SecretKey: "y"}
 	})

@@ -79,7 +79,7 @@ warm-up. Flags given explicitly override the preset.`,
 	f.StringVar(&o.Stack.BinDir, "bin", "", "directory with containerd-shim-cryo-v2 and cryoctl (default $CRYO_BIN, this binary's directory, <repo>/_output/bin)")
 	f.StringVar(&o.Stack.GuestDir, "guest-dir", "", "guest image directory (default $CRYO_GUEST_DIR, <repo>/_output/guest)")
 	f.StringVar(&o.Stack.Tools, "tools", "", "tools cache with bin/containerd, ctr, versitygw (default $CRYO_TOOLS, /var/cache/cryo/tools)")
-	f.IntVar(&sz.ChunkMiB, "chunk-size", 0, "snapshot chunk size in MiB (default: the config's, 4)")
+	f.IntVar(&sz.ChunkMiB, "chunk-size", 0, "snapshot chunk size in MiB (default: the config's, 1)")
 	f.StringVar(&o.CPUProfile, "cpuprofile", "", "write a CPU profile of the pipeline step (this process) to this file")
 	f.StringVar(&o.KeepLog, "keep-log", "", "copy containerd's log (with the shims' restore steps) to this file")
 	f.StringVar(&o.Only, "only", "", "run only the steps whose name contains this (e.g. hibernation), with only the hibernation loop's targets")
