@@ -1,0 +1,82 @@
+//go:build integration
+
+package integration
+
+import (
+	"net"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cryo-runtime/cryo/configs"
+	"github.com/cryo-runtime/cryo/integration/harness"
+	"github.com/cryo-runtime/cryo/stack"
+	"github.com/cryo-runtime/cryo/stores/storetest"
+)
+
+// servedAtRe is where a failed page read was, in a served file.
+var servedAtRe = regexp.MustCompile(`served \w+ at \d+ from `)
+
+// TestLazyStoreHangs (issue #13, failure): the store of a lazily restored
+// sandbox stops answering while the sandbox runs. Its connections stay
+// open and nothing arrives (tc shapes the store's port to 8 bit/s), so
+// only the page read's deadline can end the wait. The guest's access
+// fails: the VM stops within seconds, the exec that touched the page ends
+// with the reason (the chunk and the store), the shim log names the
+// store, and nothing is left behind.
+func TestLazyStoreHangs(t *testing.T) {
+	s3 := storetest.StartS3(t)
+	e := harness.Start(t, lazyNode, func(c *configs.Config) {
+		c.Stores.S3 = configs.S3{Endpoint: s3.Endpoint, AccessKey: s3.AccessKey, SecretKey: s3.SecretKey, Region: "us-east-1"}
+		c.Stores.Allowed = append(c.Stores.Allowed, "s3://"+s3.Bucket+"/")
+		c.Restore.PrefetchWorkers = 0 // the big file is fetched only when read
+		c.Restore.PageTimeout = configs.Duration{Duration: 3 * time.Second}
+	})
+	startWorkload(t, e, "src")
+	sum := bigFile(t, e, "src")
+	url := "s3://" + s3.Bucket + "/agents/hang:v1"
+	checkpoint(t, e, "src", url)
+	stopCtr(t, e, "src")
+	clearNodeCache(t, e)
+
+	restore(t, e, "lz", url)
+	readState(t, e, "lz")
+	_, port, err := net.SplitHostPort(s3.Endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, _ := strconv.Atoi(port)
+	link, err := stack.Shape(p, "8bit")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer link.Remove()
+
+	start := time.Now()
+	out, errs, err := e.Ctr("task", "exec", "--exec-id", "md5", "lz", "md5sum", "/dev/shm/big")
+	took := time.Since(start)
+	t.Logf("exec on a hung store: %v after %s, stdout %q, stderr %q", err, took.Round(time.Millisecond), out, errs)
+	if err == nil && !strings.Contains(out, sum) {
+		t.Fatalf("the guest read wrong bytes: md5 %q, checkpointed %s", out, sum)
+	}
+	reason := vmStopReason(t, out, errs, err)
+	if !servedAtRe.MatchString(reason) || !strings.Contains(reason, "from "+url) {
+		t.Fatalf("the exec's reason %q does not name the page's chunk and the store %s", reason, url)
+	}
+	// The page deadline (3 s), the read's grace (5 s) and QEMU's exit:
+	// seconds, not the agent's request timeout or longer.
+	if took > 60*time.Second {
+		t.Fatalf("the exec on a hung store took %s to fail", took)
+	}
+	waitStopped(t, e, "lz")
+	waitShimLog(t, e, regexp.MustCompile(`a page could not be served.*store="`+regexp.QuoteMeta(url)), 10*time.Second)
+	if err := link.Remove(); err != nil {
+		t.Fatal(err)
+	}
+	e.MustCtr("task", "delete", "lz")
+	e.MustCtr("c", "rm", "lz")
+	noLeftovers(t, e)
+	noLazyLeftovers(t, e)
+}
