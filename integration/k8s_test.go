@@ -168,8 +168,14 @@ func TestK8s(t *testing.T) {
 		k.Apply(harness.Pod("coldfb", map[string]string{"cryo.dev/restore-from": missing, "cryo.dev/restore-fallback": "cold"},
 			harness.Container("app", "echo booted-cold; sleep inf")))
 		k.WaitReady("coldfb", time.Now(), 3*time.Minute)
-		if out := k.MustKubectl("logs", "coldfb"); !strings.Contains(out, "booted-cold") {
-			t.Fatalf("cold fallback pod's log %q", out)
+		// Ready comes with the container's start; its first line may
+		// reach the log a moment later.
+		if !harness.WaitFor(30*time.Second, func() bool {
+			out, _, _ := k.Kubectl("logs", "coldfb")
+			return strings.Contains(out, "booted-cold")
+		}) {
+			out, errs, _ := k.Kubectl("logs", "coldfb")
+			t.Fatalf("cold fallback pod's log %q %q", out, errs)
 		}
 		deleteAndCheck(t, k, "coldfb")
 	})
