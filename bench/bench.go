@@ -143,6 +143,10 @@ func Run(ctx context.Context, o Options) (_ *Report, retErr error) {
 		so.Namespace = "cryo-bench"
 	}
 	so.Configure = append(so.Configure, func(c *configs.Config) {
+		// The latency, fan-out, pipeline and RSS rows measure eager
+		// restores (their targets count materializations); the lazy and
+		// hibernation rows ask for lazy by annotation.
+		c.Restore.Mode, c.Restore.AllowedModes = configs.RestoreEager, []string{configs.RestoreLazy}
 		c.Hypervisor.MemoryMiB = o.GuestMiB
 		if o.ChunkMiB > 0 {
 			c.Snapshot.ChunkSizeMiB = o.ChunkMiB
@@ -195,6 +199,9 @@ func Run(ctx context.Context, o Options) (_ *Report, retErr error) {
 	if o.Only != "" {
 		if r.r.value("booted_pause") > 0 {
 			r.hibernateTargets()
+		}
+		if r.r.value("s3_1gbit_large_lazy_to_exec") > 0 {
+			r.lazyTargets()
 		}
 		return r.r, nil
 	}

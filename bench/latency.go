@@ -31,14 +31,11 @@ func (r *runner) latency() error {
 	r.progress("cold boot to first exec: %.0f ms", r.r.value("cold_boot_to_exec"))
 
 	tpl := r.id("tpl")
-	if err := r.start("", tpl, nil, "sleep 100000"); err != nil {
-		return err
-	}
 	defer r.remove(tpl)
-	if _, err := r.exec(tpl, "true"); err != nil {
+	if err := r.startIdle(tpl); err != nil {
 		return err
 	}
-	r.tpl = template{file: r.s.StoreURL("tpl:v1"), s3: "s3://" + r.s3.Bucket + "/bench/tpl:v1"}
+	r.tpl = template{file: r.s.StoreURL("tpl:v1"), s3: r.templateS3()}
 	c, err := r.checkpoint(tpl, r.tpl.file)
 	if err != nil {
 		return err
@@ -91,6 +88,19 @@ func (r *runner) latency() error {
 	}
 	return restore("restore_to_exec_s3", r.tpl.s3, false)
 }
+
+// startIdle starts the idle guest the template snapshot is taken of,
+// once it has answered an exec.
+func (r *runner) startIdle(id string) error {
+	if err := r.start("", id, nil, "sleep 100000"); err != nil {
+		return err
+	}
+	_, err := r.exec(id, "true")
+	return err
+}
+
+// templateS3 is where the idle template's snapshot is in S3.
+func (r *runner) templateS3() string { return "s3://" + r.s3.Bucket + "/bench/tpl:v1" }
 
 // warmScript spends %d seconds building state in memory (a counter and a
 // growing table in /dev/shm) before it answers: /dev/shm/ready appears.

@@ -39,11 +39,15 @@ type lazySnapshot struct {
 // materialized files, sandbox.Floor), and concurrent lazy clones with the
 // bytes they fetched together.
 func (r *runner) lazyRestore() error {
+	small, err := r.smallLazySnapshot()
+	if err != nil {
+		return err
+	}
 	large, err := r.largeLazySnapshot()
 	if err != nil {
 		return err
 	}
-	snaps := []lazySnapshot{{"small", r.tpl.s3, r.tpl.stored}, large}
+	snaps := []lazySnapshot{small, large}
 	_, port, err := net.SplitHostPort(r.s3.Endpoint)
 	if err != nil {
 		return fmt.Errorf("s3 endpoint %s: %w", r.s3.Endpoint, err)
@@ -59,10 +63,8 @@ func (r *runner) lazyRestore() error {
 		return err
 	}
 	for _, s := range snaps {
-		for _, mode := range []string{configs.RestoreEager, configs.RestoreLazy} {
-			if err := r.shapedRestore(cfg, link, s, mode); err != nil {
-				return err
-			}
+		if err := r.shapedRestores(cfg, link, s); err != nil {
+			return err
 		}
 	}
 	if err := r.cachedLazy(cfg, large); err != nil {
@@ -74,6 +76,24 @@ func (r *runner) lazyRestore() error {
 	return r.lazyClones(cfg, link, large)
 }
 
+// smallLazySnapshot is the idle template in S3: the latency step's, or,
+// when this run skipped it (--only), one made here the same way.
+func (r *runner) smallLazySnapshot() (lazySnapshot, error) {
+	if r.tpl.s3 == "" {
+		id := r.id("tpl")
+		if err := r.startIdle(id); err != nil {
+			return lazySnapshot{}, err
+		}
+		c, err := r.checkpoint(id, r.templateS3())
+		r.remove(id)
+		if err != nil {
+			return lazySnapshot{}, err
+		}
+		r.tpl.s3, r.tpl.stored = r.templateS3(), c.StoredBytes
+	}
+	return lazySnapshot{"small", r.tpl.s3, r.tpl.stored}, nil
+}
+
 // largeLazySnapshot checkpoints a guest that filled LazyFillMiB of its RAM
 // (tmpfs) with compressible data to S3.
 func (r *runner) largeLazySnapshot() (lazySnapshot, error) {
@@ -82,17 +102,7 @@ func (r *runner) largeLazySnapshot() (lazySnapshot, error) {
 	id := r.id("lazy")
 	ann := map[string]string{"cryo.dev/memory": strconv.Itoa(mem)}
 	tmpfs := fmt.Sprintf("type=tmpfs,src=tmpfs,dst=/fill,options=size=%dm:rw", mem)
-	// 1 MiB chunks, lazy RAM's (pagefs/DESIGN.md: a first exec touches
-	// fewer bytes of smaller chunks), unless the run names a size.
-	cfg, err := r.cfgWith("lazy-src", func(c *configs.Config) {
-		if r.o.ChunkMiB == 0 {
-			c.Snapshot.ChunkSizeMiB = 1
-		}
-	})
-	if err != nil {
-		return lazySnapshot{}, err
-	}
-	if err := r.start(cfg, id, ann, "sleep 100000", "--mount", tmpfs); err != nil {
+	if err := r.start("", id, ann, "sleep 100000", "--mount", tmpfs); err != nil {
 		return lazySnapshot{}, err
 	}
 	defer r.remove(id)
@@ -114,40 +124,57 @@ func modeAnn(url, mode string) map[string]string {
 	return map[string]string{annotations.RestoreFrom: url, annotations.RestoreMode: mode}
 }
 
-// shapedRestore: Runs restores of s in mode over the link, each with an
-// empty node cache.
-func (r *runner) shapedRestore(cfg string, link *stack.Link, s lazySnapshot, mode string) error {
-	var ts []execTiming
-	var fetched []float64
+// shapedRestores: Runs restores of s over the link in each mode, each
+// with an empty node cache. The modes take turns, so that the machine's
+// drift during a run (page cache, CPU frequency, the other core) falls on
+// both alike.
+func (r *runner) shapedRestores(cfg string, link *stack.Link, s lazySnapshot) error {
+	modes := []string{configs.RestoreEager, configs.RestoreLazy}
+	ts := make(map[string][]execTiming)
+	fetched := make(map[string][]float64)
 	for range r.o.Runs {
-		if err := r.clearCache(); err != nil {
-			return err
+		for _, mode := range modes {
+			t, f, err := r.shapedRestore(cfg, link, s, mode)
+			if err != nil {
+				return err
+			}
+			ts[mode], fetched[mode] = append(ts[mode], t), append(fetched[mode], f)
 		}
-		before, err := link.Bytes()
-		if err != nil {
-			return err
-		}
-		id := r.id("lz")
-		t, err := r.startToExec(cfg, id, modeAnn(s.url, mode))
-		after, berr := link.Bytes()
-		r.remove(id)
-		if err != nil {
-			return err
-		}
-		if berr != nil {
-			return berr
-		}
-		// Measured after the second exec too: an upper bound of what the
-		// first one needed.
-		ts, fetched = append(ts, t), append(fetched, mib(after-before))
 	}
-	name := fmt.Sprintf("s3_1gbit_%s_%s_to_exec", s.name, mode)
-	r.addTimings("lazy", name, ts)
-	r.r.add("lazy", name+"/fetched", "MiB", fetched...)
-	r.r.add("lazy", name+"/fetched_of_stored", "%", 100*Median(fetched)/mib(max(1, s.stored)))
-	r.progress("lazy: %s snapshot, %s, S3 over %s: %.0f ms to first exec, %.1f MiB fetched (%.0f%% of %.0f MiB stored)",
-		s.name, mode, linkRate, r.r.value(name), Median(fetched), 100*Median(fetched)/mib(max(1, s.stored)), mib(s.stored))
+	for _, mode := range modes {
+		name := fmt.Sprintf("s3_1gbit_%s_%s_to_exec", s.name, mode)
+		f := fetched[mode]
+		r.addTimings("lazy", name, ts[mode])
+		r.r.add("lazy", name+"/fetched", "MiB", f...)
+		r.r.add("lazy", name+"/fetched_of_stored", "%", 100*Median(f)/mib(max(1, s.stored)))
+		r.progress("lazy: %s snapshot, %s, S3 over %s: %.0f ms to first exec, %.1f MiB fetched (%.0f%% of %.0f MiB stored)",
+			s.name, mode, linkRate, r.r.value(name), Median(f), 100*Median(f)/mib(max(1, s.stored)), mib(s.stored))
+	}
 	return nil
+}
+
+// shapedRestore is one restore of s in mode over the link, the node cache
+// empty: its timings, and the MiB that crossed the link, measured after
+// the second exec too (an upper bound of what the first one needed).
+func (r *runner) shapedRestore(cfg string, link *stack.Link, s lazySnapshot, mode string) (execTiming, float64, error) {
+	if err := r.clearCache(); err != nil {
+		return execTiming{}, 0, err
+	}
+	before, err := link.Bytes()
+	if err != nil {
+		return execTiming{}, 0, err
+	}
+	id := r.id("lz")
+	t, err := r.startToExec(cfg, id, modeAnn(s.url, mode))
+	after, berr := link.Bytes()
+	r.remove(id)
+	if err != nil {
+		return execTiming{}, 0, err
+	}
+	if berr != nil {
+		return execTiming{}, 0, berr
+	}
+	return t, mib(after - before), nil
 }
 
 // cachedLazy: lazy restores of s with its blobs in the node cache.

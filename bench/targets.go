@@ -45,12 +45,6 @@ func (r *runner) shimRSS() error {
 func (r *runner) targets() {
 	rep := r.r
 	cold := rep.value("cold_boot_to_exec")
-	ratio := func(a, b float64) float64 {
-		if b == 0 {
-			return 0
-		}
-		return a / b
-	}
 	cached := ratio(rep.value("restore_to_exec_cached"), cold)
 	rep.target("restore_to_exec / cold_boot_to_exec", "<= 0.10", cached, cached > 0 && cached <= 0.10,
 		fmt.Sprintf("cached %.0f ms, file %.0f ms (%.2fx), s3 %.0f ms (%.2fx), cold %.0f ms",
@@ -92,13 +86,21 @@ func (r *runner) targets() {
 	rep.target(fmt.Sprintf("shim peak RSS, %d MiB restore (MiB)", r.o.LargeGuestMiB), "<= 256", rss, rss > 0 && rss <= 256,
 		fmt.Sprintf("QEMU RSS after restore %.0f MiB", rep.value(fmt.Sprintf("qemu_rss_after_restore_%dMiB", r.o.LargeGuestMiB))))
 
-	r.lazyTargets(ratio)
+	r.lazyTargets()
+}
+
+// ratio is a / b, 0 when b is (a row that did not run).
+func ratio(a, b float64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return a / b
 }
 
 // lazyTargets are issue 13's: lazy restore time does not grow with the
 // snapshot, fetches a small part of it before the first exec, is close to
 // the floor from the node cache, and clones fetch each byte once.
-func (r *runner) lazyTargets(ratio func(a, b float64) float64) {
+func (r *runner) lazyTargets() {
 	rep := r.r
 	ls, ll := rep.value("s3_1gbit_small_lazy_to_exec"), rep.value("s3_1gbit_large_lazy_to_exec")
 	el := rep.value("s3_1gbit_large_eager_to_exec")
