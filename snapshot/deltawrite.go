@@ -76,23 +76,18 @@ func (w *writer) incremental(ctx context.Context, j *chunkJob, ds *deltaScratch,
 	if !w.baseExists(ctx, e.base) {
 		return false
 	}
-	ann := map[string]string{
-		AnnotationFile:   j.file,
-		AnnotationOffset: strconv.FormatInt(j.off, 10),
-		AnnotationSize:   strconv.FormatInt(size, 10),
-	}
 	j.entry = e
 	if len(ds.changed) == 0 {
 		// The base's blob is this chunk: nothing to compress or push.
-		j.desc = ocispec.Descriptor{MediaType: e.base.MediaType, Digest: e.base.Digest, Size: e.base.Size, Annotations: ann}
+		j.desc = placedDesc(e.base, j.file, j.off, size)
 		return true
 	}
 	ds.payload = appendDeltaPayload(ds.payload[:0], raw, ds.changed)
 	j.stored = w.storedPool.get()
 	out := w.codec.sealDelta(j.file, j.off, size, e.base.Digest, ds.payload, scratch, *j.stored)
 	*j.stored = out
-	ann[AnnotationBase] = e.base.Digest.String()
-	j.desc = ocispec.Descriptor{MediaType: w.codec.deltaMediaType(), Digest: sha256Digest(out), Size: int64(len(out)), Annotations: ann}
+	j.desc = placedDesc(ocispec.Descriptor{MediaType: w.codec.deltaMediaType(), Digest: sha256Digest(out), Size: int64(len(out))}, j.file, j.off, size)
+	j.desc.Annotations[AnnotationBase] = e.base.Digest.String()
 	j.base = e
 	w.deltas.Add(1)
 	return true

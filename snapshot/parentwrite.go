@@ -188,7 +188,8 @@ func (w *writer) reuse(ctx context.Context, fileIdx int, file string, pc *ChunkD
 	return true
 }
 
-// placedDesc is d (media type, digest, size) placed at off of file.
+// placedDesc is d (media type, digest, size) placed at off of file: a
+// chunk layer of every kind (full, delta, reused) is annotated so.
 func placedDesc(d ocispec.Descriptor, file string, off, size int64) ocispec.Descriptor {
 	return ocispec.Descriptor{MediaType: d.MediaType, Digest: d.Digest, Size: d.Size, Annotations: map[string]string{
 		AnnotationFile:   file,

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"runtime"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -383,16 +382,7 @@ func (w *writer) compress(ctx context.Context, jobs <-chan *chunkJob, pushes cha
 			j.stored = w.storedPool.get()
 			out := w.codec.seal(j.file, j.off, *j.raw, scratch, *j.stored)
 			*j.stored = out
-			j.desc = ocispec.Descriptor{
-				MediaType: w.codec.mediaType(),
-				Digest:    sha256Digest(out),
-				Size:      int64(len(out)),
-				Annotations: map[string]string{
-					AnnotationFile:   j.file,
-					AnnotationOffset: strconv.FormatInt(j.off, 10),
-					AnnotationSize:   strconv.FormatInt(rawLen, 10),
-				},
-			}
+			j.desc = placedDesc(ocispec.Descriptor{MediaType: w.codec.mediaType(), Digest: sha256Digest(out), Size: int64(len(out))}, j.file, j.off, rawLen)
 			if ds != nil && !j.inc {
 				j.entry = newPageEntry(j.desc, rawLen, ds.hashes)
 			}
