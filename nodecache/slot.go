@@ -18,6 +18,7 @@ import (
 	"github.com/cryo-runtime/cryo/internal/bootid"
 	"github.com/cryo-runtime/cryo/internal/flock"
 	"github.com/cryo-runtime/cryo/internal/safefs"
+	"github.com/cryo-runtime/cryo/stores"
 )
 
 // Slot is the node's one materialization in progress of one snapshot
@@ -43,7 +44,7 @@ const CompleteFile = ".cryo-complete"
 // Lock waits (until ctx is done) for the right to materialize the snapshot
 // with manifest digest d. Close the slot when done.
 func (s *Snapshots) Lock(ctx context.Context, d digest.Digest) (*Slot, error) {
-	if err := checkDigest(d); err != nil {
+	if err := stores.CheckDigest(d); err != nil {
 		return nil, err
 	}
 	boot, err := bootid.Get()

@@ -13,13 +13,13 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	"github.com/opencontainers/go-digest"
 	"golang.org/x/sys/unix"
 
 	"github.com/cryo-runtime/cryo/internal/flock"
 	"github.com/cryo-runtime/cryo/internal/safefs"
+	"github.com/cryo-runtime/cryo/stores"
 )
 
 // Snapshots is the node's directory of materialized snapshots
@@ -70,7 +70,7 @@ func (s *Snapshots) lockPath(d digest.Digest) string {
 // prune removes the directory in between, and release it when the sandbox
 // is gone.
 func (s *Snapshots) Use(ctx context.Context, d digest.Digest) (release func(), _ error) {
-	if err := checkDigest(d); err != nil {
+	if err := stores.CheckDigest(d); err != nil {
 		return nil, err
 	}
 	if err := os.MkdirAll(s.dir, 0o700); err != nil {
@@ -96,12 +96,12 @@ func (s *Snapshots) leasePath(d digest.Digest) string {
 // keeps them for as long as any sandbox holds the lock. Call it with the
 // lock held.
 func (s *Snapshots) Lease(d digest.Digest, blobs []digest.Digest) error {
-	if err := checkDigest(d); err != nil {
+	if err := stores.CheckDigest(d); err != nil {
 		return err
 	}
 	var b []byte
 	for _, x := range blobs {
-		if err := checkDigest(x); err != nil {
+		if err := stores.CheckDigest(x); err != nil {
 			return err
 		}
 		b = append(append(b, x.Encoded()...), '\n')
@@ -132,7 +132,7 @@ func (s *Snapshots) leased(dryRun bool) ([]digest.Digest, error) {
 	for _, p := range leases {
 		hexd := strings.TrimSuffix(strings.TrimPrefix(filepath.Base(p), "."), ".blobs")
 		d := digest.NewDigestFromEncoded(digest.SHA256, hexd)
-		if checkDigest(d) != nil {
+		if stores.CheckDigest(d) != nil {
 			continue
 		}
 		inUse, err := s.inUse(d)
@@ -155,7 +155,7 @@ func (s *Snapshots) leased(dryRun bool) ([]digest.Digest, error) {
 			return nil, err
 		}
 		for _, l := range strings.Fields(string(b)) {
-			if x := digest.NewDigestFromEncoded(digest.SHA256, l); checkDigest(x) == nil {
+			if x := digest.NewDigestFromEncoded(digest.SHA256, l); stores.CheckDigest(x) == nil {
 				out = append(out, x)
 			}
 		}
@@ -181,19 +181,6 @@ func (s *Snapshots) inUse(d digest.Digest) (bool, error) {
 	default:
 		return false, fmt.Errorf("lease %s: lock: %w", d, err)
 	}
-}
-
-// checkDigest refuses anything but a well-formed sha256 digest: it names a
-// directory.
-func checkDigest(d digest.Digest) error {
-	// Validate first: Algorithm panics on a digest without ':'.
-	if err := d.Validate(); err != nil {
-		return fmt.Errorf("digest %q: %v: %w", d, err, errdefs.ErrInvalidArgument)
-	}
-	if d.Algorithm() != digest.SHA256 {
-		return fmt.Errorf("digest %q: only sha256 is accepted: %w", d, errdefs.ErrInvalidArgument)
-	}
-	return nil
 }
 
 // lockFile opens (creating) path and takes a flock on it, waiting until ctx

@@ -25,18 +25,6 @@ func readFull(r io.Reader, b []byte) (int, error) {
 	return n, err
 }
 
-// checkDigest refuses anything but a well-formed sha256 digest.
-func checkDigest(d digest.Digest) error {
-	// Validate first: Algorithm panics on a digest without ':'.
-	if err := d.Validate(); err != nil {
-		return fmt.Errorf("digest %q: %v: %w", d, err, errdefs.ErrInvalidArgument)
-	}
-	if d.Algorithm() != digest.SHA256 {
-		return fmt.Errorf("digest %q: only sha256 is accepted: %w", d, errdefs.ErrInvalidArgument)
-	}
-	return nil
-}
-
 // sha256Digest is digest.FromBytes without the algorithm indirection.
 func sha256Digest(b []byte) digest.Digest {
 	h := sha256.Sum256(b)
@@ -54,7 +42,7 @@ func sha256Digest(b []byte) digest.Digest {
 // second time. Bytes from any other store are hashed here, before anyone
 // decrypts or decompresses them.
 func fetchVerified(ctx context.Context, store stores.Store, desc ocispec.Descriptor, limit, rangeSize int64, buf []byte) ([]byte, error) {
-	if err := checkDigest(desc.Digest); err != nil {
+	if err := stores.CheckDigest(desc.Digest); err != nil {
 		return nil, err
 	}
 	if desc.Size < 0 || desc.Size > limit {

@@ -7,6 +7,8 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/cryo-runtime/cryo/stores"
 )
 
 // deltaRef is one validated delta layer.
@@ -62,7 +64,7 @@ func (s *Snapshot) linkDeltas(baseLayers []int) error {
 		if l.MediaType != wantType {
 			return bad("media type %q, want %q (a base is a full chunk, never a delta)", l.MediaType, wantType)
 		}
-		if err := checkDigest(l.Digest); err != nil {
+		if err := stores.CheckDigest(l.Digest); err != nil {
 			return bad("%v", err)
 		}
 		if l.Size <= 0 || l.Size > maxStoredSize(cs) {
@@ -98,7 +100,7 @@ func (s *Snapshot) linkDeltas(baseLayers []int) error {
 			return fmt.Errorf("delta layer %d (%s) at offset %d of %s: %s: %w", d.layer, d.desc.Digest, d.off, d.file, fmt.Sprintf(format, a...), errdefs.ErrInvalidArgument)
 		}
 		d.base = digest.Digest(d.desc.Annotations[AnnotationBase])
-		if err := checkDigest(d.base); err != nil {
+		if err := stores.CheckDigest(d.base); err != nil {
 			return bad("base: %v", err)
 		}
 		b, ok := s.bases[d.base]

@@ -15,6 +15,7 @@ import (
 
 	"github.com/cryo-runtime/cryo/internal/safefs"
 	"github.com/cryo-runtime/cryo/nodecache"
+	"github.com/cryo-runtime/cryo/stores"
 )
 
 // Materialized is a snapshot rebuilt as plain sparse files in a cache
@@ -100,7 +101,7 @@ func (s *Snapshot) Verify(ctx context.Context) (VerifyStats, error) {
 // removed: nothing partial is left, nothing outside dirs is written. A
 // second call finds the directory and fetches nothing.
 func (s *Snapshot) Materialize(ctx context.Context, dirs *nodecache.Snapshots) (_ *Materialized, retErr error) {
-	if err := checkDigest(s.Descriptor.Digest); err != nil {
+	if err := stores.CheckDigest(s.Descriptor.Digest); err != nil {
 		return nil, err
 	}
 	if s.Encrypted() && s.opts.DecryptionKey == nil {

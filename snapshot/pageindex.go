@@ -13,6 +13,8 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/cryo-runtime/cryo/stores"
 )
 
 // pageHashSize is the length of a page hash: sha256 truncated to 128 bits.
@@ -215,7 +217,7 @@ func parsePageIndex(b []byte) (*PageIndex, error) {
 		if c.Offset < 0 || c.Offset%j.ChunkSize != 0 || c.Size <= 0 || c.Size > j.ChunkSize {
 			return nil, bad("offset or raw size %d does not fit chunk size %d", c.Size, j.ChunkSize)
 		}
-		if err := checkDigest(c.Digest); err != nil {
+		if err := stores.CheckDigest(c.Digest); err != nil {
 			return nil, bad("%v", err)
 		}
 		if c.MediaType != wantType || c.Stored <= 0 || c.Stored > maxStoredSize(j.ChunkSize) {

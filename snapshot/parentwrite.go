@@ -10,6 +10,8 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/cryo-runtime/cryo/stores"
 )
 
 // PageReader is a file's new content and the pages (PageSize units)
@@ -97,7 +99,7 @@ func (w *writer) checkParentChunk(f SourceFile, c *ChunkDesc) error {
 		if d.MediaType != mediaType {
 			return fmt.Errorf("chunk at %d: media type %q, want %q", c.Offset, d.MediaType, mediaType)
 		}
-		if err := checkDigest(d.Digest); err != nil {
+		if err := stores.CheckDigest(d.Digest); err != nil {
 			return fmt.Errorf("chunk at %d: %w", c.Offset, err)
 		}
 		if d.Size <= 0 || d.Size > maxStoredSize(cs) {

@@ -136,7 +136,7 @@ func ParseRef(ref string) (tag string, pin digest.Digest, err error) {
 		tag, pin = "", digest.Digest(ref)
 	}
 	if pin != "" {
-		if err := checkDigest(pin); err != nil {
+		if err := stores.CheckDigest(pin); err != nil {
 			return "", "", fmt.Errorf("ref %q: %w", ref, err)
 		}
 	}
@@ -339,7 +339,7 @@ func (s *Snapshot) validateLayers() error {
 		if l.MediaType != wantType && !delta {
 			return bad("media type %q, want %q", l.MediaType, wantType)
 		}
-		if err := checkDigest(l.Digest); err != nil {
+		if err := stores.CheckDigest(l.Digest); err != nil {
 			return bad("%v", err)
 		}
 		if l.Size <= 0 || l.Size > maxStoredSize(cs) {

@@ -65,7 +65,7 @@ func PublicKeyID(pub ed25519.PublicKey) string {
 // to store (blobs, then manifest, then its tag). Signing again replaces the
 // signature.
 func Sign(ctx context.Context, store stores.Store, desc ocispec.Descriptor, key ed25519.PrivateKey) error {
-	if err := checkDigest(desc.Digest); err != nil {
+	if err := stores.CheckDigest(desc.Digest); err != nil {
 		return fmt.Errorf("sign: %w", err)
 	}
 	pub := key.Public().(ed25519.PublicKey)

@@ -10,7 +10,9 @@ import (
 
 	"github.com/containerd/containerd/v2/pkg/identifiers"
 	"github.com/containerd/errdefs"
+
 	"github.com/cryo-runtime/cryo/fingerprint"
+	"github.com/cryo-runtime/cryo/stores"
 )
 
 // Every byte of a snapshot comes from a store that other parties may write
@@ -173,7 +175,7 @@ func (s *Snapshot) validateContainers(cs []Container) error {
 			return err
 		}
 		for _, d := range c.LayerChain {
-			if err := checkDigest(d); err != nil {
+			if err := stores.CheckDigest(d); err != nil {
 				return fmt.Errorf("containers[%d].layerChain: %w", i, err)
 			}
 		}
