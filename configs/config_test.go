@@ -49,7 +49,9 @@ func TestLoad(t *testing.T) {
 					c.Snapshot.ChunkSizeMiB == 1
 			}},
 		{name: "eager node", body: "[restore]\nmode = \"eager\"\n",
-			check: func(c Config) bool { return c.Restore.Mode == RestoreEager && !c.Restore.Allows(RestoreLazy) && c.Restore.Allows(RestoreEager) }},
+			check: func(c Config) bool {
+				return c.Restore.Mode == RestoreEager && !c.Restore.Allows(RestoreLazy) && c.Restore.Allows(RestoreEager)
+			}},
 		{name: "lazy allowed", body: "[restore]\nmode = \"eager\"\nallowed_modes = [\"lazy\"]\n",
 			check: func(c Config) bool { return c.Restore.Mode == RestoreEager && c.Restore.Allows(RestoreLazy) }},
 		{name: "bad restore mode", body: "[restore]\nmode = \"postcopy\"\n", wantErr: "restore.mode"},
