@@ -6,9 +6,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -33,6 +35,8 @@ func TestBenchQuick(t *testing.T) {
 	if _, err := os.Stat(cryoctl); err != nil {
 		t.Fatalf("%s missing: run `make binaries` (or set CRYO_BIN)", cryoctl)
 	}
+	// What a killed earlier run left is not this run's leak.
+	before := benchLeftovers()
 	ctx, cancel := context.WithTimeout(t.Context(), 15*time.Minute)
 	defer cancel()
 	logPath := filepath.Join(t.TempDir(), "containerd.log")
@@ -85,13 +89,26 @@ func TestBenchQuick(t *testing.T) {
 		}
 	}
 	// Everything the bench started is gone.
-	if pids := stack.ProcsMatching("qemu-system", "/cryo-bench-"); len(pids) > 0 {
-		t.Errorf("QEMU left running: %v", pids)
+	for _, l := range benchLeftovers() {
+		if !slices.Contains(before, l) {
+			t.Errorf("left behind: %s", l)
+		}
 	}
-	if pids := stack.ProcsMatching("containerd", "/cryo-bench-"); len(pids) > 0 {
-		t.Errorf("containerd or shims left running: %v", pids)
+}
+
+// benchLeftovers names the bench's QEMU, containerd and shim processes and
+// its RAM directories that exist now.
+func benchLeftovers() []string {
+	var out []string
+	for _, p := range stack.ProcsMatching("qemu-system", "/cryo-bench-") {
+		out = append(out, fmt.Sprintf("qemu pid %d", p))
 	}
-	if dirs, _ := filepath.Glob("/dev/shm/cryo-bench-*"); len(dirs) > 0 {
-		t.Errorf("RAM directories left in /dev/shm: %v", dirs)
+	for _, p := range stack.ProcsMatching("containerd", "/cryo-bench-") {
+		out = append(out, fmt.Sprintf("containerd or shim pid %d", p))
 	}
+	dirs, _ := filepath.Glob("/dev/shm/cryo-bench-*")
+	for _, d := range dirs {
+		out = append(out, "RAM directory "+d)
+	}
+	return out
 }

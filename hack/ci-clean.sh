@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Clears what earlier runs of cryo's tests and bench left on this machine
+# when they were killed mid-run (a CI job or a work session that ended
+# under them): their QEMU, containerd and shim processes, their mounts, the
+# loopback shaping of stack.Shape, and their directories. CI runs it before
+# the tests: their leak checks would count another run's leftovers
+# (TestBenchQuick looks for /dev/shm/cryo-bench-*), and Shape refuses a
+# loopback that is already shaped. It touches only what a test or bench
+# stack names (cryo-it-*, cryo-bench-*) and what Shape makes.
+set -uo pipefail
+
+stack_re='/(tmp|run|dev/shm)/cryo-(it|bench)[-/]'
+
+# Processes first: a live QEMU keeps its files and mounts busy.
+for p in /proc/[0-9]*; do
+	pid=${p#/proc/}
+	[ "$pid" = "$$" ] && continue
+	cl=$( { tr '\0' ' ' <"$p/cmdline"; } 2>/dev/null) || continue
+	if [[ $cl =~ $stack_re ]]; then
+		echo "ci-clean: killing $pid: ${cl:0:160}" >&2
+		kill -9 "$pid" 2>/dev/null
+	fi
+done
+sleep 1
+
+# Mounts under a stack's directories, and the lazy restores' page servers,
+# deepest first.
+awk '{print $2, $3}' /proc/self/mounts | while read -r mnt fstype; do
+	mnt=$(printf '%b' "$mnt")
+	if [[ $mnt =~ ^/(tmp|run)/cryo-(it|bench)[-/] ]] || [[ $fstype == *cryo-pagefs* ]]; then
+		echo "$mnt"
+	fi
+done | sort -r | while read -r mnt; do
+	echo "ci-clean: unmounting $mnt" >&2
+	umount -l "$mnt" 2>/dev/null
+done
+
+# stack.Shape's loopback shaping (an htb root with its store class 1:20).
+if tc qdisc show dev lo 2>/dev/null | grep -q '^qdisc htb 1: root' &&
+	tc class show dev lo classid 1:20 2>/dev/null | grep -q 'class htb 1:20'; then
+	echo "ci-clean: removing the loopback shaping a killed run left" >&2
+	tc qdisc del dev lo root
+fi
+
+for d in /tmp/cryo-it-* /tmp/cryo-bench-* /run/cryo-it /run/cryo-bench /dev/shm/cryo-it-* /dev/shm/cryo-bench-*; do
+	[ -e "$d" ] || continue
+	echo "ci-clean: removing $d" >&2
+	rm -rf "$d"
+done
+exit 0
