@@ -48,9 +48,15 @@ func (c *Client) Done() <-chan struct{} {
 }
 
 // errorInterceptor turns the guest's error status back into errdefs errors
-// (ttrpc would otherwise return a plain gRPC status error after this).
+// (ttrpc would otherwise return a plain gRPC status error after this). The
+// connection's own errors (ttrpc.ErrClosed when the VM went away, the
+// context's) stay as they are: callers tell a lost guest from a refusal by
+// them, and errgrpc would make them "unknown".
 func errorInterceptor(ctx context.Context, req *ttrpc.Request, resp *ttrpc.Response, info *ttrpc.UnaryClientInfo, invoker ttrpc.Invoker) error {
 	if err := invoker(ctx, req, resp); err != nil {
+		if _, fromGuest := status.FromError(err); !fromGuest {
+			return err
+		}
 		return errgrpc.ToNative(err)
 	}
 	if resp.Status != nil && resp.Status.Code != int32(codes.OK) {

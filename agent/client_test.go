@@ -2,12 +2,14 @@ package agent_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"testing"
 	"time"
 
 	"github.com/containerd/errdefs"
+	"github.com/containerd/ttrpc"
 
 	"github.com/cryo-runtime/cryo/agent"
 	agentapi "github.com/cryo-runtime/cryo/agent/api/v1"
@@ -56,5 +58,10 @@ func TestClientOverSession(t *testing.T) {
 	case <-done:
 	case <-time.After(5 * time.Second):
 		t.Fatal("Done not closed after Close")
+	}
+	// A call on a lost connection says so: the shim tells a VM that went
+	// away from a refusal by it.
+	if _, err := c.Ping(cctx, &agentapi.PingRequest{}); !errors.Is(err, ttrpc.ErrClosed) {
+		t.Fatalf("ping on a closed connection: %v, want ttrpc.ErrClosed", err)
 	}
 }
