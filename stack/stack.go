@@ -280,7 +280,13 @@ func (s *Stack) startContainerd(ctx context.Context, o Options) error {
 	if o.NetNS != "" {
 		s.cmd = exec.Command("nsenter", "--net="+o.NetNS, s.Bin("containerd"), "--config", filepath.Join(dir, "containerd.toml"))
 	}
-	s.cmd.Env = append(os.Environ(), "PATH="+s.path)
+	// containerd's own temporary files (a task created from a checkpoint
+	// image leaves ctrd-checkpoint* behind) go with the stack.
+	tmp := filepath.Join(dir, "tmp")
+	if err := os.MkdirAll(tmp, 0o700); err != nil {
+		return err
+	}
+	s.cmd.Env = append(os.Environ(), "PATH="+s.path, "TMPDIR="+tmp)
 	if o.Watchdog > 0 {
 		s.cmd.Env = append(s.cmd.Env, watchdog.Env+"="+o.Watchdog.String())
 	}
