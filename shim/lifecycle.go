@@ -307,11 +307,7 @@ func (s *service) execProcess(ctx context.Context, c *container, r *taskAPI.Exec
 		return fmt.Errorf("exec %s: parse process spec: %w", r.ExecID, err)
 	}
 	if init := c.init.current(); init != stateRunning {
-		err := fmt.Errorf("exec in container %s that is %s: %w", c.id, init, errdefs.ErrFailedPrecondition)
-		if failure, gone := s.vmStopped(0); gone {
-			err = fmt.Errorf("%w: %s", err, vmStoppedLine(failure))
-		}
-		return err
+		return s.withVMFailure(fmt.Errorf("exec in container %s that is %s: %w", c.id, init, errdefs.ErrFailedPrecondition))
 	}
 	p := newProcess(c.id, r.ExecID, stdio{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal})
 	if err := c.addExec(p); err != nil {
@@ -555,18 +551,17 @@ func (s *service) vmStopped(wait time.Duration) (failure error, gone bool) {
 	}
 }
 
-// withVMFailure adds why the VM stopped to err, a failed guest call whose
-// connection broke: the VM died under it (a lazy restore's page that could
-// not be served), and the connection's error alone does not say so. An
-// error the guest answered with is returned at once.
+// withVMFailure adds why the VM stopped to err when the VM is gone: a
+// call whose connection broke because the VM died under it (a lazy
+// restore's page that could not be served) waits for that exit, since the
+// connection's error alone does not say why. Any other error comes back at
+// once, with the reason only if the VM is already gone.
 func (s *service) withVMFailure(err error) error {
-	if !connectionLost(err) {
-		if failure, gone := s.vmStopped(0); gone {
-			return fmt.Errorf("%w: %s", err, vmStoppedLine(failure))
-		}
-		return err
+	var wait time.Duration
+	if connectionLost(err) {
+		wait = vmFailureWait
 	}
-	if failure, gone := s.vmStopped(vmFailureWait); gone {
+	if failure, gone := s.vmStopped(wait); gone {
 		return fmt.Errorf("%w: %s", err, vmStoppedLine(failure))
 	}
 	return err
