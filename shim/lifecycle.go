@@ -359,7 +359,7 @@ func (s *service) kill(ctx context.Context, c *container, p *process, sig uint32
 		sb.Stop(ctx)
 		return nil
 	}
-	go backstopKill(s.ctx, sb, c, p)
+	go backstopKill(s.ctx, sb, c, p, killGrace)
 	return nil
 }
 
@@ -407,16 +407,18 @@ func (s *service) resumeAll(ctx context.Context) error {
 var killGrace = 10 * time.Second
 
 // backstopKill stops the VM when the guest took a SIGKILL for p but does not
-// report its exit within killGrace: the task's exit then comes from the VM's
+// report its exit within grace: the task's exit then comes from the VM's
 // (monitor), and no Wait or Delete is left hanging on a broken guest.
-func backstopKill(ctx context.Context, sb vmSandbox, c *container, p *process) {
-	t := time.NewTimer(killGrace)
+// grace is read when the kill is taken, not here: a test that changes
+// killGrace must not race an earlier test's backstop.
+func backstopKill(ctx context.Context, sb vmSandbox, c *container, p *process, grace time.Duration) {
+	t := time.NewTimer(grace)
 	defer t.Stop()
 	select {
 	case <-p.exited:
 	case <-sb.Exited():
 	case <-t.C:
-		log.G(ctx).WithField("id", c.id).Warnf("no exit from the guest %s after SIGKILL: stopping the sandbox vm", killGrace)
+		log.G(ctx).WithField("id", c.id).Warnf("no exit from the guest %s after SIGKILL: stopping the sandbox vm", grace)
 		sb.Stop(ctx)
 	}
 }
