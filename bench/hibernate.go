@@ -21,19 +21,10 @@ const hibernateGens = 5
 // of generations 1 and 5.
 func (r *runner) hibernate() error {
 	mem := r.o.LargeGuestMiB
-	cfg, err := r.cfgWith("hibernate", func(c *configs.Config) {
-		c.Restore.AllowedModes = append(c.Restore.AllowedModes, configs.RestoreLazy)
-		if r.o.ChunkMiB == 0 {
-			c.Snapshot.ChunkSizeMiB = 1 // lazy RAM's chunk size (pagefs/DESIGN.md)
-		}
-	})
-	if err != nil {
-		return err
-	}
 	ann := map[string]string{"cryo.dev/memory": strconv.Itoa(mem)}
 	tmpfs := fmt.Sprintf("type=tmpfs,src=tmpfs,dst=/fill,options=size=%dm:rw", mem)
 	id := r.id("hib")
-	if err := r.start(cfg, id, ann, "sleep 100000", "--mount", tmpfs); err != nil {
+	if err := r.start("", id, ann, "sleep 100000", "--mount", tmpfs); err != nil {
 		return err
 	}
 	fill := max(2, mem/10)
@@ -52,7 +43,7 @@ func (r *runner) hibernate() error {
 	r.progress("hibernation loop: booted checkpoint, pause %d ms, %.1f MiB uploaded", c.PauseWindowMS, mib(c.UploadedBytes))
 	change := max(1, mem/100)
 	for g := 1; g <= hibernateGens; g++ {
-		if prev, err = r.hibernateGen(cfg, g, prev, change, fill); err != nil {
+		if prev, err = r.hibernateGen(g, prev, change, fill); err != nil {
 			return fmt.Errorf("generation %d: %w", g, err)
 		}
 	}
@@ -62,11 +53,11 @@ func (r *runner) hibernate() error {
 // hibernateGen restores prev lazily, changes change MiB of the filled
 // RAM (a different MiB range each generation), checkpoints and returns
 // the new snapshot.
-func (r *runner) hibernateGen(cfg string, g int, prev string, change, fill int) (string, error) {
+func (r *runner) hibernateGen(g int, prev string, change, fill int) (string, error) {
 	id := r.id("hib")
 	ann := restoreFrom(prev)
 	ann["cryo.dev/restore-mode"] = configs.RestoreLazy
-	t, err := r.startToExec(cfg, id, ann)
+	t, err := r.startToExec("", id, ann)
 	defer r.remove(id)
 	if err != nil {
 		return "", err

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"path/filepath"
 	"strconv"
 	"sync"
@@ -48,32 +47,23 @@ func (r *runner) lazyRestore() error {
 		return err
 	}
 	snaps := []lazySnapshot{small, large}
-	_, port, err := net.SplitHostPort(r.s3.Endpoint)
-	if err != nil {
-		return fmt.Errorf("s3 endpoint %s: %w", r.s3.Endpoint, err)
-	}
-	p, _ := strconv.Atoi(port)
-	link, err := stack.Shape(p, linkRate)
+	link, err := stack.ShapeEndpoint(r.s3.Endpoint, linkRate)
 	if err != nil {
 		return err
 	}
 	defer link.Remove()
-	cfg, err := r.cfgWith("lazy", func(c *configs.Config) { c.Restore.AllowedModes = []string{configs.RestoreLazy} })
-	if err != nil {
-		return err
-	}
 	for _, s := range snaps {
-		if err := r.shapedRestores(cfg, link, s); err != nil {
+		if err := r.shapedRestores(link, s); err != nil {
 			return err
 		}
 	}
-	if err := r.cachedLazy(cfg, large); err != nil {
+	if err := r.cachedLazy(large); err != nil {
 		return err
 	}
 	if err := r.floor(large); err != nil {
 		return err
 	}
-	return r.lazyClones(cfg, link, large)
+	return r.lazyClones(link, large)
 }
 
 // smallLazySnapshot is the idle template in S3: the latency step's, or,
@@ -128,13 +118,13 @@ func modeAnn(url, mode string) map[string]string {
 // with an empty node cache. The modes take turns, so that the machine's
 // drift during a run (page cache, CPU frequency, the other core) falls on
 // both alike.
-func (r *runner) shapedRestores(cfg string, link *stack.Link, s lazySnapshot) error {
+func (r *runner) shapedRestores(link *stack.Link, s lazySnapshot) error {
 	modes := []string{configs.RestoreEager, configs.RestoreLazy}
 	ts := make(map[string][]execTiming)
 	fetched := make(map[string][]float64)
 	for range r.o.Runs {
 		for _, mode := range modes {
-			t, f, err := r.shapedRestore(cfg, link, s, mode)
+			t, f, err := r.shapedRestore(link, s, mode)
 			if err != nil {
 				return err
 			}
@@ -156,7 +146,7 @@ func (r *runner) shapedRestores(cfg string, link *stack.Link, s lazySnapshot) er
 // shapedRestore is one restore of s in mode over the link, the node cache
 // empty: its timings, and the MiB that crossed the link, measured after
 // the second exec too (an upper bound of what the first one needed).
-func (r *runner) shapedRestore(cfg string, link *stack.Link, s lazySnapshot, mode string) (execTiming, float64, error) {
+func (r *runner) shapedRestore(link *stack.Link, s lazySnapshot, mode string) (execTiming, float64, error) {
 	if err := r.clearCache(); err != nil {
 		return execTiming{}, 0, err
 	}
@@ -165,7 +155,7 @@ func (r *runner) shapedRestore(cfg string, link *stack.Link, s lazySnapshot, mod
 		return execTiming{}, 0, err
 	}
 	id := r.id("lz")
-	t, err := r.startToExec(cfg, id, modeAnn(s.url, mode))
+	t, err := r.startToExec("", id, modeAnn(s.url, mode))
 	after, berr := link.Bytes()
 	r.remove(id)
 	if err != nil {
@@ -178,12 +168,12 @@ func (r *runner) shapedRestore(cfg string, link *stack.Link, s lazySnapshot, mod
 }
 
 // cachedLazy: lazy restores of s with its blobs in the node cache.
-func (r *runner) cachedLazy(cfg string, s lazySnapshot) error {
+func (r *runner) cachedLazy(s lazySnapshot) error {
 	if err := r.clearCache(); err != nil {
 		return err
 	}
 	warm := r.id("lzw")
-	_, err := r.startToExec(cfg, warm, modeAnn(s.url, configs.RestoreEager))
+	_, err := r.startToExec("", warm, modeAnn(s.url, configs.RestoreEager))
 	r.remove(warm)
 	if err != nil {
 		return err
@@ -191,7 +181,7 @@ func (r *runner) cachedLazy(cfg string, s lazySnapshot) error {
 	var ts []execTiming
 	for range r.o.Runs {
 		id := r.id("lzc")
-		t, err := r.startToExec(cfg, id, modeAnn(s.url, configs.RestoreLazy))
+		t, err := r.startToExec("", id, modeAnn(s.url, configs.RestoreLazy))
 		r.remove(id)
 		if err != nil {
 			return err
@@ -233,7 +223,7 @@ func (r *runner) floor(s lazySnapshot) error {
 
 // lazyClones: the largest fan-out of lazy restores of s at once, the node
 // cache empty: the bytes that crossed the link against one restore's.
-func (r *runner) lazyClones(cfg string, link *stack.Link, s lazySnapshot) error {
+func (r *runner) lazyClones(link *stack.Link, s lazySnapshot) error {
 	n := r.o.Clones[len(r.o.Clones)-1]
 	if err := r.clearCache(); err != nil {
 		return err
@@ -252,7 +242,7 @@ func (r *runner) lazyClones(cfg string, link *stack.Link, s lazySnapshot) error 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if errs[i] = r.start(cfg, ids[i], modeAnn(s.url, configs.RestoreLazy), "sleep 100000"); errs[i] == nil {
+			if errs[i] = r.start("", ids[i], modeAnn(s.url, configs.RestoreLazy), "sleep 100000"); errs[i] == nil {
 				_, errs[i] = r.exec(ids[i], "true")
 			}
 		}()

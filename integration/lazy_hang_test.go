@@ -3,9 +3,7 @@
 package integration
 
 import (
-	"net"
 	"regexp"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -28,9 +26,7 @@ var servedAtRe = regexp.MustCompile(`served \w+ at \d+ from `)
 // store, and nothing is left behind.
 func TestLazyStoreHangs(t *testing.T) {
 	s3 := storetest.StartS3(t)
-	e := harness.Start(t, lazyNode, func(c *configs.Config) {
-		c.Stores.S3 = configs.S3{Endpoint: s3.Endpoint, AccessKey: s3.AccessKey, SecretKey: s3.SecretKey, Region: "us-east-1"}
-		c.Stores.Allowed = append(c.Stores.Allowed, "s3://"+s3.Bucket+"/")
+	e := harness.Start(t, s3Node(s3), lazyNode, func(c *configs.Config) {
 		c.Restore.PrefetchWorkers = 0 // the big file is fetched only when read
 		c.Restore.PageTimeout = configs.Duration{Duration: 3 * time.Second}
 	})
@@ -43,12 +39,7 @@ func TestLazyStoreHangs(t *testing.T) {
 
 	restore(t, e, "lz", url)
 	readState(t, e, "lz")
-	_, port, err := net.SplitHostPort(s3.Endpoint)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, _ := strconv.Atoi(port)
-	link, err := stack.Shape(p, "8bit")
+	link, err := stack.ShapeEndpoint(s3.Endpoint, "8bit")
 	if err != nil {
 		t.Fatal(err)
 	}

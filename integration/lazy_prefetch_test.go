@@ -4,9 +4,7 @@ package integration
 
 import (
 	"context"
-	"net"
 	"regexp"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -26,9 +24,7 @@ import (
 // snapshot restores with the state of both generations.
 func TestLazyCheckpointDuringPrefetch(t *testing.T) {
 	s3 := storetest.StartS3(t)
-	e := harness.Start(t, func(c *configs.Config) {
-		c.Stores.S3 = configs.S3{Endpoint: s3.Endpoint, AccessKey: s3.AccessKey, SecretKey: s3.SecretKey, Region: "us-east-1"}
-		c.Stores.Allowed = append(c.Stores.Allowed, "s3://"+s3.Bucket+"/")
+	e := harness.Start(t, s3Node(s3), func(c *configs.Config) {
 		c.Restore.PrefetchWorkers = 1
 		hibernateNode(c)
 	})
@@ -40,12 +36,7 @@ func TestLazyCheckpointDuringPrefetch(t *testing.T) {
 	stopCtr(t, e, "src")
 	clearNodeCache(t, e)
 
-	_, port, err := net.SplitHostPort(s3.Endpoint)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, _ := strconv.Atoi(port)
-	link, err := stack.Shape(p, "40mbit") // the 32 MiB blob alone takes about 7 s to prefetch
+	link, err := stack.ShapeEndpoint(s3.Endpoint, "40mbit") // the 32 MiB blob alone takes about 7 s to prefetch
 	if err != nil {
 		t.Fatal(err)
 	}

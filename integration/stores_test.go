@@ -10,15 +10,22 @@ import (
 	"github.com/cryo-runtime/cryo/stores/storetest"
 )
 
+// s3Node points the node's S3 stores at s3 and allows its bucket.
+func s3Node(s3 *storetest.S3Server) harness.Option {
+	return func(c *configs.Config) {
+		c.Stores.S3 = configs.S3{Endpoint: s3.Endpoint, AccessKey: s3.AccessKey, SecretKey: s3.SecretKey, Region: "us-east-1"}
+		c.Stores.Allowed = append(c.Stores.Allowed, "s3://"+s3.Bucket+"/")
+	}
+}
+
 // TestRestoreFromS3AndRegistry: checkpoint to, and restore from, a real
 // S3-compatible server (versitygw) and a real OCI registry (distribution),
 // both on loopback.
 func TestRestoreFromS3AndRegistry(t *testing.T) {
 	s3 := storetest.StartS3(t)
 	reg := storetest.StartRegistry(t)
-	e := harness.Start(t, func(c *configs.Config) {
-		c.Stores.S3 = configs.S3{Endpoint: s3.Endpoint, AccessKey: s3.AccessKey, SecretKey: s3.SecretKey, Region: "us-east-1"}
-		c.Stores.Allowed = append(c.Stores.Allowed, "s3://"+s3.Bucket+"/", "oci://"+reg+"/cryo/")
+	e := harness.Start(t, s3Node(s3), func(c *configs.Config) {
+		c.Stores.Allowed = append(c.Stores.Allowed, "oci://"+reg+"/cryo/")
 		lazyNode(c)
 	})
 	before := startWorkload(t, e, "src")

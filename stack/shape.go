@@ -3,6 +3,7 @@ package stack
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os/exec"
 	"regexp"
 	"strconv"
@@ -49,6 +50,19 @@ func Shape(port int, rate string) (*Link, error) {
 		}
 	}
 	return l, nil
+}
+
+// ShapeEndpoint is Shape for the port of a store's host:port endpoint.
+func ShapeEndpoint(endpoint, rate string) (*Link, error) {
+	_, port, err := net.SplitHostPort(endpoint)
+	if err != nil {
+		return nil, fmt.Errorf("shape: endpoint %q: %w", endpoint, err)
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil {
+		return nil, fmt.Errorf("shape: endpoint %q: port %q: %w", endpoint, port, err)
+	}
+	return Shape(p, rate)
 }
 
 // Remove removes the shaping.
