@@ -173,13 +173,16 @@ func TestAgentVM(t *testing.T) {
 		if _, err := c.StartProcess(ctx, &agentapi.StartProcessRequest{ContainerId: "c2", ExecId: "tty"}); err != nil {
 			t.Fatal(err)
 		}
+		// The input goes in once the shell has said isatty: the terminal
+		// echoes it, and an echo before that line would split it.
+		first := readUntil(t, ctx, c, "c2", "tty", agentapi.Stream_STREAM_STDOUT, "isatty\r\n")
 		if _, err := c.ResizePty(ctx, &agentapi.ResizePtyRequest{ContainerId: "c2", ExecId: "tty", Width: 100, Height: 40}); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := c.WriteStdin(ctx, &agentapi.WriteStdinRequest{ContainerId: "c2", ExecId: "tty", Data: []byte("hello\n")}); err != nil {
 			t.Fatal(err)
 		}
-		out := readAll(t, ctx, c, "c2", "tty", agentapi.Stream_STREAM_STDOUT)
+		out := first + readAll(t, ctx, c, "c2", "tty", agentapi.Stream_STREAM_STDOUT)
 		w, err := c.WaitProcess(ctx, &agentapi.WaitProcessRequest{ContainerId: "c2", ExecId: "tty"})
 		if err != nil {
 			t.Fatal(err)

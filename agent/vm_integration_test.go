@@ -270,6 +270,24 @@ func readAll(t *testing.T, ctx context.Context, c *agent.Client, cid, eid string
 	}
 }
 
+// readUntil reads stream s of cid/eid until what it read holds want, and
+// returns what it read.
+func readUntil(t *testing.T, ctx context.Context, c *agent.Client, cid, eid string, s agentapi.Stream, want string) string {
+	t.Helper()
+	var out strings.Builder
+	for !strings.Contains(out.String(), want) {
+		r, err := c.ReadStdio(ctx, &agentapi.ReadStdioRequest{ContainerId: cid, ExecId: eid, Stream: s})
+		if err != nil {
+			t.Fatalf("read %v of %s/%s: %v", s, cid, eid, err)
+		}
+		out.Write(r.Data)
+		if r.Eof {
+			t.Fatalf("%v of %s/%s ended before %q: %q", s, cid, eid, want, out.String())
+		}
+	}
+	return out.String()
+}
+
 // runExec runs an exec process to completion and returns stdout and exit status.
 func runExec(t *testing.T, ctx context.Context, c *agent.Client, cid, eid string, args ...string) (string, uint32) {
 	t.Helper()
