@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"os"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/cryo-runtime/cryo/annotations"
+	"github.com/cryo-runtime/cryo/internal/redact"
 	"github.com/cryo-runtime/cryo/snapshot"
 	"github.com/cryo-runtime/cryo/stores"
 )
@@ -119,16 +121,23 @@ func (c *checkpointing) target(ctx context.Context, _ *undo) error {
 			return fmt.Errorf("checkpoint: %w", err)
 		}
 	}
+	// Every refusal comes before the store is opened: opening a file://
+	// store creates its layout, and a refused checkpoint leaves nothing.
+	wopts, err := sb.spec.Config.Snapshot.WriteOptions(sb.spec.Tenant)
+	if err != nil {
+		return fmt.Errorf("checkpoint: %w", err)
+	}
+	if u, err := url.Parse(to); err == nil {
+		if _, ref, err := stores.SplitRef(u.Path); err == nil && ref == "" {
+			return fmt.Errorf("checkpoint target %s names no reference (add :tag): %w", redact.URL(to), errdefs.ErrInvalidArgument)
+		}
+	}
 	store, ref, err := stores.Open(ctx, to, storeOptions(sb.spec.Config, sb.spec.Tenant, to, c.req.Trusted))
 	if err != nil {
 		return fmt.Errorf("checkpoint: open store: %w", err)
 	}
 	if ref == "" {
 		return fmt.Errorf("checkpoint target %s names no reference (add :tag): %w", to, errdefs.ErrInvalidArgument)
-	}
-	wopts, err := sb.spec.Config.Snapshot.WriteOptions(sb.spec.Tenant)
-	if err != nil {
-		return err
 	}
 	usePageIndex(ctx, sb, to, &wopts)
 	c.to, c.ref, c.store, c.wopts = to, ref, store, wopts

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"net/url"
+	"os"
 	"strings"
 	"testing"
 
@@ -41,5 +42,33 @@ func TestStoreRedirectPolicy(t *testing.T) {
 	}
 	if o := storeOptions(cfg, "team-a", "file:///ckpt/snapshot/cryo:checkpoint", true); o.Redirect != nil {
 		t.Error("a store the shim chose itself got a redirect policy")
+	}
+}
+
+// TestCheckpointRefusalLeavesNoStore: a checkpoint refused for a missing
+// namespace key (or a target without a reference) is refused before the
+// store is opened, so a file:// target's layout is never created.
+func TestCheckpointRefusalLeavesNoStore(t *testing.T) {
+	root := t.TempDir()
+	cfg := configs.Default()
+	cfg.Stores.Allowed = []string{"file://" + root + "/{namespace}/"}
+	keyless := cfg
+	keyless.Snapshot.EncryptionKeyDir = t.TempDir() // holds no key for team-a
+	for _, tc := range []struct {
+		cfg      configs.Config
+		to, want string
+	}{
+		{keyless, "file://" + root + "/team-a/agent:v1", "encryption_key_dir"},
+		{cfg, "file://" + root + "/team-a/agent", "names no reference"},
+	} {
+		sb := &Sandbox{spec: Spec{ID: "sb1", Config: tc.cfg, Tenant: "team-a"}}
+		c := &checkpointing{sb: sb, req: CheckpointRequest{To: tc.to}}
+		err := c.target(t.Context(), &undo{})
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("checkpoint to %s: %v, want a refusal naming %q", tc.to, err, tc.want)
+		}
+		if ents, _ := os.ReadDir(root); len(ents) != 0 {
+			t.Errorf("checkpoint to %s refused, but the store root holds %v", tc.to, ents)
+		}
 	}
 }
