@@ -1,8 +1,10 @@
 package vmm
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -10,6 +12,7 @@ import (
 	"syscall"
 
 	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
 )
 
@@ -76,26 +79,38 @@ func (c Confinement) validate() error {
 
 // uidLease is a uid held by this machine: the lock on its file lasts as
 // long as the file is open, so a dead shim frees its uid (its QEMU dies with
-// it: parent-death signal).
+// it: parent-death signal). The lock file also names the files the holder
+// gives the uid (its RAM files), so that whoever takes the uid next gives
+// back to root what a dead holder could not: files never change hands
+// between uids.
 type uidLease struct {
 	uid int
 	f   *os.File
 }
 
-// leaseUID takes the first free uid of c's range.
+// maxLeaseRecord bounds what a lease's file list may hold.
+const maxLeaseRecord = 64 << 10
+
+// leaseUID takes the first free uid of c's range, reclaiming the files its
+// previous holder left owned by it.
 func leaseUID(c Confinement) (*uidLease, error) {
 	if err := os.MkdirAll(c.LockDir, 0o700); err != nil {
 		return nil, fmt.Errorf("qemu uid locks: %w", err)
 	}
 	for i := 0; i < c.UIDCount; i++ {
 		uid := c.UIDBase + i
-		f, err := os.OpenFile(filepath.Join(c.LockDir, strconv.Itoa(uid)), os.O_RDWR|os.O_CREATE, 0o600)
+		f, err := os.OpenFile(filepath.Join(c.LockDir, strconv.Itoa(uid)), os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW, 0o600)
 		if err != nil {
 			return nil, fmt.Errorf("qemu uid lock: %w", err)
 		}
 		err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
 		if err == nil {
-			return &uidLease{uid: uid, f: f}, nil
+			l := &uidLease{uid: uid, f: f}
+			if err := l.reclaim(); err != nil {
+				f.Close()
+				return nil, err
+			}
+			return l, nil
 		}
 		f.Close()
 		if !errors.Is(err, unix.EWOULDBLOCK) {
@@ -103,6 +118,49 @@ func leaseUID(c Confinement) (*uidLease, error) {
 		}
 	}
 	return nil, fmt.Errorf("%w: all %d qemu uids from %d are in use", errdefs.ErrResourceExhausted, c.UIDCount, c.UIDBase)
+}
+
+// own records paths as the files this holder gives the uid, before it
+// chowns them: a holder that dies after the chown leaves them named.
+func (l *uidLease) own(paths ...string) error {
+	b, err := json.Marshal(paths)
+	if err != nil {
+		return err
+	}
+	if err := l.f.Truncate(0); err != nil {
+		return fmt.Errorf("qemu uid lock %d: %w", l.uid, err)
+	}
+	if _, err := l.f.WriteAt(b, 0); err != nil {
+		return fmt.Errorf("qemu uid lock %d: %w", l.uid, err)
+	}
+	return nil
+}
+
+// reclaim gives back to root every file the previous holder named that is
+// still owned by the uid (not followed through a symlink), then forgets
+// the list.
+func (l *uidLease) reclaim() error {
+	b, err := io.ReadAll(io.LimitReader(io.NewSectionReader(l.f, 0, maxLeaseRecord+1), maxLeaseRecord+1))
+	if err != nil {
+		return fmt.Errorf("qemu uid lock %d: %w", l.uid, err)
+	}
+	var paths []string
+	if len(b) > 0 && len(b) <= maxLeaseRecord {
+		// A torn record (a holder that died writing it) names nothing
+		// it had chowned yet.
+		json.Unmarshal(b, &paths)
+	}
+	for _, p := range paths {
+		var st unix.Stat_t
+		if !filepath.IsAbs(p) || unix.Lstat(p, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || int(st.Uid) != l.uid {
+			continue
+		}
+		if err := unix.Lchown(p, 0, 0); err != nil {
+			return fmt.Errorf("qemu uid %d: give %s, left by its previous holder, back to root: %w", l.uid, p, err)
+		}
+		log.L.WithFields(log.Fields{"uid": l.uid, "path": p}).Info("qemu uid: gave a dead holder's file back to root")
+	}
+	return l.own()
 }
 
 func (l *uidLease) release() {

@@ -67,3 +67,53 @@ func TestCopySparseKeepsHolesAndOwner(t *testing.T) {
 		t.Error("copied a directory")
 	}
 }
+
+// TestLeaseUIDReclaimsDeadHoldersFiles: a holder that died (its lock file
+// closed) without giving its RAM file back to root leaves it named in the
+// lock file; the next holder of the uid chowns it to root before QEMU of
+// that uid can run, and leaves alone what the uid no longer owns.
+func TestLeaseUIDReclaimsDeadHoldersFiles(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to chown")
+	}
+	dir := t.TempDir()
+	c := Confinement{UIDBase: 4100, UIDCount: 1, LockDir: filepath.Join(dir, "uids")}
+	ram, other := filepath.Join(dir, "a.ram"), filepath.Join(dir, "b.ram")
+	for _, p := range []string{ram, other} {
+		if err := os.WriteFile(p, []byte("guest secrets"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, err := leaseUID(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.own(ram, other, "relative.ram"); err != nil {
+		t.Fatal(err)
+	}
+	os.Chown(ram, a.uid, a.uid)
+	os.Chown(other, 4242, 4242) // no longer the uid's: not touched
+	a.release()                 // the shim died before disownFiles
+
+	b, err := leaseUID(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.release()
+	owner := func(p string) uint32 {
+		var st syscall.Stat_t
+		if err := syscall.Stat(p, &st); err != nil {
+			t.Fatal(err)
+		}
+		return st.Uid
+	}
+	if u := owner(ram); u != 0 {
+		t.Errorf("the dead holder's ram file is still owned by %d, want root", u)
+	}
+	if u := owner(other); u != 4242 {
+		t.Errorf("a file the uid no longer owned was changed to %d", u)
+	}
+	if rec, _ := os.ReadFile(filepath.Join(c.LockDir, "4100")); string(rec) != "null" {
+		t.Errorf("the new holder's record is %q, want it emptied", rec)
+	}
+}

@@ -87,14 +87,23 @@ func (m *Machine) prepareFiles(uid int) error {
 // the uid is freed: the next QEMU of that uid must not be able to open them,
 // nor a hard link the caller made to keep the RAM (checkpoint, then stop).
 func (m *Machine) disownFiles() {
-	priv, _ := m.cfg.privateMemory()
-	for _, p := range []string{m.ramFile(), priv} {
-		if p != "" && (p == priv || m.cfg.ownsMemory()) {
-			if err := os.Lchown(p, 0, 0); err != nil && !errors.Is(err, fs.ErrNotExist) {
-				log.L.WithError(err).WithField("id", m.cfg.ID).Warn("give qemu's ram file back to root")
-			}
+	for _, p := range m.uidFiles() {
+		if err := os.Lchown(p, 0, 0); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			log.L.WithError(err).WithField("id", m.cfg.ID).Warn("give qemu's ram file back to root")
 		}
 	}
+}
+
+// uidFiles are the files prepareFiles gives QEMU's uid: the ones
+// disownFiles gives back.
+func (m *Machine) uidFiles() []string {
+	if priv, ok := m.cfg.privateMemory(); ok {
+		return []string{priv}
+	}
+	if m.cfg.ownsMemory() {
+		return []string{m.cfg.MemoryPath}
+	}
+	return nil
 }
 
 // ramFile is the RAM file QEMU maps.

@@ -77,6 +77,11 @@ func (m *Machine) command() (_ *exec.Cmd, retErr error) {
 			m.removeFiles()
 		}
 	}()
+	if m.lease != nil {
+		if err := m.lease.own(m.uidFiles()...); err != nil {
+			return nil, err
+		}
+	}
 	if err := m.prepareFiles(uid); err != nil {
 		return nil, err
 	}
