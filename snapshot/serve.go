@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -13,7 +14,19 @@ import (
 	"github.com/containerd/errdefs"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sync/errgroup"
+	"golang.org/x/sync/semaphore"
 )
+
+// serving is what a snapshot's served files share: the decode memory
+// budget and the decoded chunks.
+type serving struct {
+	budget *semaphore.Weighted
+	cache  *decodedCache
+}
+
+func newServing(cs, budget int64) *serving {
+	return &serving{budget: semaphore.NewWeighted(budget), cache: newDecodedCache(decodedCacheSize(cs, budget))}
+}
 
 // ChunkDesc is one stored chunk of a served file: where it lies, what the
 // store holds, and for a delta the full chunk it applies to. A checkpoint of
@@ -33,18 +46,20 @@ type ChunkDesc struct {
 // base. Holes read as zeros without a fetch. A chunk that fails is an
 // error, never zeros or a short read. It is safe for concurrent use.
 type FileReader struct {
-	s      *Snapshot
-	name   string
-	size   int64
-	cs     int64
-	chunks []*servedChunk // by index off/cs; nil: a hole
+	s    *Snapshot
+	name string
+	size int64
+	cs   int64
+	// chunks are the stored chunks by index off/cs (absent: a hole), idxs
+	// their indexes in order: as many entries as the manifest has chunks of
+	// the file, whatever size the file claims.
+	chunks map[int64]*servedChunk
+	idxs   []int64
 	codec  *chunkCodec
 
 	bufs sync.Pool // *chunkBufs
 
 	mu       sync.Mutex
-	decoded  map[int64]*list.Element // of *decodedChunk, by index
-	lru      *list.List
 	flights  map[int64]*chunkFlight
 	firstErr error
 	// order is the chunks page faults decoded, in the order of their
@@ -61,8 +76,14 @@ type servedChunk struct {
 }
 
 type decodedChunk struct {
-	idx int64
+	key decodedKey
 	raw []byte
+}
+
+// decodedKey is a decoded chunk's place: file name and chunk index.
+type decodedKey struct {
+	file string
+	idx  int64
 }
 
 type chunkFlight struct {
@@ -73,10 +94,65 @@ type chunkFlight struct {
 
 type chunkBufs struct{ stored, scratch, base, payload []byte }
 
-// keepDecoded bounds the decoded chunks a FileReader keeps: a fault cluster
-// reads a chunk in max_read pieces (1 MiB), so the chunk it is in is kept
-// for the next pieces, not for ever (the page cache is the real cache).
-const keepDecoded = 4
+// decodedCache keeps the chunks a snapshot's served files decoded last:
+// a fault cluster reads a chunk in max_read pieces (1 MiB), so the chunk it
+// is in is kept for the next pieces, not for ever (the page cache is the
+// real cache). It holds at most max bytes (and always the newest chunk),
+// however many files the snapshot serves.
+type decodedCache struct {
+	mu         sync.Mutex
+	max, bytes int64
+	m          map[decodedKey]*list.Element // of *decodedChunk
+	lru        *list.List
+}
+
+// keepDecoded is how many decoded chunks the cache aims to keep (fewer
+// when they are large: decodedCacheSize).
+const keepDecoded = 16
+
+// decodedCacheSize is the cache's bound for a chunk size and a decode
+// memory budget: keepDecoded chunks, at most half the budget, at least
+// one chunk.
+func decodedCacheSize(cs, budget int64) int64 {
+	return max(cs, min(keepDecoded*cs, budget/2))
+}
+
+func newDecodedCache(max int64) *decodedCache {
+	return &decodedCache{max: max, m: map[decodedKey]*list.Element{}, lru: list.New()}
+}
+
+func (c *decodedCache) get(k decodedKey) ([]byte, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.m[k]
+	if !ok {
+		return nil, false
+	}
+	c.lru.MoveToFront(e)
+	return e.Value.(*decodedChunk).raw, true
+}
+
+func (c *decodedCache) put(k decodedKey, raw []byte) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.m[k]; ok {
+		return
+	}
+	c.m[k] = c.lru.PushFront(&decodedChunk{key: k, raw: raw})
+	c.bytes += int64(len(raw))
+	for c.bytes > c.max && c.lru.Len() > 1 {
+		old := c.lru.Remove(c.lru.Back()).(*decodedChunk)
+		delete(c.m, old.key)
+		c.bytes -= int64(len(old.raw))
+	}
+}
+
+// decodeWeight is what one decode of a chunk takes from the snapshot's
+// decode budget: its buffers (chunkBufs and the decoded chunk), never more
+// than the whole budget, so that one decode always proceeds.
+func decodeWeight(cs, budget int64) int64 {
+	return min(2*maxStoredSize(cs)+1+3*cs, budget)
+}
 
 // ServeFile returns a reader of the snapshot file name. An encrypted
 // snapshot needs its decryption key. Nothing is fetched yet.
@@ -91,9 +167,10 @@ func (s *Snapshot) ServeFile(name string) (*FileReader, error) {
 	if err != nil {
 		return nil, fmt.Errorf("serve %s: %w", name, err)
 	}
+	// Sparse: the index costs what the manifest names, never what the
+	// file's logical size claims (a record may claim 4 TiB disks).
 	r := &FileReader{s: s, name: name, size: size, cs: cs, codec: codec,
-		chunks:  make([]*servedChunk, (size+cs-1)/cs),
-		decoded: map[int64]*list.Element{}, lru: list.New(), flights: map[int64]*chunkFlight{}, ordered: map[int64]bool{}}
+		chunks: map[int64]*servedChunk{}, flights: map[int64]*chunkFlight{}, ordered: map[int64]bool{}}
 	for _, c := range s.chunks {
 		if c.file == name {
 			r.chunks[c.off/cs] = &servedChunk{ref: c}
@@ -105,6 +182,7 @@ func (s *Snapshot) ServeFile(name string) (*FileReader, error) {
 			r.chunks[d.off/cs] = &servedChunk{ref: d.chunkRef, base: &b}
 		}
 	}
+	r.idxs = slices.Sorted(maps.Keys(r.chunks))
 	r.bufs.New = func() any {
 		return &chunkBufs{stored: make([]byte, maxStoredSize(cs)+1), scratch: make([]byte, maxStoredSize(cs)),
 			base: make([]byte, cs), payload: make([]byte, cs)}
@@ -132,10 +210,8 @@ func (r *FileReader) ChunkSize() int64 { return r.cs }
 // Chunks lists the file's stored chunks in offset order.
 func (r *FileReader) Chunks() []ChunkDesc {
 	var out []ChunkDesc
-	for _, c := range r.chunks {
-		if c == nil {
-			continue
-		}
+	for _, i := range r.idxs {
+		c := r.chunks[i]
 		d := ChunkDesc{Offset: c.ref.off, Size: c.ref.size, Stored: c.ref.desc}
 		if c.base != nil {
 			b := c.base.desc
@@ -216,12 +292,11 @@ func (r *FileReader) keepErr(err error) {
 // chunk returns the decoded chunk idx; concurrent readers of one chunk
 // share one decode. The returned slice is never modified.
 func (r *FileReader) chunk(ctx context.Context, idx int64) ([]byte, error) {
-	r.mu.Lock()
-	if e, ok := r.decoded[idx]; ok {
-		r.lru.MoveToFront(e)
-		r.mu.Unlock()
-		return e.Value.(*decodedChunk).raw, nil
+	key := decodedKey{file: r.name, idx: idx}
+	if raw, ok := r.s.serving.cache.get(key); ok {
+		return raw, nil
 	}
+	r.mu.Lock()
 	if f, ok := r.flights[idx]; ok {
 		r.mu.Unlock()
 		select {
@@ -236,24 +311,32 @@ func (r *FileReader) chunk(ctx context.Context, idx int64) ([]byte, error) {
 	r.mu.Unlock()
 
 	r.s.demand.begin()
-	f.raw, f.err = r.decode(ctx, r.chunks[idx])
+	f.raw, f.err = r.budgetedDecode(ctx, r.chunks[idx])
 	r.s.demand.end()
+	if f.err == nil {
+		r.s.serving.cache.put(key, f.raw)
+	}
 	r.mu.Lock()
 	delete(r.flights, idx)
 	if f.err == nil && !r.ordered[idx] {
 		r.ordered[idx] = true
 		r.order = append(r.order, idx)
 	}
-	if f.err == nil {
-		r.decoded[idx] = r.lru.PushFront(&decodedChunk{idx: idx, raw: f.raw})
-		for r.lru.Len() > keepDecoded {
-			old := r.lru.Remove(r.lru.Back()).(*decodedChunk)
-			delete(r.decoded, old.idx)
-		}
-	}
 	r.mu.Unlock()
 	close(f.done)
 	return f.raw, f.err
+}
+
+// budgetedDecode is decode within the snapshot's decode memory budget
+// (ReadOptions.MaxMemory): a decode waits, under ctx, until its buffers
+// fit beside the others in flight.
+func (r *FileReader) budgetedDecode(ctx context.Context, c *servedChunk) ([]byte, error) {
+	w := decodeWeight(r.cs, r.s.opts.MaxMemory)
+	if err := r.s.serving.budget.Acquire(ctx, w); err != nil {
+		return nil, fmt.Errorf("wait for decode memory for chunk at offset %d of %s (%s): %w", c.ref.off, r.name, c.ref.desc.Digest, err)
+	}
+	defer r.s.serving.budget.Release(w)
+	return r.decode(ctx, c)
 }
 
 // decode fetches (verified), decrypts and decompresses one chunk, applying
@@ -325,7 +408,7 @@ func (r *FileReader) Prefetch(ctx context.Context, workers int, order []int64) (
 	var descs []ocispec.Descriptor
 	seen := map[int64]bool{}
 	add := func(idx int64) {
-		if idx < 0 || idx >= int64(len(r.chunks)) || seen[idx] || r.chunks[idx] == nil {
+		if seen[idx] || r.chunks[idx] == nil {
 			return
 		}
 		seen[idx] = true
@@ -338,8 +421,8 @@ func (r *FileReader) Prefetch(ctx context.Context, workers int, order []int64) (
 	for _, i := range order {
 		add(i)
 	}
-	for i := range r.chunks {
-		add(int64(i))
+	for _, i := range r.idxs {
+		add(i)
 	}
 	var bytes atomic.Int64
 	g, gctx := errgroup.WithContext(ctx)
