@@ -92,7 +92,18 @@ type chunkFlight struct {
 	err  error
 }
 
-type chunkBufs struct{ stored, scratch, base, payload []byte }
+// chunkBufs are a decode's buffers, each made when a decode first needs it:
+// the stored chunk, the decrypted one (encrypted snapshots) and a delta's
+// payload (deltas).
+type chunkBufs struct{ stored, scratch, payload []byte }
+
+// grow returns b with length n, reallocated if it is shorter.
+func grow(b []byte, n int64) []byte {
+	if int64(cap(b)) < n {
+		return make([]byte, n)
+	}
+	return b[:n]
+}
 
 // decodedCache keeps the chunks a snapshot's served files decoded last:
 // a fault cluster reads a chunk in max_read pieces (1 MiB), so the chunk it
@@ -148,10 +159,17 @@ func (c *decodedCache) put(k decodedKey, raw []byte) {
 }
 
 // decodeWeight is what one decode of a chunk takes from the snapshot's
-// decode budget: its buffers (chunkBufs and the decoded chunk), never more
-// than the whole budget, so that one decode always proceeds.
-func decodeWeight(cs, budget int64) int64 {
-	return min(2*maxStoredSize(cs)+1+3*cs, budget)
+// decode budget: the buffers it uses (chunkBufs and the decoded chunk),
+// never more than the whole budget, so that one decode always proceeds.
+func decodeWeight(cs int64, encrypted, delta bool, budget int64) int64 {
+	w := maxStoredSize(cs) + 1 + cs
+	if encrypted {
+		w += maxStoredSize(cs)
+	}
+	if delta {
+		w += cs
+	}
+	return min(w, budget)
 }
 
 // ServeFile returns a reader of the snapshot file name. An encrypted
@@ -183,10 +201,7 @@ func (s *Snapshot) ServeFile(name string) (*FileReader, error) {
 		}
 	}
 	r.idxs = slices.Sorted(maps.Keys(r.chunks))
-	r.bufs.New = func() any {
-		return &chunkBufs{stored: make([]byte, maxStoredSize(cs)+1), scratch: make([]byte, maxStoredSize(cs)),
-			base: make([]byte, cs), payload: make([]byte, cs)}
-	}
+	r.bufs.New = func() any { return &chunkBufs{} }
 	return r, nil
 }
 
@@ -331,7 +346,7 @@ func (r *FileReader) chunk(ctx context.Context, idx int64) ([]byte, error) {
 // (ReadOptions.MaxMemory): a decode waits, under ctx, until its buffers
 // fit beside the others in flight.
 func (r *FileReader) budgetedDecode(ctx context.Context, c *servedChunk) ([]byte, error) {
-	w := decodeWeight(r.cs, r.s.opts.MaxMemory)
+	w := decodeWeight(r.cs, r.s.Encrypted(), c.base != nil, r.s.opts.MaxMemory)
 	if err := r.s.serving.budget.Acquire(ctx, w); err != nil {
 		return nil, fmt.Errorf("wait for decode memory for chunk at offset %d of %s (%s): %w", c.ref.off, r.name, c.ref.desc.Digest, err)
 	}
@@ -346,6 +361,13 @@ func (r *FileReader) decode(ctx context.Context, c *servedChunk) ([]byte, error)
 	defer r.bufs.Put(b)
 	cs := r.cs
 	ref := c.ref
+	b.stored = grow(b.stored, maxStoredSize(cs)+1)
+	if r.s.Encrypted() {
+		b.scratch = grow(b.scratch, maxStoredSize(cs))
+	}
+	if c.base != nil {
+		b.payload = grow(b.payload, cs)
+	}
 	fail := func(what string, err error) error {
 		return fmt.Errorf("%s chunk at offset %d of %s (%s): %w", what, ref.off, r.name, ref.desc.Digest, err)
 	}

@@ -124,7 +124,7 @@ func TestServeDecodeBudget(t *testing.T) {
 	ts.write(t, mem, "v1", WriteOptions{})
 	g := &gateStore{memStore: mem, gate: make(chan struct{}), chunkMediaTypes: map[string]bool{MediaTypeChunk: true, MediaTypeChunkEncrypted: true}}
 	ctx := context.Background()
-	w := decodeWeight(testCS, 1<<30)
+	w := decodeWeight(testCS, false, false, 1<<30)
 	s, err := Open(ctx, g, "v1", ReadOptions{MaxMemory: 2*w + w/2}) // room for two decodes
 	if err != nil {
 		t.Fatal(err)
