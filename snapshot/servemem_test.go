@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"golang.org/x/sync/errgroup"
 )
 
 // hostileDisks re-publishes ref with n more disks of 4 TiB each and no
@@ -228,4 +230,95 @@ func createFile(t *testing.T, path string) *os.File {
 	}
 	t.Cleanup(func() { f.Close() })
 	return f
+}
+
+// BenchmarkServeHostile measures what serving costs in memory where a
+// snapshot's publisher chooses the sizes:
+//   - record: 25 disks that claim 4 TiB each (no chunk) in a manifest of a
+//     few KiB: Open, serve every file, read a page of each;
+//   - faults: 16 concurrent page faults on distinct 64 MiB chunks.
+//
+// It reports the bytes allocated per operation and the peak heap in use.
+func BenchmarkServeHostile(b *testing.B) {
+	ctx := context.Background()
+	b.Run("record", func(b *testing.B) {
+		ts := newTestSnap(b)
+		store := newMemStore()
+		ts.write(b, store, "v1", WriteOptions{})
+		disks := hostileDisks(b, store, "v1", 25)
+		page := make([]byte, PageSize)
+		measure(b, func() {
+			s, err := Open(ctx, store, "v1", ReadOptions{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			for _, name := range append([]string{FileRAM}, disks...) {
+				r, err := s.ServeFile(name)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, err := r.ReadAt(page, r.Size()/2); err != nil {
+					b.Fatal(err)
+				}
+				r.Close()
+			}
+		})
+	})
+	b.Run("faults", func(b *testing.B) {
+		const cs, n = MaxChunkSize, 16
+		dir := b.TempDir()
+		ts := newTestSnap(b)
+		ts.paths.RAM = filepath.Join(dir, "ram")
+		// A random page per chunk, the rest zeros: small to store, a
+		// whole chunk to decode.
+		if err := writeChunked(ts.paths.RAM, n*cs, func(i int64, p []byte) bool {
+			clear(p)
+			if i%(cs/DefaultChunkSize) == 0 {
+				fillRandom(rand.New(rand.NewPCG(uint64(i), 1)), p[:PageSize])
+			}
+			return true
+		}); err != nil {
+			b.Fatal(err)
+		}
+		ts.md.Fingerprint.MemoryMiB = n * cs >> 20
+		store := newMemStore()
+		ts.write(b, store, "v1", WriteOptions{ChunkSize: cs})
+		measure(b, func() {
+			s, err := Open(ctx, store, "v1", ReadOptions{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			r, err := s.ServeFile(FileRAM)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer r.Close()
+			var g errgroup.Group
+			for i := range int64(n) {
+				g.Go(func() error {
+					_, err := r.ReadAt(make([]byte, PageSize), i*cs)
+					return err
+				})
+			}
+			if err := g.Wait(); err != nil {
+				b.Fatal(err)
+			}
+		})
+	})
+}
+
+// measure runs op b.N times and reports the MiB it allocated per run and
+// the peak heap in use above the start.
+func measure(b *testing.B, op func()) {
+	stop := peakHeap()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	b.ResetTimer()
+	for range b.N {
+		op()
+	}
+	b.StopTimer()
+	runtime.ReadMemStats(&after)
+	b.ReportMetric(float64(after.TotalAlloc-before.TotalAlloc)/float64(b.N)/(1<<20), "alloc-MiB/op")
+	b.ReportMetric(stop(), "peak-heap-MiB")
 }
