@@ -18,14 +18,17 @@ import (
 )
 
 // serving is what a snapshot's served files share: the decode memory
-// budget and the decoded chunks.
+// budget, the decode buffers and the decoded chunks.
 type serving struct {
 	budget *semaphore.Weighted
+	bufs   sync.Pool // *chunkBufs
 	cache  *decodedCache
 }
 
 func newServing(cs, budget int64) *serving {
-	return &serving{budget: semaphore.NewWeighted(budget), cache: newDecodedCache(decodedCacheSize(cs, budget))}
+	s := &serving{budget: semaphore.NewWeighted(budget), cache: newDecodedCache(decodedCacheSize(cs, budget))}
+	s.bufs.New = func() any { return &chunkBufs{} }
+	return s
 }
 
 // ChunkDesc is one stored chunk of a served file: where it lies, what the
@@ -57,8 +60,6 @@ type FileReader struct {
 	idxs   []int64
 	codec  *chunkCodec
 
-	bufs sync.Pool // *chunkBufs
-
 	mu       sync.Mutex
 	flights  map[int64]*chunkFlight
 	firstErr error
@@ -88,7 +89,6 @@ type decodedKey struct {
 
 type chunkFlight struct {
 	done chan struct{}
-	raw  []byte
 	err  error
 }
 
@@ -115,6 +115,11 @@ type decodedCache struct {
 	max, bytes int64
 	m          map[decodedKey]*list.Element // of *decodedChunk
 	lru        *list.List
+	// free are evicted chunks' buffers for the next decodes, as long as
+	// they fit in max beside the cached chunks: decodes then make no
+	// garbage, and the heap stays near its bound.
+	free      [][]byte
+	freeBytes int64
 }
 
 // keepDecoded is how many decoded chunks the cache aims to keep (fewer
@@ -123,39 +128,84 @@ const keepDecoded = 16
 
 // decodedCacheSize is the cache's bound for a chunk size and a decode
 // memory budget: keepDecoded chunks, at most half the budget, at least
-// one chunk.
+// two chunks (one cached, one recycled).
 func decodedCacheSize(cs, budget int64) int64 {
-	return max(cs, min(keepDecoded*cs, budget/2))
+	return max(2*cs, min(keepDecoded*cs, budget/2))
 }
 
 func newDecodedCache(max int64) *decodedCache {
 	return &decodedCache{max: max, m: map[decodedKey]*list.Element{}, lru: list.New()}
 }
 
-func (c *decodedCache) get(k decodedKey) ([]byte, bool) {
+// read calls fn with chunk k under the cache's lock, if it is cached.
+func (c *decodedCache) read(k decodedKey, fn func(raw []byte)) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e, ok := c.m[k]
 	if !ok {
-		return nil, false
+		return false
 	}
 	c.lru.MoveToFront(e)
-	return e.Value.(*decodedChunk).raw, true
+	fn(e.Value.(*decodedChunk).raw)
+	return true
 }
 
+// put caches raw, which its caller no longer reads, as chunk k.
 func (c *decodedCache) put(k decodedKey, raw []byte) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if _, ok := c.m[k]; ok {
+		c.recycle(raw)
 		return
 	}
 	c.m[k] = c.lru.PushFront(&decodedChunk{key: k, raw: raw})
-	c.bytes += int64(len(raw))
+	c.bytes += int64(cap(raw))
 	for c.bytes > c.max && c.lru.Len() > 1 {
 		old := c.lru.Remove(c.lru.Back()).(*decodedChunk)
 		delete(c.m, old.key)
-		c.bytes -= int64(len(old.raw))
+		c.bytes -= int64(cap(old.raw))
+		c.recycle(old.raw)
 	}
+}
+
+// recycle keeps b for a later decode if it fits (c.mu held).
+func (c *decodedCache) recycle(b []byte) {
+	if c.bytes+c.freeBytes+int64(cap(b)) <= c.max {
+		c.free = append(c.free, b[:0])
+		c.freeBytes += int64(cap(b))
+	}
+}
+
+// buffer returns a buffer of length n and capacity at least size for a
+// decode: a recycled one, else, when the cache is full, the least
+// recently used chunk's (evicted), else a new one.
+func (c *decodedCache) buffer(n, size int64) []byte {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for len(c.free) > 0 {
+		b := c.free[len(c.free)-1]
+		c.free = c.free[:len(c.free)-1]
+		c.freeBytes -= int64(cap(b))
+		if int64(cap(b)) >= size {
+			return b[:n]
+		}
+	}
+	if c.bytes+size > c.max && c.lru.Len() > 0 {
+		old := c.lru.Remove(c.lru.Back()).(*decodedChunk)
+		delete(c.m, old.key)
+		c.bytes -= int64(cap(old.raw))
+		if int64(cap(old.raw)) >= size {
+			return old.raw[:n]
+		}
+	}
+	return make([]byte, n, size)
+}
+
+// release gives back a buffer that no one reads (a failed decode's).
+func (c *decodedCache) release(b []byte) {
+	c.mu.Lock()
+	c.recycle(b)
+	c.mu.Unlock()
 }
 
 // decodeWeight is what one decode of a chunk takes from the snapshot's
@@ -201,7 +251,6 @@ func (s *Snapshot) ServeFile(name string) (*FileReader, error) {
 		}
 	}
 	r.idxs = slices.Sorted(maps.Keys(r.chunks))
-	r.bufs.New = func() any { return &chunkBufs{} }
 	return r, nil
 }
 
@@ -281,12 +330,11 @@ func (r *FileReader) ReadAtContext(ctx context.Context, p []byte, off int64) (in
 		if r.chunks[idx] == nil {
 			clear(p[done : done+n])
 		} else {
-			raw, err := r.chunk(ctx, idx)
-			if err != nil {
+			dst := p[done : done+n]
+			if err := r.readChunk(ctx, idx, func(raw []byte) { copy(dst, raw[in:]) }); err != nil {
 				r.keepErr(err)
 				return 0, err
 			}
-			copy(p[done:done+n], raw[in:])
 		}
 		done += n
 	}
@@ -304,42 +352,51 @@ func (r *FileReader) keepErr(err error) {
 	r.mu.Unlock()
 }
 
-// chunk returns the decoded chunk idx; concurrent readers of one chunk
-// share one decode. The returned slice is never modified.
-func (r *FileReader) chunk(ctx context.Context, idx int64) ([]byte, error) {
+// readChunk calls read with the decoded chunk idx, which read must not
+// keep; concurrent readers of one chunk share one decode. A decoded chunk
+// is only read under the cache's lock (or by its decoder before it is
+// cached), so that the cache can recycle the buffers it evicts.
+func (r *FileReader) readChunk(ctx context.Context, idx int64, read func(raw []byte)) error {
 	key := decodedKey{file: r.name, idx: idx}
-	if raw, ok := r.s.serving.cache.get(key); ok {
-		return raw, nil
-	}
-	r.mu.Lock()
-	if f, ok := r.flights[idx]; ok {
-		r.mu.Unlock()
-		select {
-		case <-f.done:
-			return f.raw, f.err
-		case <-ctx.Done():
-			return nil, fmt.Errorf("wait for chunk at offset %d of %s (%s): %w", idx*r.cs, r.name, r.chunks[idx].ref.desc.Digest, ctx.Err())
+	for {
+		if r.s.serving.cache.read(key, read) {
+			return nil
 		}
-	}
-	f := &chunkFlight{done: make(chan struct{})}
-	r.flights[idx] = f
-	r.mu.Unlock()
+		r.mu.Lock()
+		if f, ok := r.flights[idx]; ok {
+			r.mu.Unlock()
+			select {
+			case <-f.done:
+				if f.err != nil {
+					return f.err
+				}
+				continue // in the cache now, unless evicted already
+			case <-ctx.Done():
+				return fmt.Errorf("wait for chunk at offset %d of %s (%s): %w", idx*r.cs, r.name, r.chunks[idx].ref.desc.Digest, ctx.Err())
+			}
+		}
+		f := &chunkFlight{done: make(chan struct{})}
+		r.flights[idx] = f
+		r.mu.Unlock()
 
-	r.s.demand.begin()
-	f.raw, f.err = r.budgetedDecode(ctx, r.chunks[idx])
-	r.s.demand.end()
-	if f.err == nil {
-		r.s.serving.cache.put(key, f.raw)
+		r.s.demand.begin()
+		raw, err := r.budgetedDecode(ctx, r.chunks[idx])
+		r.s.demand.end()
+		if err == nil {
+			read(raw)
+			r.s.serving.cache.put(key, raw)
+		}
+		r.mu.Lock()
+		delete(r.flights, idx)
+		if err == nil && !r.ordered[idx] {
+			r.ordered[idx] = true
+			r.order = append(r.order, idx)
+		}
+		r.mu.Unlock()
+		f.err = err
+		close(f.done)
+		return err
 	}
-	r.mu.Lock()
-	delete(r.flights, idx)
-	if f.err == nil && !r.ordered[idx] {
-		r.ordered[idx] = true
-		r.order = append(r.order, idx)
-	}
-	r.mu.Unlock()
-	close(f.done)
-	return f.raw, f.err
 }
 
 // budgetedDecode is decode within the snapshot's decode memory budget
@@ -357,8 +414,8 @@ func (r *FileReader) budgetedDecode(ctx context.Context, c *servedChunk) ([]byte
 // decode fetches (verified), decrypts and decompresses one chunk, applying
 // a delta to its base.
 func (r *FileReader) decode(ctx context.Context, c *servedChunk) ([]byte, error) {
-	b := r.bufs.Get().(*chunkBufs)
-	defer r.bufs.Put(b)
+	b := r.s.serving.bufs.Get().(*chunkBufs)
+	defer r.s.serving.bufs.Put(b)
 	cs := r.cs
 	ref := c.ref
 	b.stored = grow(b.stored, maxStoredSize(cs)+1)
@@ -371,7 +428,13 @@ func (r *FileReader) decode(ctx context.Context, c *servedChunk) ([]byte, error)
 	fail := func(what string, err error) error {
 		return fmt.Errorf("%s chunk at offset %d of %s (%s): %w", what, ref.off, r.name, ref.desc.Digest, err)
 	}
-	out := make([]byte, ref.size)
+	out := r.s.serving.cache.buffer(ref.size, cs)
+	ok := false
+	defer func() {
+		if !ok {
+			r.s.serving.cache.release(out)
+		}
+	}()
 	stored, err := fetchVerified(ctx, r.s.store, ref.desc, maxStoredSize(cs), r.s.opts.RangeSize, b.stored)
 	if err != nil {
 		return nil, fail("fetch", err)
@@ -383,6 +446,7 @@ func (r *FileReader) decode(ctx context.Context, c *servedChunk) ([]byte, error)
 		if err != nil {
 			return nil, fail("decode", err)
 		}
+		ok = true
 		return raw, nil
 	}
 	payload, err := r.codec.openDelta(ref.file, ref.off, ref.size, c.base.desc.Digest, stored, b.scratch, b.payload)
@@ -403,6 +467,7 @@ func (r *FileReader) decode(ctx context.Context, c *servedChunk) ([]byte, error)
 	if err := applyDelta(payload, base); err != nil {
 		return nil, fail("apply delta", err)
 	}
+	ok = true
 	return base, nil
 }
 
