@@ -62,7 +62,8 @@ type ReadOptions struct {
 	Workers int
 	// MaxMemory bounds the chunk buffers of Verify and Materialize, and
 	// those of the concurrent decodes of a snapshot's served files
-	// (ServeFile) together (192 MiB).
+	// (ServeFile) together; the decoded chunks they keep take at most half
+	// as much again, at least two chunks (192 MiB).
 	MaxMemory int64
 	// RangeSize splits a chunk fetch into ranged reads of at most this
 	// many bytes (0: one read per chunk).
