@@ -130,7 +130,10 @@ func (r *runner) pauseGuest(mem int, large bool) error {
 }
 
 func (r *runner) pauseDisk(disk int) error {
-	cfg, err := r.cfgWith(fmt.Sprintf("disk%d", disk), func(c *configs.Config) { c.Runtime.WritableDiskMiB = disk })
+	cfg, err := r.cfgWith(fmt.Sprintf("disk%d", disk), func(c *configs.Config) {
+		c.Runtime.WritableDiskMiB = disk
+		c.Restore.MaxDiskSizeMiB = max(c.Restore.MaxDiskSizeMiB, 2*int64(disk)) // the disk holds the image too
+	})
 	if err != nil {
 		return err
 	}

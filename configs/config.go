@@ -185,6 +185,15 @@ type Restore struct {
 	// fetch from the store); a read stuck longer kills the VM rather than
 	// leave it hanging (30s).
 	PageTimeout Duration `toml:"page_timeout"`
+	// MaxDiskSizeMiB bounds the size a snapshot may give a disk this node
+	// restores or serves (65536, at least runtime.writable_disk_size): a
+	// restore refuses a larger one when it opens the snapshot, before
+	// anything is allocated for it.
+	MaxDiskSizeMiB int64 `toml:"max_disk_size"`
+	// MaxDeviceStateMiB bounds a lazy restore's device state (64, at most
+	// 1024), which holds no RAM: it is written to the sandbox's state
+	// directory before QEMU starts.
+	MaxDeviceStateMiB int64 `toml:"max_device_state"`
 }
 
 // Restore modes.
@@ -270,7 +279,8 @@ func Default() Config {
 			Allowed:              []string{"file:///var/lib/cryo/store/" + NamespacePlaceholder + "/"},
 			MaxConcurrentFetches: 8,
 		},
-		Restore:     Restore{Fallback: "fail", Mode: RestoreLazy, PrefetchWorkers: 4, PageTimeout: Duration{30 * time.Second}},
+		Restore: Restore{Fallback: "fail", Mode: RestoreLazy, PrefetchWorkers: 4, PageTimeout: Duration{30 * time.Second},
+			MaxDiskSizeMiB: 65536, MaxDeviceStateMiB: 64},
 		Annotations: Annotations{Enabled: []string{"cryo.dev/*"}},
 	}
 }
@@ -396,6 +406,9 @@ func (c *Config) Validate() error {
 	if f := c.Restore.Fallback; f != "fail" && f != "cold" {
 		return fmt.Errorf("restore.fallback %q: must be fail or cold", f)
 	}
+	if c.Restore.MaxDiskSizeMiB < int64(c.Runtime.WritableDiskMiB) || c.Restore.MaxDiskSizeMiB > 4<<20 {
+		return fmt.Errorf("restore.max_disk_size %d MiB: must be between runtime.writable_disk_size (%d) and 4194304 (4 TiB)", c.Restore.MaxDiskSizeMiB, c.Runtime.WritableDiskMiB)
+	}
 	return c.Restore.validate()
 }
 
@@ -413,6 +426,9 @@ func (r Restore) validate() error {
 	}
 	if r.PageTimeout.Duration < time.Second || r.PageTimeout.Duration > 10*time.Minute {
 		return fmt.Errorf("restore.page_timeout %s: must be in [1s, 10m]", r.PageTimeout.Duration)
+	}
+	if r.MaxDeviceStateMiB < 1 || r.MaxDeviceStateMiB > 1024 {
+		return fmt.Errorf("restore.max_device_state %d MiB: must be in [1, 1024]", r.MaxDeviceStateMiB)
 	}
 	return nil
 }

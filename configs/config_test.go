@@ -58,6 +58,15 @@ func TestLoad(t *testing.T) {
 		{name: "bad allowed mode", body: "[restore]\nallowed_modes = [\"eager\", \"fast\"]\n", wantErr: "restore.allowed_modes"},
 		{name: "prefetch workers", body: "[restore]\nprefetch_workers = -1\n", wantErr: "restore.prefetch_workers"},
 		{name: "page timeout", body: "[restore]\npage_timeout = \"1ms\"\n", wantErr: "restore.page_timeout"},
+		{name: "restore limits", body: "[restore]\nmax_disk_size = 2048\nmax_device_state = 16\n",
+			check: func(c Config) bool { return c.Restore.MaxDiskSizeMiB == 2048 && c.Restore.MaxDeviceStateMiB == 16 }},
+		{name: "restore limits default", body: "[restore]\nfallback = \"cold\"\n",
+			check: func(c Config) bool { return c.Restore.MaxDiskSizeMiB == 65536 && c.Restore.MaxDeviceStateMiB == 64 }},
+		{name: "max disk size under writable disk", body: "[runtime]\nwritable_disk_size = 4096\n[restore]\nmax_disk_size = 2048\n", wantErr: "restore.max_disk_size"},
+		{name: "max disk size zero", body: "[restore]\nmax_disk_size = 0\n", wantErr: "restore.max_disk_size"},
+		{name: "max disk size over 4 TiB", body: "[restore]\nmax_disk_size = 4194305\n", wantErr: "restore.max_disk_size"},
+		{name: "max device state zero", body: "[restore]\nmax_device_state = 0\n", wantErr: "restore.max_device_state"},
+		{name: "max device state over 1 GiB", body: "[restore]\nmax_device_state = 1025\n", wantErr: "restore.max_device_state"},
 		{name: "syntax", body: "[hypervisor\n", wantErr: "line 1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -63,6 +63,19 @@ func TestRestoreHostileRecord(t *testing.T) {
 		}, want: "max_vcpus"},
 		{name: "metadata vcpus over max_vcpus", md: func(md *snapshot.Metadata) { md.Fingerprint.VCPUs = maxVCPUs + 1 }, want: "fingerprint.vcpus"},
 		{name: "metadata memory over max_memory", md: func(md *snapshot.Metadata) { md.Fingerprint.MemoryMiB = 1 << 20 }, want: "fingerprint.memoryMiB"},
+		// A disk claiming 4 TiB (a few KiB stored): the shim once allocated
+		// per chunk of that logical size, ~12 GiB for 25 such disks.
+		{name: "disk over max_disk_size", md: func(md *snapshot.Metadata) {
+			n := 0
+			for k := range md.Files {
+				if strings.HasPrefix(md.Files[k].Name, "disk:") {
+					md.Files[k].Size, n = 4<<40, n+1
+				}
+			}
+			if n == 0 {
+				t.Fatal("setup: the snapshot has no disk")
+			}
+		}, want: "max_disk_size"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tag := strings.ReplaceAll(tc.name, " ", "-")

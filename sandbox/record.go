@@ -96,6 +96,7 @@ func nodeRecordLimits(cfg configs.Config) recordLimits {
 func nodeReadLimits(o *snapshot.ReadOptions, cfg configs.Config) {
 	o.MaxVCPUs = cfg.Hypervisor.MaxVCPUs
 	o.MaxMemoryMiB = int64(cfg.Hypervisor.MaxMemoryMiB)
+	o.MaxDiskSize = cfg.Restore.MaxDiskSizeMiB << 20
 	o.MaxSpecSize = maxRecordSize
 }
 

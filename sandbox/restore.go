@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -249,15 +250,9 @@ func (st *start) serve(ctx context.Context, u *undo) error {
 	}
 	// Before QEMU starts: a device state that does not verify stops the
 	// restore while restore-fallback can still boot the pod cold.
-	ds, err := r.snap.ReadFile(ctx, snapshot.FileDevState, maxServedDevState)
-	if err != nil {
-		return fmt.Errorf("restore from %s: %w", st.src.URL, err)
+	if r.devState, err = st.fetchDevState(ctx, u); err != nil {
+		return err
 	}
-	r.devState = filepath.Join(st.StateDir, "devstate.in")
-	if err := os.WriteFile(r.devState, ds, 0o600); err != nil {
-		return fmt.Errorf("restore: device state: %w", err)
-	}
-	u.cleanup(func(context.Context) { os.Remove(r.devState) })
 	var disks []string
 	for _, d := range r.rec.Disks {
 		disks = append(disks, d.Name)
@@ -282,9 +277,37 @@ func (st *start) serve(ctx context.Context, u *undo) error {
 	return nil
 }
 
-// maxServedDevState bounds the device state of a lazy restore, which
-// holds no RAM (x-ignore-shared): some MiB of device registers and queues.
-const maxServedDevState = 256 << 20
+// fetchDevState streams a lazy restore's device state, verified, from
+// the store to <stateDir>/devstate.in, a chunk at a time. It holds no RAM
+// (x-ignore-shared): some MiB of device registers and queues, at most
+// [restore] max_device_state. On error nothing is left.
+func (st *start) fetchDevState(ctx context.Context, u *undo) (string, error) {
+	limit := st.Config.Restore.MaxDeviceStateMiB << 20
+	for _, f := range st.restore.snap.Metadata.Files {
+		if f.Name == snapshot.FileDevState && f.Size > limit {
+			return "", fmt.Errorf("restore from %s: device state of %d bytes, this node allows at most %d MiB (restore.max_device_state): %w",
+				st.src.URL, f.Size, st.Config.Restore.MaxDeviceStateMiB, errdefs.ErrInvalidArgument)
+		}
+	}
+	path := filepath.Join(st.StateDir, "devstate.in")
+	// A dead shim's restore of this sandbox may have left one.
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return "", fmt.Errorf("restore: device state: %w", err)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return "", fmt.Errorf("restore: device state: %w", err)
+	}
+	u.cleanup(func(context.Context) { os.Remove(path) })
+	err = st.restore.snap.CopyFile(ctx, snapshot.FileDevState, limit, f)
+	if cerr := f.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("restore: device state: %w", cerr)
+	}
+	if err != nil {
+		return "", fmt.Errorf("restore from %s: %w", st.src.URL, err)
+	}
+	return path, nil
+}
 
 // restoreConfig is the checkpointed VM's configuration on this host, with
 // the new pod's NIC.

@@ -24,7 +24,7 @@ import (
 
 // rewrite re-publishes ref after fn edited its manifest and metadata, with
 // correct digests: what a hostile publisher (not a corrupting store) does.
-func rewrite(t *testing.T, store *memStore, ref string, fn func(m *ocispec.Manifest, md *Metadata)) {
+func rewrite(t testing.TB, store *memStore, ref string, fn func(m *ocispec.Manifest, md *Metadata)) {
 	t.Helper()
 	ctx := context.Background()
 	desc, err := store.Resolve(ctx, ref)

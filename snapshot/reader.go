@@ -5,6 +5,7 @@ import (
 	"crypto/ed25519"
 	"encoding/json"
 	"fmt"
+	"os"
 	"runtime"
 	"slices"
 	"strings"
@@ -51,12 +52,18 @@ type ReadOptions struct {
 	// (0: not checked, e.g. to inspect a snapshot of another node).
 	MaxVCPUs     int
 	MaxMemoryMiB int64
+	// MaxDiskSize is this node's limit on a disk file's size in bytes
+	// ([restore] max_disk_size): Open refuses a larger one before
+	// anything is allocated for it (0: only MaxFileSize).
+	MaxDiskSize int64
 
 	// Workers fetch, verify and decompress chunks in parallel (2 x
 	// GOMAXPROCS, fewer when MaxMemory asks for it).
 	Workers int
-	// MaxMemory bounds the chunk buffers of Verify and Materialize
-	// (192 MiB).
+	// MaxMemory bounds the chunk buffers of Verify and Materialize, and
+	// those of the concurrent decodes of a snapshot's served files
+	// (ServeFile) together; the decoded chunks they keep take at most half
+	// as much again, at least two chunks (192 MiB).
 	MaxMemory int64
 	// RangeSize splits a chunk fetch into ranged reads of at most this
 	// many bytes (0: one read per chunk).
@@ -117,6 +124,8 @@ type Snapshot struct {
 	writeAt func(f writerAt, b []byte, off int64) (int, error)
 	// demand is when a served file's reader last waited for a chunk.
 	demand *demandClock
+	// serving is the served files' decode budget and decoded chunks.
+	serving *serving
 }
 
 // chunkRef is one validated chunk layer.
@@ -156,6 +165,7 @@ func Open(ctx context.Context, store stores.Store, ref string, opts ReadOptions)
 	if err := s.open(ctx); err != nil {
 		return nil, fmt.Errorf("open snapshot %s: %w", ref, err)
 	}
+	s.serving = newServing(s.Metadata.ChunkSize, opts.MaxMemory)
 	return s, nil
 }
 
@@ -297,12 +307,14 @@ func (s *Snapshot) validateMetadata() error {
 	return s.validateFields()
 }
 
-// checkFileLimit refuses a RAM file larger than the node's memory limit
-// and a spec file larger than MaxSpecSize.
+// checkFileLimit refuses a RAM file larger than the node's memory limit, a
+// disk larger than MaxDiskSize and a spec file larger than MaxSpecSize.
 func (s *Snapshot) checkFileLimit(f FileInfo) error {
 	switch {
 	case f.Name == FileRAM && s.opts.MaxMemoryMiB > 0 && f.Size > s.opts.MaxMemoryMiB<<20:
 		return fmt.Errorf("files[ram].size %d: this node allows at most %d MiB of memory: %w", f.Size, s.opts.MaxMemoryMiB, errdefs.ErrInvalidArgument)
+	case strings.HasPrefix(f.Name, diskPrefix) && s.opts.MaxDiskSize > 0 && f.Size > s.opts.MaxDiskSize:
+		return fmt.Errorf("files[%s].size %d: this node serves and restores disks of at most %d MiB (restore.max_disk_size): %w", f.Name, f.Size, s.opts.MaxDiskSize>>20, errdefs.ErrInvalidArgument)
 	case f.Name == FileSpec && f.Size > s.opts.MaxSpecSize:
 		return fmt.Errorf("files[spec].size %d: at most %d: %w", f.Size, s.opts.MaxSpecSize, errdefs.ErrInvalidArgument)
 	}
@@ -410,27 +422,67 @@ func (s *Snapshot) Chunks() int { return len(s.chunks) + len(s.deltas) }
 // its sandbox record before it creates anything on the host. A file
 // larger than limit is refused before any chunk is fetched.
 func (s *Snapshot) ReadFile(ctx context.Context, name string, limit int64) ([]byte, error) {
-	i := slices.IndexFunc(s.Metadata.Files, func(f FileInfo) bool { return f.Name == name })
-	if i < 0 {
-		return nil, fmt.Errorf("snapshot has no file %s: %w", name, errdefs.ErrNotFound)
+	sub, size, err := s.fileOnly(name, limit)
+	if err != nil {
+		return nil, err
 	}
-	size := s.Metadata.Files[i].Size
-	if size > limit {
-		return nil, fmt.Errorf("file %s: %d bytes, at most %d: %w", name, size, limit, errdefs.ErrInvalidArgument)
-	}
-	sub := *s
-	sub.chunks = slices.DeleteFunc(slices.Clone(s.chunks), func(c chunkRef) bool { return c.file != name })
-	sub.deltas = slices.DeleteFunc(slices.Clone(s.deltas), func(d deltaRef) bool { return d.file != name })
 	buf := make([]byte, size)
 	// Chunks are validated to lie inside the file and never to overlap:
 	// workers copy into disjoint ranges.
 	put := func(c chunkRef, raw []byte) error { copy(buf[c.off:c.off+c.size], raw); return nil }
-	err := sub.forEachChunk(ctx, put)
-	if err == nil {
-		err = sub.forEachDelta(ctx, put)
-	}
-	if err != nil {
+	if err := sub.forEachFileChunk(ctx, put); err != nil {
 		return nil, fmt.Errorf("read %s of snapshot %s: %w", name, s.Descriptor.Digest, err)
 	}
 	return buf, nil
+}
+
+// CopyFile fetches, verifies and decodes the snapshot file name into dst
+// (an empty file; its holes stay holes), chunk by chunk: its memory is
+// the workers' chunk buffers (ReadOptions.MaxMemory), whatever the file's
+// size. A file larger than limit is refused before anything is fetched or
+// written. On error dst holds part of the file: the caller removes it.
+func (s *Snapshot) CopyFile(ctx context.Context, name string, limit int64, dst *os.File) error {
+	sub, size, err := s.fileOnly(name, limit)
+	if err != nil {
+		return err
+	}
+	if err := dst.Truncate(size); err != nil {
+		return fmt.Errorf("copy %s of snapshot %s: %w", name, s.Descriptor.Digest, err)
+	}
+	put := func(c chunkRef, raw []byte) error {
+		if err := writeSparse(func(f writerAt, b []byte, off int64) (int, error) { return f.WriteAt(b, off) }, dst, raw, c.off); err != nil {
+			return fmt.Errorf("write %s at %d: %w", name, c.off, err)
+		}
+		return nil
+	}
+	if err := sub.forEachFileChunk(ctx, put); err != nil {
+		return fmt.Errorf("copy %s of snapshot %s: %w", name, s.Descriptor.Digest, err)
+	}
+	return nil
+}
+
+// fileOnly returns a view of the snapshot with only the chunks of file
+// name, and its size, refusing a file larger than limit.
+func (s *Snapshot) fileOnly(name string, limit int64) (*Snapshot, int64, error) {
+	i := slices.IndexFunc(s.Metadata.Files, func(f FileInfo) bool { return f.Name == name })
+	if i < 0 {
+		return nil, 0, fmt.Errorf("snapshot has no file %s: %w", name, errdefs.ErrNotFound)
+	}
+	size := s.Metadata.Files[i].Size
+	if size > limit {
+		return nil, 0, fmt.Errorf("file %s: %d bytes, at most %d: %w", name, size, limit, errdefs.ErrInvalidArgument)
+	}
+	sub := *s
+	sub.chunks = slices.DeleteFunc(slices.Clone(s.chunks), func(c chunkRef) bool { return c.file != name })
+	sub.deltas = slices.DeleteFunc(slices.Clone(s.deltas), func(d deltaRef) bool { return d.file != name })
+	return &sub, size, nil
+}
+
+// forEachFileChunk calls fn with every full chunk, then every delta chunk
+// (which lie at other offsets).
+func (s *Snapshot) forEachFileChunk(ctx context.Context, fn func(c chunkRef, raw []byte) error) error {
+	if err := s.forEachChunk(ctx, fn); err != nil {
+		return err
+	}
+	return s.forEachDelta(ctx, fn)
 }

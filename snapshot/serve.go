@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -13,7 +14,22 @@ import (
 	"github.com/containerd/errdefs"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sync/errgroup"
+	"golang.org/x/sync/semaphore"
 )
+
+// serving is what a snapshot's served files share: the decode memory
+// budget, the decode buffers and the decoded chunks.
+type serving struct {
+	budget *semaphore.Weighted
+	bufs   sync.Pool // *chunkBufs
+	cache  *decodedCache
+}
+
+func newServing(cs, budget int64) *serving {
+	s := &serving{budget: semaphore.NewWeighted(budget), cache: newDecodedCache(decodedCacheSize(cs, budget))}
+	s.bufs.New = func() any { return &chunkBufs{} }
+	return s
+}
 
 // ChunkDesc is one stored chunk of a served file: where it lies, what the
 // store holds, and for a delta the full chunk it applies to. A checkpoint of
@@ -33,18 +49,18 @@ type ChunkDesc struct {
 // base. Holes read as zeros without a fetch. A chunk that fails is an
 // error, never zeros or a short read. It is safe for concurrent use.
 type FileReader struct {
-	s      *Snapshot
-	name   string
-	size   int64
-	cs     int64
-	chunks []*servedChunk // by index off/cs; nil: a hole
+	s    *Snapshot
+	name string
+	size int64
+	cs   int64
+	// chunks are the stored chunks by index off/cs (absent: a hole), idxs
+	// their indexes in order: as many entries as the manifest has chunks of
+	// the file, whatever size the file claims.
+	chunks map[int64]*servedChunk
+	idxs   []int64
 	codec  *chunkCodec
 
-	bufs sync.Pool // *chunkBufs
-
 	mu       sync.Mutex
-	decoded  map[int64]*list.Element // of *decodedChunk, by index
-	lru      *list.List
 	flights  map[int64]*chunkFlight
 	firstErr error
 	// order is the chunks page faults decoded, in the order of their
@@ -61,22 +77,150 @@ type servedChunk struct {
 }
 
 type decodedChunk struct {
-	idx int64
+	key decodedKey
 	raw []byte
+}
+
+// decodedKey is a decoded chunk's place: file name and chunk index.
+type decodedKey struct {
+	file string
+	idx  int64
 }
 
 type chunkFlight struct {
 	done chan struct{}
-	raw  []byte
 	err  error
 }
 
-type chunkBufs struct{ stored, scratch, base, payload []byte }
+// chunkBufs are a decode's buffers, each made when a decode first needs it:
+// the stored chunk, the decrypted one (encrypted snapshots) and a delta's
+// payload (deltas).
+type chunkBufs struct{ stored, scratch, payload []byte }
 
-// keepDecoded bounds the decoded chunks a FileReader keeps: a fault cluster
-// reads a chunk in max_read pieces (1 MiB), so the chunk it is in is kept
-// for the next pieces, not for ever (the page cache is the real cache).
-const keepDecoded = 4
+// grow returns b with length n, reallocated if it is shorter.
+func grow(b []byte, n int64) []byte {
+	if int64(cap(b)) < n {
+		return make([]byte, n)
+	}
+	return b[:n]
+}
+
+// decodedCache keeps the chunks a snapshot's served files decoded last:
+// a fault cluster reads a chunk in max_read pieces (1 MiB), so the chunk it
+// is in is kept for the next pieces, not for ever (the page cache is the
+// real cache). It holds at most max bytes (and always the newest chunk),
+// however many files the snapshot serves.
+type decodedCache struct {
+	mu         sync.Mutex
+	max, bytes int64
+	m          map[decodedKey]*list.Element // of *decodedChunk
+	lru        *list.List
+	// free are evicted chunks' buffers for the next decodes, as long as
+	// they fit in max beside the cached chunks: decodes then make no
+	// garbage, and the heap stays near its bound.
+	free      [][]byte
+	freeBytes int64
+}
+
+// keepDecoded is how many decoded chunks the cache aims to keep (fewer
+// when they are large: decodedCacheSize).
+const keepDecoded = 16
+
+// decodedCacheSize is the cache's bound for a chunk size and a decode
+// memory budget: keepDecoded chunks, at most half the budget, at least
+// two chunks (one cached, one recycled).
+func decodedCacheSize(cs, budget int64) int64 {
+	return max(2*cs, min(keepDecoded*cs, budget/2))
+}
+
+func newDecodedCache(max int64) *decodedCache {
+	return &decodedCache{max: max, m: map[decodedKey]*list.Element{}, lru: list.New()}
+}
+
+// read calls fn with chunk k under the cache's lock, if it is cached.
+func (c *decodedCache) read(k decodedKey, fn func(raw []byte)) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.m[k]
+	if !ok {
+		return false
+	}
+	c.lru.MoveToFront(e)
+	fn(e.Value.(*decodedChunk).raw)
+	return true
+}
+
+// put caches raw, which its caller no longer reads, as chunk k.
+func (c *decodedCache) put(k decodedKey, raw []byte) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.m[k]; ok {
+		c.recycle(raw)
+		return
+	}
+	c.m[k] = c.lru.PushFront(&decodedChunk{key: k, raw: raw})
+	c.bytes += int64(cap(raw))
+	for c.bytes > c.max && c.lru.Len() > 1 {
+		old := c.lru.Remove(c.lru.Back()).(*decodedChunk)
+		delete(c.m, old.key)
+		c.bytes -= int64(cap(old.raw))
+		c.recycle(old.raw)
+	}
+}
+
+// recycle keeps b for a later decode if it fits (c.mu held).
+func (c *decodedCache) recycle(b []byte) {
+	if c.bytes+c.freeBytes+int64(cap(b)) <= c.max {
+		c.free = append(c.free, b[:0])
+		c.freeBytes += int64(cap(b))
+	}
+}
+
+// buffer returns a buffer of length n and capacity at least size for a
+// decode: a recycled one, else, when the cache is full, the least
+// recently used chunk's (evicted), else a new one.
+func (c *decodedCache) buffer(n, size int64) []byte {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for len(c.free) > 0 {
+		b := c.free[len(c.free)-1]
+		c.free = c.free[:len(c.free)-1]
+		c.freeBytes -= int64(cap(b))
+		if int64(cap(b)) >= size {
+			return b[:n]
+		}
+	}
+	if c.bytes+size > c.max && c.lru.Len() > 0 {
+		old := c.lru.Remove(c.lru.Back()).(*decodedChunk)
+		delete(c.m, old.key)
+		c.bytes -= int64(cap(old.raw))
+		if int64(cap(old.raw)) >= size {
+			return old.raw[:n]
+		}
+	}
+	return make([]byte, n, size)
+}
+
+// release gives back a buffer that no one reads (a failed decode's).
+func (c *decodedCache) release(b []byte) {
+	c.mu.Lock()
+	c.recycle(b)
+	c.mu.Unlock()
+}
+
+// decodeWeight is what one decode of a chunk takes from the snapshot's
+// decode budget: the buffers it uses (chunkBufs and the decoded chunk),
+// never more than the whole budget, so that one decode always proceeds.
+func decodeWeight(cs int64, encrypted, delta bool, budget int64) int64 {
+	w := maxStoredSize(cs) + 1 + cs
+	if encrypted {
+		w += maxStoredSize(cs)
+	}
+	if delta {
+		w += cs
+	}
+	return min(w, budget)
+}
 
 // ServeFile returns a reader of the snapshot file name. An encrypted
 // snapshot needs its decryption key. Nothing is fetched yet.
@@ -91,9 +235,10 @@ func (s *Snapshot) ServeFile(name string) (*FileReader, error) {
 	if err != nil {
 		return nil, fmt.Errorf("serve %s: %w", name, err)
 	}
+	// Sparse: the index costs what the manifest names, never what the
+	// file's logical size claims (a record may claim 4 TiB disks).
 	r := &FileReader{s: s, name: name, size: size, cs: cs, codec: codec,
-		chunks:  make([]*servedChunk, (size+cs-1)/cs),
-		decoded: map[int64]*list.Element{}, lru: list.New(), flights: map[int64]*chunkFlight{}, ordered: map[int64]bool{}}
+		chunks: map[int64]*servedChunk{}, flights: map[int64]*chunkFlight{}, ordered: map[int64]bool{}}
 	for _, c := range s.chunks {
 		if c.file == name {
 			r.chunks[c.off/cs] = &servedChunk{ref: c}
@@ -105,10 +250,7 @@ func (s *Snapshot) ServeFile(name string) (*FileReader, error) {
 			r.chunks[d.off/cs] = &servedChunk{ref: d.chunkRef, base: &b}
 		}
 	}
-	r.bufs.New = func() any {
-		return &chunkBufs{stored: make([]byte, maxStoredSize(cs)+1), scratch: make([]byte, maxStoredSize(cs)),
-			base: make([]byte, cs), payload: make([]byte, cs)}
-	}
+	r.idxs = slices.Sorted(maps.Keys(r.chunks))
 	return r, nil
 }
 
@@ -132,10 +274,8 @@ func (r *FileReader) ChunkSize() int64 { return r.cs }
 // Chunks lists the file's stored chunks in offset order.
 func (r *FileReader) Chunks() []ChunkDesc {
 	var out []ChunkDesc
-	for _, c := range r.chunks {
-		if c == nil {
-			continue
-		}
+	for _, i := range r.idxs {
+		c := r.chunks[i]
 		d := ChunkDesc{Offset: c.ref.off, Size: c.ref.size, Stored: c.ref.desc}
 		if c.base != nil {
 			b := c.base.desc
@@ -190,12 +330,11 @@ func (r *FileReader) ReadAtContext(ctx context.Context, p []byte, off int64) (in
 		if r.chunks[idx] == nil {
 			clear(p[done : done+n])
 		} else {
-			raw, err := r.chunk(ctx, idx)
-			if err != nil {
+			dst := p[done : done+n]
+			if err := r.readChunk(ctx, idx, func(raw []byte) { copy(dst, raw[in:]) }); err != nil {
 				r.keepErr(err)
 				return 0, err
 			}
-			copy(p[done:done+n], raw[in:])
 		}
 		done += n
 	}
@@ -213,60 +352,89 @@ func (r *FileReader) keepErr(err error) {
 	r.mu.Unlock()
 }
 
-// chunk returns the decoded chunk idx; concurrent readers of one chunk
-// share one decode. The returned slice is never modified.
-func (r *FileReader) chunk(ctx context.Context, idx int64) ([]byte, error) {
-	r.mu.Lock()
-	if e, ok := r.decoded[idx]; ok {
-		r.lru.MoveToFront(e)
-		r.mu.Unlock()
-		return e.Value.(*decodedChunk).raw, nil
-	}
-	if f, ok := r.flights[idx]; ok {
-		r.mu.Unlock()
-		select {
-		case <-f.done:
-			return f.raw, f.err
-		case <-ctx.Done():
-			return nil, fmt.Errorf("wait for chunk at offset %d of %s (%s): %w", idx*r.cs, r.name, r.chunks[idx].ref.desc.Digest, ctx.Err())
+// readChunk calls read with the decoded chunk idx, which read must not
+// keep; concurrent readers of one chunk share one decode. A decoded chunk
+// is only read under the cache's lock (or by its decoder before it is
+// cached), so that the cache can recycle the buffers it evicts.
+func (r *FileReader) readChunk(ctx context.Context, idx int64, read func(raw []byte)) error {
+	key := decodedKey{file: r.name, idx: idx}
+	for {
+		if r.s.serving.cache.read(key, read) {
+			return nil
 		}
-	}
-	f := &chunkFlight{done: make(chan struct{})}
-	r.flights[idx] = f
-	r.mu.Unlock()
+		r.mu.Lock()
+		if f, ok := r.flights[idx]; ok {
+			r.mu.Unlock()
+			select {
+			case <-f.done:
+				if f.err != nil {
+					return f.err
+				}
+				continue // in the cache now, unless evicted already
+			case <-ctx.Done():
+				return fmt.Errorf("wait for chunk at offset %d of %s (%s): %w", idx*r.cs, r.name, r.chunks[idx].ref.desc.Digest, ctx.Err())
+			}
+		}
+		f := &chunkFlight{done: make(chan struct{})}
+		r.flights[idx] = f
+		r.mu.Unlock()
 
-	r.s.demand.begin()
-	f.raw, f.err = r.decode(ctx, r.chunks[idx])
-	r.s.demand.end()
-	r.mu.Lock()
-	delete(r.flights, idx)
-	if f.err == nil && !r.ordered[idx] {
-		r.ordered[idx] = true
-		r.order = append(r.order, idx)
-	}
-	if f.err == nil {
-		r.decoded[idx] = r.lru.PushFront(&decodedChunk{idx: idx, raw: f.raw})
-		for r.lru.Len() > keepDecoded {
-			old := r.lru.Remove(r.lru.Back()).(*decodedChunk)
-			delete(r.decoded, old.idx)
+		r.s.demand.begin()
+		raw, err := r.budgetedDecode(ctx, r.chunks[idx])
+		r.s.demand.end()
+		if err == nil {
+			read(raw)
+			r.s.serving.cache.put(key, raw)
 		}
+		r.mu.Lock()
+		delete(r.flights, idx)
+		if err == nil && !r.ordered[idx] {
+			r.ordered[idx] = true
+			r.order = append(r.order, idx)
+		}
+		r.mu.Unlock()
+		f.err = err
+		close(f.done)
+		return err
 	}
-	r.mu.Unlock()
-	close(f.done)
-	return f.raw, f.err
+}
+
+// budgetedDecode is decode within the snapshot's decode memory budget
+// (ReadOptions.MaxMemory): a decode waits, under ctx, until its buffers
+// fit beside the others in flight.
+func (r *FileReader) budgetedDecode(ctx context.Context, c *servedChunk) ([]byte, error) {
+	w := decodeWeight(r.cs, r.s.Encrypted(), c.base != nil, r.s.opts.MaxMemory)
+	if err := r.s.serving.budget.Acquire(ctx, w); err != nil {
+		return nil, fmt.Errorf("wait for decode memory for chunk at offset %d of %s (%s): %w", c.ref.off, r.name, c.ref.desc.Digest, err)
+	}
+	defer r.s.serving.budget.Release(w)
+	return r.decode(ctx, c)
 }
 
 // decode fetches (verified), decrypts and decompresses one chunk, applying
 // a delta to its base.
 func (r *FileReader) decode(ctx context.Context, c *servedChunk) ([]byte, error) {
-	b := r.bufs.Get().(*chunkBufs)
-	defer r.bufs.Put(b)
+	b := r.s.serving.bufs.Get().(*chunkBufs)
+	defer r.s.serving.bufs.Put(b)
 	cs := r.cs
 	ref := c.ref
+	b.stored = grow(b.stored, maxStoredSize(cs)+1)
+	if r.s.Encrypted() {
+		b.scratch = grow(b.scratch, maxStoredSize(cs))
+	}
+	if c.base != nil {
+		b.payload = grow(b.payload, cs)
+	}
 	fail := func(what string, err error) error {
 		return fmt.Errorf("%s chunk at offset %d of %s (%s): %w", what, ref.off, r.name, ref.desc.Digest, err)
 	}
-	out := make([]byte, ref.size)
+	out := r.s.serving.cache.buffer(ref.size, cs)
+	ok := false
+	defer func() {
+		if !ok {
+			r.s.serving.cache.release(out)
+		}
+	}()
 	stored, err := fetchVerified(ctx, r.s.store, ref.desc, maxStoredSize(cs), r.s.opts.RangeSize, b.stored)
 	if err != nil {
 		return nil, fail("fetch", err)
@@ -278,6 +446,7 @@ func (r *FileReader) decode(ctx context.Context, c *servedChunk) ([]byte, error)
 		if err != nil {
 			return nil, fail("decode", err)
 		}
+		ok = true
 		return raw, nil
 	}
 	payload, err := r.codec.openDelta(ref.file, ref.off, ref.size, c.base.desc.Digest, stored, b.scratch, b.payload)
@@ -298,6 +467,7 @@ func (r *FileReader) decode(ctx context.Context, c *servedChunk) ([]byte, error)
 	if err := applyDelta(payload, base); err != nil {
 		return nil, fail("apply delta", err)
 	}
+	ok = true
 	return base, nil
 }
 
@@ -325,7 +495,7 @@ func (r *FileReader) Prefetch(ctx context.Context, workers int, order []int64) (
 	var descs []ocispec.Descriptor
 	seen := map[int64]bool{}
 	add := func(idx int64) {
-		if idx < 0 || idx >= int64(len(r.chunks)) || seen[idx] || r.chunks[idx] == nil {
+		if seen[idx] || r.chunks[idx] == nil {
 			return
 		}
 		seen[idx] = true
@@ -338,8 +508,8 @@ func (r *FileReader) Prefetch(ctx context.Context, workers int, order []int64) (
 	for _, i := range order {
 		add(i)
 	}
-	for i := range r.chunks {
-		add(int64(i))
+	for _, i := range r.idxs {
+		add(i)
 	}
 	var bytes atomic.Int64
 	g, gctx := errgroup.WithContext(ctx)
