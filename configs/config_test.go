@@ -5,6 +5,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/cryo-runtime/cryo/nodecache"
 )
 
 func TestDefaultIsValid(t *testing.T) {
@@ -58,6 +61,20 @@ func TestLoad(t *testing.T) {
 		{name: "bad allowed mode", body: "[restore]\nallowed_modes = [\"eager\", \"fast\"]\n", wantErr: "restore.allowed_modes"},
 		{name: "prefetch workers", body: "[restore]\nprefetch_workers = -1\n", wantErr: "restore.prefetch_workers"},
 		{name: "page timeout", body: "[restore]\npage_timeout = \"1ms\"\n", wantErr: "restore.page_timeout"},
+		{name: "download bounds", body: "[stores]\ndownload_deadline = \"20s\"\nmin_download_rate_kib = 1024\n",
+			check: func(c Config) bool {
+				o := c.Stores.CachingOptions("s3://b/ns/app:v1")
+				return c.Stores.DownloadDeadline.Seconds() == 20 && c.Stores.MinDownloadRateKiB == 1024 &&
+					o.DownloadDeadline == 20*time.Second && o.MinRate == 1<<20 && o.StoreID == nodecache.StoreID("s3://b/ns/app:v2")
+			}},
+		{name: "download bounds default", body: "[stores]\nmax_concurrent_fetches = 4\n",
+			check: func(c Config) bool {
+				return c.Stores.DownloadDeadline.Seconds() == 60 && c.Stores.MinDownloadRateKiB == 256
+			}},
+		{name: "download deadline too short", body: "[stores]\ndownload_deadline = \"10ms\"\n", wantErr: "stores.download_deadline"},
+		{name: "download deadline too long", body: "[stores]\ndownload_deadline = \"2h\"\n", wantErr: "stores.download_deadline"},
+		{name: "download rate zero", body: "[stores]\nmin_download_rate_kib = 0\n", wantErr: "stores.min_download_rate_kib"},
+		{name: "download rate negative", body: "[stores]\nmin_download_rate_kib = -5\n", wantErr: "stores.min_download_rate_kib"},
 		{name: "syntax", body: "[hypervisor\n", wantErr: "line 1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
