@@ -91,14 +91,15 @@ func TestNodeCacheTenants(t *testing.T) {
 		out, errs, err := e.Ctr(e.RunArgs("-d", as("team-a"), "--annotation", "cryo.dev/restore-from="+storeA, harness.Image, "a1", "sh", "-c", "echo booted-cold; sleep 1000")...)
 		aDone <- done{time.Now(), err, strings.TrimSpace(out + errs)}
 	}()
-	lockGlob := filepath.Join(e.Cfg.Snapshot.CacheDir, "snapshots", "."+root.Digest.Encoded()+".*.lock")
+	lockGlob := filepath.Join(e.Cfg.Snapshot.CacheDir, "snapshots", "."+root.Digest.Encoded()+"*.lock")
 	if !harness.WaitFor(90*time.Second, func() bool { m, _ := filepath.Glob(lockGlob); return len(m) > 0 }) {
 		t.Fatalf("team-a's materialization never started (no %s)", lockGlob)
 	}
 	time.Sleep(2 * time.Second) // its downloads are under way
 	e.MustCtr(e.RunArgs("-d", as("team-b"), "--annotation", "cryo.dev/restore-from="+fileB, harness.Image, "b1", "sh", "-c", "echo booted-cold; sleep 1000")...)
 	bAt := time.Now()
-	t.Logf("team-b restored after %s while team-a's store was slow", bAt.Sub(t0))
+	shaped, _ := link.Bytes()
+	t.Logf("team-b restored after %s while team-a's store was slow (%d bytes through its link so far)", bAt.Sub(t0), shaped)
 	select {
 	case d := <-aDone:
 		t.Fatalf("team-a's slow restore ended (after %s, err %v: %s) before team-b's: team-b waited for team-a's store", d.at.Sub(t0), d.err, d.out)
