@@ -36,9 +36,13 @@ import (
 // evicted, except pinned ones. Recency lives in memory and in the files'
 // mtime, so a restarted process keeps the order. Several processes may share
 // a directory (the shim, cryoctl pull): blobs are immutable and renamed into
-// place, so they never see partial content; but each process enforces the
-// limit and its pins on its own view, and a blob another process evicted is
-// downloaded again.
+// place, so they never see partial content; each process enforces the
+// limit and its pins on its own view, a blob another process evicted is
+// downloaded again, and no process evicts what running lazy sandboxes of
+// any process leased (Snapshots.Lease, read through the Node).
+//
+// The cache serves every tenant of the node, but a blob only to a
+// CachingStore whose own store confirmed holding it (confirm.go).
 //
 // Blobs are written without fsync: the page cache outlives a crashed
 // process, and a blob is stamped with the boot it was verified in (an

@@ -208,14 +208,16 @@ func (cs *CachingStore) Ensure(ctx context.Context, desc ocispec.Descriptor) err
 	}
 	c := cs.cache
 	key := confKey{cs.id, desc.Digest}
-	if c.touch(desc.Digest) {
-		// Cached, maybe from another store: served only once this one
-		// confirmed it holds the blob.
+	if c.Has(desc.Digest) {
+		// Cached, maybe from another store: served (and marked used) only
+		// once this one confirmed it holds the blob.
 		if err := cs.confirm(ctx, desc); err != nil {
 			return err
 		}
-		c.hits.Add(1)
-		return nil
+		if c.touch(desc.Digest) {
+			c.hits.Add(1)
+			return nil
+		}
 	}
 	c.mu.Lock()
 	if c.entries[desc.Digest] != nil { // landed meanwhile
