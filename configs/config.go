@@ -139,8 +139,15 @@ type Stores struct {
 	Allowed              []string `toml:"allowed"`
 	DefaultCheckpointTo  string   `toml:"default_checkpoint_to"`
 	MaxConcurrentFetches int      `toml:"max_concurrent_fetches"`
-	S3                   S3       `toml:"s3"`
-	Registry             Registry `toml:"registry"`
+	// DownloadDeadline and MinDownloadRateKiB bound every download of a
+	// blob into the node cache to DownloadDeadline + size /
+	// MinDownloadRateKiB (and a materialization to the same over the
+	// snapshot's size): a store that trickles bytes is cut, whoever waits
+	// for it (defaults 60s and 256 KiB/s).
+	DownloadDeadline   Duration `toml:"download_deadline"`
+	MinDownloadRateKiB int      `toml:"min_download_rate_kib"`
+	S3                 S3       `toml:"s3"`
+	Registry           Registry `toml:"registry"`
 }
 
 // S3 holds S3 / MinIO credentials; empty fields fall back to STORAGE_S3_*.
@@ -278,6 +285,8 @@ func Default() Config {
 		Stores: Stores{
 			Allowed:              []string{"file:///var/lib/cryo/store/" + NamespacePlaceholder + "/"},
 			MaxConcurrentFetches: 8,
+			DownloadDeadline:     Duration{60 * time.Second},
+			MinDownloadRateKiB:   256,
 		},
 		Restore: Restore{Fallback: "fail", Mode: RestoreLazy, PrefetchWorkers: 4, PageTimeout: Duration{30 * time.Second},
 			MaxDiskSizeMiB: 65536, MaxDeviceStateMiB: 64},
@@ -402,6 +411,12 @@ func (c *Config) Validate() error {
 	}
 	if c.Stores.MaxConcurrentFetches < 1 {
 		return fmt.Errorf("stores.max_concurrent_fetches %d: must be at least 1", c.Stores.MaxConcurrentFetches)
+	}
+	if d := c.Stores.DownloadDeadline.Duration; d < time.Second || d > time.Hour {
+		return fmt.Errorf("stores.download_deadline %s: must be in [1s, 1h]", d)
+	}
+	if r := c.Stores.MinDownloadRateKiB; r < 1 || r > 10<<20 {
+		return fmt.Errorf("stores.min_download_rate_kib %d: must be in [1, %d]", r, 10<<20)
 	}
 	if f := c.Restore.Fallback; f != "fail" && f != "cold" {
 		return fmt.Errorf("restore.fallback %q: must be fail or cold", f)

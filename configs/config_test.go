@@ -5,6 +5,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/cryo-runtime/cryo/nodecache"
 )
 
 func TestDefaultIsValid(t *testing.T) {
@@ -67,6 +70,20 @@ func TestLoad(t *testing.T) {
 		{name: "max disk size over 4 TiB", body: "[restore]\nmax_disk_size = 4194305\n", wantErr: "restore.max_disk_size"},
 		{name: "max device state zero", body: "[restore]\nmax_device_state = 0\n", wantErr: "restore.max_device_state"},
 		{name: "max device state over 1 GiB", body: "[restore]\nmax_device_state = 1025\n", wantErr: "restore.max_device_state"},
+		{name: "download bounds", body: "[stores]\ndownload_deadline = \"20s\"\nmin_download_rate_kib = 1024\n",
+			check: func(c Config) bool {
+				o := c.Stores.CachingOptions("s3://b/ns/app:v1")
+				return c.Stores.DownloadDeadline.Seconds() == 20 && c.Stores.MinDownloadRateKiB == 1024 &&
+					o.DownloadDeadline == 20*time.Second && o.MinRate == 1<<20 && o.StoreID == nodecache.StoreID("s3://b/ns/app:v2")
+			}},
+		{name: "download bounds default", body: "[stores]\nmax_concurrent_fetches = 4\n",
+			check: func(c Config) bool {
+				return c.Stores.DownloadDeadline.Seconds() == 60 && c.Stores.MinDownloadRateKiB == 256
+			}},
+		{name: "download deadline too short", body: "[stores]\ndownload_deadline = \"10ms\"\n", wantErr: "stores.download_deadline"},
+		{name: "download deadline too long", body: "[stores]\ndownload_deadline = \"2h\"\n", wantErr: "stores.download_deadline"},
+		{name: "download rate zero", body: "[stores]\nmin_download_rate_kib = 0\n", wantErr: "stores.min_download_rate_kib"},
+		{name: "download rate negative", body: "[stores]\nmin_download_rate_kib = -5\n", wantErr: "stores.min_download_rate_kib"},
 		{name: "syntax", body: "[hypervisor\n", wantErr: "line 1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -26,6 +26,17 @@ func (c Stores) FetchOptions() stores.Options {
 	return o
 }
 
+// CachingOptions are the node cache's options for reading the store at
+// storeURL: its confirmations are remembered under its StoreID, and every
+// download is bounded by download_deadline and min_download_rate_kib.
+func (c Stores) CachingOptions(storeURL string) nodecache.CachingOptions {
+	return nodecache.CachingOptions{
+		StoreID:          nodecache.StoreID(storeURL),
+		DownloadDeadline: c.DownloadDeadline.Duration,
+		MinRate:          int64(c.MinDownloadRateKiB) << 10,
+	}
+}
+
 // NodeCache opens the node cache that cache_dir and cache_size name.
 func (s Snapshot) NodeCache() (*nodecache.Node, error) {
 	return nodecache.Open(s.CacheDir, nodecache.Options{MaxBlobBytes: s.CacheMaxMiB << 20})

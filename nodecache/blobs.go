@@ -36,9 +36,13 @@ import (
 // evicted, except pinned ones. Recency lives in memory and in the files'
 // mtime, so a restarted process keeps the order. Several processes may share
 // a directory (the shim, cryoctl pull): blobs are immutable and renamed into
-// place, so they never see partial content; but each process enforces the
-// limit and its pins on its own view, and a blob another process evicted is
-// downloaded again.
+// place, so they never see partial content; each process enforces the
+// limit and its pins on its own view, a blob another process evicted is
+// downloaded again, and no process evicts what running lazy sandboxes of
+// any process leased (Snapshots.Lease, read through the Node).
+//
+// The cache serves every tenant of the node, but a blob only to a
+// CachingStore whose own store confirmed holding it (confirm.go).
 //
 // Blobs are written without fsync: the page cache outlives a crashed
 // process, and a blob is stamped with the boot it was verified in (an
@@ -58,7 +62,11 @@ type Blobs struct {
 	lru     *list.List // of *cacheEntry, front = most recently used
 	size    int64
 	pins    map[digest.Digest]int
-	flights map[digest.Digest]*flight
+	flights map[confKey]*flight  // by (store, digest)
+	conf    map[confKey]struct{} // confirmations seen (confirm.go)
+	// leased, if set, lists the blobs running lazy sandboxes of the node
+	// read (Snapshots.Leased): no prune evicts them.
+	leased func() ([]digest.Digest, error)
 
 	hits, misses, downloads, shared, downloaded, evictions, adopted atomic.Int64
 }
@@ -91,7 +99,7 @@ func OpenBlobs(dir string, maxBytes int64) (*Blobs, error) {
 	c := &Blobs{
 		dir: dir, max: maxBytes,
 		entries: map[digest.Digest]*cacheEntry{}, lru: list.New(),
-		pins: map[digest.Digest]int{}, flights: map[digest.Digest]*flight{},
+		pins: map[digest.Digest]int{}, flights: map[confKey]*flight{}, conf: map[confKey]struct{}{},
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("cache %s: %w", dir, err)
@@ -422,17 +430,19 @@ func (t *cacheTemp) discard() {
 	t.dir.Close()
 }
 
-// lockDownload takes the node-wide lock on downloading d (a flock on
-// locks/<hex>, which other processes of the cache take too). Unlocking
+// lockDownload takes the node-wide lock on downloading d from store (a
+// flock on locks/<store>-<hex>, which other processes of the cache take
+// too): a slow store holds up only the downloads from itself. Unlocking
 // removes the lock file: a later locker always checks for the blob first.
-func (c *Blobs) lockDownload(ctx context.Context, d digest.Digest) (unlock func(), _ error) {
+func (c *Blobs) lockDownload(ctx context.Context, store string, d digest.Digest) (unlock func(), _ error) {
 	dir, err := c.root.MkdirAll("locks", 0o700)
 	if err != nil {
 		return nil, err
 	}
 	defer dir.Close()
+	name := store + "-" + d.Encoded()
 	for {
-		f, err := dir.OpenFile(d.Encoded(), os.O_CREATE|os.O_RDWR, 0o600)
+		f, err := dir.OpenFile(name, os.O_CREATE|os.O_RDWR, 0o600)
 		if err != nil {
 			return nil, err
 		}
@@ -441,14 +451,21 @@ func (c *Blobs) lockDownload(ctx context.Context, d digest.Digest) (unlock func(
 			return nil, err
 		}
 		// The holder before us may have removed the file we locked.
-		if sameFile(f, filepath.Join(c.dir, "locks", d.Encoded())) {
+		if sameFile(f, filepath.Join(c.dir, "locks", name)) {
 			return func() {
-				os.Remove(filepath.Join(c.dir, "locks", d.Encoded()))
+				os.Remove(filepath.Join(c.dir, "locks", name))
 				f.Close()
 			}, nil
 		}
 		f.Close()
 	}
+}
+
+// onDisk reports whether a regular file of desc's size is at the blob's
+// place (another process, or a download from another store, put it there).
+func (c *Blobs) onDisk(desc ocispec.Descriptor) bool {
+	info, err := c.root.Lstat(c.blobName(desc.Digest))
+	return err == nil && info.Mode().IsRegular() && info.Size() == desc.Size
 }
 
 // adopt takes in blob desc if another process of the node committed it
@@ -517,17 +534,41 @@ func (c *Blobs) commit(t *cacheTemp, desc ocispec.Descriptor) error {
 	return nil
 }
 
-// Prune evicts least recently used, unpinned blobs until the cache holds at
-// most target bytes, and returns the bytes freed. Pinned blobs may keep it
-// above target.
+// Prune evicts least recently used blobs until the cache holds at most
+// target bytes, and returns the bytes freed. It keeps pinned blobs, blobs
+// being downloaded, and blobs that running lazy sandboxes of any process
+// of the node leased (Snapshots.Lease, when the cache is a Node's): they
+// may keep it above target.
 func (c *Blobs) Prune(target int64) (int64, error) {
 	var freed int64
 	c.mu.Lock()
+	over := c.size > target
+	leasedFn := c.leased
+	c.mu.Unlock()
+	if !over {
+		return 0, nil
+	}
+	keep := map[digest.Digest]bool{}
+	if leasedFn != nil {
+		ds, err := leasedFn()
+		if err != nil {
+			// Not knowing what is leased, evict nothing.
+			return 0, fmt.Errorf("prune blob cache: read leases: %w", err)
+		}
+		for _, d := range ds {
+			keep[d] = true
+		}
+	}
+	c.mu.Lock()
 	defer c.mu.Unlock()
+	busy := map[digest.Digest]bool{}
+	for k := range c.flights {
+		busy[k.d] = true
+	}
 	for el := c.lru.Back(); el != nil && c.size > target; {
 		e := el.Value.(*cacheEntry)
 		el = el.Prev()
-		if c.pins[e.d] > 0 || c.flights[e.d] != nil {
+		if c.pins[e.d] > 0 || busy[e.d] || keep[e.d] {
 			continue
 		}
 		if err := c.removeBlob(e.d); err != nil && !errors.Is(err, fs.ErrNotExist) {

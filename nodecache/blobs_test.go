@@ -333,7 +333,7 @@ func TestCachingStoreOneDownloadPerNode(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		css = append(css, nodecache.NewCachingStore(s, c, nodecache.CachingOptions{}))
+		css = append(css, nodecache.NewCachingStore(s, c, nodecache.CachingOptions{StoreID: nodecache.StoreID(srv + "/app")}))
 	}
 	big := f.Layers[0]
 	var wg sync.WaitGroup

@@ -6,6 +6,10 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"time"
+
+	"github.com/containerd/log"
+	"github.com/opencontainers/go-digest"
 
 	"github.com/containerd/errdefs"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -24,16 +28,60 @@ type CachingOptions struct {
 	Parallel int
 	// Progress, if set, is called with the bytes each download receives.
 	Progress func(desc ocispec.Descriptor, n int64)
+	// StoreID names the store underneath (StoreID of its URL): a cached
+	// blob is served only once this store confirmed holding it, and the
+	// confirmation is remembered on disk for the node's other processes.
+	// Empty: an anonymous store, whose confirmations this CachingStore
+	// keeps in memory only.
+	StoreID string
+	// DownloadDeadline and MinRate (bytes per second) bound every download
+	// from the store (lock wait included) to DownloadDeadline + size /
+	// MinRate, so that a store trickling bytes cannot stretch it (defaults
+	// 60s and 256 KiB/s; configs: [stores] download_deadline,
+	// min_download_rate_kib).
+	DownloadDeadline time.Duration
+	MinRate          int64
+}
+
+// Default download bounds (CachingOptions).
+const (
+	DefaultDownloadDeadline = 60 * time.Second
+	DefaultMinRate          = 256 << 10
+)
+
+// DownloadBound is how long a download of size bytes may take.
+func (o CachingOptions) DownloadBound(size int64) time.Duration {
+	d, rate := o.DownloadDeadline, o.MinRate
+	if d <= 0 {
+		d = DefaultDownloadDeadline
+	}
+	if rate <= 0 {
+		rate = DefaultMinRate
+	}
+	if size < 0 {
+		size = 0
+	}
+	secs := float64(size) / float64(rate)
+	if secs > float64(30*24*time.Hour/time.Second) {
+		secs = float64(30 * 24 * time.Hour / time.Second)
+	}
+	return d + time.Duration(secs*float64(time.Second))
 }
 
 // CachingStore serves blobs from the node's Blobs, downloading missing ones once
-// (single-flight per digest across all CachingStores of the cache) and
-// verifying them before they enter it. References and pushes go to the
-// store underneath.
+// (single-flight per store and digest across all CachingStores of the
+// cache) and verifying them before they enter it. A cached blob is served
+// only once the store underneath confirmed it holds it (confirm.go): the
+// cache never answers for a store from what another store brought in.
+// References and pushes go to the store underneath.
 type CachingStore struct {
 	s     stores.Store
 	cache *Blobs
 	opts  CachingOptions
+	// id is opts.StoreID, or a random one for an anonymous store, whose
+	// confirmations are not persisted.
+	id      string
+	persist bool
 }
 
 var (
@@ -49,7 +97,27 @@ func NewCachingStore(s stores.Store, c *Blobs, opts CachingOptions) *CachingStor
 	if opts.Parallel <= 0 {
 		opts.Parallel = 4
 	}
-	return &CachingStore{s: s, cache: c, opts: opts}
+	cs := &CachingStore{s: s, cache: c, opts: opts, id: opts.StoreID, persist: true}
+	if !validStoreID(cs.id) {
+		var rnd [16]byte
+		rand.Read(rnd[:])
+		cs.id, cs.persist = hex.EncodeToString(rnd[:]), false
+	}
+	return cs
+}
+
+// DownloadBound is how long a download of size bytes from this store may
+// take (CachingOptions.DownloadBound).
+func (cs *CachingStore) DownloadBound(size int64) time.Duration {
+	return cs.opts.DownloadBound(size)
+}
+
+// StoreID is the id of the store underneath ("" for an anonymous one).
+func (cs *CachingStore) StoreID() string {
+	if !cs.persist {
+		return ""
+	}
+	return cs.id
 }
 
 // Unwrap returns the store underneath.
@@ -58,11 +126,42 @@ func (cs *CachingStore) Unwrap() stores.Store { return cs.s }
 // Blobs returns the cache.
 func (cs *CachingStore) Blobs() *Blobs { return cs.cache }
 
+// Exists answers from the cache only for a blob this store confirmed
+// holding; otherwise it asks the store (and remembers a yes).
 func (cs *CachingStore) Exists(ctx context.Context, desc ocispec.Descriptor) (bool, error) {
-	if cs.cache.Has(desc.Digest) {
+	if stores.CheckDigest(desc.Digest) == nil && cs.cache.confirmed(cs.id, desc.Digest) {
 		return true, nil
 	}
-	return cs.s.Exists(ctx, desc)
+	ok, err := cs.s.Exists(ctx, desc)
+	if err == nil && ok {
+		cs.remember(ctx, desc.Digest)
+	}
+	return ok, err
+}
+
+// confirm makes sure the store underneath holds desc before a cached copy
+// is served for it: from a remembered confirmation, or by asking it.
+func (cs *CachingStore) confirm(ctx context.Context, desc ocispec.Descriptor) error {
+	if cs.cache.confirmed(cs.id, desc.Digest) {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, cs.opts.DownloadBound(0))
+	defer cancel()
+	ok, err := cs.s.Exists(ctx, desc)
+	if err != nil {
+		return fmt.Errorf("blob %s: ask the store whether it holds it: %w", desc.Digest, err)
+	}
+	if !ok {
+		return fmt.Errorf("blob %s: not in the store: %w", desc.Digest, errdefs.ErrNotFound)
+	}
+	cs.remember(ctx, desc.Digest)
+	return nil
+}
+
+func (cs *CachingStore) remember(ctx context.Context, d digest.Digest) {
+	if err := cs.cache.confirm(cs.id, d, cs.persist); err != nil {
+		log.G(ctx).WithError(err).WithField("digest", d).Warn("cache: record that the store holds a blob")
+	}
 }
 
 // Fetch makes sure the blob is in the cache, then reads the range from it.
@@ -108,31 +207,49 @@ func (cs *CachingStore) Ensure(ctx context.Context, desc ocispec.Descriptor) err
 		return fmt.Errorf("blob %s: unknown size: %w", desc.Digest, errdefs.ErrInvalidArgument)
 	}
 	c := cs.cache
-	if c.touch(desc.Digest) {
-		c.hits.Add(1)
-		return nil
+	key := confKey{cs.id, desc.Digest}
+	if c.Has(desc.Digest) {
+		// Cached, maybe from another store: served (and marked used) only
+		// once this one confirmed it holds the blob.
+		if err := cs.confirm(ctx, desc); err != nil {
+			return err
+		}
+		if c.touch(desc.Digest) {
+			c.hits.Add(1)
+			return nil
+		}
 	}
 	c.mu.Lock()
 	if c.entries[desc.Digest] != nil { // landed meanwhile
 		c.mu.Unlock()
+		if err := cs.confirm(ctx, desc); err != nil {
+			return err
+		}
 		c.hits.Add(1)
 		return nil
 	}
 	c.misses.Add(1)
-	f := c.flights[desc.Digest]
+	f := c.flights[key]
 	if f != nil {
 		f.waiters++
 		c.shared.Add(1)
 	} else {
-		fctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		// The whole download, lock wait included, is bounded: a store
+		// trickling bytes is cut.
+		bound := cs.opts.DownloadBound(desc.Size)
+		fctx, cancel := context.WithTimeoutCause(context.WithoutCancel(ctx), bound,
+			fmt.Errorf("download %s: not done within %s (download_deadline + size / min_download_rate_kib): %w", desc.Digest, bound, context.DeadlineExceeded))
 		f = &flight{done: make(chan struct{}), waiters: 1, cancel: cancel}
-		c.flights[desc.Digest] = f
+		c.flights[key] = f
 		c.downloads.Add(1)
 		go func() {
 			err := cs.download(fctx, desc)
+			if err != nil && fctx.Err() != nil {
+				err = fmt.Errorf("%w (%w)", context.Cause(fctx), err)
+			}
 			c.mu.Lock()
-			if c.flights[desc.Digest] == f {
-				delete(c.flights, desc.Digest)
+			if c.flights[key] == f {
+				delete(c.flights, key)
 			}
 			c.mu.Unlock()
 			f.err = err
@@ -150,8 +267,8 @@ func (cs *CachingStore) Ensure(ctx context.Context, desc ocispec.Descriptor) err
 			// Nobody wants it any more: stop it, and let a later caller
 			// start afresh rather than join a cancelled download.
 			f.cancel()
-			if c.flights[desc.Digest] == f {
-				delete(c.flights, desc.Digest)
+			if c.flights[key] == f {
+				delete(c.flights, key)
 			}
 		}
 		c.mu.Unlock()
@@ -173,13 +290,20 @@ func (cs *CachingStore) download(ctx context.Context, desc ocispec.Descriptor) e
 	c := cs.cache
 	// One download per node, not per process: shims of clones restoring
 	// one snapshot at once wait for the first, then find its blob.
-	unlock, err := c.lockDownload(ctx, desc.Digest)
+	unlock, err := c.lockDownload(ctx, cs.id, desc.Digest)
 	if err != nil {
 		return fmt.Errorf("download %s: %w", desc.Digest, err)
 	}
 	defer unlock()
-	if c.adopt(desc) {
-		return nil
+	if c.onDisk(desc) {
+		// Another process, or a download from another store, put it
+		// there: ours only if our store holds it too.
+		if err := cs.confirm(ctx, desc); err != nil {
+			return err
+		}
+		if c.adopt(desc) {
+			return nil
+		}
 	}
 	tmp, err := c.newTemp()
 	if err != nil {
@@ -201,7 +325,7 @@ func (cs *CachingStore) download(ctx context.Context, desc ocispec.Descriptor) e
 		if _, err := stores.CopyVerified(ctx, tmp.f, &progressReader{r: rc, fn: count}, desc); err != nil {
 			return fmt.Errorf("download %s: %w", desc.Digest, err)
 		}
-		return c.commit(tmp, desc)
+		return cs.commit(ctx, tmp, desc)
 	}
 	if err := tmp.f.Truncate(desc.Size); err != nil {
 		return fmt.Errorf("download %s: %w", desc.Digest, err)
@@ -219,7 +343,14 @@ func (cs *CachingStore) download(ctx context.Context, desc ocispec.Descriptor) e
 	if _, err := stores.CopyVerified(ctx, io.Discard, io.NewSectionReader(tmp.f, 0, desc.Size+1), desc); err != nil {
 		return fmt.Errorf("download %s: %w", desc.Digest, err)
 	}
-	return c.commit(tmp, desc)
+	return cs.commit(ctx, tmp, desc)
+}
+
+// commit puts a blob the store served (and that verified) into the cache:
+// the store holds it.
+func (cs *CachingStore) commit(ctx context.Context, tmp *cacheTemp, desc ocispec.Descriptor) error {
+	cs.remember(ctx, desc.Digest)
+	return cs.cache.commit(tmp, desc)
 }
 
 // fetchPart writes bytes [off, off+n) into tmp. The last part reads to the

@@ -63,11 +63,21 @@ func (n *Node) Dir() string { return n.dir }
 // Blobs returns the blob cache, opening it on first use (which reads its
 // index from the directory and removes stale downloads).
 func (n *Node) Blobs() (*Blobs, error) {
-	n.blobsOnce.Do(func() { n.blobs, n.blobsErr = OpenBlobs(n.opts.BlobDir, n.opts.MaxBlobBytes) })
+	n.blobsOnce.Do(func() {
+		n.blobs, n.blobsErr = OpenBlobs(n.opts.BlobDir, n.opts.MaxBlobBytes)
+		if n.blobsErr == nil {
+			// Every eviction, this process's own included (a commit over
+			// cache_size), keeps what running lazy sandboxes of any
+			// process of the node leased.
+			n.blobs.leased = n.snaps.Leased
+		}
+	})
 	return n.blobs, n.blobsErr
 }
 
-// Store wraps s so that its blobs are read through the blob cache.
+// Store wraps s so that its blobs are read through the blob cache. Set
+// opts.StoreID (StoreID of the store's URL): without it, every cached blob
+// is confirmed with the store again by each CachingStore.
 func (n *Node) Store(s stores.Store, opts CachingOptions) (*CachingStore, error) {
 	b, err := n.Blobs()
 	if err != nil {
@@ -118,6 +128,11 @@ func (n *Node) Prune(ctx context.Context, opts PruneOptions) (PruneResult, error
 	}
 	if limit := b.Stats().MaxBytes; !opts.DryRun && limit > 0 {
 		if res.BlobsFreed, err = b.Prune(limit); err != nil {
+			return res, err
+		}
+	}
+	if !opts.DryRun {
+		if _, err := b.pruneConfirmations(); err != nil {
 			return res, err
 		}
 	}

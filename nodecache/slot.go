@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	"github.com/opencontainers/go-digest"
 	"golang.org/x/sys/unix"
@@ -44,8 +45,19 @@ const CompleteFile = ".cryo-complete"
 // Lock waits (until ctx is done) for the right to materialize the snapshot
 // with manifest digest d. Close the slot when done.
 func (s *Snapshots) Lock(ctx context.Context, d digest.Digest) (*Slot, error) {
+	return s.LockFor(ctx, d, "")
+}
+
+// LockFor is Lock for a materialization from the store store (a StoreID;
+// "" for any): the lock is per snapshot and store, so a slow store holds up
+// only the materializations from itself. Materializations from different
+// stores may run at once; the first to publish wins (Publish).
+func (s *Snapshots) LockFor(ctx context.Context, d digest.Digest, store string) (*Slot, error) {
 	if err := stores.CheckDigest(d); err != nil {
 		return nil, err
+	}
+	if store != "" && !validStoreID(store) {
+		return nil, fmt.Errorf("materialize %s: store id %q: %w", d, store, errdefs.ErrInvalidArgument)
 	}
 	boot, err := bootid.Get()
 	if err != nil {
@@ -54,7 +66,7 @@ func (s *Snapshots) Lock(ctx context.Context, d digest.Digest) (*Slot, error) {
 	if err := os.MkdirAll(s.dir, 0o700); err != nil {
 		return nil, err
 	}
-	lock, err := lockFile(ctx, s.lockPath(d), unix.LOCK_EX)
+	lock, err := lockFile(ctx, s.lockPath(d, store), unix.LOCK_EX)
 	if err != nil {
 		return nil, err
 	}

@@ -61,7 +61,10 @@ func (s *Snapshots) usePath(d digest.Digest) string {
 // lockPath is the lock that makes concurrent materializations of one
 // snapshot (from any process) download it once; it exists only while one
 // runs.
-func (s *Snapshots) lockPath(d digest.Digest) string {
+func (s *Snapshots) lockPath(d digest.Digest, store string) string {
+	if store != "" {
+		return filepath.Join(s.dir, "."+d.Encoded()+"."+store+".lock")
+	}
 	return filepath.Join(s.dir, "."+d.Encoded()+".lock")
 }
 

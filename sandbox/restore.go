@@ -162,7 +162,7 @@ func (st *start) resolve(ctx context.Context, _ *undo) error {
 	node, err := cfg.Snapshot.NodeCache()
 	var cached *nodecache.CachingStore
 	if err == nil {
-		cached, err = node.Store(store, nodecache.CachingOptions{})
+		cached, err = node.Store(store, cfg.Stores.CachingOptions(src.URL))
 	}
 	if err != nil {
 		return fmt.Errorf("restore: node cache: %w", err)

@@ -48,7 +48,7 @@ func (c *checkpointing) parentReads(ctx context.Context) stores.Store {
 	node, err := c.sb.spec.Config.Snapshot.NodeCache()
 	var cs *nodecache.CachingStore
 	if err == nil {
-		cs, err = node.Store(c.store, nodecache.CachingOptions{})
+		cs, err = node.Store(c.store, c.sb.spec.Config.Stores.CachingOptions(c.to))
 	}
 	if err != nil {
 		log.G(ctx).WithError(err).Warn("checkpoint of served ram: no node cache, parent chunks are read from the store")

@@ -8,10 +8,12 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/cryo-runtime/cryo/internal/safefs"
 	"github.com/cryo-runtime/cryo/nodecache"
@@ -107,9 +109,20 @@ func (s *Snapshot) Materialize(ctx context.Context, dirs *nodecache.Snapshots) (
 	if s.Encrypted() && s.opts.DecryptionKey == nil {
 		return nil, fmt.Errorf("materialize %s: encrypted snapshot and no decryption key: %w", s.Descriptor.Digest, errdefs.ErrFailedPrecondition)
 	}
-	slot, err := dirs.Lock(ctx, s.Descriptor.Digest)
+	// Through the node cache, the lock is per snapshot and store, and the
+	// whole materialization (lock wait included) is bounded like a
+	// download of all its blobs: a slow store holds up only itself.
+	var storeID string
+	if b, ok := s.store.(boundedStore); ok {
+		storeID = b.StoreID()
+		bound := b.DownloadBound(s.storedSize())
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeoutCause(ctx, bound, fmt.Errorf("materialize %s: not done within %s (download_deadline + size / min_download_rate_kib): %w", s.Descriptor.Digest, bound, context.DeadlineExceeded))
+		defer cancel()
+	}
+	slot, err := dirs.LockFor(ctx, s.Descriptor.Digest, storeID)
 	if err != nil {
-		return nil, fmt.Errorf("materialize: %w", err)
+		return nil, fmt.Errorf("materialize: %w", causeOf(ctx, err))
 	}
 	defer slot.Close()
 	hit, err := slot.Complete(ctx)
@@ -117,6 +130,11 @@ func (s *Snapshot) Materialize(ctx context.Context, dirs *nodecache.Snapshots) (
 		return nil, fmt.Errorf("materialize %s: %w", s.Descriptor.Digest, err)
 	}
 	if hit {
+		// The directory may come from another tenant's store: it is
+		// this one's only if this store holds every blob of the snapshot.
+		if err := s.confirmBlobs(ctx); err != nil {
+			return nil, fmt.Errorf("materialize %s: materialized on the node, but not confirmed by this store: %w", s.Descriptor.Digest, causeOf(ctx, err))
+		}
 		return s.cached(slot.Path(), true)
 	}
 	tmp, err := slot.TempDir()
@@ -131,7 +149,7 @@ func (s *Snapshot) Materialize(ctx context.Context, dirs *nodecache.Snapshots) (
 		}
 	}()
 	if err := s.materializeInto(ctx, tmp); err != nil {
-		return nil, fmt.Errorf("materialize %s: %w", s.Descriptor.Digest, err)
+		return nil, fmt.Errorf("materialize %s: %w", s.Descriptor.Digest, causeOf(ctx, err))
 	}
 	hit, err = slot.Publish(ctx, tmp)
 	if err != nil {
@@ -141,6 +159,60 @@ func (s *Snapshot) Materialize(ctx context.Context, dirs *nodecache.Snapshots) (
 		os.RemoveAll(tmp)
 	}
 	return s.cached(slot.Path(), hit)
+}
+
+// boundedStore is the node cache's view of a store (nodecache.CachingStore).
+type boundedStore interface {
+	StoreID() string
+	DownloadBound(size int64) time.Duration
+}
+
+// causeOf names the deadline when ctx ran out.
+func causeOf(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		if c := context.Cause(ctx); c != nil && c != ctx.Err() {
+			return fmt.Errorf("%w (%w)", c, err)
+		}
+	}
+	return err
+}
+
+// storedSize is the bytes of every layer of the snapshot.
+func (s *Snapshot) storedSize() int64 {
+	var n int64
+	for _, l := range s.Manifest.Layers {
+		if l.Size > 0 {
+			n += l.Size
+		}
+	}
+	return n
+}
+
+// confirmBlobs asks the store (through the node cache, which remembers
+// what each store confirmed) whether it holds the manifest, its config and
+// every layer.
+func (s *Snapshot) confirmBlobs(ctx context.Context) error {
+	descs := append([]ocispec.Descriptor{s.Descriptor, s.Manifest.Config}, s.Manifest.Layers...)
+	seen := map[digest.Digest]bool{}
+	var todo []ocispec.Descriptor
+	for _, d := range descs {
+		if d.Digest != "" && !seen[d.Digest] {
+			seen[d.Digest] = true
+			todo = append(todo, d)
+		}
+	}
+	return inParallel(ctx, todo, 16, func(ctx context.Context, jobs <-chan ocispec.Descriptor) error {
+		for d := range jobs {
+			ok, err := s.store.Exists(ctx, d)
+			if err != nil {
+				return fmt.Errorf("blob %s: %w", d.Digest, err)
+			}
+			if !ok {
+				return fmt.Errorf("blob %s not in the store: %w", d.Digest, errdefs.ErrNotFound)
+			}
+		}
+		return nil
+	})
 }
 
 // cached describes the complete directory dir.

@@ -229,3 +229,64 @@ func TestTamperedBlobOutsideTheCache(t *testing.T) {
 		})
 	}
 }
+
+// TestMaterializedHitNeedsTheStore: a snapshot materialized on the node
+// from one store is not handed to a restore through another store that
+// holds its manifest but not its blobs (a tenant naming another's
+// digests); it is to one that holds them all, and the second store's
+// lock and confirmations are its own.
+func TestMaterializedHitNeedsTheStore(t *testing.T) {
+	ctx := context.Background()
+	ts := newTestSnap(t)
+	storeA := newMemStore()
+	ts.write(t, storeA, "v1", WriteOptions{})
+	sA := open(t, storeA, "v1", ReadOptions{})
+	thief, full := newMemStore(), newMemStore()
+	copyBlob := func(dst *memStore, d ocispec.Descriptor) {
+		rc, err := storeA.Fetch(ctx, d, 0, -1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rc.Close()
+		if err := dst.Push(ctx, d, rc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, d := range []ocispec.Descriptor{sA.Manifest.Config, sA.Descriptor} {
+		copyBlob(thief, d)
+	}
+	for _, d := range append([]ocispec.Descriptor{sA.Manifest.Config, sA.Descriptor}, sA.Manifest.Layers...) {
+		copyBlob(full, d)
+	}
+	for _, s := range []*memStore{thief, full} {
+		if err := s.Tag(ctx, sA.Descriptor, "v1"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	blobs, err := nodecache.OpenBlobs(t.TempDir(), 1<<30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	snaps := nodecache.OpenSnapshots(t.TempDir())
+	through := func(s stores.Store, url string) *Snapshot {
+		t.Helper()
+		cs := nodecache.NewCachingStore(s, blobs, nodecache.CachingOptions{StoreID: nodecache.StoreID(url)})
+		snap, err := Open(ctx, cs, "v1", ReadOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return snap
+	}
+	if _, err := through(storeA, "mem://a").Materialize(ctx, snaps); err != nil {
+		t.Fatal(err)
+	}
+	m, err := through(thief, "mem://b").Materialize(ctx, snaps)
+	if err == nil || !errdefs.IsNotFound(err) {
+		t.Fatalf("materialize through a store without the blobs: %v, %v: want not found", m, err)
+	}
+	m, err = through(full, "mem://c").Materialize(ctx, snaps)
+	if err != nil || !m.CacheHit {
+		t.Fatalf("materialize through a store with the blobs: %+v, %v: want a hit", m, err)
+	}
+	ts.checkFiles(t, m)
+}

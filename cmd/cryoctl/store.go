@@ -301,7 +301,7 @@ func newPullCommand(a *App) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			res, err := a.pull(ctx, store, c, ref)
+			res, err := a.pull(ctx, store, c, ref, args[0])
 			if err != nil {
 				return fmt.Errorf("pull %s: %w", args[0], err)
 			}
@@ -315,10 +315,12 @@ func newPullCommand(a *App) *cobra.Command {
 }
 
 // pull fetches every blob of the snapshot (and its signature) into c.
-func (a *App) pull(ctx context.Context, store stores.Store, c *nodecache.Blobs, ref string) (pullResult, error) {
+func (a *App) pull(ctx context.Context, store stores.Store, c *nodecache.Blobs, ref, storeURL string) (pullResult, error) {
 	var res pullResult
 	var bar *progress
-	cs := nodecache.NewCachingStore(store, c, nodecache.CachingOptions{Progress: func(_ ocispec.Descriptor, n int64) { bar.Add(n) }})
+	copts := a.Config.Stores.CachingOptions(storeURL)
+	copts.Progress = func(_ ocispec.Descriptor, n int64) { bar.Add(n) }
+	cs := nodecache.NewCachingStore(store, c, copts)
 	o, err := a.readOptions()
 	if err != nil {
 		return res, err
