@@ -352,12 +352,16 @@ func (s *Snapshot) chooseKey(e *Encryption) error {
 		if e.Tenant != "" {
 			ns = e.Tenant // the reader's own, or AnyTenant
 		}
+		direct := key
 		key = TenantKey(nk, ns)
-		if KeyID(key) != e.KeyID && KeyID(nk) == e.KeyID {
-			if !s.opts.LegacyNodeKey {
-				return fmt.Errorf("encrypted with the node key itself (%s), as cryo did before namespace keys were derived from it: any namespace of the node could decrypt it, so it is refused unless [snapshot] legacy_node_key = true: %w", e.KeyID, errdefs.ErrPermissionDenied)
-			}
+		switch {
+		case KeyID(key) == e.KeyID:
+		case KeyID(nk) == e.KeyID && !s.opts.LegacyNodeKey:
+			return fmt.Errorf("encrypted with the node key itself (%s), as cryo did before namespace keys were derived from it: any namespace of the node could decrypt it, so it is refused unless [snapshot] legacy_node_key = true: %w", e.KeyID, errdefs.ErrPermissionDenied)
+		case KeyID(nk) == e.KeyID:
 			key = nk
+		case direct != nil && KeyID(direct) == e.KeyID:
+			key = direct
 		}
 	}
 	if key != nil && KeyID(key) != e.KeyID {
