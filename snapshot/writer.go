@@ -135,8 +135,8 @@ type writer struct {
 	src   *Source
 	// lineage is bound into every sealed chunk ("" for plaintext).
 	lineage string
-	opts  WriteOptions
-	codec *chunkCodec
+	opts    WriteOptions
+	codec   *chunkCodec
 	// dcodec decodes parent chunks for deltas of incremental files.
 	dcodec *chunkCodec
 
