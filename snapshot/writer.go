@@ -71,6 +71,10 @@ type WriteOptions struct {
 	// StoreID names the store in the page index, e.g. its URL without the
 	// reference: Base only serves the store it was made for.
 	StoreID string
+	// noLineage writes an encrypted snapshot as cryo did before format
+	// version 3 (no lineage in the AAD): tests of old snapshots only.
+	noLineage bool
+
 	// ParentReads, when set, is where the parent chunks of an incremental
 	// file (IncrementalSourceFile) are read from to make deltas, e.g. the
 	// node cache over the target store, which a lazy restore filled. The
@@ -492,7 +496,11 @@ func (w *writer) publish(ctx context.Context, ref string) (ocispec.Descriptor, e
 	md.Encryption = nil
 	if w.opts.EncryptionKey != nil {
 		md.Encryption = &Encryption{Algorithm: algAES256GCM, KeyID: KeyID(w.opts.EncryptionKey), Tenant: w.opts.Tenant, Lineage: w.lineage}
-		md.FormatVersion = FormatVersionLineage
+		if w.lineage != "" {
+			md.FormatVersion = FormatVersionLineage
+		} else {
+			md.Encryption.Tenant = ""
+		}
 	}
 	md.Files = make([]FileInfo, len(w.src.Files))
 	md.Totals = Totals{DataBytes: w.dataBytes.Load(), StoredBytes: w.storedBytes.Load(), Chunks: len(w.layers),
@@ -570,7 +578,7 @@ func (w *writer) stats() WriteStats {
 // else the page index's or a parent's when sealed with this key (their
 // chunks are reused or made deltas against), else a new one.
 func (w *writer) chooseLineage() string {
-	if w.opts.EncryptionKey == nil {
+	if w.opts.EncryptionKey == nil || w.opts.noLineage {
 		return ""
 	}
 	if w.opts.Lineage != "" {
