@@ -96,6 +96,11 @@ type Snapshot struct {
 	// namespace: a sandbox encrypts with and decrypts with its own
 	// namespace's key only (see snapshot.LoadNamespaceKey).
 	EncryptionKeyDir string `toml:"encryption_key_dir"`
+	// LegacyNodeKey lets the node key itself decrypt snapshots that an
+	// older cryo sealed with it (before each namespace's key was derived
+	// from it): any namespace could restore those, so they are refused
+	// unless this is set (default false).
+	LegacyNodeKey bool `toml:"legacy_node_key"`
 	// RequireEncryption is unset (nil) unless the file says it: unset, a
 	// configured key requires encryption (see EncryptionRequired).
 	RequireEncryption *bool  `toml:"require_encryption"`

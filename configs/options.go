@@ -60,6 +60,15 @@ func (c Snapshot) ReadOptions(ns string) (snapshot.ReadOptions, error) {
 	if c.EncryptionKeyDir != "" && ns == "" {
 		return o, nil
 	}
+	o.Tenant = ns
+	if c.EncryptionKeyDir == "" && c.EncryptionKey != "" {
+		k, err := snapshot.LoadEncryptionKey(c.EncryptionKey)
+		if err != nil {
+			return o, fmt.Errorf("snapshot.encryption_key: %w", err)
+		}
+		o.NodeKey, o.LegacyNodeKey = k, c.LegacyNodeKey
+		return o, nil
+	}
 	k, err := c.encryptionKey(ns)
 	if err != nil {
 		return o, err
@@ -88,10 +97,14 @@ func (c Snapshot) WriteOptions(ns string) (snapshot.WriteOptions, error) {
 		return o, fmt.Errorf("snapshot: encryption is required but no key is configured")
 	}
 	o.EncryptionKey = k
+	if k != nil {
+		o.Tenant = ns
+	}
 	return o, nil
 }
 
-// encryptionKey is the node key, or ns's key from the key directory.
+// encryptionKey is ns's key: from the key directory, or derived from the
+// node key (snapshot.TenantKey), never the node key itself.
 func (c Snapshot) encryptionKey(ns string) ([]byte, error) {
 	switch {
 	case c.EncryptionKeyDir != "":
@@ -105,7 +118,7 @@ func (c Snapshot) encryptionKey(ns string) ([]byte, error) {
 		if err != nil {
 			return nil, fmt.Errorf("snapshot.encryption_key: %w", err)
 		}
-		return k, nil
+		return snapshot.TenantKey(k, ns), nil
 	}
 	return nil, nil
 }

@@ -2,11 +2,14 @@ package configs
 
 import (
 	"bytes"
+	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/cryo-runtime/cryo/snapshot"
+	"github.com/cryo-runtime/cryo/stores"
 )
 
 // TestNamespaceKeyOptions: with encryption_key_dir, a sandbox of namespace
@@ -81,5 +84,71 @@ func TestVerifyKeyRequiresSignature(t *testing.T) {
 	sc.RequireSignature = &f
 	if ro, err = sc.ReadOptions(""); err != nil || ro.RequireSignature {
 		t.Fatalf("require_signature = false: %v, %v", ro.RequireSignature, err)
+	}
+}
+
+// TestNodeKeyTenantOptions: with one node-wide encryption_key, a sandbox
+// of namespace team-a writes with team-a's key derived from it (never the
+// node key itself), and a team-b sandbox's read options do not open it.
+func TestNodeKeyTenantOptions(t *testing.T) {
+	ctx := context.Background()
+	key := filepath.Join(t.TempDir(), "node.key")
+	if err := snapshot.GenerateEncryptionKey(key); err != nil {
+		t.Fatal(err)
+	}
+	node, err := snapshot.LoadEncryptionKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := Default().Snapshot
+	sc.EncryptionKey = key
+	wa, err := sc.WriteOptions("team-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Equal(wa.EncryptionKey, node) || wa.Tenant != "team-a" {
+		t.Fatalf("team-a writes with the node key itself or no tenant (%q)", wa.Tenant)
+	}
+	store, _, err := stores.Open(ctx, "file://"+filepath.Join(t.TempDir(), "store")+":a", stores.Options{Getenv: func(string) string { return "" }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := &snapshot.Source{Files: []snapshot.SourceFile{snapshot.BytesSourceFile(snapshot.FileRAM, bytes.Repeat([]byte("team-a secret "), 1<<14))}}
+	if _, _, err := snapshot.Write(ctx, store, "a", src, wa); err != nil {
+		t.Fatal(err)
+	}
+	read := func(ns string) error {
+		ro, err := sc.ReadOptions(ns)
+		if err != nil {
+			return err
+		}
+		s, err := snapshot.Open(ctx, store, "a", ro)
+		if err != nil {
+			return err
+		}
+		_, err = s.Verify(ctx)
+		return err
+	}
+	if err := read("team-a"); err != nil {
+		t.Fatalf("team-a: %v", err)
+	}
+	if err := read("team-b"); err == nil {
+		t.Fatal("team-b decrypted team-a's snapshot under the node key")
+	} else {
+		t.Logf("team-b: %v", err)
+	}
+	// An old snapshot sealed with the node key itself: refused unless
+	// legacy_node_key.
+	if _, _, err := snapshot.Write(ctx, store, "old", src, snapshot.WriteOptions{EncryptionKey: node}); err != nil {
+		t.Fatal(err)
+	}
+	ro, _ := sc.ReadOptions("team-a")
+	if _, err := snapshot.Open(ctx, store, "old", ro); err == nil || !strings.Contains(err.Error(), "legacy_node_key") {
+		t.Fatalf("node-key snapshot without legacy_node_key: %v", err)
+	}
+	sc.LegacyNodeKey = true
+	ro, _ = sc.ReadOptions("team-a")
+	if _, err := snapshot.Open(ctx, store, "old", ro); err != nil {
+		t.Fatalf("legacy_node_key = true: %v", err)
 	}
 }

@@ -105,8 +105,44 @@ func TestCRINamespaceKeys(t *testing.T) {
 	c.MustCrictl("checkpoint", "--export="+filepath.Join(c.Dir, "a.tar"), app)
 
 	thiefCfg := c.PodConfigIn("team-b", "thief", map[string]string{"cryo.dev/restore-from": shared})
-	if out, errs, err := c.Crictl("runp", "--runtime", harness.RuntimeHandler, thiefCfg); err == nil || !strings.Contains(errs, "encrypted with key") {
+	if out, errs, err := c.Crictl("runp", "--runtime", harness.RuntimeHandler, thiefCfg); err == nil || !strings.Contains(errs, "sealed for namespace") {
 		t.Fatalf("a team-b pod restoring team-a's snapshot: pod %q, err %v\n%s", strings.TrimSpace(out), err, errs)
+	} else {
+		t.Logf("refused: %s", strings.TrimSpace(errs))
+	}
+
+	dstCfg := c.PodConfigIn("team-a", "dst", map[string]string{"cryo.dev/restore-from": shared})
+	dst := c.RunPod(dstCfg)
+	dapp := c.StartContainer(dst, c.ContainerConfig("app", []string{"sh", "-c", "echo this-never-runs"}, nil), dstCfg)
+	if got := strings.TrimSpace(execOut(t, c, dapp, "cat", "/dev/shm/owner")); got != "a" {
+		t.Fatalf("team-a's restored pod: /dev/shm/owner = %q", got)
+	}
+	for _, p := range []string{src, dst} {
+		c.MustCrictl("stopp", p)
+		c.MustCrictl("rmp", p)
+	}
+}
+
+// TestCRINodeKeyTenants: with one node-wide encryption_key, each namespace
+// seals with its own key derived from it: a team-b pod that names team-a's
+// snapshot is refused (the snapshot is sealed for team-a, and team-b's
+// derived key would not open it), team-a restores it.
+func TestCRINodeKeyTenants(t *testing.T) {
+	key := filepath.Join(t.TempDir(), "node.key")
+	if err := snapshot.GenerateEncryptionKey(key); err != nil {
+		t.Fatal(err)
+	}
+	c := harness.StartCRI(t, func(cfg *configs.Config) { cfg.Snapshot.EncryptionKey = key })
+	shared := c.StoreURL("shared:v1")
+
+	srcCfg := c.PodConfigIn("team-a", "src", map[string]string{"cryo.dev/checkpoint-to": shared})
+	src := c.RunPod(srcCfg)
+	app := c.StartContainer(src, c.ContainerConfig("app", []string{"sh", "-c", "echo a > /dev/shm/owner; exec sleep inf"}, nil), srcCfg)
+	c.MustCrictl("checkpoint", "--export="+filepath.Join(c.Dir, "a.tar"), app)
+
+	thiefCfg := c.PodConfigIn("team-b", "thief", map[string]string{"cryo.dev/restore-from": shared})
+	if out, errs, err := c.Crictl("runp", "--runtime", harness.RuntimeHandler, thiefCfg); err == nil || !strings.Contains(errs, `sealed for namespace \"team-a\"`) && !strings.Contains(errs, `sealed for namespace "team-a"`) {
+		t.Fatalf("a team-b pod restoring team-a's snapshot under the node key: pod %q, err %v\n%s", strings.TrimSpace(out), err, errs)
 	} else {
 		t.Logf("refused: %s", strings.TrimSpace(errs))
 	}

@@ -12,16 +12,23 @@ import (
 )
 
 // writeParent is the served RAM's parent as the snapshot writer takes it.
-// The parent was restored with the tenant's key, which is the key the
-// checkpoint writes with (configs: one key per tenant), or was plaintext:
-// the writer refuses parent chunks of the other kind by media type.
-func (r *servedRAM) writeParent(o snapshot.WriteOptions) *snapshot.Parent {
+// Its key ID and lineage are the parent's metadata's, not the key the
+// checkpoint writes with: a namespace key rotated while the sandbox runs
+// makes the parent not fit (the writer then stores full chunks under the
+// new key) instead of placing chunks sealed with the old key in a
+// snapshot that names the new one.
+func (r *servedRAM) writeParent(snapshot.WriteOptions) *snapshot.Parent {
 	p := r.Parent()
-	out := &snapshot.Parent{ChunkSize: p.ChunkSize, Chunks: p.Chunks}
-	if o.EncryptionKey != nil {
-		out.KeyID = snapshot.KeyID(o.EncryptionKey)
+	return &snapshot.Parent{ChunkSize: p.ChunkSize, Chunks: p.Chunks, KeyID: p.KeyID, Lineage: p.Lineage}
+}
+
+// sealOf is the key ID and lineage of a snapshot's chunks ("" for
+// plaintext).
+func sealOf(md *snapshot.Metadata) (keyID, lineage string) {
+	if e := md.Encryption; e != nil {
+		return e.KeyID, e.Lineage
 	}
-	return out
+	return "", ""
 }
 
 // chunkSize is the chunk size of a served RAM's checkpoint: its parent's,
@@ -72,7 +79,9 @@ func (r *servedRAM) published(ctx context.Context, store stores.Store, to string
 		r.setParent(ParentRAM{StoreURL: to, Manifest: desc.Digest})
 		return
 	}
-	r.setParent(ParentRAM{StoreURL: to, Manifest: desc.Digest, ChunkSize: s.Metadata.ChunkSize, Chunks: s.FileChunks(snapshot.FileRAM)})
+	p := ParentRAM{StoreURL: to, Manifest: desc.Digest, ChunkSize: s.Metadata.ChunkSize, Chunks: s.FileChunks(snapshot.FileRAM)}
+	p.KeyID, p.Lineage = sealOf(&s.Metadata)
+	r.setParent(p)
 	l.Info("checkpoint of served ram published")
 }
 

@@ -187,6 +187,7 @@ func (sc *servedChain) serve(ref string) {
 	cfg.Snapshot.CacheDir = filepath.Join(sc.dir, "cache")
 	sc.sb = &Sandbox{spec: Spec{ID: "sb", Pod: &specs.Spec{}, Config: cfg}, ram: &servedRAM{file: f, layer: filepath.Join(t.TempDir(), "ram.layer"),
 		parent: ParentRAM{StoreURL: sc.url(0), Manifest: s.Descriptor.Digest, ChunkSize: fr.ChunkSize(), Chunks: fr.Chunks()}}}
+	sc.sb.ram.parent.KeyID, sc.sb.ram.parent.Lineage = sealOf(&s.Metadata)
 }
 
 // write is the guest writing pages (random content).
@@ -287,5 +288,25 @@ func TestServedCheckpointIsIncremental(t *testing.T) {
 		if st.Reused != 0 || st.ParentMissing == 0 {
 			t.Errorf("after a lost generation: %d reused, %d full chunks", st.Reused, st.ParentMissing)
 		}
+	}
+}
+
+// TestServedCheckpointAfterKeyRotation: the namespace key is rotated while
+// a served sandbox runs; its checkpoint is sealed with the new key only
+// (the parent's chunks, sealed with the old key, are not reused under the
+// new key's ID) and restores with the new key; the next one is
+// incremental again.
+func TestServedCheckpointAfterKeyRotation(t *testing.T) {
+	sc := newServedChain(t, bytes.Repeat([]byte{3}, 32))
+	rotated := bytes.Repeat([]byte{4}, 32)
+	sc.wopts.EncryptionKey, sc.ropts.DecryptionKey = rotated, rotated
+	sc.write(1)
+	st := sc.checkpoint() // verifies and reads back every chunk with the new key
+	if st.Reused != 0 {
+		t.Errorf("checkpoint after rotation reused %d chunks sealed with the old key", st.Reused)
+	}
+	sc.write(5)
+	if st = sc.checkpoint(); st.Reused == 0 {
+		t.Errorf("checkpoint after that: %d reused, want the rotated parent's chunks", st.Reused)
 	}
 }

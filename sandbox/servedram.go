@@ -28,6 +28,9 @@ type ParentRAM struct {
 	ChunkSize int64
 	// Chunks are the "ram" file's stored chunks, in offset order.
 	Chunks []snapshot.ChunkDesc
+	// KeyID and Lineage are the parent's encryption (its metadata's): a
+	// checkpoint under a key rotated since does not reuse its chunks.
+	KeyID, Lineage string
 }
 
 // servedRAM is a lazily restored sandbox's guest RAM (and base disks):
@@ -90,6 +93,7 @@ func serveRAM(ctx context.Context, snap *snapshot.Snapshot, storeURL, stateDir, 
 	}
 	r.readers = append(r.readers, ram)
 	r.parent = ParentRAM{StoreURL: storeURL, Manifest: snap.Descriptor.Digest, ChunkSize: ram.ChunkSize(), Chunks: ram.Chunks()}
+	r.parent.KeyID, r.parent.Lineage = sealOf(&snap.Metadata)
 	r.order = snap.Metadata.WorkingSet // validated against the ram file
 	r.layer = layerPath(memoryDir, stateDir)
 	if err := os.Remove(r.layer); err != nil && !errors.Is(err, os.ErrNotExist) {

@@ -35,6 +35,9 @@ type chunkCodec struct {
 	dec       *zstd.Decoder
 	aead      cipher.AEAD // nil: plaintext
 	nonceKey  []byte
+	// lineage, when set (format version 3), is bound into every chunk's
+	// and delta's AAD.
+	lineage string
 }
 
 // newChunkCodec returns a codec for chunks of at most chunkSize raw bytes.
@@ -111,10 +114,17 @@ func deriveKey(master []byte, purpose string) []byte {
 }
 
 // chunkAAD binds a sealed chunk to its place: a chunk moved to another file
-// or offset fails to open.
-func chunkAAD(file string, off, rawSize int64) []byte {
-	aad := make([]byte, 0, 32+len(file))
-	aad = append(aad, "cryo-chunk-v1\x00"...)
+// or offset fails to open. From format version 3 it also binds the
+// snapshot's lineage: a chunk of another lineage fails to open.
+func (c *chunkCodec) chunkAAD(file string, off, rawSize int64) []byte {
+	aad := make([]byte, 0, 64+len(file))
+	if c.lineage != "" {
+		aad = append(aad, "cryo-chunk-v3\x00"...)
+		aad = append(aad, c.lineage...)
+		aad = append(aad, 0)
+	} else {
+		aad = append(aad, "cryo-chunk-v1\x00"...)
+	}
 	aad = append(aad, file...)
 	aad = append(aad, 0)
 	aad = binary.BigEndian.AppendUint64(aad, uint64(off))
@@ -129,7 +139,7 @@ func chunkAAD(file string, off, rawSize int64) []byte {
 // repeats only for identical plaintext at an identical place, which reveals
 // nothing but that equality.
 func (c *chunkCodec) seal(file string, off int64, raw, scratch, dst []byte) []byte {
-	return c.sealAAD(chunkAAD(file, off, int64(len(raw))), raw, scratch, dst)
+	return c.sealAAD(c.chunkAAD(file, off, int64(len(raw))), raw, scratch, dst)
 }
 
 // sealAAD is seal with the associated data given (delta chunks bind more
@@ -152,7 +162,7 @@ func (c *chunkCodec) sealAAD(aad, raw, scratch, dst []byte) []byte {
 // bounded decoder into dst (cap(dst) must be >= rawSize) and insists that the
 // result is exactly rawSize bytes.
 func (c *chunkCodec) open(file string, off, rawSize int64, stored, scratch, dst []byte) ([]byte, error) {
-	out, err := c.openAAD(chunkAAD(file, off, rawSize), rawSize, stored, scratch, dst)
+	out, err := c.openAAD(c.chunkAAD(file, off, rawSize), rawSize, stored, scratch, dst)
 	if err != nil {
 		return nil, err
 	}

@@ -115,10 +115,17 @@ func applyDelta(payload, out []byte) error {
 }
 
 // deltaAAD binds a sealed delta to its place and to its base: a delta
-// cannot be moved, nor applied to another base, nor read as a full chunk.
-func deltaAAD(file string, off, rawSize int64, base digest.Digest) []byte {
-	aad := make([]byte, 0, 40+len(file)+len(base))
-	aad = append(aad, "cryo-delta-v1\x00"...)
+// cannot be moved, nor applied to another base, nor read as a full chunk,
+// nor (version 3) read in a snapshot of another lineage.
+func (c *chunkCodec) deltaAAD(file string, off, rawSize int64, base digest.Digest) []byte {
+	aad := make([]byte, 0, 72+len(file)+len(base))
+	if c.lineage != "" {
+		aad = append(aad, "cryo-delta-v3\x00"...)
+		aad = append(aad, c.lineage...)
+		aad = append(aad, 0)
+	} else {
+		aad = append(aad, "cryo-delta-v1\x00"...)
+	}
 	aad = append(aad, file...)
 	aad = append(aad, 0)
 	aad = binary.BigEndian.AppendUint64(aad, uint64(off))
@@ -138,11 +145,11 @@ func (c *chunkCodec) deltaMediaType() string {
 // of the chunk of file at off (rawSize bytes) against base into dst[:0].
 // The nonce is synthetic as in seal.
 func (c *chunkCodec) sealDelta(file string, off, rawSize int64, base digest.Digest, payload, scratch, dst []byte) []byte {
-	return c.sealAAD(deltaAAD(file, off, rawSize, base), payload, scratch, dst)
+	return c.sealAAD(c.deltaAAD(file, off, rawSize, base), payload, scratch, dst)
 }
 
 // openDelta reverses sealDelta for verified stored bytes: the payload is
 // decompressed into dst (cap(dst) >= rawSize) and may not exceed rawSize.
 func (c *chunkCodec) openDelta(file string, off, rawSize int64, base digest.Digest, stored, scratch, dst []byte) ([]byte, error) {
-	return c.openAAD(deltaAAD(file, off, rawSize, base), rawSize, stored, scratch, dst)
+	return c.openAAD(c.deltaAAD(file, off, rawSize, base), rawSize, stored, scratch, dst)
 }

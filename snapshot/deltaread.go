@@ -28,7 +28,7 @@ type baseRef struct {
 // isDelta reports whether l has the delta media type this snapshot allows:
 // version 2 and the encryption of the snapshot.
 func (s *Snapshot) isDelta(l ocispec.Descriptor) bool {
-	if s.Metadata.FormatVersion < FormatVersion {
+	if s.Metadata.FormatVersion < FormatVersionDelta {
 		return false
 	}
 	if s.Metadata.Encryption != nil {
@@ -55,7 +55,7 @@ func (s *Snapshot) linkDeltas(baseLayers []int) error {
 		bad := func(format string, a ...any) error {
 			return fmt.Errorf("base layer %d (%s): %s: %w", i, l.Digest, fmt.Sprintf(format, a...), errdefs.ErrInvalidArgument)
 		}
-		if md.FormatVersion < FormatVersion {
+		if md.FormatVersion < FormatVersionDelta {
 			return bad("a version %d snapshot has no base layers", md.FormatVersion)
 		}
 		if r := l.Annotations[AnnotationRole]; r != RoleBase {

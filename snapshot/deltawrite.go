@@ -39,7 +39,7 @@ func (w *writer) useBase(ctx context.Context) {
 	if b == nil {
 		return
 	}
-	if why := b.mismatch(w.opts.ChunkSize, w.keyID(), w.opts.StoreID); why != "" {
+	if why := b.mismatch(w.opts.ChunkSize, w.keyID(), w.lineage, w.opts.StoreID); why != "" {
 		log.G(ctx).WithFields(log.Fields{"index": b.manifest, "reason": why}).Info("page index does not fit, writing full chunks")
 		return
 	}
@@ -143,7 +143,7 @@ func (w *writer) saveIndex(ctx context.Context, desc ocispec.Descriptor) {
 	if w.opts.IndexPath == "" {
 		return
 	}
-	x := &PageIndex{chunkSize: w.opts.ChunkSize, keyID: w.keyID(), store: w.opts.StoreID, manifest: desc.Digest,
+	x := &PageIndex{chunkSize: w.opts.ChunkSize, keyID: w.keyID(), lineage: w.lineage, store: w.opts.StoreID, manifest: desc.Digest,
 		entries: make(map[pagePlace]*pageEntry, len(w.layers))}
 	for _, l := range w.layers {
 		if l.entry != nil {

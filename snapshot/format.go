@@ -92,12 +92,21 @@ const (
 	RoleBase = "base"
 
 	// FormatVersion is the newest format version this package writes and
-	// reads. Version 2 adds delta chunks; Write marks a snapshot without
-	// any as version 1 ([FormatVersionNoDelta]), which older readers
-	// restore, and one with deltas as version 2, which they refuse.
-	FormatVersion = 2
+	// reads. Version 2 adds delta chunks; Write marks a plaintext snapshot
+	// without any as version 1 ([FormatVersionNoDelta]), which older
+	// readers restore, and one with deltas as version 2, which they
+	// refuse. Version 3 ([FormatVersionLineage]) is every encrypted
+	// snapshot Write makes, with or without deltas: its chunks' AAD binds
+	// [Encryption].Lineage. Encrypted snapshots of versions 1 and 2 are
+	// still read.
+	FormatVersion = 3
 	// FormatVersionNoDelta is the version of a snapshot without deltas.
 	FormatVersionNoDelta = 1
+	// FormatVersionDelta is the first version with delta chunks.
+	FormatVersionDelta = 2
+	// FormatVersionLineage is the first version whose sealed chunks bind
+	// the snapshot's lineage (encrypted snapshots only).
+	FormatVersionLineage = 3
 	// PageSize is the unit of a delta chunk.
 	PageSize = 4096
 	// DefaultChunkSize is the chunk size used when WriteOptions leave it 0.
@@ -136,8 +145,9 @@ func validFileName(name string) error {
 
 // Metadata is the config blob of a snapshot.
 type Metadata struct {
-	// FormatVersion is set by Write: [FormatVersion] when the snapshot
-	// has delta chunks, [FormatVersionNoDelta] when it has none.
+	// FormatVersion is set by Write: [FormatVersionLineage] when the
+	// snapshot is encrypted, else [FormatVersionDelta] when it has delta
+	// chunks, [FormatVersionNoDelta] when it has none.
 	FormatVersion int `json:"formatVersion"`
 	// Created is set by Write when zero.
 	Created time.Time `json:"created"`
@@ -216,8 +226,24 @@ type Interface struct {
 type Encryption struct {
 	// Algorithm is "AES-256-GCM".
 	Algorithm string `json:"algorithm"`
-	// KeyID identifies the key (see [KeyID]) without revealing it.
+	// KeyID identifies the key the chunks are sealed with (see [KeyID])
+	// without revealing it: with a node-wide key, the tenant's key derived
+	// from it ([TenantKey]).
 	KeyID string `json:"keyID"`
+	// Tenant (version 3, optional) is the namespace the snapshot was
+	// sealed for: a reader in another namespace refuses it by this name
+	// (ReadOptions.Tenant). It is a label for a clear refusal; what keeps
+	// tenants apart is the key (one per namespace, or [TenantKey] of the
+	// node key), which this field cannot change.
+	Tenant string `json:"tenant,omitempty"`
+	// Lineage (version 3, required there) is 32 hex digits chosen at
+	// random by the first checkpoint of a chain and inherited by its
+	// incremental children. Every sealed chunk's AAD binds it, so chunks
+	// of two snapshots of different lineages sealed with one key cannot
+	// be spliced into one snapshot. Splicing chunks of snapshots of the
+	// same lineage (generations of one chain) is not detected: only a
+	// required signature defends against that.
+	Lineage string `json:"lineage,omitempty"`
 }
 
 // FileInfo is one file of a snapshot.

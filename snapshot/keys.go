@@ -10,11 +10,14 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"syscall"
 
 	"github.com/containerd/errdefs"
+	"golang.org/x/crypto/hkdf"
 
 	"github.com/cryo-runtime/cryo/internal/tenant"
 )
@@ -136,6 +139,37 @@ func ownedByRoot(path string, st os.FileInfo, forbidden os.FileMode) error {
 	}
 	if st.Mode().Perm()&forbidden != 0 {
 		return fmt.Errorf("load namespace key: %s has mode %v, must not give group or others %v: %w", path, st.Mode().Perm(), forbidden, errdefs.ErrPermissionDenied)
+	}
+	return nil
+}
+
+// TenantKey derives namespace ns's key from a node-wide key (HKDF-SHA256,
+// info "cryo tenant key v1\0" + ns): with one node key, every namespace
+// still seals and opens its snapshots with a key of its own, so the shim
+// of one namespace cannot decrypt another's chunks.
+func TenantKey(nodeKey []byte, ns string) []byte {
+	k := make([]byte, 32)
+	r := hkdf.New(sha256.New, nodeKey, nil, []byte("cryo tenant key v1\x00"+ns))
+	if _, err := io.ReadFull(r, k); err != nil {
+		panic(err) // HKDF-SHA256 yields up to 8160 bytes
+	}
+	return k
+}
+
+// NewLineage returns a random lineage ([Encryption].Lineage).
+func NewLineage() string {
+	b := make([]byte, 16)
+	if _, err := rand.Read(b); err != nil {
+		panic(err)
+	}
+	return hex.EncodeToString(b)
+}
+
+var lineageRE = regexp.MustCompile(`^[0-9a-f]{32}$`)
+
+func checkLineage(l string) error {
+	if !lineageRE.MatchString(l) {
+		return fmt.Errorf("encryption.lineage %q: want 32 lowercase hex digits: %w", l, errdefs.ErrInvalidArgument)
 	}
 	return nil
 }

@@ -35,6 +35,7 @@ const pageIndexVersion = 1
 type PageIndex struct {
 	chunkSize int64
 	keyID     string // "" for plaintext
+	lineage   string // "" for plaintext and before format version 3
 	store     string
 	manifest  digest.Digest
 	entries   map[pagePlace]*pageEntry
@@ -63,12 +64,14 @@ func (x *PageIndex) Len() int { return len(x.entries) }
 
 // mismatch says why the index cannot serve a write with these parameters,
 // or "" when it can.
-func (x *PageIndex) mismatch(chunkSize int64, keyID, store string) string {
+func (x *PageIndex) mismatch(chunkSize int64, keyID, lineage, store string) string {
 	switch {
 	case x.chunkSize != chunkSize:
 		return fmt.Sprintf("chunk size %d, the write uses %d", x.chunkSize, chunkSize)
 	case x.keyID != keyID:
 		return fmt.Sprintf("encryption key %q, the write uses %q", x.keyID, keyID)
+	case x.lineage != lineage:
+		return fmt.Sprintf("lineage %q, the write seals lineage %q", x.lineage, lineage)
 	case x.store != store:
 		return fmt.Sprintf("made for store %q, the write goes to %q", x.store, store)
 	}
@@ -109,6 +112,7 @@ type pageIndexJSON struct {
 	Version   int             `json:"version"`
 	ChunkSize int64           `json:"chunkSize"`
 	KeyID     string          `json:"keyID,omitempty"`
+	Lineage   string          `json:"lineage,omitempty"`
 	Store     string          `json:"store"`
 	Manifest  digest.Digest   `json:"manifest"`
 	Chunks    []pageEntryJSON `json:"chunks"`
@@ -126,7 +130,7 @@ type pageEntryJSON struct {
 
 // save writes the index to path (0600), replacing it atomically.
 func (x *PageIndex) save(path string) error {
-	j := pageIndexJSON{Version: pageIndexVersion, ChunkSize: x.chunkSize, KeyID: x.keyID, Store: x.store,
+	j := pageIndexJSON{Version: pageIndexVersion, ChunkSize: x.chunkSize, KeyID: x.keyID, Lineage: x.lineage, Store: x.store,
 		Manifest: x.manifest, Chunks: make([]pageEntryJSON, 0, len(x.entries))}
 	for p, e := range x.entries {
 		j.Chunks = append(j.Chunks, pageEntryJSON{File: p.file, Offset: p.off, Size: e.size,
@@ -205,7 +209,15 @@ func parsePageIndex(b []byte) (*PageIndex, error) {
 	if j.KeyID != "" {
 		wantType = MediaTypeChunkEncrypted
 	}
-	x := &PageIndex{chunkSize: j.ChunkSize, keyID: j.KeyID, store: j.Store, manifest: j.Manifest,
+	if j.Lineage != "" {
+		if j.KeyID == "" {
+			return nil, fmt.Errorf("a plaintext index with a lineage: %w", errdefs.ErrInvalidArgument)
+		}
+		if err := checkLineage(j.Lineage); err != nil {
+			return nil, err
+		}
+	}
+	x := &PageIndex{chunkSize: j.ChunkSize, keyID: j.KeyID, lineage: j.Lineage, store: j.Store, manifest: j.Manifest,
 		entries: make(map[pagePlace]*pageEntry, len(j.Chunks))}
 	for _, c := range j.Chunks {
 		bad := func(format string, a ...any) error {

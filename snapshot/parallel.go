@@ -24,6 +24,9 @@ func (s *Snapshot) readCodec(perWorker int64, jobs int) (*chunkCodec, []byte, in
 	if err != nil {
 		return nil, nil, 0, err
 	}
+	if key != nil {
+		codec.lineage = s.Metadata.Encryption.Lineage
+	}
 	return codec, key, workers, nil
 }
 

@@ -24,11 +24,16 @@ type PageReader interface {
 }
 
 // Parent is the stored file an incremental file was restored from: the
-// chunks of that snapshot's file, its chunk size and the ID of its key
-// ("" for plaintext).
+// chunks of that snapshot's file, its chunk size, the ID of the key its
+// chunks are sealed with ("" for plaintext) and its lineage ("" before
+// format version 3). Both come from the parent's metadata: the key a
+// write uses may have been rotated since, and a parent sealed with
+// another key or lineage does not fit the write (its chunks are read and
+// stored anew).
 type Parent struct {
 	ChunkSize int64
 	KeyID     string
+	Lineage   string
 	Chunks    []ChunkDesc
 }
 
@@ -37,7 +42,7 @@ type Parent struct {
 func ParentOf(s *Snapshot, name string) *Parent {
 	p := &Parent{ChunkSize: s.Metadata.ChunkSize, Chunks: s.FileChunks(name)}
 	if e := s.Metadata.Encryption; e != nil {
-		p.KeyID = e.KeyID
+		p.KeyID, p.Lineage = e.KeyID, e.Lineage
 	}
 	return p
 }
@@ -66,6 +71,8 @@ func (w *writer) parentPlaces(ctx context.Context, f SourceFile) map[int64]*Chun
 		why = fmt.Sprintf("chunk size %d, the write uses %d", p.ChunkSize, w.opts.ChunkSize)
 	case p.KeyID != w.keyID():
 		why = fmt.Sprintf("encryption key %q, the write uses %q", p.KeyID, w.keyID())
+	case p.Lineage != w.lineage:
+		why = fmt.Sprintf("lineage %q, the write seals lineage %q", p.Lineage, w.lineage)
 	}
 	places := make(map[int64]*ChunkDesc, len(p.Chunks))
 	for k := range p.Chunks {

@@ -15,6 +15,7 @@ import (
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
+	"github.com/cryo-runtime/cryo/internal/tenant"
 	"github.com/cryo-runtime/cryo/stores"
 )
 
@@ -30,6 +31,22 @@ type ReadOptions struct {
 	// DecryptionKey (32 bytes) decrypts an encrypted snapshot. Open works
 	// without it (to inspect metadata); Verify and Materialize need it.
 	DecryptionKey []byte
+	// NodeKey (32 bytes), instead of DecryptionKey, is a node-wide key:
+	// a snapshot is decrypted with Tenant's key derived from it
+	// ([TenantKey]), never with the node key itself unless
+	// LegacyNodeKey.
+	NodeKey []byte
+	// Tenant is the namespace of the reader: a snapshot sealed for
+	// another (Encryption.Tenant) is refused.
+	Tenant string
+	// AnyTenant skips the tenant check: with NodeKey, a snapshot is
+	// decrypted with the key of the tenant it names. For an operator's
+	// tool that holds the node key (cryoctl), never for a sandbox.
+	AnyTenant bool
+	// LegacyNodeKey lets NodeKey itself decrypt a snapshot that an older
+	// cryo sealed with it for every namespace alike (no tenant key):
+	// refused otherwise, naming [snapshot] legacy_node_key.
+	LegacyNodeKey bool
 	// RequireEncryption refuses a plaintext snapshot.
 	RequireEncryption bool
 	// RefuseExpired refuses a snapshot past its Expires time (garbage
@@ -176,6 +193,9 @@ func (s *Snapshot) open(ctx context.Context) error {
 	if k := s.opts.DecryptionKey; k != nil && len(k) != 32 {
 		return fmt.Errorf("decryption key is %d bytes, want 32: %w", len(k), errdefs.ErrInvalidArgument)
 	}
+	if k := s.opts.NodeKey; k != nil && len(k) != 32 {
+		return fmt.Errorf("node key is %d bytes, want 32: %w", len(k), errdefs.ErrInvalidArgument)
+	}
 	desc, err := resolve(ctx, s.store, s.Ref)
 	if err != nil {
 		return err
@@ -276,12 +296,11 @@ func (s *Snapshot) validateMetadata() error {
 		return fmt.Errorf("chunk size %d over limit %d: %w", md.ChunkSize, s.opts.MaxChunkSize, errdefs.ErrInvalidArgument)
 	}
 	if e := md.Encryption; e != nil {
-		if e.Algorithm != algAES256GCM {
-			return fmt.Errorf("encryption %q: %w", e.Algorithm, errdefs.ErrNotImplemented)
+		if err := s.chooseKey(e); err != nil {
+			return err
 		}
-		if k := s.opts.DecryptionKey; k != nil && KeyID(k) != e.KeyID {
-			return fmt.Errorf("encrypted with key %s, configured key is %s: %w", e.KeyID, KeyID(k), errdefs.ErrFailedPrecondition)
-		}
+	} else if md.FormatVersion >= FormatVersionLineage {
+		return fmt.Errorf("a version %d snapshot is encrypted, this one has no encryption: %w", md.FormatVersion, errdefs.ErrInvalidArgument)
 	} else if s.opts.RequireEncryption {
 		return fmt.Errorf("snapshot is not encrypted, encryption is required: %w", errdefs.ErrFailedPrecondition)
 	}
@@ -305,6 +324,61 @@ func (s *Snapshot) validateMetadata() error {
 		}
 	}
 	return s.validateFields()
+}
+
+// chooseKey validates the encryption fields and picks the key that
+// decrypts the snapshot into s.opts.DecryptionKey (left nil without a
+// configured key: Open still inspects, Materialize refuses).
+func (s *Snapshot) chooseKey(e *Encryption) error {
+	md := &s.Metadata
+	if e.Algorithm != algAES256GCM {
+		return fmt.Errorf("encryption %q: %w", e.Algorithm, errdefs.ErrNotImplemented)
+	}
+	if err := checkKeyID(e.KeyID); err != nil {
+		return err
+	}
+	if md.FormatVersion >= FormatVersionLineage {
+		if err := checkLineage(e.Lineage); err != nil {
+			return err
+		}
+	} else if e.Lineage != "" || e.Tenant != "" {
+		return fmt.Errorf("encryption.lineage or encryption.tenant in a version %d snapshot: %w", md.FormatVersion, errdefs.ErrInvalidArgument)
+	}
+	if e.Tenant != "" {
+		if err := tenant.CheckNamespace(e.Tenant); err != nil {
+			return fmt.Errorf("encryption.tenant: %w", err)
+		}
+		if e.Tenant != s.opts.Tenant && !s.opts.AnyTenant {
+			in := fmt.Sprintf("namespace %q", s.opts.Tenant)
+			if s.opts.Tenant == "" {
+				in = "no namespace"
+			}
+			return fmt.Errorf("encryption.tenant: sealed for namespace %q, the reader is in %s: another namespace's snapshot is not restored: %w", e.Tenant, in, errdefs.ErrPermissionDenied)
+		}
+	}
+	key := s.opts.DecryptionKey
+	if nk := s.opts.NodeKey; nk != nil {
+		ns := s.opts.Tenant
+		if e.Tenant != "" {
+			ns = e.Tenant // the reader's own, or AnyTenant
+		}
+		direct := key
+		key = TenantKey(nk, ns)
+		switch {
+		case KeyID(key) == e.KeyID:
+		case KeyID(nk) == e.KeyID && !s.opts.LegacyNodeKey:
+			return fmt.Errorf("encrypted with the node key itself (%s), as cryo did before namespace keys were derived from it: any namespace of the node could decrypt it, so it is refused unless [snapshot] legacy_node_key = true: %w", e.KeyID, errdefs.ErrPermissionDenied)
+		case KeyID(nk) == e.KeyID:
+			key = nk
+		case direct != nil && KeyID(direct) == e.KeyID:
+			key = direct
+		}
+	}
+	if key != nil && KeyID(key) != e.KeyID {
+		return fmt.Errorf("encrypted with key %s, configured key is %s: %w", e.KeyID, KeyID(key), errdefs.ErrFailedPrecondition)
+	}
+	s.opts.DecryptionKey = key
+	return nil
 }
 
 // checkFileLimit refuses a RAM file larger than the node's memory limit, a

@@ -248,6 +248,9 @@ func TestIncrementalUploadsOnlyChangedChunks(t *testing.T) {
 			var opts WriteOptions
 			if enc {
 				opts.EncryptionKey = bytes.Repeat([]byte{7}, 32)
+				// Chunks deduplicate within one lineage (a chain inherits
+				// it from its page index or parent).
+				opts.Lineage = NewLineage()
 			}
 			first, _ := ts.write(t, store, "v1", opts)
 			// Change 2 stored chunks of the RAM file (of 37).

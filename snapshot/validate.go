@@ -109,9 +109,6 @@ func (s *Snapshot) validateFields() error {
 		func() error { return validateTotals(&md.Totals) },
 		func() error { return validateWorkingSet(md) },
 	}
-	if e := md.Encryption; e != nil {
-		checks = append(checks, func() error { return checkKeyID(e.KeyID) })
-	}
 	for _, c := range checks {
 		if err := c(); err != nil {
 			return err

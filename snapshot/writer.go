@@ -18,6 +18,7 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/cryo-runtime/cryo/internal/tenant"
 	"github.com/cryo-runtime/cryo/stores"
 )
 
@@ -37,8 +38,18 @@ type WriteOptions struct {
 	// zstd encoders add a few MiB per worker on top.
 	MaxMemory int64
 	// EncryptionKey, when set (32 bytes), encrypts every chunk with
-	// AES-256-GCM.
+	// AES-256-GCM. With a node-wide key, pass the tenant's key derived
+	// from it ([TenantKey]), never the node key itself.
 	EncryptionKey []byte
+	// Tenant, with EncryptionKey, is the namespace the snapshot is sealed
+	// for, recorded as Encryption.Tenant: readers of other namespaces
+	// refuse it by name (ReadOptions.Tenant).
+	Tenant string
+	// Lineage, with EncryptionKey, is the lineage to bind into every
+	// chunk (Encryption.Lineage, 32 hex digits). Empty: Base's or an
+	// incremental file's parent's when they are sealed with the same key
+	// (so their chunks stay valid here), else a new random one.
+	Lineage string
 	// SigningKey, when set, signs the manifest digest (see Sign).
 	SigningKey ed25519.PrivateKey
 	// Annotations are added to the manifest.
@@ -60,6 +71,10 @@ type WriteOptions struct {
 	// StoreID names the store in the page index, e.g. its URL without the
 	// reference: Base only serves the store it was made for.
 	StoreID string
+	// noLineage writes an encrypted snapshot as cryo did before format
+	// version 3 (no lineage in the AAD): tests of old snapshots only.
+	noLineage bool
+
 	// ParentReads, when set, is where the parent chunks of an incremental
 	// file (IncrementalSourceFile) are read from to make deltas, e.g. the
 	// node cache over the target store, which a lazy restore filled. The
@@ -122,8 +137,10 @@ type chunkJob struct {
 type writer struct {
 	store stores.Store
 	src   *Source
-	opts  WriteOptions
-	codec *chunkCodec
+	// lineage is bound into every sealed chunk ("" for plaintext).
+	lineage string
+	opts    WriteOptions
+	codec   *chunkCodec
 	// dcodec decodes parent chunks for deltas of incremental files.
 	dcodec *chunkCodec
 
@@ -222,6 +239,16 @@ func newWriter(store stores.Store, src *Source, opts WriteOptions) (*writer, err
 		}
 	}
 	if opts.EncryptionKey != nil {
+		if opts.Tenant != "" {
+			if err := tenant.CheckNamespace(opts.Tenant); err != nil {
+				return nil, fmt.Errorf("tenant: %w", err)
+			}
+		}
+		if opts.Lineage != "" {
+			if err := checkLineage(opts.Lineage); err != nil {
+				return nil, err
+			}
+		}
 		for _, c := range src.Metadata.Containers {
 			if len(c.Spec) > 0 {
 				return nil, fmt.Errorf("container %s: spec would be stored in clear in an encrypted snapshot, put it in the spec file: %w", c.ID, errdefs.ErrInvalidArgument)
@@ -256,6 +283,11 @@ func newWriter(store stores.Store, src *Source, opts WriteOptions) (*writer, err
 		tokens: make(chan struct{}, inflight), claimed: map[string]bool{}, perFile: make([]int, len(src.Files)),
 		existing: map[string]bool{}, bases: map[string]ocispec.Descriptor{},
 		rawPool: newBufPool(inflight, opts.ChunkSize), storedPool: newBufPool(inflight, maxStoredSize(opts.ChunkSize))}
+	w.lineage = w.chooseLineage()
+	codec.lineage = w.lineage
+	if dcodec != nil {
+		dcodec.lineage = w.lineage
+	}
 	return w, nil
 }
 
@@ -454,7 +486,7 @@ func (w *writer) publish(ctx context.Context, ref string) (ocispec.Descriptor, e
 	md := w.src.Metadata
 	md.FormatVersion = FormatVersionNoDelta
 	if w.deltas.Load() > 0 {
-		md.FormatVersion = FormatVersion
+		md.FormatVersion = FormatVersionDelta
 	}
 	if md.Created.IsZero() {
 		md.Created = time.Now().UTC().Truncate(time.Second)
@@ -463,7 +495,12 @@ func (w *writer) publish(ctx context.Context, ref string) (ocispec.Descriptor, e
 	md.Compression = compressionZstd
 	md.Encryption = nil
 	if w.opts.EncryptionKey != nil {
-		md.Encryption = &Encryption{Algorithm: algAES256GCM, KeyID: KeyID(w.opts.EncryptionKey)}
+		md.Encryption = &Encryption{Algorithm: algAES256GCM, KeyID: KeyID(w.opts.EncryptionKey), Tenant: w.opts.Tenant, Lineage: w.lineage}
+		if w.lineage != "" {
+			md.FormatVersion = FormatVersionLineage
+		} else {
+			md.Encryption.Tenant = ""
+		}
 	}
 	md.Files = make([]FileInfo, len(w.src.Files))
 	md.Totals = Totals{DataBytes: w.dataBytes.Load(), StoredBytes: w.storedBytes.Load(), Chunks: len(w.layers),
@@ -535,4 +572,26 @@ func (w *writer) stats() WriteStats {
 		UploadedChunks: int(w.uploadedN.Load()), SkippedChunks: int(w.skippedN.Load()),
 		Deltas: int(w.deltas.Load()), Bases: len(w.bases),
 		Reused: int(w.reused.Load()), ParentMissing: int(w.parentMissing.Load()), DirtyBytes: w.dirtyBytes.Load()}
+}
+
+// chooseLineage is the lineage the write seals with: WriteOptions.Lineage,
+// else the page index's or a parent's when sealed with this key (their
+// chunks are reused or made deltas against), else a new one.
+func (w *writer) chooseLineage() string {
+	if w.opts.EncryptionKey == nil || w.opts.noLineage {
+		return ""
+	}
+	if w.opts.Lineage != "" {
+		return w.opts.Lineage
+	}
+	id := w.keyID()
+	if b := w.opts.Base; b != nil && b.lineage != "" && b.keyID == id {
+		return b.lineage
+	}
+	for _, f := range w.src.Files {
+		if p := f.parent; p != nil && p.Lineage != "" && p.KeyID == id {
+			return p.Lineage
+		}
+	}
+	return NewLineage()
 }

@@ -150,7 +150,19 @@ func (a *App) readOptions() (snapshot.ReadOptions, error) {
 		t := true
 		sc.RequireSignature = &t
 	}
-	return sc.ReadOptions(a.Namespace)
+	o, err := sc.ReadOptions(a.Namespace)
+	if o.NodeKey != nil && a.Namespace == "" {
+		// An operator holding the node key reads any namespace's
+		// snapshots (--namespace still restricts to one).
+		o.AnyTenant = true
+	}
+	if a.DecryptionKey != "" && o.NodeKey != nil {
+		// --decryption-key may name a namespace's own key file: it also
+		// decrypts directly.
+		// decrypts directly, and so may a legacy node key.
+		o.DecryptionKey, o.LegacyNodeKey = o.NodeKey, true
+	}
+	return o, err
 }
 
 // print writes v as JSON with --output json, else calls text.
