@@ -309,10 +309,7 @@ func (st *start) loadState(ctx context.Context, _ *undo) error {
 	path := st.restore.mat.DevState
 	if ram := st.restore.ram; ram != nil {
 		path = st.restore.devState
-		vm := st.vm
-		ram.mu.Lock()
-		ram.onStuck = vm.Kill
-		ram.mu.Unlock()
+		ram.setKill(st.vm.Kill)
 	}
 	f, err := os.Open(path)
 	if err != nil {
