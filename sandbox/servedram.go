@@ -340,7 +340,8 @@ func (r *servedRAM) interacted() {
 
 // startPrefetch fetches every chunk of the served files into the node
 // cache in the background, workers at a time, so the sandbox stops
-// depending on the store; it logs when it completes.
+// depending on the store; it logs when it completes. A chunk the store
+// lost (corrupt, truncated, missing) stops the VM as a failed page does.
 func (r *servedRAM) startPrefetch(ctx context.Context, workers int) {
 	if workers == 0 {
 		log.G(ctx).Info("lazy restore: prefetch off ([restore] prefetch_workers = 0)")
@@ -379,7 +380,11 @@ func (r *servedRAM) startPrefetch(ctx context.Context, workers int) {
 			bytes += st.StoredBytes
 			if err != nil {
 				if ctx.Err() == nil {
-					log.G(ctx).WithError(err).WithField("store", r.store).Warn("lazy restore: prefetch failed; pages are still fetched when the guest touches them")
+					// A blob the store lost (transient failures are
+					// retried): the guest would fail on its first touch
+					// of it, maybe long from now. It stops now, with the
+					// reason in the task's exit.
+					r.failed(fmt.Errorf("lazy restore from %s: %w", r.store, err))
 				}
 				return
 			}
