@@ -301,6 +301,9 @@ func (st *start) restoreConfig(ctx context.Context, _ *undo) error {
 	}
 	c.NICs = st.pn.nics()
 	st.vmcfg = confined(r.digests.apply(c), st.Config)
+	if r.ram != nil {
+		st.vmcfg.AdmitUID = r.ram.admit // pagefs opens to QEMU's uid alone
+	}
 	return nil
 }
 

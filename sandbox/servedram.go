@@ -174,6 +174,14 @@ func CleanupServed(stateDir string) error {
 	return errors.Join(errs...)
 }
 
+// admit lets uid (the confined QEMU's) open the served files; the mount
+// refuses every other uid but root.
+func (r *servedRAM) admit(uid int) {
+	if uid >= 0 {
+		r.srv.Allow(uint32(uid))
+	}
+}
+
 // Path is the served RAM file QEMU maps.
 func (r *servedRAM) Path() string { return r.srv.Path("ram") }
 
