@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 
@@ -26,6 +27,11 @@ type Options struct {
 	// (default MaxRead).
 	MaxReadAhead int
 	Debug        bool
+	// AllowUIDs may open and change the files besides root (the confined
+	// QEMU's uid; Server.Allow adds one once it is known). The mount is
+	// allow_other without default_permissions: pagefs itself refuses every
+	// other caller with EACCES.
+	AllowUIDs []uint32
 }
 
 // Server is a mounted pagefs.
@@ -33,11 +39,42 @@ type Server struct {
 	dir  string
 	srv  *fuse.Server
 	conn uint32 // fusectl connection number (the mount's minor device)
+	acc  *access
+}
+
+// access is the set of uids, besides root, that may open the files.
+type access struct {
+	mu   sync.RWMutex
+	uids map[uint32]bool
+}
+
+// admits reports whether the request's caller may open or change a file:
+// root and the allowed uids. A request without a caller is refused.
+func (a *access) admits(ctx context.Context) bool {
+	c, ok := fuse.FromContext(ctx)
+	if !ok {
+		return false
+	}
+	if c.Uid == 0 {
+		return true
+	}
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	return a.uids[c.Uid]
+}
+
+// Allow lets uid open and change the served files (QEMU's uid, once it is
+// leased).
+func (s *Server) Allow(uid uint32) {
+	s.acc.mu.Lock()
+	s.acc.uids[uid] = true
+	s.acc.mu.Unlock()
 }
 
 // Mount serves files in dir (an existing empty directory) until Unmount.
 // It mounts with mount(2) directly (no fusermount: the shim runs as root)
-// and allow_other, so a confined QEMU of another uid may open the files.
+// and allow_other, so a confined QEMU of another uid may open the files;
+// only root and o.AllowUIDs (and Allow's) may.
 func Mount(dir string, files []*File, o Options) (*Server, error) {
 	if o.MaxRead == 0 {
 		o.MaxRead = 1 << 20
@@ -45,7 +82,11 @@ func Mount(dir string, files []*File, o Options) (*Server, error) {
 	if o.MaxReadAhead == 0 {
 		o.MaxReadAhead = o.MaxRead
 	}
-	r := &root{files: files}
+	acc := &access{uids: map[uint32]bool{}}
+	for _, u := range o.AllowUIDs {
+		acc.uids[u] = true
+	}
+	r := &root{files: files, acc: acc}
 	long := time.Hour // sizes never change while mounted
 	srv, err := fs.Mount(dir, r, &fs.Options{
 		EntryTimeout: &long, AttrTimeout: &long,
@@ -69,7 +110,7 @@ func Mount(dir string, files []*File, o Options) (*Server, error) {
 		srv.Unmount()
 		return nil, fmt.Errorf("stat pagefs mount %s: %w", dir, err)
 	}
-	return &Server{dir: dir, srv: srv, conn: unix.Minor(st.Dev)}, nil
+	return &Server{dir: dir, srv: srv, conn: unix.Minor(st.Dev), acc: acc}, nil
 }
 
 // Path is the mounted path of the file called name.
@@ -102,20 +143,22 @@ func (s *Server) Abort() error {
 type root struct {
 	fs.Inode
 	files []*File
+	acc   *access
 }
 
 var _ fs.NodeOnAdder = (*root)(nil)
 
 func (r *root) OnAdd(ctx context.Context) {
 	for _, f := range r.files {
-		ch := r.NewPersistentInode(ctx, &node{f: f}, fs.StableAttr{Mode: syscall.S_IFREG})
+		ch := r.NewPersistentInode(ctx, &node{f: f, acc: r.acc}, fs.StableAttr{Mode: syscall.S_IFREG})
 		r.AddChild(f.name, ch, false)
 	}
 }
 
 type node struct {
 	fs.Inode
-	f *File
+	f   *File
+	acc *access
 }
 
 var (
@@ -141,8 +184,12 @@ func (r *root) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) 
 
 // Open keeps the page cache across opens (FOPEN_KEEP_CACHE): the content
 // of a served file never changes behind the kernel's back, and clones of
-// one snapshot share the cached pages.
+// one snapshot share the cached pages. Only root and the allowed uids
+// may open a file (the guest's RAM).
 func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	if !n.acc.admits(ctx) {
+		return nil, 0, syscall.EACCES
+	}
 	return nil, fuse.FOPEN_KEEP_CACHE, 0
 }
 
@@ -161,6 +208,9 @@ func (n *node) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut)
 // Setattr refuses size changes: QEMU truncates a memory-backend-file only
 // when its size differs from the guest's RAM, which would be a wrong file.
 func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	if !n.acc.admits(ctx) {
+		return syscall.EACCES
+	}
 	if sz, ok := in.GetSize(); ok && int64(sz) != n.f.size {
 		return syscall.EPERM
 	}
@@ -208,6 +258,9 @@ func (n *node) Release(ctx context.Context, fh fs.FileHandle) syscall.Errno { re
 
 // Allocate accepts what does not change content (QEMU may preallocate).
 func (n *node) Allocate(ctx context.Context, fh fs.FileHandle, off, size uint64, mode uint32) syscall.Errno {
+	if !n.acc.admits(ctx) {
+		return syscall.EACCES
+	}
 	if mode&^uint32(unix.FALLOC_FL_KEEP_SIZE) != 0 || off+size > uint64(n.f.size) {
 		return syscall.EOPNOTSUPP
 	}

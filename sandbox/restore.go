@@ -324,6 +324,9 @@ func (st *start) restoreConfig(ctx context.Context, _ *undo) error {
 	}
 	c.NICs = st.pn.nics()
 	st.vmcfg = confined(r.digests.apply(c), st.Config)
+	if r.ram != nil {
+		st.vmcfg.AdmitUID = r.ram.admit // pagefs opens to QEMU's uid alone
+	}
 	return nil
 }
 
@@ -332,10 +335,7 @@ func (st *start) loadState(ctx context.Context, _ *undo) error {
 	path := st.restore.mat.DevState
 	if ram := st.restore.ram; ram != nil {
 		path = st.restore.devState
-		vm := st.vm
-		ram.mu.Lock()
-		ram.onStuck = vm.Kill
-		ram.mu.Unlock()
+		ram.setKill(st.vm.Kill)
 	}
 	f, err := os.Open(path)
 	if err != nil {

@@ -56,7 +56,7 @@ type servedRAM struct {
 	mu      sync.Mutex
 	side    *os.File // the open generation's side file (unlinked)
 	readErr error    // the first page read that failed
-	onStuck func()   // kills QEMU: a page read outlived its deadline
+	onStuck func()   // kills QEMU: a page failed (setKill)
 
 	// interactedCh closes when the sandbox answered its first request:
 	// the prefetch starts then (or after prefetchDelay).
@@ -176,6 +176,14 @@ func CleanupServed(stateDir string) error {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// admit lets uid (the confined QEMU's) open the served files; the mount
+// refuses every other uid but root.
+func (r *servedRAM) admit(uid int) {
+	if uid >= 0 {
+		r.srv.Allow(uint32(uid))
+	}
 }
 
 // Path is the served RAM file QEMU maps.
@@ -344,7 +352,8 @@ func (r *servedRAM) interacted() {
 
 // startPrefetch fetches every chunk of the served files into the node
 // cache in the background, workers at a time, so the sandbox stops
-// depending on the store; it logs when it completes.
+// depending on the store; it logs when it completes. A chunk the store
+// lost (corrupt, truncated, missing) stops the VM as a failed page does.
 func (r *servedRAM) startPrefetch(ctx context.Context, workers int) {
 	if workers == 0 {
 		log.G(ctx).Info("lazy restore: prefetch off ([restore] prefetch_workers = 0)")
@@ -383,7 +392,11 @@ func (r *servedRAM) startPrefetch(ctx context.Context, workers int) {
 			bytes += st.StoredBytes
 			if err != nil {
 				if ctx.Err() == nil {
-					log.G(ctx).WithError(err).WithField("store", r.store).Warn("lazy restore: prefetch failed; pages are still fetched when the guest touches them")
+					// A blob the store lost (transient failures are
+					// retried): the guest would fail on its first touch
+					// of it, maybe long from now. It stops now, with the
+					// reason in the task's exit.
+					r.failed(fmt.Errorf("lazy restore from %s: %w", r.store, err))
 				}
 				return
 			}
@@ -427,12 +440,18 @@ func (s *pageSource) Size() int64 { return s.fr.Size() }
 // and the store, and pagefs answers EIO: QEMU gets SIGBUS and dies rather
 // than the guest seeing a wrong byte. A read still running a grace period
 // after its deadline (a store that ignores cancellation) kills QEMU and
-// aborts the connection: the guest must not hang for ever.
+// aborts the connection: the guest must not hang for ever. Once a read
+// failed the VM is stopping: every later read fails at once, without a
+// fetch (the kernel retries a failed read page by page, each of which
+// would otherwise wait a whole timeout).
 func (s *pageSource) ReadAt(p []byte, off int64) (int, error) {
+	if err := s.r.Err(); err != nil {
+		return 0, fmt.Errorf("served %s at %d: the vm stops after an earlier failure: %w", s.fr.Name(), off, err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
 	defer cancel()
 	stuck := time.AfterFunc(s.timeout+s.grace, func() {
-		s.r.stuck(fmt.Errorf("served %s at %d from %s: the read outlived its %s deadline by %s", s.fr.Name(), off, s.r.store, s.timeout, s.grace))
+		s.r.failed(fmt.Errorf("served %s at %d from %s: the read outlived its %s deadline by %s", s.fr.Name(), off, s.r.store, s.timeout, s.grace))
 	})
 	n, err := s.fr.ReadAtContext(ctx, p, off)
 	stuck.Stop()
@@ -442,25 +461,36 @@ func (s *pageSource) ReadAt(p []byte, off int64) (int, error) {
 	return n, err
 }
 
+// failed stops the VM for err, the first time: it keeps err (the task's
+// exit reports it), kills QEMU at once (not at its next fault of a page
+// the kernel does not have) and aborts the connection, so that no read,
+// pending or later, waits on the store.
 func (r *servedRAM) failed(err error) {
 	r.mu.Lock()
 	first := r.readErr == nil
 	if first {
 		r.readErr = err
 	}
-	r.mu.Unlock()
-	if first {
-		log.L.WithError(err).WithField("store", r.store).Error("lazy restore: a page could not be served; the vm stops")
-	}
-}
-
-func (r *servedRAM) stuck(err error) {
-	r.failed(err)
-	r.mu.Lock()
 	kill := r.onStuck
 	r.mu.Unlock()
+	if !first {
+		return
+	}
+	log.L.WithError(err).WithField("store", r.store).Error("lazy restore: a page could not be served; the vm stops")
 	if kill != nil {
 		kill()
 	}
 	r.abort(context.Background())
+}
+
+// setKill sets how the VM is stopped once a page fails (QEMU runs); a
+// failure before it stops the VM now.
+func (r *servedRAM) setKill(kill func()) {
+	r.mu.Lock()
+	r.onStuck = kill
+	failed := r.readErr != nil
+	r.mu.Unlock()
+	if failed {
+		kill()
+	}
 }

@@ -32,12 +32,14 @@ func (b *blockingReader) ReadAtContext(ctx context.Context, p []byte, off int64)
 }
 
 // TestPageSourceDeadline: a page read that outlives its deadline fails
-// (pagefs answers EIO); one stuck beyond the grace period too (a store that
-// ignores cancellation) kills QEMU. Both are kept for the shim log.
+// (pagefs answers EIO), kills QEMU at once and is kept for the task's exit;
+// every later read fails at once, without waiting on the store. A read
+// stuck beyond the grace period (a store that ignores cancellation) kills
+// QEMU too.
 func TestPageSourceDeadline(t *testing.T) {
 	r := &servedRAM{store: "s3://bucket/x"}
 	killed := make(chan struct{})
-	r.onStuck = func() { close(killed) }
+	r.setKill(func() { close(killed) })
 
 	br := &blockingReader{release: make(chan struct{}), honourCtx: true}
 	defer close(br.release)
@@ -53,7 +55,26 @@ func TestPageSourceDeadline(t *testing.T) {
 	if err := r.Err(); err == nil || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("kept error %v", err)
 	}
+	select {
+	case <-killed:
+	default:
+		t.Fatal("a failed page did not kill qemu at once")
+	}
+	// The kernel retries page by page: no retry may wait on the store.
+	s.timeout = time.Hour
+	start = time.Now()
+	for off := int64(0); off < 1<<20; off += 4096 {
+		if _, err := s.ReadAt(make([]byte, 4096), off); err == nil {
+			t.Fatal("a read after the failure succeeded")
+		}
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("reads after the failure took %v", d)
+	}
 
+	r = &servedRAM{store: "s3://bucket/x"}
+	killed = make(chan struct{})
+	r.setKill(func() { close(killed) })
 	stuck := &blockingReader{release: make(chan struct{})}
 	defer close(stuck.release)
 	s = r.source(stuck, 10*time.Millisecond)

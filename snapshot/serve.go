@@ -3,6 +3,7 @@ package snapshot
 import (
 	"container/list"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/sync/semaphore"
@@ -488,11 +490,23 @@ type ensurer interface {
 // the node cache, first the chunks in order (indexes of chunks, e.g. the
 // recorded working set; out-of-range and repeated ones are ignored), then
 // the rest in offset order, workers at a time. A store without a node
-// cache has every blob fetched and verified (and dropped). It stops at the
-// first error or when ctx ends.
+// cache has every blob fetched and verified (and dropped).
+//
+// A blob the store has lost (IsPermanent: digest mismatch, truncated, not
+// found, range not satisfiable) ends the prefetch at once with an error
+// naming the chunk and its digest: the guest would fail on its first touch
+// of that chunk. Any other failure is transient: the prefetch goes on with
+// the other blobs and then retries the failed ones, waiting
+// PrefetchRetryMin, doubling up to PrefetchRetryMax, until every blob is
+// in or ctx ends (its error then).
 func (r *FileReader) Prefetch(ctx context.Context, workers int, order []int64) (PrefetchStats, error) {
 	start := time.Now()
-	var descs []ocispec.Descriptor
+	type item struct {
+		desc ocispec.Descriptor
+		off  int64
+		base bool
+	}
+	var items []item
 	seen := map[int64]bool{}
 	add := func(idx int64) {
 		if seen[idx] || r.chunks[idx] == nil {
@@ -500,9 +514,9 @@ func (r *FileReader) Prefetch(ctx context.Context, workers int, order []int64) (
 		}
 		seen[idx] = true
 		c := r.chunks[idx]
-		descs = append(descs, c.ref.desc)
+		items = append(items, item{desc: c.ref.desc, off: c.ref.off})
 		if c.base != nil {
-			descs = append(descs, c.base.desc)
+			items = append(items, item{desc: c.base.desc, off: c.ref.off, base: true})
 		}
 	}
 	for _, i := range order {
@@ -512,34 +526,78 @@ func (r *FileReader) Prefetch(ctx context.Context, workers int, order []int64) (
 		add(i)
 	}
 	var bytes atomic.Int64
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(max(workers, 1))
-	for _, d := range descs {
-		if gctx.Err() != nil {
-			break
-		}
-		if err := r.s.demand.quiet(gctx); err != nil {
-			break
-		}
-		g.Go(func() error {
-			var err error
-			if e, ok := r.s.store.(ensurer); ok {
-				err = e.Ensure(gctx, d)
-			} else {
-				_, err = fetchVerified(gctx, r.s.store, d, maxStoredSize(r.cs), r.s.opts.RangeSize, nil)
+	pending := items
+	wait := PrefetchRetryMin
+	for attempt := 0; ; attempt++ {
+		var mu sync.Mutex
+		var failed []item
+		var lastErr error
+		g, gctx := errgroup.WithContext(ctx)
+		g.SetLimit(max(workers, 1))
+		for _, it := range pending {
+			if gctx.Err() != nil {
+				break
 			}
-			if err != nil {
-				return fmt.Errorf("prefetch %s of %s: %w", d.Digest, r.name, err)
+			if err := r.s.demand.quiet(gctx); err != nil {
+				break
 			}
-			bytes.Add(d.Size)
-			return nil
-		})
+			g.Go(func() error {
+				var err error
+				if e, ok := r.s.store.(ensurer); ok {
+					err = e.Ensure(gctx, it.desc)
+				} else {
+					_, err = fetchVerified(gctx, r.s.store, it.desc, maxStoredSize(r.cs), r.s.opts.RangeSize, nil)
+				}
+				if err == nil {
+					bytes.Add(it.desc.Size)
+					return nil
+				}
+				what := "chunk"
+				if it.base {
+					what = "delta base of chunk"
+				}
+				err = fmt.Errorf("prefetch %s at offset %d of %s (%s): %w", what, it.off, r.name, it.desc.Digest, err)
+				if gctx.Err() == nil && IsPermanent(err) {
+					return err
+				}
+				mu.Lock()
+				failed, lastErr = append(failed, it), err
+				mu.Unlock()
+				return nil
+			})
+		}
+		err := g.Wait()
+		if err == nil {
+			err = ctx.Err()
+		}
+		if err != nil || len(failed) == 0 {
+			return PrefetchStats{Chunks: len(items), StoredBytes: bytes.Load(), Duration: time.Since(start)}, err
+		}
+		log.G(ctx).WithError(lastErr).WithFields(log.Fields{"failed": len(failed), "retry_in": wait, "attempt": attempt + 1}).Warn("prefetch: blobs failed; retrying them")
+		select {
+		case <-ctx.Done():
+			return PrefetchStats{Chunks: len(items), StoredBytes: bytes.Load(), Duration: time.Since(start)}, ctx.Err()
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, PrefetchRetryMax)
+		pending = failed
 	}
-	err := g.Wait()
-	if err == nil {
-		err = ctx.Err()
-	}
-	return PrefetchStats{Chunks: len(descs), StoredBytes: bytes.Load(), Duration: time.Since(start)}, err
+}
+
+// PrefetchRetryMin and PrefetchRetryMax bound the wait before a prefetch
+// retries the blobs that failed transiently (doubling from min).
+var (
+	PrefetchRetryMin = time.Second
+	PrefetchRetryMax = time.Minute
+)
+
+// IsPermanent reports whether err says a stored blob is lost or wrong,
+// which no retry mends: its content does not match its digest or size
+// (ErrDataLoss), the store does not have it (ErrNotFound), refuses its
+// range (ErrOutOfRange, HTTP 416), or its descriptor is invalid.
+func IsPermanent(err error) bool {
+	return errors.Is(err, errdefs.ErrDataLoss) || errors.Is(err, errdefs.ErrNotFound) ||
+		errors.Is(err, errdefs.ErrOutOfRange) || errors.Is(err, errdefs.ErrInvalidArgument)
 }
 
 // demandQuiet is how long no page fault may have waited for a chunk before

@@ -4,18 +4,24 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/containerd/errdefs"
+	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/cryo-runtime/cryo/nodecache"
+	"github.com/cryo-runtime/cryo/stores"
 )
 
 // readAllRandom reads r in pieces of random sizes at random offsets and
@@ -350,4 +356,122 @@ func TestWorkingSet(t *testing.T) {
 	if s2 := open(t, store, "v2", ReadOptions{}); !slices.Equal(s2.Metadata.WorkingSet, []int64{6, 0}) {
 		t.Fatalf("written working set %v", s2.Metadata.WorkingSet)
 	}
+}
+
+// TestPrefetchDamaged: a blob the store lost (corrupted, truncated,
+// missing) ends the prefetch at once with an error naming the chunk and
+// its digest, through the node cache and without one.
+func TestPrefetchDamaged(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		hook func(b []byte) []byte
+		gone bool
+	}{
+		{"corrupted", func(b []byte) []byte { b[len(b)/2] ^= 1; return b }, false},
+		{"truncated", func(b []byte) []byte { return b[:len(b)/2] }, false},
+		{"missing", nil, true},
+	} {
+		for _, cached := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/cache=%v", tc.name, cached), func(t *testing.T) {
+				ts := newTestSnap(t)
+				store := newMemStore()
+				ts.write(t, store, "v1", WriteOptions{})
+				var st stores.Store = store
+				if cached {
+					cache, err := nodecache.OpenBlobs(filepath.Join(t.TempDir(), "blobs"), 0)
+					if err != nil {
+						t.Fatal(err)
+					}
+					st = nodecache.NewCachingStore(store, cache, nodecache.CachingOptions{})
+				}
+				r := serve(t, openStore(t, st, "v1"), FileRAM)
+				victim := r.Chunks()[len(r.Chunks())/2]
+				if tc.gone {
+					store.mu.Lock()
+					delete(store.blobs, victim.Stored.Digest)
+					store.mu.Unlock()
+				} else {
+					store.fetchHook = func(desc ocispec.Descriptor, off, length int64, b []byte) []byte {
+						if desc.Digest == victim.Stored.Digest {
+							return tc.hook(b)
+						}
+						return b
+					}
+				}
+				start := time.Now()
+				_, err := r.Prefetch(context.Background(), 2, nil)
+				if err == nil || !IsPermanent(err) {
+					t.Fatalf("prefetch with a %s chunk: %v; want a permanent error", tc.name, err)
+				}
+				if d := time.Since(start); d > 5*time.Second {
+					t.Errorf("prefetch took %v to fail", d)
+				}
+				for _, s := range []string{string(victim.Stored.Digest), fmt.Sprintf("offset %d", victim.Offset)} {
+					if !strings.Contains(err.Error(), s) {
+						t.Errorf("error %q does not name %s", err, s)
+					}
+				}
+			})
+		}
+	}
+}
+
+// flakyStore fails the first fails fetches of blob bad as unavailable.
+type flakyStore struct {
+	*memStore
+	bad   digest.Digest
+	fails atomic.Int32
+	tries atomic.Int32
+}
+
+func (f *flakyStore) Fetch(ctx context.Context, desc ocispec.Descriptor, off, length int64) (io.ReadCloser, error) {
+	if desc.Digest == f.bad {
+		f.tries.Add(1)
+		if f.fails.Add(-1) >= 0 {
+			return nil, fmt.Errorf("blob %s: %w", desc.Digest, errdefs.ErrUnavailable)
+		}
+	}
+	return f.memStore.Fetch(ctx, desc, off, length)
+}
+
+// TestPrefetchRetriesTransient: a blob that fails transiently does not
+// stop the prefetch: the other blobs are fetched, the failed one is
+// retried with backoff until it is in the node cache.
+func TestPrefetchRetriesTransient(t *testing.T) {
+	defer func(a, b time.Duration) { PrefetchRetryMin, PrefetchRetryMax = a, b }(PrefetchRetryMin, PrefetchRetryMax)
+	PrefetchRetryMin, PrefetchRetryMax = 10*time.Millisecond, 40*time.Millisecond
+	ts := newTestSnap(t)
+	mem := newMemStore()
+	ts.write(t, mem, "v1", WriteOptions{})
+	fs := &flakyStore{memStore: mem}
+	cache, err := nodecache.OpenBlobs(filepath.Join(t.TempDir(), "blobs"), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs := nodecache.NewCachingStore(fs, cache, nodecache.CachingOptions{})
+	r := serve(t, openStore(t, cs, "v1"), FileRAM)
+	chunks := r.Chunks()
+	fs.bad = chunks[0].Stored.Digest
+	fs.fails.Store(4)
+	if _, err := r.Prefetch(context.Background(), 1, nil); err != nil {
+		t.Fatalf("prefetch with a transiently failing chunk: %v", err)
+	}
+	if n := fs.tries.Load(); n != 5 {
+		t.Errorf("the failing chunk was tried %d times, want 5", n)
+	}
+	before := mem.fetches.Load()
+	want, _ := os.ReadFile(ts.paths.RAM)
+	readAllRandom(t, r, want)
+	if n := mem.fetches.Load() - before; n != 0 {
+		t.Errorf("reads after the prefetch fetched %d times from the store", n)
+	}
+}
+
+func openStore(t *testing.T, store stores.Store, ref string) *Snapshot {
+	t.Helper()
+	s, err := Open(context.Background(), store, ref, ReadOptions{})
+	if err != nil {
+		t.Fatalf("open %s: %v", ref, err)
+	}
+	return s
 }

@@ -113,6 +113,15 @@ func (f *fileStore) Fetch(ctx context.Context, desc ocispec.Descriptor, offset, 
 	if err != nil {
 		return nil, fmt.Errorf("open blob %s: %w", desc.Digest, err)
 	}
+	// A blob of another size than its descriptor's (cut short, say) is
+	// lost, not a read to retry.
+	if st, err := fh.Stat(); err != nil {
+		fh.Close()
+		return nil, fmt.Errorf("stat blob %s: %w", desc.Digest, err)
+	} else if desc.Size > 0 && st.Size() != desc.Size {
+		fh.Close()
+		return nil, fmt.Errorf("blob %s in %s: %d bytes, descriptor says %d: %w", desc.Digest, f.root, st.Size(), desc.Size, errdefs.ErrDataLoss)
+	}
 	if length < 0 {
 		length = 1<<63 - 1 - offset
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/containerd/errdefs"
 	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/cryo-runtime/cryo/stores"
 	"github.com/cryo-runtime/cryo/stores/storetest"
@@ -130,4 +131,29 @@ func TestFileStoreGC(t *testing.T) {
 		}
 	}
 	storetest.CheckRead(t, s, f)
+}
+
+// TestFileStoreTruncatedBlob: a blob cut short in a file store is data
+// loss (no retry mends it), not an error to retry or a short read.
+func TestFileStoreTruncatedBlob(t *testing.T) {
+	dir := t.TempDir()
+	s, _ := openT(t, "file://"+dir+"/app:v1")
+	data := []byte(strings.Repeat("cryo", 1024))
+	desc := ocispec.Descriptor{MediaType: "application/octet-stream", Digest: digest.FromBytes(data), Size: int64(len(data))}
+	if err := s.Push(context.Background(), desc, strings.NewReader(string(data))); err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(dir, "app", "blobs", "sha256", desc.Digest.Encoded())
+	if err := os.Truncate(p, 100); err != nil {
+		t.Fatal(err)
+	}
+	for _, off := range []int64{0, 2048} {
+		rc, err := s.Fetch(context.Background(), desc, off, 1024)
+		if err == nil {
+			rc.Close()
+		}
+		if !errdefs.IsDataLoss(err) {
+			t.Errorf("fetch at %d of a truncated blob: %v; want data loss", off, err)
+		}
+	}
 }

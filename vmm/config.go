@@ -97,6 +97,10 @@ type Config struct {
 	PrivateMemoryDir string
 	// ConsoleMaxBytes caps console.log (default DefaultConsoleMaxBytes).
 	ConsoleMaxBytes int64
+	// AdmitUID, if set, is called with QEMU's uid once it is leased,
+	// before QEMU starts: a lazy restore's pagefs admits it (and root)
+	// only.
+	AdmitUID func(uid int) `json:"-"`
 }
 
 // Disk is a virtio-blk disk.

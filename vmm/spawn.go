@@ -70,6 +70,9 @@ func (m *Machine) command() (_ *exec.Cmd, retErr error) {
 			return nil, err
 		}
 		m.lease, uid = l, l.uid
+		if m.cfg.AdmitUID != nil {
+			m.cfg.AdmitUID(uid)
+		}
 	}
 	defer func() {
 		if retErr != nil {
