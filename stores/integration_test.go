@@ -100,10 +100,13 @@ func TestIntegrationS3Store(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// Two restores on one node: two stores, one cache.
+		// Two restores on one node: two stores of one URL, one cache. The
+		// cache shares what a store has confirmed only with that store (its
+		// StoreID): an anonymous store would download on its own.
 		var wg sync.WaitGroup
+		url := "s3://" + srv.Bucket + "/team/once"
 		for i := range 2 {
-			cs := nodecache.NewCachingStore(openEnv(t, "s3://"+srv.Bucket+"/team/once", srv.Env("S3")), c, nodecache.CachingOptions{PartSize: 1 << 20})
+			cs := nodecache.NewCachingStore(openEnv(t, url, srv.Env("S3")), c, nodecache.CachingOptions{PartSize: 1 << 20, StoreID: nodecache.StoreID(url)})
 			wg.Go(func() {
 				for _, b := range f.All() {
 					if got := storetest.ReadAll(t, cs, b.Desc, 0, -1); !bytes.Equal(got, b.Data) {

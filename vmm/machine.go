@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -300,10 +301,23 @@ func (m *Machine) Pause(ctx context.Context) error {
 
 // Resume runs the guest's vCPUs (QMP cont), also after LoadState or SaveState.
 func (m *Machine) Resume(ctx context.Context) error {
-	if err := m.execute(ctx, "cont", nil, nil); err != nil {
-		return fmt.Errorf("resume vm %s: %w", m.cfg.ID, err)
+	for {
+		err := m.execute(ctx, "cont", nil, nil)
+		if err == nil {
+			return nil
+		}
+		// QEMU reports a migration completed before its migration thread
+		// has left the finish-migrate run state, and refuses cont until it
+		// has: a keep-running checkpoint that resumes at once can meet it.
+		if !strings.Contains(err.Error(), "Migration is not finalized yet") {
+			return fmt.Errorf("resume vm %s: %w", m.cfg.ID, err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("resume vm %s: %w", m.cfg.ID, err)
+		case <-time.After(10 * time.Millisecond):
+		}
 	}
-	return nil
 }
 
 // Status returns QEMU's run state ("running", "paused", "inmigrate",

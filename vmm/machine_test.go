@@ -304,3 +304,43 @@ func TestMonitorGoneIsClear(t *testing.T) {
 		t.Errorf("Resume on a closed monitor: %v", err)
 	}
 }
+
+// TestResumeWaitsForMigrationFinalized: QEMU refuses cont while its
+// migration thread has not left finish-migrate, though the migration is
+// reported completed; Resume tries again until it is accepted, and gives
+// up with the refusal when its context ends.
+func TestResumeWaitsForMigrationFinalized(t *testing.T) {
+	refusals := 3
+	var mu sync.Mutex
+	m, s := fakeMachine(t, unitConfig(t), func(r qmptest.Request) (any, *qmp.Error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if r.Execute == "cont" && refusals > 0 {
+			refusals--
+			return nil, &qmp.Error{Class: "GenericError", Desc: "Migration is not finalized yet"}
+		}
+		return struct{}{}, nil
+	})
+	if err := m.Resume(context.Background()); err != nil {
+		t.Fatalf("Resume: %v", err)
+	}
+	if got := len(s.Commands()); got != 4 {
+		t.Fatalf("cont sent %d times, want 4 (3 refused)", got)
+	}
+
+	mu.Lock()
+	refusals = 1 << 30
+	mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := m.Resume(ctx); err == nil || !strings.Contains(err.Error(), "not finalized") {
+		t.Fatalf("Resume with QEMU refusing until the deadline: %v", err)
+	}
+
+	m2, _ := fakeMachine(t, unitConfig(t), func(r qmptest.Request) (any, *qmp.Error) {
+		return nil, &qmp.Error{Class: "GenericError", Desc: "Resetting the Virtual Machine is required"}
+	})
+	if err := m2.Resume(context.Background()); err == nil || !strings.Contains(err.Error(), "Resetting") {
+		t.Fatalf("Resume refused for another reason: %v, want the refusal at once", err)
+	}
+}
