@@ -130,10 +130,6 @@ func (s Snapshot) EncryptionRequired() bool {
 	return s.EncryptionKey != "" || s.EncryptionKeyDir != ""
 }
 
-// QEMUUIDLockDir holds a lock file per confined QEMU's uid, under the
-// state root.
-func (r Runtime) QEMUUIDLockDir() string { return filepath.Join(r.StateRoot, "qemu-uids") }
-
 // Stores configures where snapshots may come from and go to.
 type Stores struct {
 	// Allowed lists URL prefixes a restore or checkpoint may name, such as

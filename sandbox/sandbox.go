@@ -281,7 +281,8 @@ func confined(c vmm.Config, cfg configs.Config) vmm.Config {
 	c.Confine = vmm.Confinement{
 		Disabled: !h.ConfineQEMU,
 		UIDBase:  h.QEMUUIDBase, UIDCount: h.QEMUUIDCount,
-		LockDir: cfg.Runtime.QEMUUIDLockDir(),
+		// LockDir stays vmm's host-wide default, whatever state_root says:
+		// two installations on one host must not hand out the same uid.
 	}
 	c.PrivateMemoryDir = h.MemoryDir
 	c.ConsoleMaxBytes = int64(h.ConsoleLogKiB) << 10

@@ -3,6 +3,9 @@ package sandbox
 import (
 	"strings"
 	"testing"
+
+	"github.com/cryo-runtime/cryo/configs"
+	"github.com/cryo-runtime/cryo/vmm"
 )
 
 func TestRAMPathUniquePerStateDir(t *testing.T) {
@@ -24,5 +27,17 @@ func TestStoreID(t *testing.T) {
 		if got, err := storeID(to); err != nil || got != want {
 			t.Errorf("storeID(%q) = %q, %v; want %q", to, got, err, want)
 		}
+	}
+}
+
+// TestQEMUUIDLocksHostWide: two installations with their own state roots
+// lease QEMU uids through one lock directory, so they never hand out the
+// same uid twice.
+func TestQEMUUIDLocksHostWide(t *testing.T) {
+	a, b := configs.Default(), configs.Default()
+	a.Runtime.StateRoot, b.Runtime.StateRoot = "/run/cryo-a", "/run/cryo-b"
+	da, db := confined(vmm.Config{}, a).Confine.LockDir, confined(vmm.Config{}, b).Confine.LockDir
+	if da != db || (da != "" && da != vmm.DefaultUIDLockDir) {
+		t.Fatalf("uid lock dirs %q and %q: want both vmm's host-wide %q", da, db, vmm.DefaultUIDLockDir)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"strconv"
 	"sync"
 	"syscall"
 )
@@ -55,6 +56,9 @@ func startQEMU(cmd *exec.Cmd) error {
 	}
 	cmd.SysProcAttr.Setpgid = true
 	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
+	if err := closeInheritedOnExec(); err != nil {
+		return err
+	}
 	done := make(chan error, 1)
 	spawnCh <- spawnReq{cmd: cmd, done: done}
 	return <-done
@@ -178,4 +182,22 @@ func closeAll(files []*os.File) {
 	for _, f := range files {
 		f.Close()
 	}
+}
+
+// closeInheritedOnExec marks every descriptor above stderr close-on-exec.
+// Go opens its own files that way, but the shim inherits descriptors
+// without it (the socket containerd's start passes, whatever a parent left
+// open), and QEMU must get nothing but its stdio and cmd.ExtraFiles (exec
+// duplicates those into place whatever their flags).
+func closeInheritedOnExec() error {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return fmt.Errorf("list inherited descriptors: %w", err)
+	}
+	for _, e := range ents {
+		if fd, err := strconv.Atoi(e.Name()); err == nil && fd > 2 {
+			syscall.CloseOnExec(fd) // the directory's own descriptor may be gone: no error to check
+		}
+	}
+	return nil
 }
