@@ -73,10 +73,13 @@ func TestCRICheckpointRestore(t *testing.T) {
 	}
 	// A container the snapshot does not hold would run its own program
 	// beside the checkpointed one: refused, naming both.
-	_, errs, err := c.Crictl("create", dst, c.ContainerConfig("agent-clone", []string{"sh", "-c", "echo this-never-runs"}, nil), dstCfg)
-	if err == nil || !strings.Contains(errs, `container \"agent-clone\" is not in the snapshot`) && !strings.Contains(errs, `container "agent-clone" is not in the snapshot`) || !strings.Contains(errs, "app") {
-		t.Fatalf("create container agent-clone in a pod restored from a snapshot of container app: %v\n%s; want a refusal naming both", err, errs)
+	// (CRI creates the task, where the shim refuses, at start.)
+	clone := c.MustCrictl("create", dst, c.ContainerConfig("agent-clone", []string{"sh", "-c", "echo this-never-runs"}, nil), dstCfg)
+	_, errs, err := c.Crictl("start", clone)
+	if err == nil || !strings.Contains(errs, "agent-clone") || !strings.Contains(errs, "is not in the snapshot") || !strings.Contains(errs, "app") {
+		t.Fatalf("start container agent-clone in a pod restored from a snapshot of container app: %v\n%s; want a refusal naming both", err, errs)
 	}
+	c.MustCrictl("rm", clone)
 	dapp := c.StartContainer(dst, c.ContainerConfig("app", []string{"sh", "-c", "echo this-never-runs"}, nil), dstCfg)
 	if logs, _, _ := c.Crictl("logs", dapp); strings.Contains(logs, "this-never-runs") {
 		t.Fatalf("the restored container ran its own command: %q", logs)
