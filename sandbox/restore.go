@@ -45,9 +45,10 @@ type Restored struct {
 }
 
 // NewRestored holds the guest containers of a restored sandbox whose own
-// container (the one that made it) had guest id sandboxID.
-func NewRestored(sandboxID string, containers []RecordContainer) *Restored {
-	r := &Restored{record: &sandboxRecord{SandboxID: sandboxID, Containers: containers}, pending: map[string]RecordContainer{}}
+// container (the one that made it) had guest id sandboxID; finished names
+// the source pod's containers that had run and ended (init containers).
+func NewRestored(sandboxID string, containers []RecordContainer, finished ...string) *Restored {
+	r := &Restored{record: &sandboxRecord{SandboxID: sandboxID, Containers: containers, Finished: finished}, pending: map[string]RecordContainer{}}
 	for _, rc := range containers {
 		r.pending[rc.GuestID] = rc
 	}
@@ -64,7 +65,8 @@ func (r *Restored) SandboxID() string { return r.record.SandboxID }
 // restored pod's containers are the checkpointed pod's, by name: a CRI
 // container whose name the snapshot does not hold is refused, for it would
 // run its own program beside the checkpointed one. A name claimed before is
-// the kubelet restarting that container: it starts afresh (ok is false).
+// the kubelet restarting that container, and a finished one an init
+// container running again: they start afresh (ok is false).
 func (r *Restored) Claim(specAnnotations map[string]string, first bool) (_ RecordContainer, ok bool, _ error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -81,7 +83,7 @@ func (r *Restored) Claim(specAnnotations map[string]string, first bool) (_ Recor
 			return rc, true, nil
 		}
 	}
-	if name != "" && !slices.Contains(r.names(), name) {
+	if name != "" && !slices.Contains(r.names(), name) && !slices.Contains(r.record.Finished, name) {
 		return RecordContainer{}, false, fmt.Errorf("restore: container %q is not in the snapshot, whose containers are %s: a restored pod's containers must have the checkpointed pod's names: %w",
 			name, r.nameList(), errdefs.ErrInvalidArgument)
 	}
@@ -174,7 +176,7 @@ func Restore(ctx context.Context, spec Spec, src Source) (*Sandbox, *Restored, e
 	}
 	r := st.restore
 	sb := st.finish(&Sandbox{spec: spec, rootfs: newRootfsBuilder(spec.Config), restoredFrom: src.URL, releaseSnapshot: r.release, ram: r.ram})
-	rs := NewRestored(r.rec.SandboxID, r.rec.Containers)
+	rs := NewRestored(r.rec.SandboxID, r.rec.Containers, r.rec.Finished...)
 	mode := configs.RestoreEager
 	if r.ram != nil {
 		mode = configs.RestoreLazy

@@ -74,6 +74,18 @@ func TestClaim(t *testing.T) {
 	}
 }
 
+// TestClaimFinished: an init container of the source pod, which had ended
+// when it was checkpointed, runs again in the restored pod.
+func TestClaimFinished(t *testing.T) {
+	rs := NewRestored("pod", []RecordContainer{{GuestID: "pod"}, {GuestID: "app1", Name: "app"}}, "init")
+	if _, ok, err := rs.Claim(map[string]string{}, true); !ok || err != nil {
+		t.Fatalf("sandbox container: claimed %v, error %v", ok, err)
+	}
+	if _, ok, err := rs.Claim(map[string]string{annotations.CRIContainerName: "init"}, false); ok || err != nil {
+		t.Fatalf("init container: claimed %v, error %v; want a fresh container", ok, err)
+	}
+}
+
 func TestClaimSnapshotWithoutNames(t *testing.T) {
 	rs := NewRestored("box", []RecordContainer{{GuestID: "box"}})
 	if _, ok, err := rs.Claim(map[string]string{annotations.CRIContainerType: "sandbox"}, true); !ok || err != nil {
@@ -128,6 +140,8 @@ func TestDecodeRecord(t *testing.T) {
 		{"container without a spec", "containers[0].spec", func(r *sandboxRecord) { r.Containers[0].Spec = nil }},
 		{"hostname", "containers[0].spec.hostname", func(r *sandboxRecord) { r.Containers[0].Spec.Hostname = "-x;reboot" }},
 		{"no containers", "containers:", func(r *sandboxRecord) { r.Containers = nil }},
+		{"finished name", "finished[1]", func(r *sandboxRecord) { r.Finished = []string{"init", "../x"} }},
+		{"too many finished", "finished:", func(r *sandboxRecord) { r.Finished = make([]string, maxRecordContainers+1) }},
 		{"too many containers", "containers:", func(r *sandboxRecord) {
 			for i := range maxRecordContainers {
 				r.Containers = append(r.Containers, RecordContainer{GuestID: fmt.Sprintf("c%d", i), Disk: "d", Spec: &specs.Spec{}})

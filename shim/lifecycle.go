@@ -177,6 +177,12 @@ func (s *service) reapUnclaimed(sb vmSandbox, rs *sandbox.Restored) {
 func (s *service) addContainer(c *container) {
 	s.mu.Lock()
 	s.containers[c.id] = c
+	if name := c.spec.Annotations[annotations.CRIContainerName]; name != "" {
+		if s.ran == nil {
+			s.ran = map[string]bool{}
+		}
+		s.ran[name] = true
+	}
 	s.mu.Unlock()
 	s.writeContainerIndex()
 }

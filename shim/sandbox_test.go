@@ -346,3 +346,24 @@ func harnessWait(d time.Duration, ok func() bool) bool {
 	}
 	return ok()
 }
+
+// TestCheckpointRecordsFinishedContainers: a pod's init container, which
+// ran and was deleted, is named in the checkpoint as finished (a restored
+// pod runs it again); a running container is not.
+func TestCheckpointRecordsFinishedContainers(t *testing.T) {
+	ts := newTestService(t)
+	defer ts.end(t)
+	ts.create(t, "pod", map[string]string{annotations.CRIContainerType: "sandbox"})
+	ts.create(t, "init", map[string]string{annotations.CRIContainerType: "container", annotations.CRIContainerName: "init"})
+	if _, err := ts.Delete(ts.ctx, &taskAPI.DeleteRequest{ID: "init"}); err != nil {
+		t.Fatal(err)
+	}
+	ts.create(t, "app", map[string]string{annotations.CRIContainerType: "container", annotations.CRIContainerName: "app"})
+	if _, err := ts.checkpoint(ts.ctx, sandbox.CheckpointRequest{To: "file:///store/x:v1"}); err != nil {
+		t.Fatal(err)
+	}
+	cps := ts.maker.sb.checkpoints
+	if len(cps) != 1 || !slices.Equal(cps[0].Finished, []string{"init"}) {
+		t.Fatalf("checkpoint requests %+v, want one naming init as finished", cps)
+	}
+}
