@@ -96,8 +96,12 @@ TOML
 }
 
 # cri_run_pod NAME SCRIPT [KEY=VALUE...]
+# cri_run_pod POD SCRIPT [ANNOTATION=VALUE...]: its container has the pod's
+# name, or $CRI_CTR_NAME (a restored pod's container takes the checkpointed
+# one over by name).
 cri_run_pod() {
 	local name=$1 script=$2; shift 2
+	local ctr=${CRI_CTR_NAME:-$name}
 	local ann="" kv
 	for kv in "$@"; do ann="$ann${ann:+,}\"${kv%%=*}\": \"${kv#*=}\""; done
 	cat > "$CRI_DIR/pod-$name.json" <<JSON
@@ -107,8 +111,8 @@ JSON
 	local q=${script//\\/\\\\}
 	q=${q//\"/\\\"}
 	cat > "$CRI_DIR/ctr-$name.json" <<JSON
-{"metadata": {"name": "$name"}, "image": {"image": "$CRI_IMAGE"},
- "command": ["sh", "-c", "$q"], "log_path": "$name.log", "linux": {}}
+{"metadata": {"name": "$ctr"}, "image": {"image": "$CRI_IMAGE"},
+ "command": ["sh", "-c", "$q"], "log_path": "$ctr.log", "linux": {}}
 JSON
 	CRI_POD=$(crictl runp --runtime cryo "$CRI_DIR/pod-$name.json")
 	CRI_CTR=$(crictl create "$CRI_POD" "$CRI_DIR/ctr-$name.json" "$CRI_DIR/pod-$name.json")
@@ -166,9 +170,13 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
 
 	say "a second pod restored from the annotation cryo.dev/restore-from"
 	t0=$(date +%s.%N)
-	cri_run_pod agent-clone 'echo this never runs: the clone continues the checkpointed workload' \
+	CRI_CTR_NAME=agent cri_run_pod agent-clone 'echo this never runs: the clone continues the checkpointed workload' \
 		"cryo.dev/restore-from=file://$CRI_DIR/store/agent:v1"
 	DST_IP=$(cri_pod_ip "$CRI_POD")
+	if crictl logs "$CRI_CTR" 2>&1 | grep -q "this never runs"; then
+		echo "demo-cri: the restored container ran its own command beside the checkpointed one" >&2
+		exit 1
+	fi
 	out=""
 	for i in $(seq 100); do out=$(cri_on_bridge sh -c "echo hi | busybox nc -w 3 $DST_IP 7000" 2>/dev/null) && [ -n "$out" ] && break; sleep 0.1; done
 	t_restore=$(echo "$(date +%s.%N) - $t0" | bc)

@@ -71,7 +71,19 @@ func TestCRICheckpointRestore(t *testing.T) {
 	if dstIP == srcIP {
 		t.Fatalf("restored pod has the source's ip %s", dstIP)
 	}
+	// A container the snapshot does not hold would run its own program
+	// beside the checkpointed one: refused, naming both.
+	// (CRI creates the task, where the shim refuses, at start.)
+	clone := c.MustCrictl("create", dst, c.ContainerConfig("agent-clone", []string{"sh", "-c", "echo this-never-runs"}, nil), dstCfg)
+	_, errs, err := c.Crictl("start", clone)
+	if err == nil || !strings.Contains(errs, "agent-clone") || !strings.Contains(errs, "is not in the snapshot") || !strings.Contains(errs, "app") {
+		t.Fatalf("start container agent-clone in a pod restored from a snapshot of container app: %v\n%s; want a refusal naming both", err, errs)
+	}
+	c.MustCrictl("rm", clone)
 	dapp := c.StartContainer(dst, c.ContainerConfig("app", []string{"sh", "-c", "echo this-never-runs"}, nil), dstCfg)
+	if logs, _, _ := c.Crictl("logs", dapp); strings.Contains(logs, "this-never-runs") {
+		t.Fatalf("the restored container ran its own command: %q", logs)
+	}
 	b2, s2, n2 := state(dapp)
 	if b2 != boot || s2 != secret || n2 < counter {
 		t.Fatalf("restored pod: boot %s secret %s counter %d; checkpointed boot %s secret %s counter %d", b2, s2, n2, boot, secret, counter)

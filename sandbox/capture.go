@@ -215,6 +215,7 @@ func (c *checkpointing) record() *sandboxRecord {
 	cfg := sb.vm.Config()
 	r := &sandboxRecord{
 		Version: recordVersion, SandboxID: sb.spec.ID, VCPUs: cfg.VCPUs, MemoryMiB: cfg.MemoryMiB, HotplugPort: cfg.HotplugPorts,
+		Finished: c.req.Finished,
 	}
 	if sb.net != nil {
 		r.NICMAC = sb.net.ep.MAC.String()

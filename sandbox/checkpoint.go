@@ -30,6 +30,9 @@ type CheckpointRequest struct {
 	// Containers are the sandbox's containers, the first one the
 	// sandbox's own (its pre-checkpoint hook runs there).
 	Containers []Container
+	// Finished are the CRI names of the pod's containers that ran and
+	// ended (init containers): a restored pod may run them again.
+	Finished []string
 }
 
 // Container is a container of the sandbox, as a checkpoint records it.

@@ -38,6 +38,9 @@ type sandboxRecord struct {
 	NICMAC     string            `json:"nicMAC,omitempty"`
 	Disks      []recordDisk      `json:"disks"`
 	Containers []RecordContainer `json:"containers"`
+	// Finished are the CRI names of the pod's containers that had run and
+	// ended (init containers): a restored pod may run them again.
+	Finished []string `json:"finished,omitempty"`
 }
 
 type recordDisk struct {
@@ -227,6 +230,14 @@ func (r *sandboxRecord) checkContainers() error {
 			return recordErr("%s.spec: missing", f)
 		}
 		if err := snapshot.CheckHostname(f+".spec.hostname", c.Spec.Hostname); err != nil {
+			return recordWrap(err)
+		}
+	}
+	if len(r.Finished) > maxRecordContainers {
+		return recordErr("finished: %d names, want at most %d", len(r.Finished), maxRecordContainers)
+	}
+	for i, name := range r.Finished {
+		if err := snapshot.CheckID(fmt.Sprintf("finished[%d]", i), name); err != nil {
 			return recordWrap(err)
 		}
 	}

@@ -66,7 +66,11 @@ func (s *service) createContainer(ctx context.Context, r *taskAPI.CreateTaskRequ
 		}()
 	}
 	if s.restored != nil {
-		if rc, ok := s.restored.Claim(spec.Annotations, first); ok {
+		rc, ok, err := s.restored.Claim(spec.Annotations, first)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
 			return c, s.adoptContainer(ctx, sb, c, rc)
 		}
 	}
@@ -140,9 +144,45 @@ func (s *service) adoptContainer(ctx context.Context, sb vmSandbox, c *container
 	return nil
 }
 
+// claimWindow is how long the guest containers of a restored sandbox wait
+// for the tasks that take them over: a pod's containers arrive one by one,
+// each after its image pull. What no task claimed by then is killed, so that
+// no checkpointed process runs on in the VM with nothing to report, signal
+// or reap it.
+var claimWindow = 5 * time.Minute
+
+// reapUnclaimed kills, once claimWindow has passed, the restored guest
+// containers that no task took over.
+func (s *service) reapUnclaimed(sb vmSandbox, rs *sandbox.Restored) {
+	t := time.NewTimer(claimWindow)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-sb.Exited():
+		return
+	}
+	ctx := context.WithoutCancel(s.ctx)
+	for _, rc := range rs.Unclaimed() {
+		log.G(ctx).WithFields(log.Fields{"guest_id": rc.GuestID, "name": rc.Name}).
+			Warnf("no container of the restored pod took this checkpointed container over within %s: killing its processes", claimWindow)
+		if err := sb.Guest().Signal(ctx, rc.GuestID, "", uint32(unix.SIGKILL), true); err != nil && !errdefs.IsNotFound(err) {
+			log.G(ctx).WithError(err).WithField("guest_id", rc.GuestID).Warn("kill unclaimed container")
+		}
+		if err := sb.Guest().RemoveContainer(ctx, rc.GuestID); err != nil && !errdefs.IsNotFound(err) {
+			log.G(ctx).WithError(err).WithField("guest_id", rc.GuestID).Warn("remove unclaimed container")
+		}
+	}
+}
+
 func (s *service) addContainer(c *container) {
 	s.mu.Lock()
 	s.containers[c.id] = c
+	if name := c.spec.Annotations[annotations.CRIContainerName]; name != "" {
+		if s.ran == nil {
+			s.ran = map[string]bool{}
+		}
+		s.ran[name] = true
+	}
 	s.mu.Unlock()
 	s.writeContainerIndex()
 }
@@ -187,6 +227,9 @@ func (s *service) newSandbox(ctx context.Context, r *taskAPI.CreateTaskRequest, 
 		log.G(ctx).WithError(err).Warn("serve cryo api: cryoctl cannot reach this sandbox")
 	}
 	go s.monitor(sb)
+	if rs != nil {
+		go s.reapUnclaimed(sb, rs)
+	}
 	return sb, nil
 }
 

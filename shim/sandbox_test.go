@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -288,5 +289,81 @@ func TestKillBackstopStopsTheVM(t *testing.T) {
 	}
 	if !slices.Contains(ts.maker.sb.calls, "stop") {
 		t.Fatalf("sandbox calls %v: the backstop must stop the vm", ts.maker.sb.calls)
+	}
+}
+
+// TestRestoredContainersMatchByName: a restored pod's containers take over
+// the snapshot's by CRI name; one whose name the snapshot lacks is refused
+// with both sets named and leaves no task; the checkpointed containers no
+// task claimed within the claim window are killed in the guest.
+func TestRestoredContainersMatchByName(t *testing.T) {
+	defer func(w time.Duration) { claimWindow = w }(claimWindow)
+	claimWindow = 300 * time.Millisecond
+	ts := newTestService(t)
+	ts.maker.restored = sandbox.NewRestored("old-pod", []sandbox.RecordContainer{
+		{GuestID: "old-pod", Disk: "root-abc", Spec: &specs.Spec{Hostname: "old"}},
+		{GuestID: "old-app", Name: "app", Disk: "root-app", Spec: &specs.Spec{Hostname: "old"}},
+		{GuestID: "old-side", Name: "side", Disk: "root-side", Spec: &specs.Spec{Hostname: "old"}},
+	})
+	ts.create(t, "pod", map[string]string{annotations.RestoreFrom: "file:///store/agent:v1", annotations.CRIContainerType: "sandbox"})
+
+	opts, err := typeurl.MarshalAnyToProto(ts.opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := map[string]string{annotations.CRIContainerType: "container", annotations.CRIContainerName: "agent-clone"}
+	_, err = ts.Create(ts.ctx, &taskAPI.CreateTaskRequest{ID: "clone", Bundle: ts.bundle(t, "clone", a), Options: opts})
+	if err == nil || !strings.Contains(err.Error(), `"agent-clone"`) || !strings.Contains(err.Error(), `["app" "side"]`) {
+		t.Fatalf("create a container the snapshot does not hold: %v; want a refusal naming both", err)
+	}
+	if _, err := ts.container("clone"); err == nil {
+		t.Fatal("a refused container was left behind")
+	}
+	if ts.maker.sb.guest.called("create clone") {
+		t.Fatal("a refused container was created in the guest")
+	}
+
+	ts.create(t, "app", map[string]string{annotations.CRIContainerType: "container", annotations.CRIContainerName: "app"})
+	if c, _ := ts.container("app"); c.guestID != "old-app" {
+		t.Fatalf("container app took over guest container %q, want old-app", c.guestID)
+	}
+	if !harnessWait(5*time.Second, func() bool { return ts.maker.sb.guest.called("remove old-side") }) {
+		t.Fatalf("the unclaimed guest container old-side was not removed after the claim window: %v", ts.maker.sb.guest.calls)
+	}
+	if !ts.maker.sb.guest.called("signal old-side/") {
+		t.Fatal("the unclaimed guest container old-side was removed without being killed")
+	}
+	if ts.maker.sb.guest.called("signal old-app/") || ts.maker.sb.guest.called("remove old-app") {
+		t.Fatal("a claimed guest container was reaped")
+	}
+}
+
+func harnessWait(d time.Duration, ok func() bool) bool {
+	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		if ok() {
+			return true
+		}
+	}
+	return ok()
+}
+
+// TestCheckpointRecordsFinishedContainers: a pod's init container, which
+// ran and was deleted, is named in the checkpoint as finished (a restored
+// pod runs it again); a running container is not.
+func TestCheckpointRecordsFinishedContainers(t *testing.T) {
+	ts := newTestService(t)
+	defer ts.end(t)
+	ts.create(t, "pod", map[string]string{annotations.CRIContainerType: "sandbox"})
+	ts.create(t, "init", map[string]string{annotations.CRIContainerType: "container", annotations.CRIContainerName: "init"})
+	if _, err := ts.Delete(ts.ctx, &taskAPI.DeleteRequest{ID: "init"}); err != nil {
+		t.Fatal(err)
+	}
+	ts.create(t, "app", map[string]string{annotations.CRIContainerType: "container", annotations.CRIContainerName: "app"})
+	if _, err := ts.checkpoint(ts.ctx, sandbox.CheckpointRequest{To: "file:///store/x:v1"}); err != nil {
+		t.Fatal(err)
+	}
+	cps := ts.maker.sb.checkpoints
+	if len(cps) != 1 || !slices.Equal(cps[0].Finished, []string{"init"}) {
+		t.Fatalf("checkpoint requests %+v, want one naming init as finished", cps)
 	}
 }

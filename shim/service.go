@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"sync"
 
 	eventstypes "github.com/containerd/containerd/api/events"
@@ -19,6 +20,7 @@ import (
 	"github.com/containerd/log"
 	"github.com/containerd/ttrpc"
 
+	"github.com/cryo-runtime/cryo/annotations"
 	"github.com/cryo-runtime/cryo/sandbox"
 )
 
@@ -47,6 +49,9 @@ type service struct {
 	// task has taken over yet.
 	restored   *sandbox.Restored
 	containers map[string]*container
+	// ran are the CRI names of every container the sandbox ran: those no
+	// longer among containers are the finished ones a checkpoint records.
+	ran map[string]bool
 	// bundle and diskDir are those of the container that made the
 	// sandbox: the state pointer lives in one, the disks in the other.
 	bundle, diskDir string
@@ -396,9 +401,27 @@ func (s *service) checkpoint(ctx context.Context, req sandbox.CheckpointRequest)
 			req.Containers = append(req.Containers, ct)
 		}
 	}
+	req.Finished = s.finishedLocked()
 	s.mu.Unlock()
 	if sb == nil {
 		return sandbox.CheckpointResult{}, fmt.Errorf("checkpoint: no sandbox: %w", errdefs.ErrFailedPrecondition)
 	}
 	return sb.Checkpoint(ctx, req)
+}
+
+// finishedLocked are the CRI names of the containers the sandbox ran that
+// no task holds now.
+func (s *service) finishedLocked() []string {
+	live := map[string]bool{}
+	for _, c := range s.containers {
+		live[c.spec.Annotations[annotations.CRIContainerName]] = true
+	}
+	var names []string
+	for name := range s.ran {
+		if !live[name] {
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names)
+	return names
 }
