@@ -51,7 +51,7 @@ test: deps build
 		hack/gotest.sh -tags integration -p 1 -count=1 -timeout 75m ./...
 
 # cri-tools' validation suite against the cryo handler (the subset a VM
-# runtime can pass: packaging/kubernetes/CRITEST.md).
+# runtime can pass: docs/critest.md).
 critest: deps build
 	CRYO_BIN=$(BIN) CRYO_GUEST_DIR=$(GUEST) PATH=$(CRYO_TOOLS)/bin:$$PATH \
 		$(GO) test -tags integration -count=1 -timeout 40m -run TestCritest -v ./integration/

@@ -18,7 +18,7 @@ import (
 )
 
 // critestFocus and critestSkip select the part of cri-tools' validation
-// suite that a VM runtime can pass; packaging/kubernetes/CRITEST.md says
+// suite that a VM runtime can pass; docs/critest.md says
 // why each skipped group is skipped.
 var (
 	critestFocus = strings.Join([]string{
@@ -39,10 +39,10 @@ var (
 		`portforward`,  // the port is in the guest, not in the pod netns containerd enters
 		`port mapping`, // hostPort: needs the CNI portmap plugin and a web server image
 		`RemoveImage`,  // image tests pull registry images by name
-		`stopping container|removing stopped container|StopContainer should not return an error if already stopped`, // SIGTERM right after start: see CRITEST.md
+		`stopping container|removing stopped container|StopContainer should not return an error if already stopped`, // SIGTERM right after start: see docs/critest.md
 		`execSync with timeout`, // needs pgrep, which busybox-static lacks
 		`adding capability`,     // needs brctl in the image
-		`MaskedPaths`,           // see CRITEST.md
+		`MaskedPaths`,           // see docs/critest.md
 		`Privileged is true`,    // host devices
 		`seccomp default|seccomp localhost|blocks setting hostname`, // the guest applies no seccomp profile
 	}, "|")
