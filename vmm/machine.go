@@ -403,16 +403,6 @@ func (m *Machine) execute(ctx context.Context, cmd string, args, out any) error 
 	return nil
 }
 
-// QMP returns the machine's QMP client for commands this package does not
-// wrap (diagnostics, queries). Do not Close it; Shutdown does.
-func (m *Machine) QMP() (*qmp.Client, error) {
-	mon, err := m.monitor()
-	if err != nil {
-		return nil, fmt.Errorf("qmp of vm %s: %w", m.cfg.ID, err)
-	}
-	return mon, nil
-}
-
 // monitor returns the QMP client of a running machine.
 func (m *Machine) monitor() (*qmp.Client, error) {
 	m.mu.Lock()
