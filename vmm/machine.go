@@ -301,10 +301,15 @@ func (m *Machine) Pause(ctx context.Context) error {
 
 // Resume runs the guest's vCPUs (QMP cont), also after LoadState or SaveState.
 func (m *Machine) Resume(ctx context.Context) error {
+	var refused error
 	for {
 		err := m.execute(ctx, "cont", nil, nil)
 		if err == nil {
 			return nil
+		}
+		if refused != nil && ctx.Err() != nil {
+			// The deadline cut a retry short: QEMU's refusal says why.
+			return fmt.Errorf("resume vm %s: %w", m.cfg.ID, refused)
 		}
 		// QEMU reports a migration completed before its migration thread
 		// has left the finish-migrate run state, and refuses cont until it
@@ -312,6 +317,7 @@ func (m *Machine) Resume(ctx context.Context) error {
 		if !strings.Contains(err.Error(), "Migration is not finalized yet") {
 			return fmt.Errorf("resume vm %s: %w", m.cfg.ID, err)
 		}
+		refused = err
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("resume vm %s: %w", m.cfg.ID, err)
