@@ -11,7 +11,7 @@ CRYO_TOOLS ?= /var/cache/cryo/tools
 export CRYO_TOOLS
 GOFLAGS_BUILD := -trimpath -ldflags "-s -w"
 
-.PHONY: all build binaries guest deps tools test unit integration critest demo demo-k8s clean
+.PHONY: all build binaries guest deps deps-demo tools test unit integration critest demo demo-k8s clean
 
 all: build
 
@@ -33,6 +33,12 @@ guest:
 # cached by version under $(CRYO_TOOLS).
 deps:
 	hack/deps.sh all
+
+# Only what hack/demo.sh and hack/demo-cri.sh run: the Debian packages,
+# containerd and ctr, crictl, the CNI plugins (minutes, not the half hour
+# the Kubernetes and etcd builds of `deps` take on a fresh machine).
+deps-demo:
+	hack/deps.sh containerd crictl cni
 
 tools: deps
 
@@ -56,7 +62,7 @@ critest: deps build
 	CRYO_BIN=$(BIN) CRYO_GUEST_DIR=$(GUEST) PATH=$(CRYO_TOOLS)/bin:$$PATH \
 		$(GO) test -tags integration -count=1 -timeout 40m -run TestCritest -v ./integration/
 
-demo: deps build
+demo: deps-demo build
 	CRYO_BIN=$(BIN) CRYO_GUEST_DIR=$(GUEST) PATH=$(CRYO_TOOLS)/bin:$$PATH hack/demo.sh
 	CRYO_BIN=$(BIN) CRYO_GUEST_DIR=$(GUEST) PATH=$(CRYO_TOOLS)/bin:$$PATH hack/demo-cri.sh
 

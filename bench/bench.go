@@ -236,7 +236,7 @@ func (r *runner) runArgs(cfgPath, id string, ann map[string]string, script strin
 	if cfgPath == "" {
 		cfgPath = r.s.ConfigPath
 	}
-	a := []string{"run", "-d", "--runtime", stack.Runtime, "--runtime-config-path", cfgPath}
+	a := []string{"run", "-d", "--runtime", configs.RuntimeType, "--runtime-config-path", cfgPath}
 	for k, v := range ann {
 		a = append(a, "--annotation", k+"="+v)
 	}

@@ -15,7 +15,14 @@ import (
 	"time"
 
 	"github.com/pelletier/go-toml/v2"
+
+	"github.com/cryo-runtime/cryo/snapshot"
 )
+
+// RuntimeType is containerd's name for cryo (runtime_type in its config,
+// ctr run --runtime): containerd runs containerd-shim-cryo-v2 for it, and
+// snapshots record it as their source.
+const RuntimeType = "io.containerd.cryo.v2"
 
 // DefaultPath is where the shim and cryoctl look for the node configuration.
 const DefaultPath = "/etc/cryo/config.toml"
@@ -277,7 +284,7 @@ func Default() Config {
 			WritableDiskMiB: 1024,
 		},
 		Snapshot: Snapshot{
-			ChunkSizeMiB:     1,
+			ChunkSizeMiB:     snapshot.DefaultChunkSize >> 20,
 			CompressionLevel: 1,
 			CacheDir:         "/var/lib/cryo/cache",
 			CacheMaxMiB:      20480,

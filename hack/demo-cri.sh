@@ -16,7 +16,7 @@
 #     crictl ARGS...             crictl against the private containerd
 #     cri_down                   remove pods, stop containerd, remove everything
 #
-# Needs: `make build deps`; run as root.
+# Needs: `make build deps-demo`; run as root.
 set -euo pipefail
 CRI_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CRI_BIN=${CRYO_BIN:-$CRI_ROOT/_output/bin}
@@ -28,6 +28,9 @@ CRI_SUBNET_PREFIX=10.88.200
 CRI_IMAGE=cryo.local/busybox:1
 CRI_PAUSE=cryo.local/pause:1
 export PATH="$CRI_BIN:$CRI_TOOLS/bin:$PATH"
+# ctr would print containerd's deprecation warnings (cgroup v1 hosts) on
+# every call: nothing the demo's user can act on (see hack/demo.sh).
+export CONTAINERD_SUPPRESS_DEPRECATION_WARNINGS=1
 
 crictl() { nsenter --net="/run/netns/$CRI_NETNS" "$CRI_TOOLS/bin/crictl" --config "$CRI_DIR/crictl.yaml" "$@"; }
 cri_on_bridge() { nsenter --net="/run/netns/$CRI_NETNS" "$@"; }
@@ -35,7 +38,7 @@ cri_on_bridge() { nsenter --net="/run/netns/$CRI_NETNS" "$@"; }
 cri_up() {
 	local f
 	for f in "$CRI_BIN/containerd-shim-cryo-v2" "$CRI_GUEST/vmlinuz" "$CRI_GUEST/initrd.img" "$CRI_TOOLS/bin/crictl" "$CRI_TOOLS/bin/bridge"; do
-		[ -e "$f" ] || { echo "demo-cri: $f missing: run make build deps" >&2; return 1; }
+		[ -e "$f" ] || { echo "demo-cri: $f missing: run make build deps-demo" >&2; return 1; }
 	done
 	CRI_DIR=$(mktemp -d /tmp/cryo-demo-cri.XXXX)
 	ip netns add "$CRI_NETNS"
@@ -104,9 +107,12 @@ cri_run_pod() {
 	local ctr=${CRI_CTR_NAME:-$name}
 	local ann="" kv
 	for kv in "$@"; do ann="$ann${ann:+,}\"${kv%%=*}\": \"${kv#*=}\""; done
+	# No "linux" section: its cgroup_parent (the host cgroup the kubelet
+	# names) means nothing to a pod in a VM, and crictl warns about a linux
+	# section without one.
 	cat > "$CRI_DIR/pod-$name.json" <<JSON
 {"metadata": {"name": "$name", "namespace": "default", "uid": "$name-uid", "attempt": 1},
- "hostname": "$name", "log_directory": "$CRI_DIR/logs/$name", "annotations": {$ann}, "linux": {}}
+ "hostname": "$name", "log_directory": "$CRI_DIR/logs/$name", "annotations": {$ann}}
 JSON
 	local q=${script//\\/\\\\}
 	q=${q//\"/\\\"}

@@ -9,8 +9,8 @@ import (
 
 	"github.com/opencontainers/go-digest"
 
+	"github.com/cryo-runtime/cryo/fingerprint"
 	"github.com/cryo-runtime/cryo/internal/atomicfile"
-	"github.com/cryo-runtime/cryo/vmm"
 )
 
 // HostFacts remembers facts about host files (QEMU's version, the guest
@@ -56,7 +56,7 @@ func (h HostFacts) Get(file, fact string, compute func(string) (string, error)) 
 
 // QEMUVersion is the version ("7.2.19") of the QEMU binary qemu.
 func (h HostFacts) QEMUVersion(qemu string) (string, error) {
-	return h.Get(qemu, "qemu-version", vmm.QEMUVersion)
+	return h.Get(qemu, "qemu-version", fingerprint.QEMUVersion)
 }
 
 // GuestDigests are the sha256 digests ("sha256:<hex>") of the guest kernel

@@ -116,9 +116,6 @@ func Mount(dir string, files []*File, o Options) (*Server, error) {
 // Path is the mounted path of the file called name.
 func (s *Server) Path(name string) string { return filepath.Join(s.dir, name) }
 
-// Connection is the mount's number under /sys/fs/fuse/connections.
-func (s *Server) Connection() uint32 { return s.conn }
-
 // Unmount unmounts, lazily if the files are still mapped: a mapping keeps
 // the connection, and its faults then fail (SIGBUS) once the server is
 // gone.

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cryo-runtime/cryo/annotations"
+	"github.com/cryo-runtime/cryo/configs"
 	"github.com/cryo-runtime/cryo/fingerprint"
 	"github.com/cryo-runtime/cryo/internal/sparse"
 	"github.com/cryo-runtime/cryo/pagefs"
@@ -235,7 +236,7 @@ func (c *checkpointing) metadata() snapshot.Metadata {
 	md := snapshot.Metadata{
 		Fingerprint: c.cap.fp,
 		Source: snapshot.SourceInfo{
-			SandboxID: sb.spec.ID, RuntimeType: RuntimeType, Node: host,
+			SandboxID: sb.spec.ID, RuntimeType: configs.RuntimeType, Node: host,
 			PodName: a[annotations.CRISandboxName], Namespace: a[annotations.CRISandboxNamespace], PodUID: a[annotations.CRISandboxUID],
 		},
 	}

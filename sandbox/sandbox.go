@@ -323,10 +323,6 @@ func (s *Sandbox) Shutdown(ctx context.Context) error {
 	return err
 }
 
-type vmSize struct {
-	vcpus, memoryMiB int
-}
-
 // ramPath names the guest RAM file of the sandbox whose state is in
 // stateDir. The name hashes the whole state dir path: sandboxes of
 // different containerd instances (and state roots) on one host must never

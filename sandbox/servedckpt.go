@@ -33,7 +33,7 @@ func sealOf(md *snapshot.Metadata) (keyID, lineage string) {
 
 // chunkSize is the chunk size of a served RAM's checkpoint: its parent's,
 // so that a chain keeps reusing its chunks whatever the node's
-// [snapshot] chunk_size_mib says (configured is WriteOptions.ChunkSize).
+// [snapshot] chunk_size says (configured is WriteOptions.ChunkSize).
 func (r *servedRAM) chunkSize(ctx context.Context, configured int64) int64 {
 	p := r.Parent().ChunkSize
 	if configured == 0 {

@@ -7,10 +7,6 @@ import (
 	"github.com/cryo-runtime/cryo/stores"
 )
 
-// RuntimeType is the containerd runtime type that runs cryo sandboxes;
-// snapshots record it as their source.
-const RuntimeType = "io.containerd.cryo.v2"
-
 // storeOptions are the fetch options of a store that a sandbox of tenant
 // opens at storeURL: a redirect is followed only to where the allowlist
 // would let the sandbox go itself, or within the registry an oci:// store

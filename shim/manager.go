@@ -23,12 +23,13 @@ import (
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
 
+	"github.com/cryo-runtime/cryo/configs"
 	"github.com/cryo-runtime/cryo/sandbox"
 	"github.com/cryo-runtime/cryo/vmm"
 )
 
 // RuntimeName is the containerd runtime type served by this shim.
-const RuntimeName = "io.containerd.cryo.v2"
+const RuntimeName = configs.RuntimeType
 
 // Version is set at build time.
 var Version = "dev"

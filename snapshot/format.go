@@ -109,8 +109,10 @@ const (
 	FormatVersionLineage = 3
 	// PageSize is the unit of a delta chunk.
 	PageSize = 4096
-	// DefaultChunkSize is the chunk size used when WriteOptions leave it 0.
-	DefaultChunkSize = 4 << 20
+	// DefaultChunkSize is the chunk size used when WriteOptions leave it 0,
+	// and the node config's default (configs: [snapshot] chunk_size): a
+	// lazy restore fetches what a page fault needs and little more.
+	DefaultChunkSize = 1 << 20
 	// MinChunkSize and MaxChunkSize bound the chunk size; it must also be a
 	// power of two.
 	MinChunkSize = 64 << 10

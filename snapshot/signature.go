@@ -55,6 +55,12 @@ func SignatureTag(d digest.Digest) string {
 	return strings.Replace(d.String(), ":", "-", 1) + ".sig"
 }
 
+// IsSignatureTag reports whether tag names a signature (a SignatureTag)
+// rather than a snapshot.
+func IsSignatureTag(tag string) bool {
+	return strings.HasSuffix(tag, ".sig") && strings.HasPrefix(tag, "sha256-")
+}
+
 // PublicKeyID identifies an Ed25519 public key.
 func PublicKeyID(pub ed25519.PublicKey) string {
 	h := sha256.Sum256(pub)

@@ -1,6 +1,10 @@
 package stack
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/cryo-runtime/cryo/configs"
+)
 
 // CRIConfig is the part of a containerd config (version 3) that serves CRI
 // with cryo as the default runtime handler "cryo" and a CNI network. The
@@ -24,7 +28,7 @@ func (c CRIConfig) TOML() string {
 	if c.RegistryHosts != "" {
 		registry = fmt.Sprintf("    [plugins.\"io.containerd.cri.v1.images\".registry]\n      config_path = %q\n", c.RegistryHosts)
 	}
-	return fmt.Sprintf(criConfig, c.PauseImage, registry, Runtime, c.CryoConfig, c.CNIBinDir, c.CNIConfDir)
+	return fmt.Sprintf(criConfig, c.PauseImage, registry, configs.RuntimeType, c.CryoConfig, c.CNIBinDir, c.CNIConfDir)
 }
 
 const criConfig = `  [plugins."io.containerd.cri.v1.images"]

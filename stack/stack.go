@@ -30,9 +30,6 @@ import (
 // Image is the busybox test image every Stack imports.
 const Image = "cryo.local/busybox:1"
 
-// Runtime is cryo's runtime type.
-const Runtime = "io.containerd.cryo.v2"
-
 // Options say where the parts come from; empty fields take the CRYO_*
 // environment variables, then the repository's _output directory.
 type Options struct {
@@ -415,7 +412,7 @@ func (s *Stack) StoreURL(name string) string { return "file://" + filepath.Join(
 // RunArgs returns `ctr run` arguments for the cryo runtime with this
 // Stack's config.
 func (s *Stack) RunArgs(extra ...string) []string {
-	return append([]string{"run", "--runtime", Runtime, "--runtime-config-path", s.ConfigPath}, extra...)
+	return append([]string{"run", "--runtime", configs.RuntimeType, "--runtime-config-path", s.ConfigPath}, extra...)
 }
 
 // ExitCode returns the exit code of a ctr error.

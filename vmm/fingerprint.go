@@ -1,16 +1,11 @@
 package vmm
 
 import (
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
-	"regexp"
-	"strings"
-	"time"
 
 	"github.com/cryo-runtime/cryo/fingerprint"
 )
@@ -94,7 +89,7 @@ func CheckHost(cfg Config, saved fingerprint.Fingerprint) error {
 // against it.
 func checkOnHost(cfg Config, saved, host fingerprint.Fingerprint) error {
 	if host.QEMUVersion == "" {
-		v, err := QEMUVersion(cfg.QEMUPath)
+		v, err := fingerprint.QEMUVersion(cfg.QEMUPath)
 		if err != nil {
 			return err
 		}
@@ -135,25 +130,4 @@ func fileSHA256(path string) string {
 		return ""
 	}
 	return hex.EncodeToString(h.Sum(nil))
-}
-
-var qemuVersionRe = regexp.MustCompile(`version ([0-9]+\.[0-9]+\.[0-9]+)`)
-
-// qemuVersionTimeout bounds `qemu --version`: a binary that hangs must not
-// hold a restore.
-const qemuVersionTimeout = 10 * time.Second
-
-// QEMUVersion asks the QEMU binary at path its version ("7.2.19").
-func QEMUVersion(path string) (string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), qemuVersionTimeout)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, path, "--version").Output()
-	if err != nil {
-		return "", fmt.Errorf("%s --version: %w", path, err)
-	}
-	m := qemuVersionRe.FindStringSubmatch(string(out))
-	if m == nil {
-		return "", fmt.Errorf("%s --version: no version in %q", path, strings.TrimSpace(string(out)))
-	}
-	return m[1], nil
 }

@@ -301,10 +301,15 @@ func (m *Machine) Pause(ctx context.Context) error {
 
 // Resume runs the guest's vCPUs (QMP cont), also after LoadState or SaveState.
 func (m *Machine) Resume(ctx context.Context) error {
+	var refused error
 	for {
 		err := m.execute(ctx, "cont", nil, nil)
 		if err == nil {
 			return nil
+		}
+		if refused != nil && ctx.Err() != nil {
+			// The deadline cut a retry short: QEMU's refusal says why.
+			return fmt.Errorf("resume vm %s: %w", m.cfg.ID, refused)
 		}
 		// QEMU reports a migration completed before its migration thread
 		// has left the finish-migrate run state, and refuses cont until it
@@ -312,6 +317,7 @@ func (m *Machine) Resume(ctx context.Context) error {
 		if !strings.Contains(err.Error(), "Migration is not finalized yet") {
 			return fmt.Errorf("resume vm %s: %w", m.cfg.ID, err)
 		}
+		refused = err
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("resume vm %s: %w", m.cfg.ID, err)
@@ -401,16 +407,6 @@ func (m *Machine) execute(ctx context.Context, cmd string, args, out any) error 
 		}
 	}
 	return nil
-}
-
-// QMP returns the machine's QMP client for commands this package does not
-// wrap (diagnostics, queries). Do not Close it; Shutdown does.
-func (m *Machine) QMP() (*qmp.Client, error) {
-	mon, err := m.monitor()
-	if err != nil {
-		return nil, fmt.Errorf("qmp of vm %s: %w", m.cfg.ID, err)
-	}
-	return mon, nil
 }
 
 // monitor returns the QMP client of a running machine.

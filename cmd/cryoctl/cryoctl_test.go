@@ -18,6 +18,7 @@ import (
 
 	"github.com/cryo-runtime/cryo/fingerprint"
 	"github.com/cryo-runtime/cryo/snapshot"
+	"github.com/cryo-runtime/cryo/snapshot/archive"
 	"github.com/cryo-runtime/cryo/stores"
 )
 
@@ -172,7 +173,7 @@ func TestExportImport(t *testing.T) {
 	src := "file://" + e.dir + "/src/web"
 	d := e.writeSnapshot(src, "v1", 2, true, time.Time{})
 	out := filepath.Join(e.dir, "export")
-	var res exportResult
+	var res archive.Exported
 	e.runJSON(&res, "--verify-key", e.pub, "export", src+":v1", out)
 	dir := filepath.Join(out, "team", "web-0")
 	if res.Path != filepath.Join(dir, "checkpoint.tar") || res.Manifest != d.Digest {
@@ -188,7 +189,7 @@ func TestExportImport(t *testing.T) {
 	if got := sha256File(t, res.Path); string(sum) != got+"  checkpoint.tar\n" {
 		t.Fatalf(".sha256 = %q, file hashes to %s", sum, got)
 	}
-	var md exportMetadata
+	var md archive.Metadata
 	b, _ := os.ReadFile(filepath.Join(dir, "metadata.json"))
 	if err := json.Unmarshal(b, &md); err != nil || md.Manifest != d.Digest || !md.Signed || md.Snapshot.Source.Namespace != "team" {
 		t.Fatalf("metadata.json = %+v, %v", md, err)
@@ -227,12 +228,12 @@ func tamper(t *testing.T, archive string, keepSig bool) {
 	}
 	var out, sigs []ocispec.Descriptor
 	for _, r := range roots {
-		if keepSig && isSignatureTag(r.Annotations[ocispec.AnnotationRefName]) {
+		if keepSig && snapshot.IsSignatureTag(r.Annotations[ocispec.AnnotationRefName]) {
 			sigs = append(sigs, r)
 		}
 	}
 	for _, r := range roots {
-		if isSignatureTag(r.Annotations[ocispec.AnnotationRefName]) {
+		if snapshot.IsSignatureTag(r.Annotations[ocispec.AnnotationRefName]) {
 			continue
 		}
 		mb, err := stores.FetchAll(ctx, staging, r, 1<<20)
@@ -270,7 +271,7 @@ func TestImportRefusesTampered(t *testing.T) {
 	src := "file://" + e.dir + "/src/web"
 	e.writeSnapshot(src, "v1", 3, true, time.Time{})
 	export := func(name string) string {
-		var res exportResult
+		var res archive.Exported
 		e.runJSON(&res, "export", "--id", name, src+":v1", filepath.Join(e.dir, "export"))
 		return res.Path
 	}

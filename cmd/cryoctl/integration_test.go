@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cryo-runtime/cryo/snapshot/archive"
 	"github.com/cryo-runtime/cryo/stores/storetest"
 )
 
@@ -28,7 +29,7 @@ func TestIntegrationRegistryToS3(t *testing.T) {
 	if info.Manifest != d.Digest || !info.Signed {
 		t.Fatalf("inspect in registry = %+v", info)
 	}
-	var ex exportResult
+	var ex archive.Exported
 	run(&ex, "export", src+":v1", e.dir+"/export")
 	dst := "s3://" + s3.Bucket + "/cryo/web"
 	var ir importResult

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -19,12 +18,6 @@ import (
 	"github.com/cryo-runtime/cryo/snapshot"
 	"github.com/cryo-runtime/cryo/stores"
 )
-
-// isSignatureTag reports whether tag names a signature (see
-// snapshot.SignatureTag) rather than a snapshot.
-func isSignatureTag(tag string) bool {
-	return strings.HasSuffix(tag, ".sig") && strings.HasPrefix(tag, "sha256-")
-}
 
 type lsEntry struct {
 	Tag         string        `json:"tag"`
@@ -53,7 +46,7 @@ func newLsCommand(a *App) *cobra.Command {
 			}
 			entries := []lsEntry{}
 			for _, t := range tags {
-				if isSignatureTag(t) && !all {
+				if snapshot.IsSignatureTag(t) && !all {
 					continue
 				}
 				e := lsEntry{Tag: t}
@@ -62,7 +55,7 @@ func newLsCommand(a *App) *cobra.Command {
 					e.Error = err.Error()
 				}
 				e.Digest = d.Digest
-				if long && err == nil && !isSignatureTag(t) {
+				if long && err == nil && !snapshot.IsSignatureTag(t) {
 					if s, err := snapshot.Open(ctx, store, d.Digest.String(), snapshot.ReadOptions{}); err != nil {
 						e.Error = err.Error()
 					} else {
@@ -140,7 +133,7 @@ func removeSnapshot(ctx context.Context, store stores.Store, tag string) (digest
 		return desc.Digest, err
 	}
 	for _, t := range tags {
-		if isSignatureTag(t) {
+		if snapshot.IsSignatureTag(t) {
 			continue
 		}
 		if d, err := store.Resolve(ctx, t); err == nil && d.Digest == desc.Digest {
@@ -236,7 +229,7 @@ func (a *App) gcStore(ctx context.Context, url string, dryRun bool, grace time.D
 		return r, err
 	}
 	for _, t := range tags {
-		if isSignatureTag(t) {
+		if snapshot.IsSignatureTag(t) {
 			continue
 		}
 		s, err := snapshot.Open(ctx, store, t, snapshot.ReadOptions{})

@@ -19,7 +19,7 @@ import (
 const Image = stack.Image
 
 // Runtime is cryo's runtime type.
-const Runtime = stack.Runtime
+const Runtime = configs.RuntimeType
 
 // Watchdog bounds every task API call of the shims an Env starts, except
 // Wait: a call that outruns it fails the test with the shim's goroutine

@@ -11,9 +11,10 @@ import (
 
 // VerifiedFile is a Source over a local file of fixed-size chunks, each
 // checked against its SHA-256 digest the first time any byte of it is read.
-// It stands in for the node cache: the real source fetches a missing chunk
-// from the store, verifies, decrypts and decompresses it, and writes it to
-// the cache file before it answers.
+// It stands in for the node cache in these tests: the real source
+// (sandbox's served RAM) fetches a missing chunk from the store, verifies,
+// decrypts and decompresses it, and writes it to the cache file before it
+// answers.
 type VerifiedFile struct {
 	f         *os.File
 	size      int64
