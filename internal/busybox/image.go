@@ -49,6 +49,8 @@ type Spec struct {
 	// AllApplets links every applet the host's busybox has, not only the
 	// few the project's tests use.
 	AllApplets bool
+	// Bare leaves busybox out: the layer holds only Files.
+	Bare bool
 	// LinkTarget is what the applet symlinks point to: "busybox" (the
 	// default) or "/bin/busybox", as in Alpine, where a symlink followed
 	// inside an image volume escapes it.
@@ -68,9 +70,12 @@ type File struct {
 // WriteSpec writes the image spec describes as an OCI layout tar to w.
 func WriteSpec(w io.Writer, spec Spec) error {
 	name, cmd := spec.Name, spec.Cmd
-	bb, err := os.ReadFile(Busybox)
-	if err != nil {
-		return fmt.Errorf("read %s (apt-get install busybox-static): %w", Busybox, err)
+	var bb []byte
+	var err error
+	if !spec.Bare {
+		if bb, err = os.ReadFile(Busybox); err != nil {
+			return fmt.Errorf("read %s (apt-get install busybox-static): %w", Busybox, err)
+		}
 	}
 	links := applets
 	if spec.AllApplets {
@@ -110,16 +115,18 @@ func WriteSpec(w io.Writer, spec Spec) error {
 	file := func(n string, mode int64, b []byte) {
 		entry(&tar.Header{Typeflag: tar.TypeReg, Name: n, Mode: mode}, b)
 	}
-	for _, d := range []string{"bin", "etc", "proc", "sys", "dev", "root", "run", "var", "data"} {
-		dir(d, 0o755)
+	if !spec.Bare {
+		for _, d := range []string{"bin", "etc", "proc", "sys", "dev", "root", "run", "var", "data"} {
+			dir(d, 0o755)
+		}
+		dir("tmp", 0o1777)
+		file("bin/busybox", 0o755, bb)
+		for _, a := range links {
+			entry(&tar.Header{Typeflag: tar.TypeSymlink, Name: "bin/" + a, Linkname: target, Mode: 0o777}, nil)
+		}
+		file("etc/passwd", 0o644, []byte("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/sh\n"))
+		file("etc/group", 0o644, []byte("root:x:0:\nnobody:x:65534:\n"))
 	}
-	dir("tmp", 0o1777)
-	file("bin/busybox", 0o755, bb)
-	for _, a := range links {
-		entry(&tar.Header{Typeflag: tar.TypeSymlink, Name: "bin/" + a, Linkname: target, Mode: 0o777}, nil)
-	}
-	file("etc/passwd", 0o644, []byte("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/sh\n"))
-	file("etc/group", 0o644, []byte("root:x:0:\nnobody:x:65534:\n"))
 	for _, f := range spec.Files {
 		h := &tar.Header{Typeflag: tar.TypeReg, Name: f.Path, Mode: f.Mode, Uid: f.UID, Gid: f.GID}
 		switch {
