@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -100,6 +101,9 @@ func StartCRIWith(t testing.TB, c *CRI, opts ...Option) *CRI {
 			mkdirAllCleanup(t, d)
 		}
 	}
+	if c.ShimSocketDir != "" {
+		removeStaleSockets(t, c.ShimSocketDir)
+	}
 	if c.IPAMDir != "" {
 		t.Cleanup(func() { _ = os.RemoveAll(filepath.Join(c.IPAMDir, c.NetNSName)) })
 	}
@@ -152,6 +156,32 @@ func mkdirAllCleanup(t testing.TB, dir string) {
 	t.Cleanup(func() {
 		for _, d := range created { // deepest first
 			_ = os.Remove(d)
+		}
+	})
+}
+
+// removeStaleSockets removes, after the test, the sockets that appeared in
+// dir during it and that nothing listens on any more: a shim killed with
+// SIGKILL leaves its socket behind. A socket another containerd's shim
+// still serves is left alone.
+func removeStaleSockets(t testing.TB, dir string) {
+	before := map[string]bool{}
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		before[e.Name()] = true
+	}
+	t.Cleanup(func() {
+		ents, _ := os.ReadDir(dir)
+		for _, e := range ents {
+			p := filepath.Join(dir, e.Name())
+			if before[e.Name()] || e.Type()&os.ModeSocket == 0 {
+				continue
+			}
+			if conn, err := net.DialTimeout("unix", p, time.Second); err == nil {
+				conn.Close()
+				continue
+			}
+			_ = os.Remove(p)
 		}
 	})
 }
