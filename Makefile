@@ -11,7 +11,7 @@ CRYO_TOOLS ?= /var/cache/cryo/tools
 export CRYO_TOOLS
 GOFLAGS_BUILD := -trimpath -ldflags "-s -w"
 
-.PHONY: all build binaries guest deps deps-demo tools test unit integration critest demo demo-k8s clean
+.PHONY: all build binaries guest deps deps-demo tools test unit integration critest crisuite demo demo-k8s clean
 
 all: build
 
@@ -29,7 +29,8 @@ guest:
 	packaging/guest/build.sh $(GUEST)
 
 # Debian packages and the Go-built tools (containerd, ctr, crictl, CNI
-# plugins, versitygw, registry, kube-apiserver, kubelet, kubectl, etcd),
+# plugins, versitygw, registry, kube-apiserver, kubelet, kubectl, etcd,
+# critest and containerd's CRI integration tests),
 # cached by version under $(CRYO_TOOLS).
 deps:
 	hack/deps.sh all
@@ -61,6 +62,13 @@ test: deps build
 critest: deps build
 	CRYO_BIN=$(BIN) CRYO_GUEST_DIR=$(GUEST) PATH=$(CRYO_TOOLS)/bin:$$PATH \
 		$(GO) test -tags integration -count=1 -timeout 40m -run TestCritest -v ./integration/
+
+# containerd's own CRI integration tests against the cryo handler (all
+# but the skip list in docs/crisuite.md). Set
+# CRYO_CRISUITE_RUN / CRYO_CRISUITE_SKIP to choose other tests.
+crisuite: deps build
+	CRYO_BIN=$(BIN) CRYO_GUEST_DIR=$(GUEST) PATH=$(CRYO_TOOLS)/bin:$$PATH \
+		$(GO) test -tags integration -count=1 -timeout 100m -run TestContainerdCRISuite -v ./integration/
 
 demo: deps-demo build
 	CRYO_BIN=$(BIN) CRYO_GUEST_DIR=$(GUEST) PATH=$(CRYO_TOOLS)/bin:$$PATH hack/demo.sh

@@ -2,7 +2,7 @@
 # Builds the test and demo tools from the Go module proxy into a version-keyed cache
 # that survives fresh clones on the same machine:
 #   $CRYO_TOOLS/<name>@<version>/bin/...   and symlinks in $CRYO_TOOLS/bin
-# usage: hack/tools.sh [containerd|crictl|critest|cni|versitygw|registry|k8s|etcd|all]...
+# usage: hack/tools.sh [containerd|crictl|critest|crisuite|cni|versitygw|registry|k8s|etcd|all]...
 set -euo pipefail
 HACK=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 CRYO_TOOLS=${CRYO_TOOLS:-/var/cache/cryo/tools}
@@ -45,6 +45,26 @@ install_critest() {
 		touch "$dir/.done"
 	fi
 	ln -sfn "$dir/bin/critest" "$CRYO_TOOLS/bin/critest"
+}
+
+# crisuite is containerd's own CRI integration suite (the integration package
+# of the containerd module, at the version of the containerd built above),
+# compiled with go test -c into cri-integration.test; integration/crisuite_test.go
+# runs it against the cryo handler.
+install_crisuite() {
+	local dir="$CRYO_TOOLS/crisuite@$CONTAINERD_VERSION"
+	if [ ! -f "$dir/.done" ]; then
+		echo "tools: building crisuite (containerd $CONTAINERD_VERSION integration tests, cached in $dir)" >&2
+		rm -rf "$dir"; mkdir -p "$dir/bin"
+		local src start=$SECONDS
+		src=$(cd / && go mod download -json "github.com/containerd/containerd/v2@$CONTAINERD_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",*$/\1/p')
+		# Built in the read-only module cache: the module's own go.mod and
+		# go.sum decide, whatever GOFLAGS says.
+		(cd "$src" && GOFLAGS= go test -c -tags no_btrfs -o "$dir/bin/cri-integration.test" ./integration)
+		echo "tools: built crisuite in $((SECONDS - start))s" >&2
+		touch "$dir/.done"
+	fi
+	ln -sfn "$dir/bin/cri-integration.test" "$CRYO_TOOLS/bin/cri-integration.test"
 }
 
 # modversion MODDIR MODULE: the version MODDIR/go.mod requires MODULE at; the
@@ -105,6 +125,7 @@ for w in "${want[@]}"; do
 			github.com/containerd/containerd/v2/cmd/ctr ;;&
 	crictl|all) install crictl "$CRICTL_VERSION" "" sigs.k8s.io/cri-tools/cmd/crictl ;;&
 	critest|all) install_critest ;;&
+	crisuite|all) install_crisuite ;;&
 	cni|all)
 		install cni "$CNI_VERSION" "" \
 			github.com/containernetworking/plugins/plugins/main/bridge \
@@ -114,7 +135,7 @@ for w in "${want[@]}"; do
 	registry|all) install registry "$REGISTRY_VERSION" "" github.com/distribution/distribution/v3/cmd/registry ;;&
 	k8s|all) install_k8s ;;&
 	etcd|all) install_etcd ;;&
-	containerd|crictl|critest|cni|versitygw|registry|k8s|etcd|all) ;;
+	containerd|crictl|critest|crisuite|cni|versitygw|registry|k8s|etcd|all) ;;
 	*) echo "tools: unknown tool $w" >&2; exit 2 ;;
 	esac
 done

@@ -110,7 +110,7 @@ func (s *Stack) ContainerdConfig(scratch string, disabled ...string) string {
 	for i, d := range disabled {
 		q[i] = strconv.Quote(d)
 	}
-	return fmt.Sprintf(containerdConfig, s.Dir, s.Dir, strings.Join(q, ", "), s.Socket, s.Socket, s.Dir, s.Dir, scratch)
+	return fmt.Sprintf(containerdConfig, s.Dir, s.Dir, strings.Join(q, ", "), s.Socket, s.Socket, s.Dir, s.ShimSocketDir, scratch)
 }
 
 const containerdConfig = `version = 3
@@ -131,7 +131,7 @@ disabled_plugins = [%s]
   [plugins."io.containerd.internal.v1.opt"]
     path = "%s/opt"
   [plugins."io.containerd.shim.v1.manager"]
-    socket_dir = "%s/s"
+    socket_dir = "%s"
   [plugins."io.containerd.snapshotter.v1.blockfile"]
     scratch_file = "%s"
     fs_type = "ext4"

@@ -18,6 +18,10 @@ type CRIConfig struct {
 	CryoConfig string
 	// CNIBinDir holds the CNI plugins, CNIConfDir the network list.
 	CNIBinDir, CNIConfDir string
+	// DrainExecSyncIOTimeout, when set, bounds how long ExecSync waits for
+	// the exec's output after the process exits (drain_exec_sync_io_timeout;
+	// containerd's own CRI tests run with "10s").
+	DrainExecSyncIOTimeout string
 }
 
 // TOML returns the plugin sections, to append to a config's [plugins]. No
@@ -28,7 +32,11 @@ func (c CRIConfig) TOML() string {
 	if c.RegistryHosts != "" {
 		registry = fmt.Sprintf("    [plugins.\"io.containerd.cri.v1.images\".registry]\n      config_path = %q\n", c.RegistryHosts)
 	}
-	return fmt.Sprintf(criConfig, c.PauseImage, registry, configs.RuntimeType, c.CryoConfig, c.CNIBinDir, c.CNIConfDir)
+	drain := ""
+	if c.DrainExecSyncIOTimeout != "" {
+		drain = fmt.Sprintf("    drain_exec_sync_io_timeout = %q\n", c.DrainExecSyncIOTimeout)
+	}
+	return fmt.Sprintf(criConfig, c.PauseImage, registry, drain, configs.RuntimeType, c.CryoConfig, c.CNIBinDir, c.CNIConfDir)
 }
 
 const criConfig = `  [plugins."io.containerd.cri.v1.images"]
@@ -40,7 +48,7 @@ const criConfig = `  [plugins."io.containerd.cri.v1.images"]
     netns_mounts_under_state_dir = true
     restrict_oom_score_adj = true
     enable_criu = true
-    [plugins."io.containerd.cri.v1.runtime".containerd]
+%s    [plugins."io.containerd.cri.v1.runtime".containerd]
       default_runtime_name = "cryo"
       [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.cryo]
         runtime_type = "%s"

@@ -48,6 +48,12 @@ type Options struct {
 	ContainerdConfig func(s *Stack, scratch string) (string, error)
 	// NetNS, when set, is the network namespace containerd runs in.
 	NetNS string
+	// ShimSocketDir, when set, is the shim manager's socket_dir instead of
+	// one under the stack's directory. Tests that find a shim's socket
+	// themselves (containerd's CRI suite) look in containerd's default,
+	// /run/containerd/s; the socket names hash containerd's address, so
+	// stacks sharing the directory never clash.
+	ShimSocketDir string
 	// Watchdog, when set, arms the shims' watchdog: a task API call that
 	// runs longer is logged as stuck with the shim's goroutine dump
 	// (StuckCalls finds it).
@@ -61,6 +67,9 @@ type Stack struct {
 	Namespace  string
 	ConfigPath string // cryo's config.toml
 	StateRoot  string // cryo's runtime.state_root
+	// ShimSocketDir is where the shims' sockets are (Options.ShimSocketDir,
+	// else <Dir>/s).
+	ShimSocketDir string
 	// MemoryDir is hypervisor.memory_dir, one per Stack under /dev/shm, so
 	// that Close removes every RAM file the Stack's sandboxes left (the shim
 	// names them by a hash of their state dir, which no two stacks share).
@@ -195,6 +204,11 @@ func Start(ctx context.Context, o Options) (_ *Stack, retErr error) {
 		StateRoot: "/run/" + strings.TrimSuffix(o.Prefix, "-") + "/" + filepath.Base(dir)[len(o.Prefix):],
 		LogPath:   filepath.Join(dir, "containerd.log"),
 		MemoryDir: "/dev/shm/" + filepath.Base(dir),
+
+		ShimSocketDir: o.ShimSocketDir,
+	}
+	if s.ShimSocketDir == "" {
+		s.ShimSocketDir = filepath.Join(dir, "s")
 	}
 	s.path = bin + ":" + filepath.Join(s.Tools, "bin") + ":" + os.Getenv("PATH")
 	defer func() {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -44,6 +45,24 @@ type CRI struct {
 	// RegistryHosts, when set before start, is a directory of containerd
 	// hosts.toml files (config_path) for image pulls.
 	RegistryHosts string
+	// Pause, when set before start, is the pinned sandbox image (its Name)
+	// instead of PauseImage running `sleep inf`.
+	Pause *busybox.Spec
+	// SandboxImage is the pinned sandbox image's name (PauseImage or
+	// Pause.Name).
+	SandboxImage string
+	// DrainExecSyncIOTimeout, when set before start, is CRI's
+	// drain_exec_sync_io_timeout.
+	DrainExecSyncIOTimeout string
+	// ShimSocketDir, when set before start, is the shim manager's
+	// socket_dir (stack.Options.ShimSocketDir). Start creates it if needed
+	// and cleanup removes it again if it created it and it is empty.
+	ShimSocketDir string
+	// IPAMDir, when set before start, is host-local's dataDir instead of
+	// one under Env.Dir (tests that look for the pod's address in
+	// /var/lib/cni set "/var/lib/cni/networks"); the network is then named
+	// after NetNSName and cleanup removes its directory there.
+	IPAMDir string
 }
 
 // StartCRI starts a private containerd with CRI enabled. Cleanup removes
@@ -76,12 +95,24 @@ func StartCRIWith(t testing.TB, c *CRI, opts ...Option) *CRI {
 	if out, err := exec.Command("ip", "-n", c.NetNSName, "link", "set", "lo", "up").CombinedOutput(); err != nil {
 		t.Fatalf("lo up in netns: %v: %s", err, out)
 	}
-	c.Env = start(t, stack.Options{Namespace: CRINamespace, NetNS: c.NetNS, ContainerdConfig: c.containerdConfig}, opts...)
+	c.SandboxImage = c.pauseSpec().Name
+	for _, d := range []string{c.ShimSocketDir, c.IPAMDir} {
+		if d != "" {
+			mkdirAllCleanup(t, d)
+		}
+	}
+	if c.ShimSocketDir != "" {
+		removeStaleSockets(t, c.ShimSocketDir)
+	}
+	if c.IPAMDir != "" {
+		t.Cleanup(func() { _ = os.RemoveAll(filepath.Join(c.IPAMDir, c.NetNSName)) })
+	}
+	c.Env = start(t, stack.Options{Namespace: CRINamespace, NetNS: c.NetNS, ContainerdConfig: c.containerdConfig, ShimSocketDir: c.ShimSocketDir}, opts...)
 	t.Cleanup(c.removePods)
 	Need(t, c.Path(), "crictl", "bridge", "host-local", "loopback")
 
 	pause := filepath.Join(c.Dir, "pause.tar")
-	if err := busybox.WriteFile(pause, PauseImage, []string{"sleep", "inf"}); err != nil {
+	if err := busybox.WriteSpecFile(pause, c.pauseSpec()); err != nil {
 		t.Fatal(err)
 	}
 	c.MustCtr("image", "import", pause)
@@ -101,6 +132,60 @@ func StartCRIWith(t testing.TB, c *CRI, opts ...Option) *CRI {
 	return c
 }
 
+// pauseSpec is the pinned sandbox image: c.Pause, else PauseImage.
+func (c *CRI) pauseSpec() busybox.Spec {
+	if c.Pause != nil {
+		return *c.Pause
+	}
+	return busybox.Spec{Name: PauseImage, Cmd: []string{"sleep", "inf"}}
+}
+
+// mkdirAllCleanup creates dir and whichever of its parents are missing, and
+// removes those again after the test when they are empty.
+func mkdirAllCleanup(t testing.TB, dir string) {
+	var created []string
+	for d := dir; d != "/" && d != "."; d = filepath.Dir(d) {
+		if _, err := os.Stat(d); err == nil {
+			break
+		}
+		created = append(created, d)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, d := range created { // deepest first
+			_ = os.Remove(d)
+		}
+	})
+}
+
+// removeStaleSockets removes, after the test, the sockets that appeared in
+// dir during it and that nothing listens on any more: a shim killed with
+// SIGKILL leaves its socket behind. A socket another containerd's shim
+// still serves is left alone.
+func removeStaleSockets(t testing.TB, dir string) {
+	before := map[string]bool{}
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		before[e.Name()] = true
+	}
+	t.Cleanup(func() {
+		ents, _ := os.ReadDir(dir)
+		for _, e := range ents {
+			p := filepath.Join(dir, e.Name())
+			if before[e.Name()] || e.Type()&os.ModeSocket == 0 {
+				continue
+			}
+			if conn, err := net.DialTimeout("unix", p, time.Second); err == nil {
+				conn.Close()
+				continue
+			}
+			_ = os.Remove(p)
+		}
+	})
+}
+
 // containerdConfig is the stack's version 3 config plus CRI, the cryo
 // handler and the CNI network. No [plugins."io.containerd.runtime.v2.task"] section: in
 // a version 3 config it wipes the shim manager's socket_dir.
@@ -109,13 +194,17 @@ func (c *CRI) containerdConfig(e *stack.Stack, scratch string) (string, error) {
 	if err := os.MkdirAll(netd, 0o755); err != nil {
 		return "", err
 	}
+	network, ipam := "cryo-it", filepath.Join(e.Dir, "ipam")
+	if c.IPAMDir != "" {
+		network, ipam = c.NetNSName, c.IPAMDir
+	}
 	conf := map[string]any{
 		"cniVersion": "1.0.0",
-		"name":       "cryo-it",
+		"name":       network,
 		"plugins": []any{map[string]any{
 			"type": "bridge", "bridge": c.Bridge, "isGateway": true, "ipMasq": false, "hairpinMode": true,
 			"ipam": map[string]any{
-				"type": "host-local", "dataDir": filepath.Join(e.Dir, "ipam"),
+				"type": "host-local", "dataDir": ipam,
 				"ranges": [][]map[string]string{{{"subnet": c.Subnet}}},
 				"routes": []map[string]string{{"dst": "0.0.0.0/0"}},
 			},
@@ -131,7 +220,8 @@ func (c *CRI) containerdConfig(e *stack.Stack, scratch string) (string, error) {
 	}
 	tools = filepath.Join(tools, "bin") // the CNI plugins
 	return e.ContainerdConfig(scratch) + stack.CRIConfig{
-		PauseImage: PauseImage, RegistryHosts: c.RegistryHosts, CryoConfig: e.ConfigPath, CNIBinDir: tools, CNIConfDir: netd,
+		PauseImage: c.SandboxImage, RegistryHosts: c.RegistryHosts, CryoConfig: e.ConfigPath, CNIBinDir: tools, CNIConfDir: netd,
+		DrainExecSyncIOTimeout: c.DrainExecSyncIOTimeout,
 	}.TOML(), nil
 }
 
@@ -332,10 +422,20 @@ func (c *CRI) StartRegistry(refs ...string) {
 		c.t.Fatalf("registry did not come up on %s:\n%s", RegistryAddr, b)
 	}
 	for _, ref := range refs {
-		full := RegistryAddr + "/" + ref
-		c.MustCtr("image", "tag", "--force", Image, full)
-		if out, err := c.InNetNS("ctr", "-a", c.Socket, "-n", c.Namespace, "image", "push", "--plain-http", full); err != nil {
-			c.t.Fatalf("push %s: %v\n%s", full, err, out)
-		}
+		c.Push(Image, ref)
 	}
+}
+
+// Push pushes image, which containerd has, to the registry as ref (a
+// repository path under RegistryAddr) and returns the full reference.
+func (c *CRI) Push(image, ref string) string {
+	c.t.Helper()
+	full := RegistryAddr + "/" + ref
+	if image != full {
+		c.MustCtr("image", "tag", "--force", image, full)
+	}
+	if out, err := c.InNetNS("ctr", "-a", c.Socket, "-n", c.Namespace, "image", "push", "--plain-http", full); err != nil {
+		c.t.Fatalf("push %s: %v\n%s", full, err, out)
+	}
+	return full
 }

@@ -1,0 +1,136 @@
+package busybox
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"encoding/json"
+	"io"
+	"os"
+	"strings"
+	"testing"
+
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+)
+
+// readImage returns the layer's entries by name and the image config of an
+// OCI layout tar with one manifest of one layer.
+func readImage(t *testing.T, b []byte) (map[string]*tar.Header, map[string][]byte, ocispec.Image) {
+	t.Helper()
+	blobs := map[string][]byte{}
+	tr := tar.NewReader(bytes.NewReader(b))
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(tr)
+		blobs[h.Name] = body
+	}
+	var idx ocispec.Index
+	if err := json.Unmarshal(blobs["index.json"], &idx); err != nil {
+		t.Fatal(err)
+	}
+	blob := func(d ocispec.Descriptor) []byte { return blobs["blobs/sha256/"+d.Digest.Encoded()] }
+	var m ocispec.Manifest
+	if err := json.Unmarshal(blob(idx.Manifests[0]), &m); err != nil {
+		t.Fatal(err)
+	}
+	var cfg ocispec.Image
+	if err := json.Unmarshal(blob(m.Config), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	gz, err := gzip.NewReader(bytes.NewReader(blob(m.Layers[0])))
+	if err != nil {
+		t.Fatal(err)
+	}
+	headers, contents := map[string]*tar.Header{}, map[string][]byte{}
+	lr := tar.NewReader(gz)
+	for {
+		h, err := lr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if headers[h.Name] != nil {
+			t.Errorf("layer has %s twice", h.Name)
+		}
+		headers[h.Name] = h
+		contents[h.Name], _ = io.ReadAll(lr)
+	}
+	return headers, contents, cfg
+}
+
+func TestWriteSpecBare(t *testing.T) {
+	var b bytes.Buffer
+	err := WriteSpec(&b, Spec{Name: "x.local/pause:1", Cmd: []string{"/pause"}, Bare: true,
+		Files: []File{{Path: "pause", Mode: 0o755, Content: "ELF"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	headers, contents, cfg := readImage(t, b.Bytes())
+	if len(headers) != 1 || string(contents["pause"]) != "ELF" || headers["pause"].Mode != 0o755 {
+		t.Fatalf("bare layer = %v, want only pause", headers)
+	}
+	if got := strings.Join(cfg.Config.Cmd, " "); got != "/pause" {
+		t.Fatalf("cmd = %q", got)
+	}
+}
+
+func TestWriteSpecFilesVolumesLinks(t *testing.T) {
+	if _, err := os.Stat(Busybox); err != nil {
+		t.Skipf("%s: %v", Busybox, err)
+	}
+	var b bytes.Buffer
+	err := WriteSpec(&b, Spec{Name: "x.local/vol:1", Cmd: []string{"sh"}, AllApplets: true, LinkTarget: "/bin/busybox",
+		Volumes: []string{"/test_dir"},
+		Files: []File{
+			{Path: "etc/group", Mode: 0o644, Content: "wheel:x:10:root\n"},
+			{Path: "test_dir", Mode: 0o755, Dir: true, UID: 65534, GID: 65534},
+			{Path: "test_dir/f", Mode: 0o600, Content: "c"},
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	headers, contents, cfg := readImage(t, b.Bytes())
+	if got := string(contents["etc/group"]); got != "wheel:x:10:root\n" {
+		t.Errorf("etc/group = %q: the spec's file must replace the default", got)
+	}
+	if h := headers["test_dir/"]; h == nil || h.Typeflag != tar.TypeDir || h.Uid != 65534 || h.Gid != 65534 {
+		t.Errorf("test_dir/ = %+v, want a directory owned by 65534:65534", h)
+	}
+	if string(contents["test_dir/f"]) != "c" {
+		t.Errorf("test_dir/f missing")
+	}
+	if h := headers["bin/tail"]; h == nil || h.Linkname != "/bin/busybox" {
+		t.Errorf("bin/tail = %+v, want a link to /bin/busybox (AllApplets, LinkTarget)", h)
+	}
+	if _, ok := cfg.Config.Volumes["/test_dir"]; !ok || len(cfg.Config.Volumes) != 1 {
+		t.Errorf("volumes = %v", cfg.Config.Volumes)
+	}
+}
+
+func TestWriteUnchanged(t *testing.T) {
+	if _, err := os.Stat(Busybox); err != nil {
+		t.Skipf("%s: %v", Busybox, err)
+	}
+	var b bytes.Buffer
+	if err := Write(&b, "x.local/busybox:1", []string{"sh"}); err != nil {
+		t.Fatal(err)
+	}
+	headers, _, cfg := readImage(t, b.Bytes())
+	if h := headers["bin/sh"]; h == nil || h.Linkname != "busybox" {
+		t.Errorf("bin/sh = %+v, want a relative link to busybox", h)
+	}
+	if headers["bin/tail"] != nil {
+		t.Errorf("the plain image links only the project's applets")
+	}
+	if cfg.Config.Volumes != nil {
+		t.Errorf("volumes = %v, want none", cfg.Config.Volumes)
+	}
+}
