@@ -246,6 +246,49 @@ func TestK8s(t *testing.T) {
 		deleteAndCheck(t, k, "multi")
 	})
 
+	t.Run("a deployment is scheduled, replaced and garbage-collected", func(t *testing.T) {
+		k := k.T(t)
+		pod := harness.Pod("fleet", nil, harness.Container("agent", "echo warm; sleep inf"))
+		spec := pod["spec"].(map[string]any)
+		delete(spec, "nodeName") // the scheduler places it
+		spec["restartPolicy"] = "Always"
+		k.Apply(map[string]any{
+			"apiVersion": "apps/v1", "kind": "Deployment",
+			"metadata": map[string]any{"name": "fleet"},
+			"spec": map[string]any{
+				"replicas": 1,
+				"selector": map[string]any{"matchLabels": map[string]any{"app": "fleet"}},
+				"template": map[string]any{"metadata": map[string]any{"labels": map[string]any{"app": "fleet"}}, "spec": spec},
+			},
+		})
+		first := fleetPod(t, k, "")
+		if node := k.MustKubectl("get", "pod", first, "-o", "jsonpath={.spec.nodeName}"); node != harness.NodeName {
+			t.Fatalf("pod %s scheduled to %q, want %s", first, node, harness.NodeName)
+		}
+		if q := sandboxQEMU(k.MustCrictl("pods", "-q", "--name", "^"+first+"$")); len(q) != 1 {
+			t.Fatalf("QEMU of pod %s: %v, want one (runtimeClassName cryo)", first, q)
+		}
+		// The ReplicaSet's controller replaces a deleted pod.
+		deleteAndCheck(t, k, first)
+		second := fleetPod(t, k, first)
+		// Deleting the Deployment lets the garbage collector remove its
+		// ReplicaSet and that pod, and the kubelet its VM.
+		ids := strings.Fields(k.MustCrictl("pods", "-q", "--name", "^"+second+"$"))
+		k.MustKubectl("delete", "deployment", "fleet", "--cascade=background")
+		if !harness.WaitFor(2*time.Minute, func() bool {
+			rs, _, _ := k.Kubectl("get", "replicaset", "-l", "app=fleet", "-o", "name")
+			pods, _, _ := k.Kubectl("get", "pod", "-l", "app=fleet", "-o", "name")
+			return strings.TrimSpace(rs) == "" && strings.TrimSpace(pods) == ""
+		}) {
+			t.Fatalf("replicaset or pods of deployment fleet left after its deletion:\n%s", k.MustKubectl("get", "replicaset,pod", "-l", "app=fleet"))
+		}
+		for _, id := range ids {
+			if !harness.WaitFor(time.Minute, func() bool { return len(sandboxQEMU(id)) == 0 }) {
+				t.Fatalf("QEMU of garbage-collected pod %s still runs", second)
+			}
+		}
+	})
+
 	t.Run("kubelet restart leaves pods running and managed", func(t *testing.T) {
 		k := k.T(t)
 		n0 := podCounter(t, k, "web")
@@ -404,4 +447,27 @@ func podCounter(t *testing.T, k *harness.K8s, pod string) int {
 		t.Fatalf("counter of pod %s: %q is not a number", pod, out)
 	}
 	return n
+}
+
+// fleetPod waits for a Ready pod of deployment fleet other than not and
+// returns its name.
+func fleetPod(t *testing.T, k *harness.K8s, not string) string {
+	t.Helper()
+	var name string
+	if !harness.WaitFor(3*time.Minute, func() bool {
+		out, _, _ := k.Kubectl("get", "pod", "-l", "app=fleet", "-o",
+			`jsonpath={range .items[*]}{.metadata.name} {.metadata.deletionTimestamp} {.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}`)
+		for _, l := range strings.Split(out, "\n") {
+			if f := strings.Fields(l); len(f) == 2 && f[0] != not && f[1] == "True" {
+				name = f[0]
+				return true
+			}
+		}
+		return false
+	}) {
+		out, _, _ := k.Kubectl("describe", "pod", "-l", "app=fleet")
+		t.Fatalf("no Ready pod of deployment fleet (other than %q):\n%s\nscheduler:\n%s\ncontroller manager:\n%s", not, out,
+			k.Cluster.LogTail("kube-scheduler", 10), k.Cluster.LogTail("kube-controller-manager", 10))
+	}
+	return name
 }

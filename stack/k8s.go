@@ -33,16 +33,17 @@ type K8sOptions struct {
 	Dir       string // state, logs, credentials (a Stack's Dir)
 	NetNS     string // the network namespace's path (/run/netns/NAME)
 	CRISocket string // containerd's socket, serving CRI
-	Tools     string // kube-apiserver, kubelet, kubectl, etcd under bin/ ($CRYO_TOOLS)
+	Tools     string // kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl, etcd under bin/ ($CRYO_TOOLS)
 	// NodeIP is added as a /32 to lo of NetNS: the kubelet refuses a
 	// loopback node IP, and the API server reaches the kubelet there.
 	NodeIP   string
 	NodeName string
 }
 
-// K8s is etcd, kube-apiserver and a kubelet (no scheduler: pods name their
-// node) for one Stack. Close stops them and undoes what the kubelet changes
-// on the host: global sysctls and directories outside its root dir.
+// K8s is a one-node cluster for one Stack: etcd, kube-apiserver,
+// kube-controller-manager (Deployments, ReplicaSets, garbage collection),
+// kube-scheduler and a kubelet. Close stops them and undoes what the kubelet
+// changes on the host: global sysctls and directories outside its root dir.
 type K8s struct {
 	Dir        string
 	NetNS      string
@@ -67,7 +68,8 @@ var kubeletSysctls = []string{
 // Paths the kubelet creates whatever its --root-dir says.
 var kubeletHostPaths = []string{"/var/lib/kubelet", "/var/lib/kubelet/device-plugins", "/var/log/containers"}
 
-// StartK8s starts etcd, kube-apiserver and the kubelet and waits until the
+// StartK8s starts etcd, kube-apiserver, the controller manager, the
+// scheduler and the kubelet and waits until the
 // node is Ready and labelled cryo.dev/runtime=true (what the RuntimeClass's
 // nodeSelector asks for). On error everything is stopped and undone.
 func StartK8s(ctx context.Context, o K8sOptions) (_ *K8s, retErr error) {
@@ -76,7 +78,7 @@ func StartK8s(ctx context.Context, o K8sOptions) (_ *K8s, retErr error) {
 		Tools: ToolsDir(o.Tools), procs: map[string]*proc{},
 	}
 	k.path = filepath.Join(k.Tools, "bin") + ":" + os.Getenv("PATH")
-	if err := Need(k.path, "etcd", "kube-apiserver", "kubelet", "kubectl", "nsenter", "ip"); err != nil {
+	if err := Need(k.path, "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl", "nsenter", "ip"); err != nil {
 		return nil, fmt.Errorf("%w (hack/tools.sh k8s etcd)", err)
 	}
 	defer func() {
@@ -100,6 +102,9 @@ func StartK8s(ctx context.Context, o K8sOptions) (_ *K8s, retErr error) {
 		return nil, err
 	}
 	if err := k.startAPIServer(ctx); err != nil {
+		return nil, err
+	}
+	if err := k.startControlLoops(ctx); err != nil {
 		return nil, err
 	}
 	if err := k.StartKubelet(ctx, o.CRISocket); err != nil {
@@ -226,6 +231,34 @@ func (k *K8s) startAPIServer(ctx context.Context) error {
 	return k.waitHTTP(ctx, "kube-apiserver", "https://127.0.0.1:6443/readyz", 180*time.Second)
 }
 
+// startControlLoops starts kube-controller-manager and kube-scheduler with
+// the admin's credentials, serving their health checks on 127.0.0.1 only.
+// No leader election: each runs once per cluster.
+func (k *K8s) startControlLoops(ctx context.Context) error {
+	d := k.Dir
+	if err := k.start("kube-controller-manager",
+		"--kubeconfig="+k.Kubeconfig,
+		"--authentication-kubeconfig="+k.Kubeconfig, "--authorization-kubeconfig="+k.Kubeconfig,
+		"--bind-address=127.0.0.1", "--secure-port=10257", "--leader-elect=false",
+		"--service-account-private-key-file="+filepath.Join(d, "sa.key"),
+		// Published to every namespace as kube-root-ca.crt, which
+		// projected service-account tokens carry.
+		"--root-ca-file="+filepath.Join(d, "apiserver-certs", "apiserver.crt"),
+		"--cluster-name=cryo-test"); err != nil {
+		return err
+	}
+	if err := k.waitHTTP(ctx, "kube-controller-manager", "https://127.0.0.1:10257/healthz", 120*time.Second); err != nil {
+		return err
+	}
+	if err := k.start("kube-scheduler",
+		"--kubeconfig="+k.Kubeconfig,
+		"--authentication-kubeconfig="+k.Kubeconfig, "--authorization-kubeconfig="+k.Kubeconfig,
+		"--bind-address=127.0.0.1", "--secure-port=10259", "--leader-elect=false"); err != nil {
+		return err
+	}
+	return k.waitHTTP(ctx, "kube-scheduler", "https://127.0.0.1:10259/healthz", 120*time.Second)
+}
+
 // StartKubelet starts (or, after StopKubelet, restarts) the kubelet on
 // containerd's CRI socket.
 func (k *K8s) StartKubelet(ctx context.Context, criSocket string) error {
@@ -330,11 +363,12 @@ func (k *K8s) stop(name string) {
 	}
 }
 
-// Close stops the kubelet, the API server and etcd, and puts back the
+// Close stops the kubelet, the control loops, the API server and etcd, and
+// puts back the
 // host's sysctls and paths. The pods are containerd's: the Stack's Close
 // removes them.
 func (k *K8s) Close() error {
-	for _, name := range []string{"kubelet", "kube-apiserver", "etcd"} {
+	for _, name := range []string{"kubelet", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"} {
 		k.stop(name)
 	}
 	var errs []error

@@ -1,5 +1,6 @@
 // The Kubernetes binaries the integration tests and `make demo-k8s` run
-// (kube-apiserver, kubelet, kubectl), built by hack/tools.sh. A module of its
+// (kube-apiserver, kubelet, kubectl, kube-controller-manager, kube-scheduler),
+// built by hack/tools.sh. A module of its
 // own: k8s.io/kubernetes replaces its staging modules with ./staging paths, so
 // it cannot be `go install`ed; this module pins each of them to the release
 // that matches. Kept apart from cryo's module so its dependencies stay out of

@@ -1,5 +1,5 @@
 // Command k8sup runs a one-node Kubernetes control plane (stack.StartK8s:
-// etcd, kube-apiserver, kubelet) on a containerd with CRI in a network
+// etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet) on a containerd with CRI in a network
 // namespace, for hack/demo-k8s.sh: the integration tests start the same
 // one. It prints the kubeconfig's path once the node is Ready, and on
 // SIGINT or SIGTERM stops everything and undoes the kubelet's host changes.

@@ -22,7 +22,7 @@ const NodeName = "cryo-node"
 const NodeIP = "10.250.0.1"
 
 // K8s is a CRI Env with a one-node Kubernetes control plane (etcd,
-// kube-apiserver, kubelet) on its containerd, in its network namespace,
+// kube-apiserver, controller manager, scheduler, kubelet) on its containerd, in its network namespace,
 // and the RuntimeClass cryo from packaging/kubernetes applied.
 type K8s struct {
 	*CRI
