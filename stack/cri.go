@@ -14,6 +14,10 @@ type CRIConfig struct {
 	CryoConfig string
 	// CNIBinDir holds the CNI plugins, CNIConfDir the network list.
 	CNIBinDir, CNIConfDir string
+	// DrainExecSyncIOTimeout, when set, is how long ExecSync waits for an
+	// exec's output to end after its exit (containerd's default, 0, waits
+	// for ever).
+	DrainExecSyncIOTimeout string
 }
 
 // TOML returns the plugin sections, to append to a config's [plugins]. No
@@ -24,7 +28,11 @@ func (c CRIConfig) TOML() string {
 	if c.RegistryHosts != "" {
 		registry = fmt.Sprintf("    [plugins.\"io.containerd.cri.v1.images\".registry]\n      config_path = %q\n", c.RegistryHosts)
 	}
-	return fmt.Sprintf(criConfig, c.PauseImage, registry, Runtime, c.CryoConfig, c.CNIBinDir, c.CNIConfDir)
+	drain := ""
+	if c.DrainExecSyncIOTimeout != "" {
+		drain = fmt.Sprintf("    drain_exec_sync_io_timeout = %q\n", c.DrainExecSyncIOTimeout)
+	}
+	return fmt.Sprintf(criConfig, c.PauseImage, registry, drain, Runtime, c.CryoConfig, c.CNIBinDir, c.CNIConfDir)
 }
 
 const criConfig = `  [plugins."io.containerd.cri.v1.images"]
@@ -36,7 +44,7 @@ const criConfig = `  [plugins."io.containerd.cri.v1.images"]
     netns_mounts_under_state_dir = true
     restrict_oom_score_adj = true
     enable_criu = true
-    [plugins."io.containerd.cri.v1.runtime".containerd]
+%s    [plugins."io.containerd.cri.v1.runtime".containerd]
       default_runtime_name = "cryo"
       [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.cryo]
         runtime_type = "%s"

@@ -44,6 +44,9 @@ type CRI struct {
 	// RegistryHosts, when set before start, is a directory of containerd
 	// hosts.toml files (config_path) for image pulls.
 	RegistryHosts string
+	// DrainExecSyncIOTimeout, when set before start, is CRI's
+	// drain_exec_sync_io_timeout.
+	DrainExecSyncIOTimeout string
 }
 
 // StartCRI starts a private containerd with CRI enabled. Cleanup removes
@@ -55,7 +58,8 @@ func StartCRI(t testing.TB, opts ...Option) *CRI {
 	return StartCRIWith(t, &CRI{}, opts...)
 }
 
-// StartCRIWith is StartCRI with fields of c (RegistryHosts) preset.
+// StartCRIWith is StartCRI with fields of c (RegistryHosts,
+// DrainExecSyncIOTimeout) preset.
 func StartCRIWith(t testing.TB, c *CRI, opts ...Option) *CRI {
 	t.Helper()
 	if os.Geteuid() != 0 {
@@ -132,6 +136,7 @@ func (c *CRI) containerdConfig(e *stack.Stack, scratch string) (string, error) {
 	tools = filepath.Join(tools, "bin") // the CNI plugins
 	return e.ContainerdConfig(scratch) + stack.CRIConfig{
 		PauseImage: PauseImage, RegistryHosts: c.RegistryHosts, CryoConfig: e.ConfigPath, CNIBinDir: tools, CNIConfDir: netd,
+		DrainExecSyncIOTimeout: c.DrainExecSyncIOTimeout,
 	}.TOML(), nil
 }
 
