@@ -14,9 +14,9 @@ type CRIConfig struct {
 	CryoConfig string
 	// CNIBinDir holds the CNI plugins, CNIConfDir the network list.
 	CNIBinDir, CNIConfDir string
-	// DrainExecSyncIOTimeout, when set, is how long ExecSync waits for an
-	// exec's output to end after its exit (containerd's default, 0, waits
-	// for ever).
+	// DrainExecSyncIOTimeout, when set, bounds how long ExecSync waits for
+	// the exec's output after the process exits (drain_exec_sync_io_timeout;
+	// containerd's own CRI tests run with "10s").
 	DrainExecSyncIOTimeout string
 }
 

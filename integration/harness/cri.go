@@ -58,8 +58,7 @@ func StartCRI(t testing.TB, opts ...Option) *CRI {
 	return StartCRIWith(t, &CRI{}, opts...)
 }
 
-// StartCRIWith is StartCRI with fields of c (RegistryHosts,
-// DrainExecSyncIOTimeout) preset.
+// StartCRIWith is StartCRI with fields of c (RegistryHosts) preset.
 func StartCRIWith(t testing.TB, c *CRI, opts ...Option) *CRI {
 	t.Helper()
 	if os.Geteuid() != 0 {
