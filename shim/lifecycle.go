@@ -297,6 +297,8 @@ func (s *service) startProcess(ctx context.Context, c *container, p *process) er
 		if err != nil {
 			return 0, s.withVMFailure(fmt.Errorf("start %s: %w", p.name(), err))
 		}
+		// containerd is told the VM's pid; the guest's is for the logs.
+		log.G(ctx).WithFields(log.Fields{"process": p.name(), "guest_pid": pid, "qemu_pid": s.vmPid()}).Debug("started in guest")
 		return pid, nil
 	})
 }
