@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -99,6 +100,10 @@ func TestCheckpointRestore(t *testing.T) {
 	}
 	if ps := e.MustCtr("task", "ps", "copy"); len(strings.Split(strings.TrimSpace(ps), "\n")) < 2 {
 		t.Fatalf("task ps of the restored container: %q", ps)
+	}
+	// The restored task's pid is its own VM's, not the source's.
+	if src, cp := ctrTaskPid(t, e, "src"), ctrTaskPid(t, e, "copy"); cp == src || !slices.Contains(e.QEMUPids(), cp) {
+		t.Fatalf("restored task pid %d (source %d), qemu pids %v: want a QEMU of its own", cp, src, e.QEMUPids())
 	}
 	// the source runs on
 	waitAdvance(t, e, "src", before.counter)

@@ -70,10 +70,10 @@ func TestDetachedLifecycle(t *testing.T) {
 	if err != nil || !strings.Contains(out, "/dev/pts/") {
 		t.Fatalf("tty exec = %q %v", out, err)
 	}
-	// ps lists the guest processes of the container.
-	ps := e.MustCtr("task", "ps", id)
-	if len(strings.Split(strings.TrimSpace(ps), "\n")) < 2 {
-		t.Fatalf("task ps = %q, want at least one process", ps)
+	// ps lists the one host process that runs the container: its VM.
+	ps := strings.Split(strings.TrimSpace(e.MustCtr("task", "ps", id)), "\n")
+	if q := e.QEMUPids(); len(ps) != 2 || len(q) != 1 || strings.Fields(ps[1])[0] != strconv.Itoa(q[0]) || ctrTaskPid(t, e, id) != q[0] {
+		t.Fatalf("task ps = %q, qemu pids %v: want the vm's pid alone, as the task's pid", ps, q)
 	}
 	metrics := e.MustCtr("task", "metrics", id)
 	if !strings.Contains(metrics, "memory") {

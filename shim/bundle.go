@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -21,6 +22,9 @@ const (
 	statePointerFile = "cryo-state"
 	// exitRecordFile holds the init process's exit, for delete after a crash.
 	exitRecordFile = "cryo-exit.json"
+	// pidRecordFile holds the task's pid from its creation on, for delete
+	// after a crash of a task that had not exited.
+	pidRecordFile = "cryo-pid"
 	// diskPointerFile, in the sandbox state dir, names the directory of
 	// the sandbox's writable disks.
 	diskPointerFile = "disks"
@@ -84,4 +88,20 @@ func readExitRecord(bundle string) (exitRecord, error) {
 		return e, err
 	}
 	return e, json.Unmarshal(b, &e)
+}
+
+func writePidRecord(bundle string, pid uint32) error {
+	return atomicfile.Write(filepath.Join(bundle, pidRecordFile), []byte(strconv.FormatUint(uint64(pid), 10)+"\n"), 0o600)
+}
+
+func readPidRecord(bundle string) (uint32, error) {
+	b, err := os.ReadFile(filepath.Join(bundle, pidRecordFile))
+	if err != nil {
+		return 0, err
+	}
+	pid, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 32)
+	if err != nil {
+		return 0, fmt.Errorf("bundle %s: bad pid record: %w", bundle, err)
+	}
+	return uint32(pid), nil
 }

@@ -15,6 +15,10 @@ import (
 	"github.com/cryo-runtime/cryo/vmm"
 )
 
+// fakeQEMUPid is the fake VM's pid; the fake guest's processes have pid 7,
+// an adopted one 42.
+const fakeQEMUPid = 4242
+
 // fakeMaker makes fake sandboxes: a restore when the spec names a source.
 type fakeMaker struct {
 	sb       *fakeSandbox
@@ -46,8 +50,10 @@ type fakeSandbox struct {
 	calls       []string
 	checkpoints []sandbox.CheckpointRequest
 	adoptPid    uint32
-	exited      chan struct{}
-	stopOnce    sync.Once
+	// qemuPid is the VM's host pid, what tasks report.
+	qemuPid  int
+	exited   chan struct{}
+	stopOnce sync.Once
 	// failure is what Failure reports once the VM has stopped.
 	failure error
 }
@@ -56,7 +62,7 @@ func newFakeSandbox() *fakeSandbox {
 	exited := make(chan struct{})
 	g := newFakeGuest()
 	g.vmGone = exited
-	return &fakeSandbox{guest: g, exited: exited, adoptPid: 42}
+	return &fakeSandbox{guest: g, exited: exited, adoptPid: 42, qemuPid: fakeQEMUPid}
 }
 
 func (f *fakeSandbox) call(c string) {
@@ -66,7 +72,7 @@ func (f *fakeSandbox) call(c string) {
 }
 
 func (f *fakeSandbox) Guest() sandbox.Guest { return f.guest }
-func (f *fakeSandbox) Info() sandbox.Info   { return sandbox.Info{ID: f.spec.ID, QEMUPid: 1} }
+func (f *fakeSandbox) Info() sandbox.Info   { return sandbox.Info{ID: f.spec.ID, QEMUPid: f.qemuPid} }
 func (f *fakeSandbox) StateDir() string     { return f.spec.StateDir }
 func (f *fakeSandbox) RootDisk() vmm.Disk   { return f.root }
 func (f *fakeSandbox) AddRootDisk(ctx context.Context, r sandbox.RootSpec) (vmm.Disk, error) {
@@ -149,10 +155,14 @@ type fakeGuest struct {
 	vmGone <-chan struct{}
 	// startErr fails StartProcess.
 	startErr error
+	// stdout, by container/exec, is what ReadStdio returns of a process's
+	// stdout until the channel closes (the last writer of the guest's pipe
+	// closed); a process without one has no output.
+	stdout map[string]chan []byte
 }
 
 func newFakeGuest() *fakeGuest {
-	return &fakeGuest{exits: map[string]chan uint32{}, started: map[string]bool{}}
+	return &fakeGuest{exits: map[string]chan uint32{}, started: map[string]bool{}, stdout: map[string]chan []byte{}}
 }
 
 func (g *fakeGuest) exit(containerID, execID string) chan uint32 {
@@ -218,8 +228,36 @@ func (g *fakeGuest) Wait(ctx context.Context, containerID, execID string) (uint3
 		return 0, time.Time{}, ctx.Err()
 	}
 }
+
+// output returns the stdout channel of a process, made on first use.
+func (g *fakeGuest) output(containerID, execID string) chan []byte {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	k := containerID + "/" + execID
+	if g.stdout[k] == nil {
+		g.stdout[k] = make(chan []byte, 16)
+	}
+	return g.stdout[k]
+}
+
 func (g *fakeGuest) ReadStdio(ctx context.Context, containerID, execID string, stderr bool) ([]byte, error) {
-	return nil, io.EOF
+	g.mu.Lock()
+	out := g.stdout[containerID+"/"+execID]
+	g.mu.Unlock()
+	if stderr || out == nil {
+		return nil, io.EOF
+	}
+	select {
+	case b, ok := <-out:
+		if !ok {
+			return nil, io.EOF
+		}
+		return b, nil
+	case <-g.vmGone:
+		return nil, ttrpc.ErrClosed
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 }
 func (g *fakeGuest) WriteStdin(ctx context.Context, containerID, execID string, data []byte) error {
 	return nil

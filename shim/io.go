@@ -112,8 +112,9 @@ func openOutput(ctx context.Context, uri string) (*output, error) {
 }
 
 // start begins copying. Output copies end when the guest reports EOF for the
-// stream (the process exited and its output is drained), or when the guest
-// connection closes.
+// stream (the last writer of the process's pipe closed: the process and
+// any child it left with the pipe, and its output is drained), or when the
+// guest connection closes.
 func (pio *procIO) start(ctx context.Context, g stdioGuest, containerID, execID string) {
 	pio.touch()
 	if pio.stdout != nil {
@@ -276,6 +277,13 @@ func (pio *procIO) notice(line string) {
 		case <-time.After(noticeWait):
 		}
 	})
+}
+
+// closeAfterCopies closes the streams once the copies ended: the guest
+// reported EOF on every output (or its connection closed).
+func (pio *procIO) closeAfterCopies() {
+	pio.copies.Wait()
+	pio.close()
 }
 
 func (pio *procIO) closeStdin() {

@@ -47,6 +47,9 @@ func (s *service) createContainer(ctx context.Context, r *taskAPI.CreateTaskRequ
 	if err != nil {
 		return nil, err
 	}
+	if err := checkHostname(spec); err != nil {
+		return nil, err
+	}
 	dropHostNamespacePaths(spec)
 	c := &container{id: r.ID, guestID: r.ID, bundle: r.Bundle, spec: spec, execs: map[string]*process{}}
 	c.init = newProcess(r.ID, "", stdio{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal})
@@ -131,7 +134,7 @@ func (s *service) adoptContainer(ctx context.Context, sb vmSandbox, c *container
 	if err != nil {
 		return err
 	}
-	c.init.setPid(pid)
+	c.init.setGuestPid(pid)
 	if err := c.init.transition(stateCreatedCheckpoint); err != nil {
 		return err
 	}
@@ -140,7 +143,7 @@ func (s *service) adoptContainer(ctx context.Context, sb vmSandbox, c *container
 	}
 	c.init.io.start(s.ctx, sb.Guest(), c.guestID, "")
 	s.addContainer(c)
-	log.G(ctx).WithFields(log.Fields{"id": c.id, "guest_id": c.guestID, "pid": pid}).Info("took over restored container")
+	log.G(ctx).WithFields(log.Fields{"id": c.id, "guest_id": c.guestID, "guest_pid": pid}).Info("took over restored container")
 	return nil
 }
 
@@ -337,6 +340,8 @@ func (s *service) startProcess(ctx context.Context, c *container, p *process) er
 		if err != nil {
 			return 0, s.withVMFailure(fmt.Errorf("start %s: %w", p.name(), err))
 		}
+		// containerd is told the VM's pid; the guest's is for the logs.
+		log.G(ctx).WithFields(log.Fields{"process": p.name(), "guest_pid": pid, "qemu_pid": s.vmPid()}).Debug("started in guest")
 		return pid, nil
 	})
 }
@@ -479,10 +484,10 @@ func (s *service) waitExit(c *container, p *process) {
 			p.io.notice(vmStoppedLine(failure))
 		}
 	}
-	// Drain the output, then close containerd's side of the streams: clients
-	// such as `ctr task exec` wait for EOF on them before they delete.
+	// What the process printed before it exited reaches containerd before
+	// its exit does.
 	p.io.drain()
-	p.io.close()
+	s.closeOutput(p)
 	if p.execID == "" {
 		deadline := time.After(5 * time.Second)
 		for _, e := range c.runningExecs() {
@@ -491,7 +496,7 @@ func (s *service) waitExit(c *container, p *process) {
 			case <-deadline:
 			}
 		}
-		if err := writeExitRecord(c.bundle, exitRecord{Pid: int(p.getPid()), Status: int(status), ExitedAt: at}); err != nil {
+		if err := writeExitRecord(c.bundle, exitRecord{Pid: int(s.taskPid(p)), Status: int(status), ExitedAt: at}); err != nil {
 			log.G(ctx).WithError(err).Warn("record exit in bundle")
 		}
 	}
@@ -505,10 +510,25 @@ func (s *service) waitExit(c *container, p *process) {
 	}
 }
 
+// closeOutput closes containerd's side of p's streams once nothing more
+// can come, as runc's shim does: clients such as `ctr run` wait for EOF on
+// them. An init's end ends its container, so its streams close now. An
+// exec's stay open while the guest still has writers on them (a
+// background child, `sh -c "sleep 10 &"`): they close at the guest's EOF,
+// when the last writer closed, or at the exec's Delete. CRI's ExecSync
+// waits drain_exec_sync_io_timeout for that EOF, then deletes the exec.
+func (s *service) closeOutput(p *process) {
+	if p.execID == "" {
+		p.io.close()
+		return
+	}
+	go p.io.closeAfterCopies()
+}
+
 func (s *service) publishExit(c *container, p *process) {
 	status, at := p.exit()
 	s.send(&eventstypes.TaskExit{
-		ContainerID: c.id, ID: processEventID(c, p), Pid: p.getPid(), ExitStatus: status, ExitedAt: protobuf.ToTimestamp(at),
+		ContainerID: c.id, ID: processEventID(c, p), Pid: s.taskPid(p), ExitStatus: status, ExitedAt: protobuf.ToTimestamp(at),
 	})
 }
 
@@ -559,7 +579,7 @@ func (s *service) monitor(sb vmSandbox) {
 	execs.Wait()
 	for _, c := range cs {
 		if st := c.init.current(); st == stateRunning || st == statePaused || st == stateCreated || st == stateCreatedCheckpoint {
-			_ = writeExitRecord(c.bundle, exitRecord{Pid: int(c.init.getPid()), Status: int(exitKilled), ExitedAt: now})
+			_ = writeExitRecord(c.bundle, exitRecord{Pid: int(s.taskPid(c.init)), Status: int(exitKilled), ExitedAt: now})
 			inits.Add(1)
 			go end(c, c.init, &inits)
 		}

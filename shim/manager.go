@@ -155,10 +155,7 @@ func (m *manager) Stop(ctx context.Context, id string) (shim.StopStatus, error) 
 	if err != nil {
 		return shim.StopStatus{}, err
 	}
-	st := shim.StopStatus{ExitedAt: time.Now(), ExitStatus: 128 + int(unix.SIGKILL)}
-	if e, err := readExitRecord(bundle); err == nil {
-		st = shim.StopStatus{Pid: e.Pid, ExitStatus: e.Status, ExitedAt: e.ExitedAt}
-	}
+	st := stopStatus(ctx, bundle)
 	stateDir, err := readStatePointer(bundle)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
@@ -182,6 +179,22 @@ func (m *manager) Stop(ctx context.Context, id string) (shim.StopStatus, error) 
 	}
 	_ = os.Remove(filepath.Join(bundle, statePointerFile))
 	return st, nil
+}
+
+// stopStatus is what the task's exit was: its exit record when it exited
+// before the shim died, killed now otherwise, with the pid the task had
+// either way (containerd publishes it in TaskExit and TaskDelete).
+func stopStatus(ctx context.Context, bundle string) shim.StopStatus {
+	if e, err := readExitRecord(bundle); err == nil {
+		return shim.StopStatus{Pid: e.Pid, ExitStatus: e.Status, ExitedAt: e.ExitedAt}
+	}
+	st := shim.StopStatus{ExitedAt: time.Now(), ExitStatus: 128 + int(unix.SIGKILL)}
+	pid, err := readPidRecord(bundle)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		log.G(ctx).WithError(err).Warn("read task pid from bundle")
+	}
+	st.Pid = int(pid)
+	return st
 }
 
 // Info describes the runtime to containerd.

@@ -1,11 +1,33 @@
 package shim
 
 import (
+	"fmt"
 	"os"
 	"strings"
 
+	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
+
+// checkHostname refuses a spec that sets a hostname without a UTS namespace
+// of its own, as runc does ("unable to set hostname without a private UTS
+// namespace"). CRI leaves the UTS namespace out for a host-network pod:
+// such a pod shares the node's hostname and cannot set its own. The VM
+// could set it anyway, but a pod must not run under cryo that runc
+// refuses.
+func checkHostname(spec *specs.Spec) error {
+	if spec.Hostname == "" {
+		return nil
+	}
+	if spec.Linux != nil {
+		for _, ns := range spec.Linux.Namespaces {
+			if ns.Type == specs.UTSNamespace {
+				return nil
+			}
+		}
+	}
+	return fmt.Errorf("spec sets hostname %q but linux.namespaces has no uts namespace (a host-network pod cannot set its own hostname): %w", spec.Hostname, errdefs.ErrInvalidArgument)
+}
 
 // dropHostNamespacePaths makes a CRI container's spec runnable in the guest.
 // CRI has a pod's containers join the sandbox container's IPC, UTS and PID

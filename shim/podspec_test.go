@@ -3,8 +3,10 @@ package shim
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
+	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
@@ -50,4 +52,30 @@ func podNetNS(s *specs.Spec) string {
 		}
 	}
 	return ""
+}
+
+// TestHostnameNeedsOwnUTSNamespace: as runc, a spec that sets a hostname
+// without a UTS namespace (CRI's host-network pod) is refused, naming the
+// field; a hostname with its own namespace, or none, is fine.
+func TestHostnameNeedsOwnUTSNamespace(t *testing.T) {
+	uts := &specs.Linux{Namespaces: []specs.LinuxNamespace{{Type: specs.UTSNamespace}}}
+	hostNet := &specs.Linux{Namespaces: []specs.LinuxNamespace{{Type: specs.PIDNamespace}, {Type: specs.MountNamespace}}}
+	for _, tc := range []struct {
+		name string
+		spec specs.Spec
+		ok   bool
+	}{
+		{"own uts namespace", specs.Spec{Hostname: "web", Linux: uts}, true},
+		{"host network, no hostname", specs.Spec{Linux: hostNet}, true},
+		{"host network with hostname", specs.Spec{Hostname: "web", Linux: hostNet}, false},
+		{"no linux section", specs.Spec{Hostname: "web"}, false},
+	} {
+		err := checkHostname(&tc.spec)
+		if tc.ok != (err == nil) {
+			t.Errorf("%s: %v", tc.name, err)
+		}
+		if err != nil && (!errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "uts namespace") || !strings.Contains(err.Error(), `"web"`)) {
+			t.Errorf("%s: error %q does not name the hostname and the uts namespace as an invalid argument", tc.name, err)
+		}
+	}
 }

@@ -49,10 +49,12 @@ type process struct {
 	stdio       stdio
 
 	// startMu makes a start and a kill of a created process take turns.
-	startMu    sync.Mutex
-	mu         sync.Mutex
-	state      procState
-	pid        uint32
+	startMu sync.Mutex
+	mu      sync.Mutex
+	state   procState
+	// guestPid is the process's pid in the guest, for the logs: what
+	// containerd is told is the VM's pid (see service.taskPid).
+	guestPid   uint32
 	exitStatus uint32
 	exitedAt   time.Time
 	exited     chan struct{}
@@ -96,16 +98,16 @@ func (p *process) current() procState {
 	return p.state
 }
 
-func (p *process) setPid(pid uint32) {
+func (p *process) setGuestPid(pid uint32) {
 	p.mu.Lock()
-	p.pid = pid
+	p.guestPid = pid
 	p.mu.Unlock()
 }
 
-func (p *process) getPid() uint32 {
+func (p *process) getGuestPid() uint32 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.pid
+	return p.guestPid
 }
 
 // setExited records the exit once; it reports false if the process had
@@ -158,6 +160,6 @@ func (p *process) start(startInGuest func() (uint32, error)) error {
 	if err != nil {
 		return err
 	}
-	p.setPid(pid)
+	p.setGuestPid(pid)
 	return p.transition(stateRunning)
 }

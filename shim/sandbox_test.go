@@ -87,7 +87,10 @@ func (ts *testService) bundle(t *testing.T, id string, a map[string]string) stri
 	if err := os.MkdirAll(filepath.Join(b, "rootfs"), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	spec, _ := json.Marshal(&specs.Spec{Version: specs.Version, Process: &specs.Process{Args: []string{"sh"}}, Hostname: id, Annotations: a})
+	spec, _ := json.Marshal(&specs.Spec{
+		Version: specs.Version, Process: &specs.Process{Args: []string{"sh"}}, Hostname: id, Annotations: a,
+		Linux: &specs.Linux{Namespaces: []specs.LinuxNamespace{{Type: specs.UTSNamespace}}},
+	})
 	if err := os.WriteFile(filepath.Join(b, "config.json"), spec, 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -129,8 +132,8 @@ func TestRestoreAdoptsGuestContainer(t *testing.T) {
 	if ts.maker.boots != 0 || len(ts.maker.restores) != 1 || ts.maker.restores[0].URL != "file:///store/agent:v1" {
 		t.Fatalf("boots %d, restores %+v: want one restore from the annotation", ts.maker.boots, ts.maker.restores)
 	}
-	if resp.Pid != 42 {
-		t.Fatalf("created task pid %d, want the adopted init's 42", resp.Pid)
+	if resp.Pid != fakeQEMUPid {
+		t.Fatalf("created task pid %d, want the restored VM's %d (not the adopted init's guest pid 42)", resp.Pid, fakeQEMUPid)
 	}
 	if st, _ := ts.status(t, "pod"); st != task.Status_CREATED {
 		t.Fatalf("adopted task is %v, want CREATED", st)
@@ -146,8 +149,8 @@ func TestRestoreAdoptsGuestContainer(t *testing.T) {
 	if _, err := ts.Start(ts.ctx, &taskAPI.StartRequest{ID: "pod"}); err != nil {
 		t.Fatal(err)
 	}
-	if st, pid := ts.status(t, "pod"); st != task.Status_RUNNING || pid != 42 {
-		t.Fatalf("started adopted task: %v pid %d, want RUNNING 42", st, pid)
+	if st, pid := ts.status(t, "pod"); st != task.Status_RUNNING || pid != fakeQEMUPid {
+		t.Fatalf("started adopted task: %v pid %d, want RUNNING %d", st, pid, fakeQEMUPid)
 	}
 	if ts.maker.sb.guest.called("start old-pod/") {
 		t.Fatal("starting an adopted task started a new process in the guest")

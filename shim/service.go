@@ -113,11 +113,13 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*ta
 	if err != nil {
 		return nil, err
 	}
+	s.recordTaskPid(ctx, c)
 	s.send(&eventstypes.TaskCreate{
 		ContainerID: r.ID, Bundle: r.Bundle, Rootfs: r.Rootfs, Checkpoint: r.Checkpoint,
-		IO: &eventstypes.TaskIO{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal},
+		IO:  &eventstypes.TaskIO{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal},
+		Pid: s.taskPid(c.init),
 	})
-	return &taskAPI.CreateTaskResponse{Pid: c.init.getPid()}, nil
+	return &taskAPI.CreateTaskResponse{Pid: s.taskPid(c.init)}, nil
 }
 
 func (s *service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.StartResponse, error) {
@@ -128,13 +130,14 @@ func (s *service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.
 	if err := s.startProcess(ctx, c, p); err != nil {
 		return nil, err
 	}
+	pid := s.taskPid(p)
 	if r.ExecID == "" {
-		s.send(&eventstypes.TaskStart{ContainerID: r.ID, Pid: p.getPid()})
+		s.send(&eventstypes.TaskStart{ContainerID: r.ID, Pid: pid})
 	} else {
-		s.send(&eventstypes.TaskExecStarted{ContainerID: r.ID, ExecID: r.ExecID, Pid: p.getPid()})
+		s.send(&eventstypes.TaskExecStarted{ContainerID: r.ID, ExecID: r.ExecID, Pid: pid})
 	}
 	go s.waitExit(c, p)
-	return &taskAPI.StartResponse{Pid: p.getPid()}, nil
+	return &taskAPI.StartResponse{Pid: pid}, nil
 }
 
 func (s *service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAPI.DeleteResponse, error) {
@@ -154,9 +157,9 @@ func (s *service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 		}
 	} else {
 		s.deleteContainer(ctx, c)
-		s.send(&eventstypes.TaskDelete{ContainerID: r.ID, Pid: p.getPid(), ExitStatus: status, ExitedAt: protobuf.ToTimestamp(at)})
+		s.send(&eventstypes.TaskDelete{ContainerID: r.ID, Pid: s.taskPid(p), ExitStatus: status, ExitedAt: protobuf.ToTimestamp(at)})
 	}
-	return &taskAPI.DeleteResponse{Pid: p.getPid(), ExitStatus: status, ExitedAt: protobuf.ToTimestamp(at)}, nil
+	return &taskAPI.DeleteResponse{Pid: s.taskPid(p), ExitStatus: status, ExitedAt: protobuf.ToTimestamp(at)}, nil
 }
 
 func (s *service) Exec(ctx context.Context, r *taskAPI.ExecProcessRequest) (*ptypes.Empty, error) {
@@ -186,7 +189,7 @@ func (s *service) State(ctx context.Context, r *taskAPI.StateRequest) (*taskAPI.
 	}
 	status, at := p.exit()
 	return &taskAPI.StateResponse{
-		ID: r.ID, ExecID: r.ExecID, Bundle: c.bundle, Pid: p.getPid(), Status: p.status(),
+		ID: r.ID, ExecID: r.ExecID, Bundle: c.bundle, Pid: s.taskPid(p), Status: p.status(),
 		Stdin: p.stdio.Stdin, Stdout: p.stdio.Stdout, Stderr: p.stdio.Stderr, Terminal: p.stdio.Terminal,
 		ExitStatus: status, ExitedAt: protobuf.ToTimestamp(at),
 	}, nil
@@ -237,13 +240,16 @@ func (s *service) Pids(ctx context.Context, r *taskAPI.PidsRequest) (*taskAPI.Pi
 	if err != nil {
 		return nil, err
 	}
-	pids, err := s.sb.Guest().Pids(ctx, c.guestID)
+	guestPids, err := s.sb.Guest().Pids(ctx, c.guestID)
 	if err != nil {
 		return nil, err
 	}
+	// One host process runs the container's processes: the VM (see
+	// taskPid). No process, no pid: containerd takes an empty list for a
+	// task that has nothing left running.
 	resp := &taskAPI.PidsResponse{}
-	for _, pid := range pids {
-		resp.Processes = append(resp.Processes, &task.ProcessInfo{Pid: pid})
+	if len(guestPids) > 0 {
+		resp.Processes = []*task.ProcessInfo{{Pid: s.vmPid()}}
 	}
 	return resp, nil
 }
@@ -318,7 +324,7 @@ func (s *service) Stats(ctx context.Context, r *taskAPI.StatsRequest) (*taskAPI.
 func (s *service) Connect(ctx context.Context, r *taskAPI.ConnectRequest) (*taskAPI.ConnectResponse, error) {
 	resp := &taskAPI.ConnectResponse{ShimPid: uint32(os.Getpid())}
 	if c, err := s.container(r.ID); err == nil {
-		resp.TaskPid = c.init.getPid()
+		resp.TaskPid = s.taskPid(c.init)
 	}
 	return resp, nil
 }

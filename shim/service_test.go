@@ -17,6 +17,7 @@ import (
 type slowPublisher struct {
 	mu     sync.Mutex
 	topics []string
+	events []events.Event
 	closed bool
 }
 
@@ -25,6 +26,7 @@ func (p *slowPublisher) Publish(ctx context.Context, topic string, e events.Even
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.topics = append(p.topics, topic)
+	p.events = append(p.events, e)
 	return nil
 }
 
