@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"time"
 
 	"github.com/containerd/log"
 
@@ -114,7 +113,7 @@ func (st *start) startQEMU(ctx context.Context, u *undo) error {
 		return err
 	}
 	u.onFailure(func(ctx context.Context) {
-		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		sctx, cancel := context.WithTimeout(ctx, failedStartTimeout)
 		defer cancel()
 		_ = vm.Shutdown(sctx)
 	})

@@ -271,7 +271,7 @@ func runHook(ctx context.Context, ag agentConn, guestID, cmd, name string) error
 	if cmd == "" {
 		return nil
 	}
-	out, status, err := ag.runHook(ctx, guestID, []string{"/bin/sh", "-c", cmd}, 60*time.Second)
+	out, status, err := ag.runHook(ctx, guestID, []string{"/bin/sh", "-c", cmd}, hookTimeout)
 	if err != nil {
 		return fmt.Errorf("%s hook: %w", name, err)
 	}

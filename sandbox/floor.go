@@ -40,7 +40,7 @@ func Floor(ctx context.Context, spec Spec, src Source) (time.Duration, error) {
 				return err
 			}
 			u.cleanup(func(ctx context.Context) {
-				sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				sctx, cancel := context.WithTimeout(ctx, failedStartTimeout)
 				defer cancel()
 				_ = st.vm.Shutdown(sctx)
 			})
@@ -53,7 +53,7 @@ func Floor(ctx context.Context, spec Spec, src Source) (time.Duration, error) {
 			defer st.agent.close()
 			// In the checkpointed sandbox's own container, as an exec
 			// would run: the guest's root has no such command.
-			out, status, err := st.agent.runHook(ctx, st.restore.rec.SandboxID, []string{"true"}, 10*time.Second)
+			out, status, err := st.agent.runHook(ctx, st.restore.rec.SandboxID, []string{"true"}, firstCommandTimeout)
 			if err == nil && status != 0 {
 				err = fmt.Errorf("floor: true exited %d: %s", status, out)
 			}

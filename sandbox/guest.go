@@ -30,7 +30,7 @@ var _ agentConn = (*agentClient)(nil)
 
 func newAgentClient(conn net.Conn, timeout time.Duration) *agentClient {
 	if timeout <= 0 {
-		timeout = 30 * time.Second
+		timeout = defaultAgentTimeout
 	}
 	return &agentClient{api: agent.NewClient(conn), timeout: timeout}
 }

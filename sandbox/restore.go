@@ -10,7 +10,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
@@ -532,7 +531,7 @@ func (s *Sandbox) Adopt(ctx context.Context, rc RecordContainer, hostname string
 		return 0, fmt.Errorf("restore: guest has no running container %s: %w", rc.GuestID, errdefs.ErrNotFound)
 	}
 	if hostname != "" && hostname != rc.Spec.Hostname {
-		if _, _, err := s.agent.runHook(ctx, rc.GuestID, []string{"hostname", hostname}, 10*time.Second); err != nil {
+		if _, _, err := s.agent.runHook(ctx, rc.GuestID, []string{"hostname", hostname}, hostnameTimeout); err != nil {
 			return 0, fmt.Errorf("restore: set hostname: %w", err)
 		}
 	}

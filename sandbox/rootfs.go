@@ -81,10 +81,6 @@ func (b *rootfsBuilder) disk(ctx context.Context, id, bundle, workDir string, mo
 // baseImage returns a cached read-only ext4 image holding the union of the
 // lower directories (first one on top, as in overlayfs). Snapshot
 // directories of committed layers never change, so their paths key the cache.
-// baseImageWait bounds the wait for another shim that builds the same base
-// image: mkfs of a large layer chain takes seconds, a stuck one must not
-// hold every Create of the node.
-const baseImageWait = 2 * time.Minute
 
 func (b *rootfsBuilder) baseImage(ctx context.Context, lowers []string) (string, error) {
 	sum := sha256.Sum256([]byte(fmt.Sprintf("v1 %d %s", b.writableMiB, strings.Join(lowers, ":"))))

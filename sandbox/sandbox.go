@@ -186,7 +186,7 @@ func (s *Sandbox) RunHook(ctx context.Context, guestID, cmd, name string) error 
 
 // Stop kills the VM within a few seconds; its processes end with it.
 func (s *Sandbox) Stop(ctx context.Context) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 3*time.Second)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stopTimeout)
 	defer cancel()
 	if err := s.vm.Shutdown(ctx); err != nil {
 		log.G(ctx).WithError(err).Warn("stop sandbox vm")
@@ -243,7 +243,7 @@ func connectAgent(ctx context.Context, vm *vmm.Machine, ac configs.Agent) (agent
 			break
 		}
 		ag := newAgentClient(conn, ac.RequestTimeout.Duration)
-		pctx, pcancel := context.WithTimeout(ctx, 5*time.Second)
+		pctx, pcancel := context.WithTimeout(ctx, agentPingTimeout)
 		info, err := ag.ping(pctx)
 		pcancel()
 		if err == nil {
@@ -294,7 +294,7 @@ func (s *Sandbox) Shutdown(ctx context.Context) error {
 	if s.agent != nil {
 		s.agent.close()
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTimeout)
 	defer cancel()
 	// QEMU first: it maps the served RAM until it is gone.
 	err := s.vm.Shutdown(ctx)

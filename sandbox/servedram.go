@@ -337,10 +337,6 @@ func (r *servedRAM) abort(ctx context.Context) {
 	}
 }
 
-// prefetchDelay is the longest a prefetch waits for the restored
-// sandbox's first request (Interacted) before it starts.
-const prefetchDelay = 2 * time.Second
-
 // interacted says the restored sandbox answered its first request.
 func (r *servedRAM) interacted() {
 	r.interactOnce.Do(func() {
@@ -416,10 +412,6 @@ type pageReader interface {
 	Size() int64
 	Name() string
 }
-
-// stuckGrace is how long a page read may outlive its deadline (a store
-// that ignores cancellation) before QEMU is killed.
-const stuckGrace = 5 * time.Second
 
 // pageSource is a served file's content: the snapshot reader under a
 // deadline per read.
