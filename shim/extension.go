@@ -10,7 +10,6 @@ import (
 
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
-	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/containerd/log"
 	"github.com/containerd/ttrpc"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -67,14 +66,8 @@ func (s *service) serveExtension(sb vmSandbox) error {
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", path, err)
 	}
-	srv, err := ttrpc.NewServer(ttrpc.WithUnaryServerInterceptor(func(ctx context.Context, u ttrpc.Unmarshaler, info *ttrpc.UnaryServerInfo, m ttrpc.Method) (any, error) {
-		resp, err := m(ctx, u)
-		if err != nil {
-			log.G(s.ctx).WithError(err).WithField("method", info.FullMethod).Warn("cryo api call failed")
-			return resp, errgrpc.ToGRPC(err)
-		}
-		return resp, nil
-	}))
+	// The task API's interceptor: the same logs, watchdog and error codes.
+	srv, err := ttrpc.NewServer(ttrpc.WithUnaryServerInterceptor(s.UnaryServerInterceptor()))
 	if err != nil {
 		l.Close()
 		return err

@@ -15,7 +15,8 @@ import (
 // watchdog leaves them alone.
 var longPolls = map[string]bool{"/containerd.task.v3.Task/Wait": true}
 
-// UnaryServerInterceptor logs every task API call with its duration and
+// UnaryServerInterceptor logs every task API call (and every call of
+// cryo's own API beside it) with its duration and
 // converts errors to gRPC codes, once, at the ttrpc boundary; when the
 // environment arms the watchdog, a call that outruns it is reported with
 // the shim's goroutine dump. The shim runner picks the interceptor up
