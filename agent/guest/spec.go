@@ -2,6 +2,7 @@ package guest
 
 import (
 	"fmt"
+	"os"
 	"path"
 	"strings"
 
@@ -154,6 +155,7 @@ func translateSpec(spec *specs.Spec, rootfs string, files []fileEntry) (*helperC
 		cfg.Mounts = append(cfg.Mounts, *e)
 	}
 	cfg.Files = assignCopies(cfg.Mounts, files)
+	cfg.Mounts, skipped = dropUnsent(cfg.Mounts, rootfs, skipped)
 	if l := spec.Linux; l != nil {
 		cfg.MaskedPaths, cfg.ReadonlyPaths = l.MaskedPaths, l.ReadonlyPaths
 		for _, d := range l.Devices {
@@ -247,6 +249,25 @@ var bindFlagNames = map[string]bool{
 	"ro": true, "rw": true, "nosuid": true, "suid": true, "nodev": true, "dev": true,
 	"noexec": true, "exec": true, "noatime": true, "atime": true, "nodiratime": true,
 	"diratime": true, "relatime": true, "norelatime": true, "strictatime": true, "nostrictatime": true,
+}
+
+// dropUnsent skips the copied mounts that got no files and whose target in
+// the root is not a directory: the host sent no content for them (an empty
+// directory it copied has a directory to go on).
+func dropUnsent(mounts []mountEntry, rootfs string, skipped []string) ([]mountEntry, []string) {
+	kept := mounts[:0]
+	for _, m := range mounts {
+		if m.Copy != nil && len(m.Copy.Files) == 0 {
+			if dst, err := securePath(rootfs, m.Target); err == nil {
+				if fi, err := os.Stat(dst); err == nil && !fi.IsDir() {
+					skipped = append(skipped, fmt.Sprintf("bind mount %s: the host sent no content for it", m.Target))
+					continue
+				}
+			}
+		}
+		kept = append(kept, m)
+	}
+	return kept, skipped
 }
 
 // assignCopies gives each copied mount its files: the one at its target, or

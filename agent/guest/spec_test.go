@@ -1,6 +1,8 @@
 package guest
 
 import (
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -223,5 +225,29 @@ func TestAssignCopies(t *testing.T) {
 	}
 	if got := paths(rest); !reflect.DeepEqual(got, []string{"/proc/x"}) {
 		t.Errorf("unclaimed %v", got)
+	}
+}
+
+// TestUnsentMounts: a bind mount with no files is an empty directory the
+// host copied, unless its target in the root is a file: then the host sent
+// nothing for it and it is skipped, as a bind mount of a host path.
+func TestUnsentMounts(t *testing.T) {
+	root := t.TempDir()
+	os.MkdirAll(filepath.Join(root, "etc"), 0o755)
+	os.WriteFile(filepath.Join(root, "etc", "hosts"), []byte("x"), 0o644)
+	s := defaultSpec()
+	s.Mounts = []specs.Mount{
+		{Destination: "/etc/hosts", Type: "bind", Source: "/h", Options: []string{"rbind", "ro"}},
+		{Destination: "/empty", Type: "bind", Source: "/e", Options: []string{"rbind"}},
+	}
+	cfg, skipped, err := translateSpec(s, root, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.Mounts) != 1 || cfg.Mounts[0].Target != "/empty" || cfg.Mounts[0].Copy == nil {
+		t.Errorf("mounts %+v", cfg.Mounts)
+	}
+	if len(skipped) != 1 || !strings.Contains(skipped[0], "/etc/hosts") {
+		t.Errorf("skipped %q", skipped)
 	}
 }
