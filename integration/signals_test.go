@@ -3,6 +3,8 @@
 package integration
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -45,5 +47,15 @@ func TestCRIStopRightAfterStart(t *testing.T) {
 			t.Errorf("%s: the stop took %v", name, took)
 		}
 		c.MustCrictl("rm", id)
+	}
+	// How long the agent held each signal, for the window's choice.
+	consoles, _ := filepath.Glob(filepath.Join(c.StateRoot, "vm", "*", "console.log"))
+	for _, f := range consoles {
+		b, _ := os.ReadFile(f)
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.Contains(l, "held signal sent") {
+				t.Log(strings.TrimSpace(l))
+			}
+		}
 	}
 }

@@ -64,6 +64,7 @@ type process struct {
 	startedAt time.Time
 	// held are signals waiting for the init to handle them (deliverHeld).
 	held         []unix.Signal
+	heldSince    time.Time // when the first of held was held
 	blockedSince time.Time
 }
 
@@ -333,7 +334,7 @@ func (p *process) Signal(sig unix.Signal) error {
 		p.held = append(p.held, sig)
 		return nil
 	case p.holdSignal(sig, time.Now()):
-		p.held = append(p.held, sig)
+		p.held, p.heldSince = append(p.held, sig), time.Now()
 		go p.deliverHeld()
 		return nil
 	}

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
 )
 
@@ -176,8 +177,13 @@ func (p *process) sendHeld(now time.Time) bool {
 		return true
 	}
 	for len(p.held) > 0 && !p.holdSignal(p.held[0], now) {
-		unix.Kill(p.pid, p.held[0])
-		p.held, p.blockedSince = p.held[1:], time.Time{}
+		sig := p.held[0]
+		e := log.L.WithFields(log.Fields{"pid": p.pid, "signal": sig, "held": now.Sub(p.heldSince), "after_start": now.Sub(p.startedAt)})
+		if err := unix.Kill(p.pid, sig); err != nil {
+			e = e.WithError(err)
+		}
+		e.Info("held signal sent")
+		p.held, p.blockedSince, p.heldSince = p.held[1:], time.Time{}, now
 	}
 	return len(p.held) == 0
 }
