@@ -36,10 +36,9 @@ var (
 		`Security Context SeccompProfilePath`,
 	}, "|")
 	critestSkip = strings.Join([]string{
-		`portforward`,  // the port is in the guest, not in the pod netns containerd enters
-		`port mapping`, // hostPort: needs the CNI portmap plugin and a web server image
-		`RemoveImage`,  // image tests pull registry images by name
-		`stopping container|removing stopped container|StopContainer should not return an error if already stopped`, // SIGTERM right after start: see docs/critest.md
+		`portforward`,           // the port is in the guest, not in the pod netns containerd enters
+		`port mapping`,          // hostPort: needs the CNI portmap plugin and a web server image
+		`RemoveImage`,           // image tests pull registry images by name
 		`execSync with timeout`, // needs pgrep, which busybox-static lacks
 		`adding capability`,     // needs brctl in the image
 		`MaskedPaths`,           // see docs/critest.md

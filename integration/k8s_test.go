@@ -93,6 +93,10 @@ func TestK8s(t *testing.T) {
 		deleteAndCheck(t, k, "sized")
 	})
 
+	t.Run("read-only volumes", func(t *testing.T) {
+		readonlyVolumes(t, k.T(t))
+	})
+
 	t.Run("checkpoint through the kubelet, restore by annotation", func(t *testing.T) {
 		k := k.T(t)
 		if boot == "" {
@@ -470,4 +474,56 @@ func fleetPod(t *testing.T, k *harness.K8s, not string) string {
 			k.Cluster.LogTail("kube-scheduler", 10), k.Cluster.LogTail("kube-controller-manager", 10))
 	}
 	return name
+}
+
+// readonlyVolumes: a Secret volume and the service-account token (a
+// projected volume, as the ServiceAccount admission plugin would add) are
+// read-only in the container, as the kubelet mounts them; an emptyDir is
+// writable.
+func readonlyVolumes(t *testing.T, k *harness.K8s) {
+	k.Apply(map[string]any{"apiVersion": "v1", "kind": "ServiceAccount", "metadata": map[string]any{"name": "default"}})
+	k.Apply(map[string]any{"apiVersion": "v1", "kind": "Secret", "metadata": map[string]any{"name": "creds"},
+		"stringData": map[string]any{"password": "s3cret"}})
+	const tokenDir = "/var/run/secrets/kubernetes.io/serviceaccount"
+	c := harness.Container("vols", "sleep inf")
+	c["volumeMounts"] = []map[string]any{
+		{"name": "creds", "mountPath": "/etc/creds"},
+		{"name": "token", "mountPath": tokenDir, "readOnly": true},
+		{"name": "scratch", "mountPath": "/scratch"},
+	}
+	pod := harness.Pod("vols", nil, c)
+	spec := pod["spec"].(map[string]any)
+	spec["serviceAccountName"], spec["automountServiceAccountToken"] = "default", false
+	spec["volumes"] = []map[string]any{
+		{"name": "creds", "secret": map[string]any{"secretName": "creds"}},
+		{"name": "token", "projected": map[string]any{"sources": []map[string]any{
+			{"serviceAccountToken": map[string]any{"path": "token", "expirationSeconds": 3600}},
+		}}},
+		{"name": "scratch", "emptyDir": map[string]any{}},
+	}
+	k.Apply(pod)
+	k.WaitReady("vols", time.Now(), 3*time.Minute)
+	if got := k.Exec("vols", "vols", "cat", "/etc/creds/password"); got != "s3cret" {
+		t.Fatalf("secret in the container = %q", got)
+	}
+	token := k.Exec("vols", "vols", "cat", tokenDir+"/token")
+	if !strings.HasPrefix(token, "eyJ") {
+		t.Fatalf("service-account token in the container = %.40q", token)
+	}
+	for _, write := range []string{
+		"echo x > /etc/creds/password", "echo x > /etc/creds/new", "rm -f /etc/creds/password",
+		"echo x > " + tokenDir + "/token", "touch " + tokenDir + "/new",
+	} {
+		out, errs, err := k.Kubectl("exec", "vols", "-c", "vols", "--", "sh", "-c", write)
+		if err == nil || !strings.Contains(out+errs, "Read-only file system") {
+			t.Errorf("%q: %v %q %q, want Read-only file system", write, err, out, errs)
+		}
+	}
+	if got := k.Exec("vols", "vols", "cat", "/etc/creds/password", tokenDir+"/token"); got != "s3cret"+token {
+		t.Errorf("secret and token after the writes = %.60q", got)
+	}
+	if got := k.Exec("vols", "vols", "sh", "-c", "echo w > /scratch/f && cat /scratch/f"); got != "w" {
+		t.Errorf("emptyDir write = %q", got)
+	}
+	deleteAndCheck(t, k, "vols")
 }

@@ -100,11 +100,13 @@ func readSpec(bundle string) (*specs.Spec, error) {
 // maxCopiedFile bounds the host files copied into the guest for bind mounts.
 const maxCopiedFile = 1 << 20
 
-// guestFiles turns the spec's bind mounts of small host files (resolv.conf,
-// hosts, hostname, termination-log, secrets) into files copied into the
-// container, and drops them from the spec: the guest cannot see host paths.
-// Bind mounts of directories are copied when they hold only small regular
-// files; anything else is dropped with a warning.
+// guestFiles copies the content of the spec's bind mounts of small host
+// files (resolv.conf, hosts, hostname, termination-log, secrets) for the
+// guest, which cannot see host paths. Bind mounts of directories are copied
+// when they hold only small regular files; anything else is dropped from the
+// spec with a warning. The copied mounts stay in the spec: the guest agent
+// mounts each copy where the bind mount was, with its options (ro, nosuid,
+// nodev, noexec).
 func guestFiles(ctx context.Context, s *specs.Spec) []sandbox.GuestFile {
 	var files []sandbox.GuestFile
 	kept := s.Mounts[:0]
@@ -121,6 +123,7 @@ func guestFiles(ctx context.Context, s *specs.Spec) []sandbox.GuestFile {
 			continue
 		}
 		files = append(files, fs...)
+		kept = append(kept, m)
 	}
 	s.Mounts = kept
 	return files

@@ -99,6 +99,7 @@ func (s *Service) createContainer(ctx context.Context, cc *ContainerConfig) (_ *
 	}
 	defer startR.Close()
 	p.start = startW
+	p.nsInit = true // containerNamespaces always clones a pid namespace
 	c.init = p
 	if err := p.spawn(s.reaper, spawnOpts{cloneflags: flagsNS, cgroupFD: int(c.cgDir.Fd()), extra: []*os.File{startR}}); err != nil {
 		return nil, err

@@ -20,8 +20,14 @@
 // cgroup /sys/fs/cgroup/cryo/<id> and starts a helper: the agent binary again
 // (/proc/self/exe container-helper), cloned with new mount, pid, uts and ipc
 // namespaces straight into the cgroup (CLONE_INTO_CGROUP). The helper mounts
-// what the spec asks for (bind mounts of host paths cannot exist in a VM: they
-// are skipped with a log line, or satisfied by the files the host sends),
+// what the spec asks for. Bind mounts of host paths cannot exist in a VM: the
+// host sends the content of those it could copy (the others are gone from the
+// spec) and the helper bind-mounts each copy at its target, a read-only one
+// from a tmpfs outside the root (it reaches no disk), a writable one from its
+// content written into the root; then a bind remount applies the mount's ro,
+// nosuid, nodev, noexec and atime options (rro and the other recursive forms
+// as the plain ones: a copy has no submounts). Any other option on a bind
+// mount fails the create, naming the mount. The helper then
 // creates devices, copies the files, masks paths, sets the hostname, moves the
 // root disk onto / and chroots into it (pivot_root does not work from an
 // initramfs), reports ready and waits. StartProcess sends it one byte: it
@@ -48,6 +54,15 @@
 // goes through pipes (or a pty: Setsid+Setctty, TIOCSWINSZ) into a bounded
 // buffer per stream; ReadStdio long-polls it and a full buffer blocks the
 // writing process.
+//
+// A container's init is PID 1 of its pid namespace, and the kernel drops a
+// signal to it that it neither catches nor blocks, whoever sends it (only
+// SIGKILL and SIGSTOP are forced). SignalProcess therefore holds a signal to
+// an init that started less than 5 s ago and neither catches, ignores nor
+// waits for it (sigwait, or a block that lasts 100 ms: signalfd), and sends
+// it once it does, or at the 5 s mark, when the kernel's drop is the answer
+// as with runc; it is dropped if the init exits first. Signals sent after a
+// held one queue behind it; SIGKILL and SIGSTOP never wait.
 //
 // The mounts of /run are shared and each container's copy is a slave: when
 // the agent unmounts one container's disk, the unmount reaches the other

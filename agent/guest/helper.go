@@ -102,11 +102,24 @@ func setupContainer(cfg *helperConfig) error {
 		return fmt.Errorf("make / rslave: %w", err)
 	}
 	root := cfg.Rootfs
-	for _, m := range cfg.Mounts {
-		if err := mountInto(root, m); err != nil {
+	stage, err := stageCopies(cfg.Mounts)
+	if err != nil {
+		return err
+	}
+	defer stage.release()
+	for i, m := range cfg.Mounts {
+		if err := mountInto(root, m, stage.path(i)); err != nil {
 			return err
 		}
 	}
+	// Flags of copied mounts are applied once all mounts exist: a mount
+	// point inside a read-only copy could not be made afterwards.
+	for _, m := range cfg.Mounts {
+		if err := applyCopyFlags(root, m); err != nil {
+			return err
+		}
+	}
+	stage.release()
 	for _, d := range cfg.Devices {
 		if err := makeDevice(root, d); err != nil {
 			return err
@@ -163,10 +176,15 @@ func setupContainer(cfg *helperConfig) error {
 	return unix.Chdir("/")
 }
 
-func mountInto(root string, m mountEntry) error {
+// mountInto makes m inside root; staged is where a read-only copied mount's
+// content was staged.
+func mountInto(root string, m mountEntry, staged string) error {
 	dst, err := securePath(root, m.Target)
 	if err != nil {
 		return err
+	}
+	if m.Copy != nil {
+		return mountCopy(dst, m, staged)
 	}
 	if err := os.MkdirAll(dst, 0o755); err != nil {
 		return fmt.Errorf("mount %s: %w", m.Target, err)
@@ -179,6 +197,9 @@ func mountInto(root string, m mountEntry) error {
 		// isolation boundary.
 		if err := unix.Mount("/dev/pts", dst, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
 			return fmt.Errorf("mount %s (devpts): %w", m.Target, err)
+		}
+		if err := unix.Mount("", dst, "", unix.MS_BIND|unix.MS_REMOUNT|m.Flags&bindRemountFlags, ""); err != nil {
+			return fmt.Errorf("mount %s (devpts): apply options: %w", m.Target, err)
 		}
 		return nil
 	}
@@ -220,6 +241,11 @@ func writeFileInto(root string, f fileEntry) error {
 	if err != nil {
 		return err
 	}
+	return writeFileAt(dst, f)
+}
+
+// writeFileAt writes f's content at dst (f.Path names it in errors).
+func writeFileAt(dst string, f fileEntry) error {
 	mode := os.FileMode(f.Mode & 0o7777)
 	if mode == 0 {
 		mode = 0o644

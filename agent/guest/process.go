@@ -12,6 +12,7 @@ import (
 	"runtime"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
@@ -57,6 +58,14 @@ type process struct {
 	// status is the helper's status pipe (see statusMsg).
 	status  *bufio.Reader
 	closers []io.Closer
+	// nsInit: the process is PID 1 of its pid namespace (a container's
+	// init), to which the kernel drops unhandled signals; see signal.go.
+	nsInit    bool
+	startedAt time.Time
+	// held are signals waiting for the init to handle them (deliverHeld).
+	held         []unix.Signal
+	heldSince    time.Time // when the first of held was held
+	blockedSince time.Time
 }
 
 func newProcess(id string, cfg *helperConfig, stdio StdioConfig) *process {
@@ -278,7 +287,7 @@ func (p *process) started(ctx context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.state == stateCreated {
-		p.state = stateRunning
+		p.state, p.startedAt = stateRunning, time.Now()
 	}
 	return nil
 }
@@ -309,12 +318,25 @@ func (p *process) Wait(ctx context.Context) (Exit, error) {
 	}
 }
 
-// Signal sends sig to the process; an exited process is errdefs.ErrNotFound.
+// Signal sends sig to the process, or holds it for a container's init that
+// has just started and does not handle it yet (see signal.go); an exited
+// process is errdefs.ErrNotFound.
 func (p *process) Signal(sig unix.Signal) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.state == stateStopped || p.pid == 0 {
 		return fmt.Errorf("process %q: %w", p.id, errdefs.ErrNotFound)
+	}
+	forced := sig == unix.SIGKILL || sig == unix.SIGSTOP
+	switch {
+	case len(p.held) > 0 && !forced:
+		// behind the held ones: signals arrive in the order sent
+		p.held = append(p.held, sig)
+		return nil
+	case p.holdSignal(sig, time.Now()):
+		p.held, p.heldSince = append(p.held, sig), time.Now()
+		go p.deliverHeld()
+		return nil
 	}
 	return unix.Kill(p.pid, sig)
 }

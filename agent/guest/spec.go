@@ -2,6 +2,7 @@ package guest
 
 import (
 	"fmt"
+	"os"
 	"path"
 	"strings"
 
@@ -39,6 +40,17 @@ type mountEntry struct {
 	FSType string `json:"fstype"`
 	Flags  uintptr
 	Data   string `json:"data,omitempty"`
+	// Copy is set for a bind mount of the host whose content the host sent:
+	// the helper bind-mounts the copy at Target, then applies Flags.
+	Copy *copiedMount `json:"copy,omitempty"`
+}
+
+// copiedMount is the content of a bind mount copied from the host.
+type copiedMount struct {
+	// File: the mount is one file (Files[0], Path ""), not a directory.
+	File bool `json:"file,omitempty"`
+	// Files' paths are relative to the mount's target.
+	Files []fileEntry `json:"files,omitempty"`
 }
 
 type deviceEntry struct {
@@ -122,7 +134,6 @@ func translateSpec(spec *specs.Spec, rootfs string, files []fileEntry) (*helperC
 	cfg := &helperConfig{
 		Mode:       helperInit,
 		Rootfs:     rootfs,
-		Files:      files,
 		Hostname:   spec.Hostname,
 		Domainname: spec.Domainname,
 		Process:    *proc,
@@ -131,21 +142,20 @@ func translateSpec(spec *specs.Spec, rootfs string, files []fileEntry) (*helperC
 	if spec.Root != nil {
 		cfg.ReadonlyRoot = spec.Root.Readonly
 	}
-	provided := map[string]bool{}
-	for _, f := range files {
-		provided[path.Clean(f.Path)] = true
-	}
 	var skipped []string
-	for _, m := range spec.Mounts {
-		e, skip := translateMount(m, provided)
+	for i, m := range spec.Mounts {
+		e, skip, err := translateMount(m)
+		if err != nil {
+			return nil, nil, fmt.Errorf("mounts[%d] (%s): %w", i, m.Destination, err)
+		}
 		if skip != "" {
 			skipped = append(skipped, skip)
 			continue
 		}
-		if e != nil {
-			cfg.Mounts = append(cfg.Mounts, *e)
-		}
+		cfg.Mounts = append(cfg.Mounts, *e)
 	}
+	cfg.Files = assignCopies(cfg.Mounts, files)
+	cfg.Mounts, skipped = dropUnsent(cfg.Mounts, rootfs, skipped)
 	if l := spec.Linux; l != nil {
 		cfg.MaskedPaths, cfg.ReadonlyPaths = l.MaskedPaths, l.ReadonlyPaths
 		for _, d := range l.Devices {
@@ -165,24 +175,28 @@ func translateSpec(spec *specs.Spec, rootfs string, files []fileEntry) (*helperC
 	return cfg, skipped, nil
 }
 
-// translateMount returns the mount to make, or why it is skipped; (nil, "")
-// means the mount is satisfied otherwise (a copied file).
-func translateMount(m specs.Mount, provided map[string]bool) (*mountEntry, string) {
+// translateMount returns the mount to make, or why it is skipped. Every
+// bind mount but /dev/shm is one the host copied (the shim drops the others):
+// its content comes with the files, see assignCopies.
+func translateMount(m specs.Mount) (*mountEntry, string, error) {
 	dst := path.Clean(m.Destination)
 	if !path.IsAbs(dst) {
-		return nil, fmt.Sprintf("mount %s: destination is not absolute", m.Destination)
+		return nil, fmt.Sprintf("mount %s: destination is not absolute", m.Destination), nil
 	}
 	flags, data, bind := parseMountOptions(m.Options)
 	typ := m.Type
 	if typ == "bind" || bind {
+		flags, err := bindFlags(m.Options)
 		switch {
-		case provided[dst]:
-			return nil, ""
+		case err != nil:
+			return nil, "", err
 		case dst == "/dev/shm":
 			// the pod's shared memory: a tmpfs of the VM
-			return &mountEntry{Source: "shm", Target: dst, FSType: "tmpfs", Flags: unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, Data: "mode=1777,size=65536k"}, ""
+			return &mountEntry{Source: "shm", Target: dst, FSType: "tmpfs", Flags: flags | unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, Data: "mode=1777,size=65536k"}, "", nil
+		case dst == "/":
+			return nil, "", fmt.Errorf("a bind mount onto / is not supported")
 		default:
-			return nil, fmt.Sprintf("bind mount %s -> %s: host paths cannot be bind-mounted into the VM", m.Source, dst)
+			return &mountEntry{Target: dst, Flags: flags, Copy: &copiedMount{}}, "", nil
 		}
 	}
 	switch typ {
@@ -191,15 +205,97 @@ func translateMount(m specs.Mount, provided map[string]bool) (*mountEntry, strin
 		typ = "cgroup2" // the guest has cgroup v2 only
 		data = ""
 	case "":
-		return nil, fmt.Sprintf("mount %s: no type", dst)
+		return nil, fmt.Sprintf("mount %s: no type", dst), nil
 	default:
-		return nil, fmt.Sprintf("mount %s: type %q is not supported in the guest", dst, typ)
+		return nil, fmt.Sprintf("mount %s: type %q is not supported in the guest", dst, typ), nil
 	}
 	src := m.Source
 	if src == "" {
 		src = typ
 	}
-	return &mountEntry{Source: src, Target: dst, FSType: typ, Flags: flags, Data: data}, ""
+	return &mountEntry{Source: src, Target: dst, FSType: typ, Flags: flags, Data: data}, "", nil
+}
+
+// bindFlags are the per-mount flags a bind mount's options ask for. The
+// options come from the spec, untrusted: anything but the flags a bind
+// mount's remount can set is refused, rather than silently dropped. The
+// recursive forms (rro, ...) are the same as the plain ones here: a copied
+// mount has no submounts of its own.
+func bindFlags(opts []string) (uintptr, error) {
+	var flags uintptr
+	for _, o := range opts {
+		name := o
+		if strings.HasPrefix(o, "r") && bindFlagNames[o[1:]] {
+			name = o[1:]
+		}
+		f, ok := mountFlags[name]
+		switch {
+		case ok && bindFlagNames[name]:
+			if f.clear {
+				flags &^= f.flag
+			} else {
+				flags |= f.flag
+			}
+		case o == "bind" || o == "rbind" || propagationOptions[o]:
+		default:
+			return 0, fmt.Errorf("option %q is not supported on a bind mount", o)
+		}
+	}
+	return flags, nil
+}
+
+// bindFlagNames are the options of mountFlags that a bind remount applies.
+var bindFlagNames = map[string]bool{
+	"ro": true, "rw": true, "nosuid": true, "suid": true, "nodev": true, "dev": true,
+	"noexec": true, "exec": true, "noatime": true, "atime": true, "nodiratime": true,
+	"diratime": true, "relatime": true, "norelatime": true, "strictatime": true, "nostrictatime": true,
+}
+
+// dropUnsent skips the copied mounts that got no files and whose target in
+// the root is not a directory: the host sent no content for them (an empty
+// directory it copied has a directory to go on).
+func dropUnsent(mounts []mountEntry, rootfs string, skipped []string) ([]mountEntry, []string) {
+	kept := mounts[:0]
+	for _, m := range mounts {
+		if m.Copy != nil && len(m.Copy.Files) == 0 {
+			if dst, err := securePath(rootfs, m.Target); err == nil {
+				if fi, err := os.Stat(dst); err == nil && !fi.IsDir() {
+					skipped = append(skipped, fmt.Sprintf("bind mount %s: the host sent no content for it", m.Target))
+					continue
+				}
+			}
+		}
+		kept = append(kept, m)
+	}
+	return kept, skipped
+}
+
+// assignCopies gives each copied mount its files: the one at its target, or
+// those under it, the longest target winning for nested mounts. The files
+// no mount claims are returned, to be written into the root as they are.
+func assignCopies(mounts []mountEntry, files []fileEntry) []fileEntry {
+	var rest []fileEntry
+	for _, f := range files {
+		p := path.Clean(f.Path)
+		owner := -1
+		for i, m := range mounts {
+			if m.Copy == nil || p != m.Target && !strings.HasPrefix(p, m.Target+"/") {
+				continue
+			}
+			if owner < 0 || len(m.Target) > len(mounts[owner].Target) {
+				owner = i
+			}
+		}
+		if owner < 0 {
+			rest = append(rest, f)
+			continue
+		}
+		c := mounts[owner].Copy
+		rel := strings.TrimPrefix(strings.TrimPrefix(p, mounts[owner].Target), "/")
+		c.File = c.File || rel == ""
+		c.Files = append(c.Files, fileEntry{Path: rel, Content: f.Content, Mode: f.Mode})
+	}
+	return rest
 }
 
 var mountFlags = map[string]struct {

@@ -1,6 +1,8 @@
 package guest
 
 import (
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -54,7 +56,7 @@ func defaultSpec() *specs.Spec {
 }
 
 func TestTranslateSpec(t *testing.T) {
-	files := []fileEntry{{Path: "/etc/hosts", Content: []byte("x")}}
+	files := []fileEntry{{Path: "/etc/hosts", Content: []byte("x")}, {Path: "/data/a/b", Content: []byte("b")}, {Path: "/etc/motd", Content: []byte("m")}}
 	cfg, skipped, err := translateSpec(defaultSpec(), "/run/cryo/c/x/rootfs", files)
 	if err != nil {
 		t.Fatal(err)
@@ -66,15 +68,27 @@ func TestTranslateSpec(t *testing.T) {
 	for _, m := range cfg.Mounts {
 		targets = append(targets, m.Target+":"+m.FSType)
 	}
-	want := []string{"/proc:proc", "/dev/shm:tmpfs", "/sys/fs/cgroup:cgroup2"}
+	want := []string{"/proc:proc", "/dev/shm:tmpfs", "/etc/hosts:", "/data:", "/sys/fs/cgroup:cgroup2"}
 	if !reflect.DeepEqual(targets, want) {
 		t.Errorf("mounts %v, want %v", targets, want)
 	}
-	if cfg.Mounts[2].Flags != unix.MS_RDONLY {
-		t.Errorf("cgroup mount flags %#x", cfg.Mounts[2].Flags)
+	if cfg.Mounts[4].Flags != unix.MS_RDONLY {
+		t.Errorf("cgroup mount flags %#x", cfg.Mounts[4].Flags)
 	}
-	// /etc/hosts is satisfied by the copied file; /data and nfs cannot be done.
-	if len(skipped) != 2 || !strings.Contains(skipped[0], "/data") || !strings.Contains(skipped[1], "nfs") {
+	// bind mounts are the host's copies, with the spec's flags: /etc/hosts
+	// a read-only file, /data a writable directory.
+	hosts, data := cfg.Mounts[2], cfg.Mounts[3]
+	if hosts.Copy == nil || !hosts.Copy.File || hosts.Flags != unix.MS_RDONLY || len(hosts.Copy.Files) != 1 || hosts.Copy.Files[0].Path != "" {
+		t.Errorf("/etc/hosts mount %+v", hosts)
+	}
+	if data.Copy == nil || data.Copy.File || data.Flags != 0 || len(data.Copy.Files) != 1 || data.Copy.Files[0].Path != "a/b" {
+		t.Errorf("/data mount %+v", data)
+	}
+	// a file of no mount is written into the root as it is
+	if len(cfg.Files) != 1 || cfg.Files[0].Path != "/etc/motd" {
+		t.Errorf("files %+v", cfg.Files)
+	}
+	if len(skipped) != 1 || !strings.Contains(skipped[0], "nfs") {
 		t.Errorf("skipped %q", skipped)
 	}
 	if n := len(cfg.Devices); n != len(defaultDevices)+1 || cfg.Devices[n-1].Path != "/dev/fuse" || cfg.Devices[n-1].Mode != 0o666 {
@@ -137,5 +151,103 @@ func TestCapMask(t *testing.T) {
 	}
 	if _, err := capMask([]string{"CAP_NOPE"}); err == nil {
 		t.Error("unknown capability accepted")
+	}
+}
+
+// TestBindOptions: the spec's options of a bind mount become the remount's
+// flags; an option a bind mount cannot honour fails the mount, naming it.
+func TestBindOptions(t *testing.T) {
+	for _, tc := range []struct {
+		opts  []string
+		flags uintptr
+		err   string
+	}{
+		{[]string{"rbind", "rprivate", "ro"}, unix.MS_RDONLY, ""},
+		{[]string{"bind", "ro", "nosuid", "nodev", "noexec"}, unix.MS_RDONLY | unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, ""},
+		{[]string{"rbind", "rro", "rnosuid"}, unix.MS_RDONLY | unix.MS_NOSUID, ""},
+		{[]string{"rbind", "ro", "rw", "rslave"}, 0, ""},
+		{[]string{"rbind", "ro", "rrw"}, 0, ""},
+		{[]string{"rbind", "noatime", "relatime"}, unix.MS_NOATIME | unix.MS_RELATIME, ""},
+		{[]string{"rbind", "remount"}, 0, `"remount"`},
+		{[]string{"rbind", "size=1m"}, 0, `"size=1m"`},
+		{[]string{"rbind", "idmap"}, 0, `"idmap"`},
+		{[]string{"rbind", "rsync"}, 0, `"rsync"`},
+	} {
+		flags, err := bindFlags(tc.opts)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%v: error %v, want one naming %s", tc.opts, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || flags != tc.flags {
+			t.Errorf("%v: got %#x %v, want %#x", tc.opts, flags, err, tc.flags)
+		}
+	}
+	s := defaultSpec()
+	s.Mounts = append(s.Mounts, specs.Mount{Destination: "/x", Type: "bind", Source: "/y", Options: []string{"rbind", "exotic"}})
+	if _, _, err := translateSpec(s, "/r", nil); err == nil || !strings.Contains(err.Error(), "mounts[6] (/x)") {
+		t.Errorf("translateSpec of a bad bind option: %v", err)
+	}
+	s.Mounts[6] = specs.Mount{Destination: "/", Type: "bind", Source: "/y"}
+	if _, _, err := translateSpec(s, "/r", nil); err == nil {
+		t.Error("a bind mount onto / was accepted")
+	}
+}
+
+// TestAssignCopies: nested copied mounts each get their own files, the
+// longest target winning, as with the service-account token inside a
+// secrets directory.
+func TestAssignCopies(t *testing.T) {
+	mounts := []mountEntry{
+		{Target: "/proc", FSType: "proc"},
+		{Target: "/run/secrets", Copy: &copiedMount{}},
+		{Target: "/run/secrets/sa", Copy: &copiedMount{}},
+		{Target: "/run/secretsx", Copy: &copiedMount{}},
+	}
+	rest := assignCopies(mounts, []fileEntry{
+		{Path: "/run/secrets/a"}, {Path: "/run/secrets/sa/token"}, {Path: "/run/secretsx"}, {Path: "/proc/x"},
+	})
+	paths := func(fs []fileEntry) (ps []string) {
+		for _, f := range fs {
+			ps = append(ps, f.Path)
+		}
+		return ps
+	}
+	if got := paths(mounts[1].Copy.Files); !reflect.DeepEqual(got, []string{"a"}) || mounts[1].Copy.File {
+		t.Errorf("/run/secrets: %v", got)
+	}
+	if got := paths(mounts[2].Copy.Files); !reflect.DeepEqual(got, []string{"token"}) {
+		t.Errorf("/run/secrets/sa: %v", got)
+	}
+	if !mounts[3].Copy.File || len(mounts[3].Copy.Files) != 1 {
+		t.Errorf("/run/secretsx: %+v", mounts[3].Copy)
+	}
+	if got := paths(rest); !reflect.DeepEqual(got, []string{"/proc/x"}) {
+		t.Errorf("unclaimed %v", got)
+	}
+}
+
+// TestUnsentMounts: a bind mount with no files is an empty directory the
+// host copied, unless its target in the root is a file: then the host sent
+// nothing for it and it is skipped, as a bind mount of a host path.
+func TestUnsentMounts(t *testing.T) {
+	root := t.TempDir()
+	os.MkdirAll(filepath.Join(root, "etc"), 0o755)
+	os.WriteFile(filepath.Join(root, "etc", "hosts"), []byte("x"), 0o644)
+	s := defaultSpec()
+	s.Mounts = []specs.Mount{
+		{Destination: "/etc/hosts", Type: "bind", Source: "/h", Options: []string{"rbind", "ro"}},
+		{Destination: "/empty", Type: "bind", Source: "/e", Options: []string{"rbind"}},
+	}
+	cfg, skipped, err := translateSpec(s, root, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.Mounts) != 1 || cfg.Mounts[0].Target != "/empty" || cfg.Mounts[0].Copy == nil {
+		t.Errorf("mounts %+v", cfg.Mounts)
+	}
+	if len(skipped) != 1 || !strings.Contains(skipped[0], "/etc/hosts") {
+		t.Errorf("skipped %q", skipped)
 	}
 }
