@@ -61,7 +61,9 @@
 // an init that started less than 5 s ago and neither catches, ignores nor
 // waits for it (sigwait, or a block that lasts 100 ms: signalfd), and sends
 // it once it does, or at the 5 s mark, when the kernel's drop is the answer
-// as with runc; it is dropped if the init exits first. Signals sent after a
+// as with runc; it is dropped if the init exits first. A caught signal also
+// waits until the init has first been seen asleep: a script's shell catches
+// SIGINT from its start (and exits 130 on it) before its trap is set. Signals sent after a
 // held one queue behind it; SIGKILL and SIGSTOP never wait.
 //
 // The mounts of /run are shared and each container's copy is a slave: when

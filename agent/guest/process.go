@@ -66,6 +66,8 @@ type process struct {
 	held         []unix.Signal
 	heldSince    time.Time // when the first of held was held
 	blockedSince time.Time
+	// settled: the init has been seen asleep since it started (signal.go).
+	settled bool
 }
 
 func newProcess(id string, cfg *helperConfig, stdio StdioConfig) *process {

@@ -22,7 +22,11 @@ import (
 // as soon as the init handles, ignores or blocks it, or exits, or once
 // signalHoldWindow has passed since it started: a program that has not set a
 // handler by then does not mean to, and the kernel's drop is the answer, as
-// with runc. (Kata's agent turns an unhandled SIGTERM to the init into
+// with runc. A caught signal also waits until the init has settled (been
+// seen asleep once): a handler that is there from the first instruction is
+// the runtime's, not the program's (a script's shell catches SIGINT from
+// its start and exits 130 on it; its trap comes later; Go's runtime catches
+// every signal before main runs). (Kata's agent turns an unhandled SIGTERM to the init into
 // SIGKILL, which kills a program that would have handled it a moment later.)
 const (
 	signalHoldWindow = 5 * time.Second
@@ -39,6 +43,9 @@ type sigMasks struct {
 	// sigwait: the main thread is in sigwait (rt_sigtimedwait), which
 	// unblocks the signals it waits for in SigBlk for the time of the call.
 	sigwait bool
+	// sleeping: the main thread is in an interruptible sleep (State S):
+	// the program has reached a wait of its own.
+	sleeping bool
 }
 
 // readSigMasks reads the signal sets of pid's main thread, the one kill()
@@ -73,6 +80,10 @@ func parseSigMasks(status []byte) (sigMasks, error) {
 	sc := bufio.NewScanner(bytes.NewReader(status))
 	for sc.Scan() {
 		name, value, ok := bytes.Cut(sc.Bytes(), []byte(":"))
+		if ok && string(name) == "State" {
+			m.sleeping = bytes.HasPrefix(bytes.TrimSpace(value), []byte("S"))
+			continue
+		}
 		dst, want := fields[string(name)]
 		if !ok || !want {
 			continue
@@ -100,22 +111,27 @@ const (
 
 // decideSignal says whether sig, sent to a namespace's init with masks m
 // that started age ago, goes now. It goes when the kernel would not drop
-// it (forced, caught, or ignored: an ignored signal is the program's own
-// choice), or once the window has passed. A blocked signal without a
+// it (forced, caught once the init has settled, or ignored: an ignored
+// signal is the program's own choice), or once the window has passed. A blocked signal without a
 // handler is held too: the kernel would queue it, but drop it when it is
 // unblocked with no handler, and shells block every signal for a moment
 // around each fork. It goes when it has stayed blocked for
 // signalBlockedSettle: the program waits for it with signalfd, and the
 // queued signal is what it wants. One that waits in sigwait (tini) has it
 // at once.
-func decideSignal(sig unix.Signal, m sigMasks, age, blockedFor time.Duration) sendVerdict {
+func decideSignal(sig unix.Signal, m sigMasks, age, blockedFor time.Duration, settled bool) sendVerdict {
 	if sig == unix.SIGKILL || sig == unix.SIGSTOP || sig < 1 || sig > 64 || age >= signalHoldWindow {
 		return sendNow
 	}
 	bit := uint64(1) << (sig - 1)
 	switch {
-	case (m.caught|m.ignored)&bit != 0 || m.sigwait:
+	case m.ignored&bit != 0 || m.sigwait:
 		return sendNow
+	case m.caught&bit != 0:
+		if settled {
+			return sendNow
+		}
+		return hold
 	case m.blocked&bit != 0 && blockedFor >= signalBlockedSettle:
 		return sendNow
 	}
@@ -137,6 +153,9 @@ func (p *process) holdSignal(sig unix.Signal, now time.Time) bool {
 	if err != nil {
 		return false // gone: the reaper will tell
 	}
+	if m.sleeping {
+		p.settled = true
+	}
 	var blockedFor time.Duration
 	if sig >= 1 && sig <= 64 && m.blocked&(uint64(1)<<(sig-1)) != 0 {
 		if p.blockedSince.IsZero() {
@@ -146,7 +165,7 @@ func (p *process) holdSignal(sig unix.Signal, now time.Time) bool {
 	} else {
 		p.blockedSince = time.Time{}
 	}
-	return decideSignal(sig, m, age, blockedFor) == hold
+	return decideSignal(sig, m, age, blockedFor, p.settled) == hold
 }
 
 // deliverHeld sends the held signals, in order, as each stops being one the

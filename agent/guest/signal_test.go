@@ -26,7 +26,7 @@ func TestParseSigMasks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m != (sigMasks{caught: 0x202, ignored: 0x4, blocked: 0x10000}) {
+	if m != (sigMasks{caught: 0x202, ignored: 0x4, blocked: 0x10000, sleeping: true}) {
 		t.Errorf("masks %+v", m)
 	}
 	if _, err := parseSigMasks([]byte("Name:\tsh\nSigCgt:\t0\n")); err == nil {
@@ -38,8 +38,8 @@ func TestParseSigMasks(t *testing.T) {
 }
 
 // TestDecideSignal: a signal waits only while the init neither catches
-// nor ignores it, it is not forced, the window is open, and it has not
-// stayed blocked long enough to be waited for.
+// (once settled) nor ignores it, it is not forced, the window is open, and
+// it has not stayed blocked long enough to be waited for.
 func TestDecideSignal(t *testing.T) {
 	m, _ := parseSigMasks([]byte(statusSample)) // catches SIGUSR1 (10) and SIGINT (2), ignores SIGQUIT (3), blocks SIGCHLD (17)
 	for _, tc := range []struct {
@@ -55,13 +55,19 @@ func TestDecideSignal(t *testing.T) {
 		{unix.SIGCHLD, 0, signalBlockedSettle, sendNow},
 		{unix.SIGKILL, 0, 0, sendNow}, {unix.SIGSTOP, 0, 0, sendNow}, {unix.Signal(0), 0, 0, sendNow}, {unix.Signal(65), 0, 0, sendNow},
 	} {
-		if got := decideSignal(tc.sig, m, tc.age, tc.blockedFor); got != tc.want {
+		if got := decideSignal(tc.sig, m, tc.age, tc.blockedFor, true); got != tc.want {
 			t.Errorf("%v at %v, blocked %v: %v, want %v", tc.sig, tc.age, tc.blockedFor, got, tc.want)
 		}
 	}
+	// Caught from the start, before the init ever slept: the runtime's
+	// handler (a script's shell and SIGINT), not the program's yet.
+	if decideSignal(unix.SIGINT, m, 0, 0, false) != hold || decideSignal(unix.SIGQUIT, m, 0, 0, false) != sendNow ||
+		decideSignal(unix.SIGINT, m, signalHoldWindow, 0, false) != sendNow {
+		t.Error("a caught signal to an init that has not settled: want it held, an ignored one sent, and both sent after the window")
+	}
 	// in sigwait, SigBlk does not show what the thread waits for
 	m.sigwait = true
-	if decideSignal(unix.SIGTERM, m, 0, 0) != sendNow {
+	if decideSignal(unix.SIGTERM, m, 0, 0, false) != sendNow {
 		t.Error("a signal to an init in sigwait was held")
 	}
 	if !inSyscall([]byte("128 0x7ffc 0x0 0x0 0x8 0x0 0x0 0x7ffc 0x7f12\n"), 128) || inSyscall([]byte("running\n"), 128) || inSyscall([]byte("7 0x1\n"), 128) {
@@ -212,5 +218,26 @@ func TestSignalSigwait(t *testing.T) {
 			t.Errorf("%s: the signal came after %v", name, took)
 		}
 		t.Logf("%s: the signal came after %v", name, took)
+	}
+}
+
+// TestSignalWaitsForSettledInit: a script's shell catches SIGINT from its
+// start and exits 130 on it; the script's own trap comes later. A SIGINT
+// sent right away waits until the shell first sleeps (in its wait), and the
+// trap gets it, as containerd's TestContainerStopSignals expects of a
+// SIGINT stop signal.
+func TestSignalWaitsForSettledInit(t *testing.T) {
+	const script = `i=0; while [ $i -lt 100000 ]; do i=$((i+1)); done; trap 'exit 0' INT; sleep 30 & wait`
+	p, done := runShell(t, script, time.Now())
+	if err := p.Signal(unix.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case ws := <-done:
+		if ws.Signaled() || ws.ExitStatus() != 0 {
+			t.Fatalf("the shell ended with status %d (signal %v), want exit 0 from its trap", ws.ExitStatus(), ws.Signal())
+		}
+	case <-time.After(signalHoldWindow + 5*time.Second):
+		t.Fatal("the held SIGINT never came")
 	}
 }
