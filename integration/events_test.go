@@ -20,6 +20,65 @@ import (
 // exit, the init's exit, delete.
 func TestEventOrder(t *testing.T) {
 	e := harness.Start(t)
+	events := watchEvents(t, e)
+	e.MustCtr(e.RunArgs("-d", harness.Image, "ev1", "sh", "-c", "trap 'exit 5' TERM; while true; do sleep 0.1; done")...)
+	e.MustCtr("task", "exec", "--exec-id", "x1", "ev1", "true")
+	e.MustCtr("task", "kill", "-s", "SIGTERM", "ev1")
+	waitStopped(t, e, "ev1")
+	e.MustCtr("task", "delete", "ev1")
+	want := []string{"/tasks/create", "/tasks/start", "/tasks/exec-added", "/tasks/exec-started", "/tasks/exit", "/tasks/exit", "/tasks/delete"}
+	var got []string
+	harness.WaitFor(10*time.Second, func() bool {
+		got = taskTopics(events.all(), "ev1")
+		return len(got) >= len(want)
+	})
+	// containerd adds a /tasks/delete of its own for the exec; keep the
+	// first of each kind the contract orders.
+	if strings.Join(firstOf(got, len(want)), " ") != strings.Join(want, " ") {
+		t.Fatalf("events = %v, want %v\nctr events:\n%s\ncontainerd log:\n%s", got, want, strings.Join(events.all(), "\n"), e.LogTail(40))
+	}
+}
+
+// taskTopics are the /tasks/ topics of the lines ("<time> <namespace>
+// <topic> <event>") that name container id.
+func taskTopics(lines []string, id string) []string {
+	var topics []string
+	for _, l := range lines {
+		if !strings.Contains(l, id) {
+			continue
+		}
+		for _, w := range strings.Fields(l) {
+			if strings.HasPrefix(w, "/tasks/") {
+				topics = append(topics, w)
+			}
+		}
+	}
+	return topics
+}
+
+func firstOf(s []string, n int) []string {
+	if len(s) > n {
+		return s[:n]
+	}
+	return s
+}
+
+// eventLog is `ctr events` of an Env, subscribed.
+type eventLog struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (l *eventLog) all() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.lines...)
+}
+
+// watchEvents runs `ctr events` until the test ends and returns once it is
+// subscribed: it has shown an image tag of the test's own.
+func watchEvents(t *testing.T, e *harness.Env) *eventLog {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	cmd := exec.CommandContext(ctx, e.Bin("ctr"), "-a", e.Socket, "events")
 	out, err := cmd.StdoutPipe()
@@ -29,74 +88,30 @@ func TestEventOrder(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer func() { cancel(); _ = cmd.Wait() }()
-	var mu sync.Mutex
-	var topics, lines []string
-	subscribed := make(chan struct{})
+	t.Cleanup(func() { cancel(); _ = cmd.Wait() })
+	l := &eventLog{}
 	go func() {
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
-			if strings.Contains(sc.Text(), "/images/create") && strings.Contains(sc.Text(), "events-probe") {
-				select {
-				case <-subscribed:
-				default:
-					close(subscribed)
-				}
-			}
-			mu.Lock()
-			lines = append(lines, sc.Text())
-			mu.Unlock()
-			f := strings.Fields(sc.Text())
-			// "<time> <namespace> <topic> <event>"
-			for _, w := range f {
-				if strings.HasPrefix(w, "/tasks/") && strings.Contains(sc.Text(), "ev1") {
-					mu.Lock()
-					topics = append(topics, w)
-					mu.Unlock()
-				}
-			}
+			l.mu.Lock()
+			l.lines = append(l.lines, sc.Text())
+			l.mu.Unlock()
 		}
 	}()
-	// `ctr events` is subscribed once it shows an event of our own: tag the
-	// image until it prints the tag's /images/create.
-	for i := 0; ; i++ {
+	for i := 0; i < 30; i++ {
 		tag := fmt.Sprintf("docker.io/cryo/events-probe:%d", i)
 		e.MustCtr("image", "tag", harness.Image, tag)
-		select {
-		case <-subscribed:
-		case <-time.After(time.Second):
-			if i < 30 {
-				continue
+		if harness.WaitFor(time.Second, func() bool {
+			for _, s := range l.all() {
+				if strings.Contains(s, "/images/create") && strings.Contains(s, tag) {
+					return true
+				}
 			}
-			t.Fatal("ctr events showed no /images/create in 30 s")
+			return false
+		}) {
+			return l
 		}
-		break
 	}
-	e.MustCtr(e.RunArgs("-d", harness.Image, "ev1", "sh", "-c", "trap 'exit 5' TERM; while true; do sleep 0.1; done")...)
-	e.MustCtr("task", "exec", "--exec-id", "x1", "ev1", "true")
-	e.MustCtr("task", "kill", "-s", "SIGTERM", "ev1")
-	waitStopped(t, e, "ev1")
-	e.MustCtr("task", "delete", "ev1")
-	want := []string{"/tasks/create", "/tasks/start", "/tasks/exec-added", "/tasks/exec-started", "/tasks/exit", "/tasks/exit", "/tasks/delete"}
-	var got []string
-	harness.WaitFor(10*time.Second, func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		got = append([]string(nil), topics...)
-		return len(got) >= len(want)
-	})
-	// containerd adds a /tasks/delete of its own for the exec; keep the
-	// first of each kind the contract orders.
-	if strings.Join(firstOf(got, len(want)), " ") != strings.Join(want, " ") {
-		mu.Lock()
-		defer mu.Unlock()
-		t.Fatalf("events = %v, want %v\nctr events:\n%s\ncontainerd log:\n%s", got, want, strings.Join(lines, "\n"), e.LogTail(40))
-	}
-}
-
-func firstOf(s []string, n int) []string {
-	if len(s) > n {
-		return s[:n]
-	}
-	return s
+	t.Fatal("ctr events showed no /images/create in 30 s")
+	return nil
 }

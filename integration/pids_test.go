@@ -3,15 +3,11 @@
 package integration
 
 import (
-	"bufio"
-	"context"
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -157,59 +153,6 @@ func TestCRIExecDrain(t *testing.T) {
 	if err != nil || strings.TrimSpace(out) != "first\nlate" {
 		t.Fatalf("exec whose child ends within the drain timeout: %v\nstdout: %q (want first and late)\nstderr: %s", err, out, errs)
 	}
-}
-
-// eventLog is `ctr events` of an Env, subscribed.
-type eventLog struct {
-	mu    sync.Mutex
-	lines []string
-}
-
-func (l *eventLog) all() []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return append([]string(nil), l.lines...)
-}
-
-// watchEvents runs `ctr events` until the test ends and returns once it is
-// subscribed: it has shown an image tag of the test's own.
-func watchEvents(t *testing.T, e *harness.Env) *eventLog {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	cmd := exec.CommandContext(ctx, e.Bin("ctr"), "-a", e.Socket, "events")
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cancel(); _ = cmd.Wait() })
-	l := &eventLog{}
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			l.mu.Lock()
-			l.lines = append(l.lines, sc.Text())
-			l.mu.Unlock()
-		}
-	}()
-	for i := 0; i < 30; i++ {
-		tag := fmt.Sprintf("docker.io/cryo/events-probe:%d", i)
-		e.MustCtr("image", "tag", harness.Image, tag)
-		if harness.WaitFor(time.Second, func() bool {
-			for _, s := range l.all() {
-				if strings.Contains(s, "/images/create") && strings.Contains(s, tag) {
-					return true
-				}
-			}
-			return false
-		}) {
-			return l
-		}
-	}
-	t.Fatal("ctr events showed no /images/create in 30 s")
-	return nil
 }
 
 // taskEvent is the part of a TaskExit or TaskDelete that ctr events shows.
