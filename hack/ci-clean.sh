@@ -42,7 +42,9 @@ if tc qdisc show dev lo 2>/dev/null | grep -q '^qdisc htb 1: root' &&
 	tc qdisc del dev lo root
 fi
 
-for d in /tmp/cryo-it-* /tmp/cryo-bench-* /run/cryo-it /run/cryo-bench /dev/shm/cryo-it-* /dev/shm/cryo-bench-*; do
+# host-local's leases of the CRI suite's pods (harness.CRI IPAMDir) live
+# under the harness's network namespace name.
+for d in /tmp/cryo-it-* /tmp/cryo-bench-* /run/cryo-it /run/cryo-bench /dev/shm/cryo-it-* /dev/shm/cryo-bench-* /var/lib/cni/networks/cryo-cri-*; do
 	[ -e "$d" ] || continue
 	echo "ci-clean: removing $d" >&2
 	rm -rf "$d"
