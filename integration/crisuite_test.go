@@ -18,6 +18,7 @@ import (
 
 	"github.com/cryo-runtime/cryo/integration/harness"
 	"github.com/cryo-runtime/cryo/internal/busybox"
+	"github.com/cryo-runtime/cryo/stack"
 )
 
 // crisuiteSkip are the tests of containerd's CRI integration suite that
@@ -117,7 +118,7 @@ func TestContainerdCRISuite(t *testing.T) {
 		}
 		t.Fatalf("containerd CRI suite failed (%v): %d failed:\n  %s\nfull log: %s (containerd's: %s)\nthe suite's last lines:\n%s\ncontainerd log:\n%s",
 			err, len(res.failed), strings.Join(res.failed, "\n  "), logPath,
-			filepath.Join(os.TempDir(), "cryo-crisuite-containerd.log"), lastLines(string(b), 15), c.LogTail(20))
+			filepath.Join(os.TempDir(), "cryo-crisuite-containerd.log"), stack.LastLines(string(b), 15), c.LogTail(20))
 	}
 	if len(res.passed) == 0 {
 		t.Fatalf("the suite passed no test (full log: %s)", logPath)
@@ -254,11 +255,6 @@ func runCRISuite(t *testing.T, c *harness.CRI, logPath, imageList, run, skip str
 	err = cmd.Run()
 	t.Logf("containerd CRI suite ran for %s", time.Since(start).Round(time.Second))
 	return err
-}
-
-func lastLines(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
 type goTestResult struct{ passed, failed, skipped []string }

@@ -384,11 +384,7 @@ func (k *K8s) Close() error {
 // LogTail is the last n lines of a component's log.
 func (k *K8s) LogTail(name string, n int) string {
 	b, _ := os.ReadFile(filepath.Join(k.Dir, "logs", name+".log"))
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
+	return LastLines(string(b), n)
 }
 
 func (k *K8s) inNetNS(ctx context.Context, args ...string) *exec.Cmd {

@@ -444,11 +444,13 @@ func ExitCode(err error) int {
 // LogTail returns the last n lines of containerd's log (the shims log there).
 func (s *Stack) LogTail(n int) string {
 	b, _ := os.ReadFile(s.LogPath)
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
+	return LastLines(string(b), n)
+}
+
+// LastLines is the last n lines of s.
+func LastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
 // QEMUPids returns the QEMU processes started under this Stack's state root.
