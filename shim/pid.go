@@ -37,11 +37,11 @@ func (s *service) vmPid() uint32 {
 	return uint32(sb.Info().QEMUPid)
 }
 
-// recordTaskPid writes the pid containerd was told for c into its bundle,
-// for the exit and delete events that `shim delete` publishes after the
-// shim died: containerd expects them to carry the task's pid.
-func (s *service) recordTaskPid(ctx context.Context, c *container) {
-	if err := writePidRecord(c.bundle, s.taskPid(c.init)); err != nil {
+// recordTaskPid writes pid, what containerd was told for c, into its
+// bundle, for the exit and delete events that `shim delete` publishes after
+// the shim died: containerd expects them to carry the task's pid.
+func (s *service) recordTaskPid(ctx context.Context, c *container, pid uint32) {
+	if err := writePidRecord(c.bundle, pid); err != nil {
 		log.G(ctx).WithError(err).WithField("id", c.id).Warn("record task pid in bundle")
 	}
 }

@@ -113,13 +113,14 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*ta
 	if err != nil {
 		return nil, err
 	}
-	s.recordTaskPid(ctx, c)
+	pid := s.taskPid(c.init)
+	s.recordTaskPid(ctx, c, pid)
 	s.send(&eventstypes.TaskCreate{
 		ContainerID: r.ID, Bundle: r.Bundle, Rootfs: r.Rootfs, Checkpoint: r.Checkpoint,
 		IO:  &eventstypes.TaskIO{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal},
-		Pid: s.taskPid(c.init),
+		Pid: pid,
 	})
-	return &taskAPI.CreateTaskResponse{Pid: s.taskPid(c.init)}, nil
+	return &taskAPI.CreateTaskResponse{Pid: pid}, nil
 }
 
 func (s *service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.StartResponse, error) {
@@ -150,6 +151,7 @@ func (s *service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 	}
 	p.io.close()
 	status, at := p.exit()
+	pid := s.taskPid(p)
 	if r.ExecID != "" {
 		c.removeExec(r.ExecID)
 		if err := s.sb.Guest().DeleteProcess(ctx, c.guestID, r.ExecID); err != nil && !errdefs.IsNotFound(err) {
@@ -157,9 +159,9 @@ func (s *service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 		}
 	} else {
 		s.deleteContainer(ctx, c)
-		s.send(&eventstypes.TaskDelete{ContainerID: r.ID, Pid: s.taskPid(p), ExitStatus: status, ExitedAt: protobuf.ToTimestamp(at)})
+		s.send(&eventstypes.TaskDelete{ContainerID: r.ID, Pid: pid, ExitStatus: status, ExitedAt: protobuf.ToTimestamp(at)})
 	}
-	return &taskAPI.DeleteResponse{Pid: s.taskPid(p), ExitStatus: status, ExitedAt: protobuf.ToTimestamp(at)}, nil
+	return &taskAPI.DeleteResponse{Pid: pid, ExitStatus: status, ExitedAt: protobuf.ToTimestamp(at)}, nil
 }
 
 func (s *service) Exec(ctx context.Context, r *taskAPI.ExecProcessRequest) (*ptypes.Empty, error) {
