@@ -239,6 +239,9 @@ func (c *checkpointing) metadata() snapshot.Metadata {
 			SandboxID: sb.spec.ID, RuntimeType: configs.RuntimeType, Node: host,
 			PodName: a[annotations.CRISandboxName], Namespace: a[annotations.CRISandboxNamespace], PodUID: a[annotations.CRISandboxUID],
 		},
+		// For a controller that weighs checkpoints; publish adds what the
+		// write uploaded.
+		Annotations: map[string]string{snapshot.AnnotationPauseWindow: c.cap.pause.Round(time.Microsecond).String()},
 	}
 	if c.req.TTL > 0 {
 		md.Expires = time.Now().Add(c.req.TTL)

@@ -225,6 +225,7 @@ func (c *checkpointing) flatten(ctx context.Context, _ *undo) (err error) {
 func (c *checkpointing) publish(ctx context.Context, _ *undo) error {
 	md := c.metadata()
 	gen, wopts := c.cap.gen, c.wopts
+	wopts.AnnotateUploaded = true
 	if gen != nil {
 		wopts.ChunkSize = c.sb.ram.chunkSize(ctx, wopts.ChunkSize)
 		md.WorkingSet = c.sb.ram.workingSet(wopts.ChunkSize)

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
+	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
@@ -220,7 +221,7 @@ func (sc *servedChain) checkpoint() snapshot.WriteStats {
 	}
 	ref := "g" + itoa(sc.gen)
 	c := &checkpointing{sb: sc.sb, store: sc.store, ref: ref, to: sc.url(sc.gen), wopts: sc.wopts,
-		cap:   &capture{gen: gen, record: &sandboxRecord{}},
+		cap:   &capture{gen: gen, record: &sandboxRecord{}, pause: 23456789 * time.Nanosecond},
 		paths: snapshot.SourcePaths{DevState: devstate, Spec: []byte("{}")}}
 	if err := c.publish(context.Background(), nil); err != nil {
 		t.Fatal(err)
@@ -234,6 +235,14 @@ func (sc *servedChain) checkpoint() snapshot.WriteStats {
 	}
 	if _, err := s.Verify(context.Background()); err != nil {
 		t.Fatal(err)
+	}
+	// What a controller reads to weigh the checkpoint.
+	if d, ok := s.Metadata.PauseWindow(); !ok || d != 23457*time.Microsecond {
+		t.Errorf("%s: pause window %v (%v), want 23.457ms", ref, d, ok)
+	}
+	chunks := c.res.Stats.UploadedBytes - s.Manifest.Config.Size - s.Descriptor.Size
+	if up, ok := s.Metadata.UploadedBytes(); !ok || up != chunks {
+		t.Errorf("%s: uploaded bytes %d (%v), the write pushed %d bytes of chunks", ref, up, ok, chunks)
 	}
 	got, err := s.ReadFile(context.Background(), snapshot.FileRAM, 1<<30)
 	if err != nil || !bytes.Equal(got, sc.ram) {

@@ -46,6 +46,7 @@ package snapshot
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"regexp"
 	"strings"
@@ -90,6 +91,16 @@ const (
 	AnnotationRole = "dev.cryo.chunk.role"
 	// RoleBase is the only value of [AnnotationRole].
 	RoleBase = "base"
+
+	// AnnotationPauseWindow, in [Metadata].Annotations, is how long the
+	// checkpoint stopped the guest, as a Go duration ("23.4ms").
+	AnnotationPauseWindow = "dev.cryo.pause-window"
+	// AnnotationUploadedBytes, in [Metadata].Annotations, is what writing
+	// the snapshot pushed (decimal): the stored bytes of the chunks the
+	// store did not have yet, the cost of this checkpoint beside its
+	// parents. Write sets it with [WriteOptions].AnnotateUploaded; the
+	// config and manifest, pushed after the config is made, are not in it.
+	AnnotationUploadedBytes = "dev.cryo.uploaded-bytes"
 
 	// FormatVersion is the newest format version this package writes and
 	// reads. Version 2 adds delta chunks; Write marks a plaintext snapshot
@@ -179,6 +190,35 @@ type Metadata struct {
 	// Files lists every file of the snapshot with its logical size.
 	Files  []FileInfo `json:"files"`
 	Totals Totals     `json:"totals"`
+}
+
+// PauseWindow is the pause window the snapshot's checkpoint recorded
+// ([AnnotationPauseWindow]); ok is false when it recorded none. Open has
+// validated it.
+func (md *Metadata) PauseWindow() (_ time.Duration, ok bool) {
+	d, has, err := pauseWindow(md.Annotations)
+	return d, has && err == nil
+}
+
+// UploadedBytes is what writing the snapshot pushed
+// ([AnnotationUploadedBytes]); ok is false when it was not recorded. Open
+// has validated it.
+func (md *Metadata) UploadedBytes() (_ int64, ok bool) {
+	v, has := md.Annotations[AnnotationUploadedBytes]
+	n, err := parseDec(v)
+	return n, has && err == nil
+}
+
+func pauseWindow(a map[string]string) (_ time.Duration, has bool, _ error) {
+	v, has := a[AnnotationPauseWindow]
+	if !has {
+		return 0, false, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err == nil && d < 0 {
+		err = errors.New("negative")
+	}
+	return d, true, err
 }
 
 // Expired reports whether the snapshot has an expiry time before now.

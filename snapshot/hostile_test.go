@@ -267,6 +267,26 @@ func TestHostile(t *testing.T) {
 		{"annotation value with NUL", func(t *testing.T, st *memStore, s *Snapshot) {
 			rewrite(t, st, "v1", func(m *ocispec.Manifest, md *Metadata) { md.Annotations = map[string]string{"k": "v\x00"} })
 		}, ReadOptions{}, atOpen, names("annotations[k]")},
+		{"pause window not a duration", func(t *testing.T, st *memStore, s *Snapshot) {
+			rewrite(t, st, "v1", func(m *ocispec.Manifest, md *Metadata) {
+				md.Annotations = map[string]string{AnnotationPauseWindow: "23"}
+			})
+		}, ReadOptions{}, atOpen, names("annotations[" + AnnotationPauseWindow + "]")},
+		{"pause window negative", func(t *testing.T, st *memStore, s *Snapshot) {
+			rewrite(t, st, "v1", func(m *ocispec.Manifest, md *Metadata) {
+				md.Annotations = map[string]string{AnnotationPauseWindow: "-1ms"}
+			})
+		}, ReadOptions{}, atOpen, names("annotations[" + AnnotationPauseWindow + "]")},
+		{"uploaded bytes not a decimal", func(t *testing.T, st *memStore, s *Snapshot) {
+			rewrite(t, st, "v1", func(m *ocispec.Manifest, md *Metadata) {
+				md.Annotations = map[string]string{AnnotationUploadedBytes: "0x10"}
+			})
+		}, ReadOptions{}, atOpen, names("annotations[" + AnnotationUploadedBytes + "]")},
+		{"uploaded bytes above stored", func(t *testing.T, st *memStore, s *Snapshot) {
+			rewrite(t, st, "v1", func(m *ocispec.Manifest, md *Metadata) {
+				md.Annotations = map[string]string{AnnotationUploadedBytes: strconv.FormatInt(md.Totals.StoredBytes+1, 10)}
+			})
+		}, ReadOptions{}, atOpen, names("annotations[" + AnnotationUploadedBytes + "]")},
 		{"fingerprint device", func(t *testing.T, st *memStore, s *Snapshot) {
 			rewrite(t, st, "v1", func(m *ocispec.Manifest, md *Metadata) {
 				md.Fingerprint.Devices = []fingerprint.Device{{ID: strings.Repeat("d", 129)}}

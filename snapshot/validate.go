@@ -107,6 +107,7 @@ func (s *Snapshot) validateFields() error {
 		func() error { return validateSource(&md.Source) },
 		func() error { return validateAnnotations("annotations", md.Annotations) },
 		func() error { return validateTotals(&md.Totals) },
+		func() error { return validateCheckpointAnnotations(md) },
 		func() error { return validateWorkingSet(md) },
 	}
 	for _, c := range checks {
@@ -290,6 +291,25 @@ func validateWorkingSet(md *Metadata) error {
 func validateTotals(t *Totals) error {
 	if t.RawBytes < 0 || t.DataBytes < 0 || t.StoredBytes < 0 || t.Chunks < 0 || t.Deltas < 0 || t.Bases < 0 {
 		return fmt.Errorf("totals: negative count %+v: %w", *t, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// validateCheckpointAnnotations checks the annotations that cryo's own
+// checkpoints record and that a controller reads back as figures.
+func validateCheckpointAnnotations(md *Metadata) error {
+	if _, _, err := pauseWindow(md.Annotations); err != nil {
+		return fmt.Errorf("annotations[%s] %q: want a duration of at least 0: %w",
+			AnnotationPauseWindow, md.Annotations[AnnotationPauseWindow], errdefs.ErrInvalidArgument)
+	}
+	v, ok := md.Annotations[AnnotationUploadedBytes]
+	if !ok {
+		return nil
+	}
+	n, err := parseDec(v)
+	if err != nil || n > md.Totals.StoredBytes {
+		return fmt.Errorf("annotations[%s] %q: want a decimal of at most totals.storedBytes (%d): %w",
+			AnnotationUploadedBytes, v, md.Totals.StoredBytes, errdefs.ErrInvalidArgument)
 	}
 	return nil
 }

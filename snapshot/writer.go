@@ -5,8 +5,10 @@ import (
 	"crypto/ed25519"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"runtime"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -54,6 +56,10 @@ type WriteOptions struct {
 	SigningKey ed25519.PrivateKey
 	// Annotations are added to the manifest.
 	Annotations map[string]string
+	// AnnotateUploaded records in the metadata's annotations what the
+	// write pushed ([AnnotationUploadedBytes]): every chunk is pushed
+	// before the config is made, so the figure is exact.
+	AnnotateUploaded bool
 
 	// Base is the page index of an earlier snapshot of the same files in
 	// the same store (LoadPageIndex). A chunk whose pages mostly match its
@@ -501,6 +507,14 @@ func (w *writer) publish(ctx context.Context, ref string) (ocispec.Descriptor, e
 		} else {
 			md.Encryption.Tenant = ""
 		}
+	}
+	if w.opts.AnnotateUploaded {
+		// A copy: the caller's Source keeps its own map.
+		md.Annotations = maps.Clone(md.Annotations)
+		if md.Annotations == nil {
+			md.Annotations = map[string]string{}
+		}
+		md.Annotations[AnnotationUploadedBytes] = strconv.FormatInt(w.uploadedBytes.Load(), 10)
 	}
 	md.Files = make([]FileInfo, len(w.src.Files))
 	md.Totals = Totals{DataBytes: w.dataBytes.Load(), StoredBytes: w.storedBytes.Load(), Chunks: len(w.layers),
