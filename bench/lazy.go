@@ -211,7 +211,7 @@ func (r *runner) floor(s lazySnapshot) error {
 		quiesce()
 		d, err := sandbox.Floor(ctx, spec, sandbox.Source{URL: s.url})
 		if err != nil {
-			return fmt.Errorf("floor: %w", err)
+			return err
 		}
 		v = append(v, ms(d))
 	}

@@ -98,12 +98,12 @@ func pauseWindow(ctx context.Context, vm pauser, ram servedMemory, diskDir strin
 	flushDisks(ctx, vm.Disks())
 	if ram != nil {
 		if err := ram.Sync(); err != nil {
-			return nil, fmt.Errorf("checkpoint: write back guest ram before the pause: %w", err)
+			return nil, fmt.Errorf("write back guest ram before the pause: %w", err)
 		}
 	}
 	t0 := time.Now()
 	if err := vm.Pause(ctx); err != nil {
-		return nil, fmt.Errorf("checkpoint: stop vm: %w", err)
+		return nil, fmt.Errorf("stop vm: %w", err)
 	}
 	resumed := false
 	defer func() {
@@ -118,7 +118,7 @@ func pauseWindow(ctx context.Context, vm pauser, ram servedMemory, diskDir strin
 	}
 	if ram != nil {
 		if err := ram.Sync(); err != nil {
-			return nil, fmt.Errorf("checkpoint: write back guest ram: %w", err)
+			return nil, fmt.Errorf("write back guest ram: %w", err)
 		}
 	}
 	c.devstate = filepath.Join(work, "devstate")
@@ -129,12 +129,12 @@ func pauseWindow(ctx context.Context, vm pauser, ram servedMemory, diskDir strin
 	err = vm.SaveState(ctx, f)
 	f.Close()
 	if err != nil {
-		return nil, fmt.Errorf("checkpoint: save device state: %w", err)
+		return nil, fmt.Errorf("save device state: %w", err)
 	}
 	switch {
 	case ram != nil:
 		if c.gen, err = ram.Seal(); err != nil {
-			return nil, fmt.Errorf("checkpoint: seal guest ram: %w", err)
+			return nil, fmt.Errorf("seal guest ram: %w", err)
 		}
 	case cfg.MemoryShared:
 		if err := c.takeRAM(cfg.MemoryPath, exit); err != nil {
@@ -146,7 +146,7 @@ func pauseWindow(ctx context.Context, vm pauser, ram servedMemory, diskDir strin
 	c.fp = vm.Fingerprint()
 	if !keepStopped {
 		if err := vm.Resume(ctx); err != nil {
-			return nil, fmt.Errorf("checkpoint: resume vm: %w", err)
+			return nil, fmt.Errorf("resume vm: %w", err)
 		}
 	}
 	resumed = true
@@ -163,7 +163,7 @@ func (c *capture) freezeDisks(ctx context.Context, vm pauser, diskDir string) er
 		}
 		overlay := filepath.Join(diskDir, fmt.Sprintf("%s-%d.qcow2", d.ID, time.Now().UnixNano()))
 		if err := vm.SnapshotDisk(ctx, d.ID, overlay); err != nil {
-			return fmt.Errorf("checkpoint: freeze disk %s: %w", d.ID, err)
+			return fmt.Errorf("freeze disk %s: %w", d.ID, err)
 		}
 		rec := recordDisk{Name: d.ID, ID: d.ID, Serial: d.Serial, Port: d.Port}
 		c.disks = append(c.disks, frozenDisk{rec: rec, path: d.Path, format: d.Format})
@@ -183,7 +183,7 @@ func (c *capture) takeRAM(path string, exit bool) error {
 		err = sparse.Copy(c.ram, path, -1)
 	}
 	if err != nil {
-		return fmt.Errorf("checkpoint: capture guest ram: %w", err)
+		return fmt.Errorf("capture guest ram: %w", err)
 	}
 	return nil
 }
@@ -203,7 +203,7 @@ func (c *capture) flatten(ctx context.Context, work string) (snapshot.SourcePath
 		}
 		raw := filepath.Join(work, "disk-"+d.rec.Name+".raw")
 		if err := run(ctx, "qemu-img", "convert", "-U", "-f", d.format, "-O", "raw", d.path, raw); err != nil {
-			return p, fmt.Errorf("checkpoint: flatten disk %s: %w", d.rec.Name, err)
+			return p, fmt.Errorf("flatten disk %s: %w", d.rec.Name, err)
 		}
 		p.Disks[d.rec.Name] = raw
 	}

@@ -117,30 +117,30 @@ func (c *checkpointing) target(ctx context.Context, _ *undo) error {
 		to = sb.spec.Request.CheckpointTo
 	}
 	if to == "" {
-		return fmt.Errorf("checkpoint: no store: set %s, [stores] default_checkpoint_to, or pass a target: %w", annotations.CheckpointTo, errdefs.ErrInvalidArgument)
+		return fmt.Errorf("no store: set %s, [stores] default_checkpoint_to, or pass a target: %w", annotations.CheckpointTo, errdefs.ErrInvalidArgument)
 	}
 	if !c.req.Trusted {
 		if err := sb.spec.Config.Stores.Allows(to, sb.spec.Tenant); err != nil {
-			return fmt.Errorf("checkpoint: %w", err)
+			return err
 		}
 	}
 	// Every refusal comes before the store is opened: opening a file://
 	// store creates its layout, and a refused checkpoint leaves nothing.
 	wopts, err := sb.spec.Config.Snapshot.WriteOptions(sb.spec.Tenant)
 	if err != nil {
-		return fmt.Errorf("checkpoint: %w", err)
+		return err
 	}
 	if u, err := url.Parse(to); err == nil {
 		if _, ref, err := stores.SplitRef(u.Path); err == nil && ref == "" {
-			return fmt.Errorf("checkpoint target %s names no reference (add :tag): %w", redact.URL(to), errdefs.ErrInvalidArgument)
+			return fmt.Errorf("%s names no reference (add :tag): %w", redact.URL(to), errdefs.ErrInvalidArgument)
 		}
 	}
 	store, ref, err := stores.Open(ctx, to, storeOptions(sb.spec.Config, sb.spec.Tenant, to, c.req.Trusted))
 	if err != nil {
-		return fmt.Errorf("checkpoint: open store: %w", err)
+		return fmt.Errorf("open store: %w", err)
 	}
 	if ref == "" {
-		return fmt.Errorf("checkpoint target %s names no reference (add :tag): %w", to, errdefs.ErrInvalidArgument)
+		return fmt.Errorf("%s names no reference (add :tag): %w", redact.URL(to), errdefs.ErrInvalidArgument)
 	}
 	usePageIndex(ctx, sb, to, &wopts)
 	c.to, c.ref, c.store, c.wopts = to, ref, store, wopts
@@ -155,14 +155,14 @@ func (c *checkpointing) prepareGuest(ctx context.Context, u *undo) error {
 	sb := c.sb
 	if c.wasPaused {
 		if err := sb.vm.Resume(ctx); err != nil {
-			return fmt.Errorf("checkpoint: %w", err)
+			return err
 		}
 		u.onFailure(func(ctx context.Context) { c.repause(ctx) })
 	}
 	if err := runHook(ctx, sb.agent, c.req.Containers[0].GuestID, sb.spec.Request.PreCheckpoint, "pre-checkpoint"); err != nil {
 		return err
 	}
-	return stepErr("checkpoint: sync guest filesystems", sb.agent.sync(ctx))
+	return stepErr("sync guest filesystems", sb.agent.sync(ctx))
 }
 
 // repause stops a VM that was paused before the checkpoint again.
@@ -232,7 +232,7 @@ func (c *checkpointing) publish(ctx context.Context, _ *undo) error {
 	}
 	src, err := snapshot.NewSource(md, c.paths)
 	if err != nil {
-		return fmt.Errorf("checkpoint: %w", err)
+		return err
 	}
 	defer src.Close()
 	if gen != nil {
@@ -242,7 +242,7 @@ func (c *checkpointing) publish(ctx context.Context, _ *undo) error {
 	}
 	desc, stats, err := snapshot.Write(ctx, c.store, c.ref, src, wopts)
 	if err != nil {
-		return fmt.Errorf("checkpoint: publish to %s: %w", c.to, err)
+		return fmt.Errorf("%s: %w", redact.URL(c.to), err)
 	}
 	c.res.Ref, c.res.Digest, c.res.Stats = c.to, desc.Digest.String(), stats
 	if gen != nil {

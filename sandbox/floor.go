@@ -28,7 +28,7 @@ func Floor(ctx context.Context, spec Spec, src Source) (time.Duration, error) {
 		{"cached", func(ctx context.Context, u *undo) error {
 			u.cleanup(func(context.Context) { st.restore.release() })
 			if !st.restore.mat.CacheHit {
-				return fmt.Errorf("floor: the snapshot was not in the node cache: restore it once first")
+				return fmt.Errorf("the snapshot was not in the node cache: restore it once first")
 			}
 			return nil
 		}},
@@ -55,7 +55,7 @@ func Floor(ctx context.Context, spec Spec, src Source) (time.Duration, error) {
 			// would run: the guest's root has no such command.
 			out, status, err := st.agent.runHook(ctx, st.restore.rec.SandboxID, []string{"true"}, firstCommandTimeout)
 			if err == nil && status != 0 {
-				err = fmt.Errorf("floor: true exited %d: %s", status, out)
+				err = fmt.Errorf("true exited %d: %s", status, out)
 			}
 			took = time.Since(t0)
 			return err

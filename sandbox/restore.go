@@ -156,19 +156,17 @@ func Restore(ctx context.Context, spec Spec, src Source) (*Sandbox, *Restored, e
 		{"vm config", st.restoreConfig},
 		{"vm", st.newVM},
 		{"fingerprint", func(ctx context.Context, _ *undo) error {
-			return stepErr("restore from "+src.URL+": snapshot does not fit this host", st.vm.CheckRestore(st.restore.snap.Metadata.Fingerprint))
+			return stepErr("snapshot does not fit this host", st.vm.CheckRestore(st.restore.snap.Metadata.Fingerprint))
 		}},
 		{"qemu", st.startQEMU},
 		{"load state", st.loadState},
-		{"continue", func(ctx context.Context, _ *undo) error { return stepErr("restore: continue vm", st.vm.Resume(ctx)) }},
+		{"continue", func(ctx context.Context, _ *undo) error { return st.vm.Resume(ctx) }},
 		{"agent", st.connectAgent},
-		{"fix up guest", func(ctx context.Context, _ *undo) error {
-			return stepErr("restore: fix up guest", st.agent.fixUpRestored(ctx))
-		}},
+		{"fix up guest", func(ctx context.Context, _ *undo) error { return st.agent.fixUpRestored(ctx) }},
 		// The new pod's MAC, addresses and routes, before any hook or task
 		// runs; only then do the guest's frames reach the pod network.
-		{"guest network", func(ctx context.Context, u *undo) error { return stepErr("restore", st.guestNetwork(ctx, u)) }},
-		{"release network", func(ctx context.Context, _ *undo) error { return stepErr("restore", st.pn.releaseGuest(ctx)) }},
+		{"guest network", st.guestNetwork},
+		{"release network", func(ctx context.Context, _ *undo) error { return st.pn.releaseGuest(ctx) }},
 	})
 	if err != nil {
 		return nil, nil, err
@@ -197,7 +195,7 @@ func (st *start) resolve(ctx context.Context, _ *undo) error {
 	}
 	store, ref, err := stores.Open(ctx, src.URL, storeOptions(cfg, st.Tenant, src.URL, src.Trusted))
 	if err != nil {
-		return fmt.Errorf("restore: open store: %w", err)
+		return fmt.Errorf("open store: %w", err)
 	}
 	if ref, err = pinRef(ref, src.Digest); err != nil {
 		return err
@@ -208,7 +206,7 @@ func (st *start) resolve(ctx context.Context, _ *undo) error {
 		cached, err = node.Store(store, cfg.Stores.CachingOptions(src.URL))
 	}
 	if err != nil {
-		return fmt.Errorf("restore: node cache: %w", err)
+		return fmt.Errorf("node cache: %w", err)
 	}
 	ropts, err := cfg.Snapshot.ReadOptions(st.Tenant)
 	if err != nil {
@@ -218,14 +216,14 @@ func (st *start) resolve(ctx context.Context, _ *undo) error {
 	nodeReadLimits(&ropts, cfg)
 	snap, err := snapshot.Open(ctx, cached, ref, ropts)
 	if err != nil {
-		return fmt.Errorf("restore from %s: %w", src.URL, err)
+		return fmt.Errorf("%s: %w", redact.URL(src.URL), err)
 	}
 	rec, err := readRecord(ctx, snap, cfg)
 	if err != nil {
-		return fmt.Errorf("restore from %s: %w", src.URL, err)
+		return err
 	}
 	if err := annotations.CheckRestoredSize(st.Pod.Annotations, cfg, rec.VCPUs, rec.MemoryMiB); err != nil {
-		return fmt.Errorf("restore from %s: %w", src.URL, err)
+		return err
 	}
 	st.restore.node, st.restore.snap, st.restore.rec = node, snap, rec
 	return nil
@@ -245,7 +243,7 @@ func (st *start) checkHost(ctx context.Context, _ *undo) error {
 		err = vmm.CheckHost(digests.apply(host), st.restore.snap.Metadata.Fingerprint)
 	}
 	if err != nil {
-		return fmt.Errorf("restore from %s: snapshot does not fit this host: %w", st.src.URL, err)
+		return fmt.Errorf("snapshot does not fit this host: %w", err)
 	}
 	st.restore.digests = digests
 	return nil
@@ -259,12 +257,12 @@ func (st *start) materialize(ctx context.Context, u *undo) error {
 	r := st.restore
 	release, err := r.node.Snapshots().Use(ctx, r.snap.Descriptor.Digest)
 	if err != nil {
-		return fmt.Errorf("restore from %s: %w", st.src.URL, err)
+		return err
 	}
 	u.onFailure(func(context.Context) { release() })
 	m, err := r.snap.Materialize(ctx, r.node.Snapshots())
 	if err != nil {
-		return fmt.Errorf("restore from %s: %w", st.src.URL, err)
+		return err
 	}
 	log.G(ctx).WithFields(log.Fields{"cache_hit": m.CacheHit, "digest": r.snap.Descriptor.Digest}).Info("snapshot materialized")
 	r.mat, r.release = m, release
@@ -285,11 +283,11 @@ func (st *start) serve(ctx context.Context, u *undo) error {
 	}
 	release, err := r.node.Snapshots().Use(ctx, r.snap.Descriptor.Digest)
 	if err != nil {
-		return fmt.Errorf("restore from %s: %w", st.src.URL, err)
+		return err
 	}
 	u.onFailure(func(context.Context) { release() })
 	if err := os.MkdirAll(st.StateDir, 0o700); err != nil {
-		return fmt.Errorf("restore: state dir: %w", err)
+		return fmt.Errorf("state dir: %w", err)
 	}
 	// Before QEMU starts: a device state that does not verify stops the
 	// restore while restore-fallback can still boot the pod cold.
@@ -302,7 +300,7 @@ func (st *start) serve(ctx context.Context, u *undo) error {
 	}
 	ram, err := serveRAM(ctx, r.snap, st.src.URL, st.StateDir, st.Config.Hypervisor.MemoryDir, disks, st.Config.Restore.PageTimeout.Duration)
 	if err != nil {
-		return fmt.Errorf("restore from %s: serve: %w", st.src.URL, err)
+		return fmt.Errorf("serve ram and disks: %w", err)
 	}
 	// Pushed before QEMU's shutdown: the undo stack kills QEMU first.
 	u.onFailure(func(ctx context.Context) {
@@ -328,26 +326,26 @@ func (st *start) fetchDevState(ctx context.Context, u *undo) (string, error) {
 	limit := st.Config.Restore.MaxDeviceStateMiB << 20
 	for _, f := range st.restore.snap.Metadata.Files {
 		if f.Name == snapshot.FileDevState && f.Size > limit {
-			return "", fmt.Errorf("restore from %s: device state of %d bytes, this node allows at most %d MiB (restore.max_device_state): %w",
-				st.src.URL, f.Size, st.Config.Restore.MaxDeviceStateMiB, errdefs.ErrInvalidArgument)
+			return "", fmt.Errorf("device state of %d bytes, this node allows at most %d MiB (restore.max_device_state): %w",
+				f.Size, st.Config.Restore.MaxDeviceStateMiB, errdefs.ErrInvalidArgument)
 		}
 	}
 	path := filepath.Join(st.StateDir, "devstate.in")
 	// A dead shim's restore of this sandbox may have left one.
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return "", fmt.Errorf("restore: device state: %w", err)
+		return "", fmt.Errorf("device state: %w", err)
 	}
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
-		return "", fmt.Errorf("restore: device state: %w", err)
+		return "", fmt.Errorf("device state: %w", err)
 	}
 	u.cleanup(func(context.Context) { os.Remove(path) })
 	err = st.restore.snap.CopyFile(ctx, snapshot.FileDevState, limit, f)
 	if cerr := f.Close(); err == nil && cerr != nil {
-		err = fmt.Errorf("restore: device state: %w", cerr)
+		err = fmt.Errorf("device state: %w", cerr)
 	}
 	if err != nil {
-		return "", fmt.Errorf("restore from %s: %w", st.src.URL, err)
+		return "", fmt.Errorf("device state: %w", err)
 	}
 	return path, nil
 }
@@ -385,7 +383,7 @@ func (st *start) loadState(ctx context.Context, _ *undo) error {
 		return err
 	}
 	defer f.Close()
-	return stepErr("restore from "+st.src.URL+": load device state", st.vm.LoadState(ctx, f))
+	return st.vm.LoadState(ctx, f)
 }
 
 // restoredNetwork gives a restored VM the network of the new pod: the same
@@ -406,14 +404,14 @@ func restoredNetwork(ctx context.Context, spec *specs.Spec, rec *sandboxRecord) 
 	has := podNetNS(spec) != ""
 	switch {
 	case rec.NICMAC == "" && has:
-		return nil, fmt.Errorf("restore: the snapshot's vm had no network interface, this pod has a network namespace: %w", errdefs.ErrFailedPrecondition)
+		return nil, fmt.Errorf("the snapshot's vm had no network interface, this pod has a network namespace: %w", errdefs.ErrFailedPrecondition)
 	case rec.NICMAC == "":
 		return nil, nil
 	case !has:
-		return nil, fmt.Errorf("restore: the snapshot's vm had a pod network interface, this sandbox has no network namespace: %w", errdefs.ErrFailedPrecondition)
+		return nil, fmt.Errorf("the snapshot's vm had a pod network interface, this sandbox has no network namespace: %w", errdefs.ErrFailedPrecondition)
 	}
 	if _, err := net.ParseMAC(rec.NICMAC); err != nil {
-		return nil, fmt.Errorf("restore: snapshot nic mac %q: %w", rec.NICMAC, errdefs.ErrDataLoss)
+		return nil, fmt.Errorf("snapshot nic mac %q: %w", rec.NICMAC, errdefs.ErrDataLoss)
 	}
 	// The veth keeps its own MAC and the guest NIC takes it (configureGuest):
 	// clones of one snapshot on one bridge must not share an address. Until
@@ -424,7 +422,7 @@ func restoredNetwork(ctx context.Context, spec *specs.Spec, rec *sandboxRecord) 
 		return nil, err
 	}
 	if pn == nil {
-		return nil, fmt.Errorf("restore: the snapshot's vm had a pod network interface, this pod's network namespace has none: %w", errdefs.ErrFailedPrecondition)
+		return nil, fmt.Errorf("the snapshot's vm had a pod network interface, this pod's network namespace has none: %w", errdefs.ErrFailedPrecondition)
 	}
 	return pn, nil
 }
@@ -439,7 +437,7 @@ func pinRef(ref, pin string) (string, error) {
 		return "", err
 	}
 	if have != "" && have.String() != pin {
-		return "", fmt.Errorf("restore: reference pins %s but %s asks for %s: %w", have, annotations.RestoreDigest, pin, errdefs.ErrInvalidArgument)
+		return "", fmt.Errorf("reference pins %s but %s asks for %s: %w", have, annotations.RestoreDigest, pin, errdefs.ErrInvalidArgument)
 	}
 	if tag == "" {
 		return pin, nil
@@ -472,7 +470,7 @@ func restoredVMConfig(ctx context.Context, id string, cfg configs.Config, rec *s
 	for _, d := range rec.Disks {
 		base, ok := m.Disks[d.Name]
 		if !ok {
-			return c, fmt.Errorf("restore: snapshot has no disk %q: %w", d.Name, errdefs.ErrDataLoss)
+			return c, fmt.Errorf("snapshot has no disk %q: %w", d.Name, errdefs.ErrDataLoss)
 		}
 		dir := filepath.Join(diskDir, d.ID)
 		if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -480,7 +478,7 @@ func restoredVMConfig(ctx context.Context, id string, cfg configs.Config, rec *s
 		}
 		overlay := filepath.Join(dir, "restored.qcow2")
 		if err := createOverlay(ctx, base, overlay); err != nil {
-			return c, fmt.Errorf("restore: overlay for disk %s: %w", d.Name, err)
+			return c, fmt.Errorf("overlay for disk %s: %w", d.Name, err)
 		}
 		c.Disks = append(c.Disks, vmm.Disk{ID: d.ID, Serial: d.Serial, Port: d.Port, Path: overlay, Format: "qcow2", ReadOnly: d.ReadOnly})
 	}

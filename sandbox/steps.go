@@ -47,8 +47,10 @@ func (u *undo) unwind(ctx context.Context, failed bool) {
 }
 
 // runSteps runs the steps of what in order, timing and logging each. The
-// first failure stops them and unwinds the undo stack; its error names the
-// step.
+// first failure stops them and unwinds the undo stack. Its error is the
+// step's wrapped once as "<what>: <step>: <cause>", so that no step names
+// the operation itself; errdefs sentinels in the cause stay visible to
+// errors.Is.
 func runSteps(ctx context.Context, what string, steps []step) (retErr error) {
 	var u undo
 	defer func() { u.unwind(ctx, retErr != nil) }()
@@ -59,7 +61,7 @@ func runSteps(ctx context.Context, what string, steps []step) (retErr error) {
 		l := log.G(ctx).WithFields(log.Fields{"step": s.name, "duration": time.Since(t0)})
 		if err != nil {
 			l.WithError(err).Warnf("%s step failed", what)
-			return err
+			return fmt.Errorf("%s: %s: %w", what, s.name, err)
 		}
 		l.Infof("%s step", what)
 	}
@@ -67,10 +69,10 @@ func runSteps(ctx context.Context, what string, steps []step) (retErr error) {
 	return nil
 }
 
-// stepErr wraps a step's error with its context; nil stays nil.
-func stepErr(format string, err error) error {
+// stepErr wraps a step's error with what the step was doing; nil stays nil.
+func stepErr(doing string, err error) error {
 	if err == nil {
 		return nil
 	}
-	return fmt.Errorf(format+": %w", err)
+	return fmt.Errorf("%s: %w", doing, err)
 }
