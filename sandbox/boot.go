@@ -21,32 +21,20 @@ type start struct {
 	src   Source
 	vmcfg vmm.Config
 	pn    *podNetwork
-	vm    *vmm.Machine
+	vm    machine
 	agent agentConn
 	info  guestInfo
 	// set by restore's steps
 	restore *restoring
+	vms     vmFactory
 }
 
 // Boot starts a new VM with the first container's root disk attached and
 // connects to its agent. On failure nothing is left running.
 func Boot(ctx context.Context, spec Spec, root RootSpec) (*Sandbox, error) {
-	st := &start{Spec: spec, root: root}
+	st := &start{Spec: spec, root: root, vms: qemuFactory}
 	sb := &Sandbox{spec: spec, rootfs: newRootfsBuilder(spec.Config)}
-	err := runSteps(ctx, "boot", []step{
-		{"state dir", st.stateDir},
-		{"root disk", func(ctx context.Context, _ *undo) (err error) {
-			sb.root, err = sb.rootfs.disk(ctx, root.ContainerID, root.Bundle, root.WorkDir, root.Mounts)
-			return err
-		}},
-		{"pod network", st.network(network.Options{})},
-		{"vm config", func(ctx context.Context, _ *undo) error { return st.bootConfig(ctx, sb.root) }},
-		{"vm", st.newVM},
-		{"qemu", st.startQEMU},
-		{"agent", st.connectAgent},
-		{"guest network", st.guestNetwork},
-	})
-	if err != nil {
+	if err := runSteps(ctx, "boot", st.bootSteps(sb)); err != nil {
 		return nil, err
 	}
 	log.G(ctx).WithFields(log.Fields{
@@ -55,9 +43,27 @@ func Boot(ctx context.Context, spec Spec, root RootSpec) (*Sandbox, error) {
 	return st.finish(sb), nil
 }
 
-// finish hands what the steps made to the sandbox.
+// bootSteps are a boot's steps; the root disk goes to sb.
+func (st *start) bootSteps(sb *Sandbox) []step {
+	return []step{
+		{"state dir", st.stateDir},
+		{"root disk", func(ctx context.Context, _ *undo) (err error) {
+			sb.root, err = sb.rootfs.disk(ctx, st.root.ContainerID, st.root.Bundle, st.root.WorkDir, st.root.Mounts)
+			return err
+		}},
+		{"pod network", st.network(network.Options{})},
+		{"vm config", func(ctx context.Context, _ *undo) error { return st.bootConfig(ctx, sb.root) }},
+		{"vm", st.newVM},
+		{"qemu", st.startQEMU},
+		{"agent", st.connectAgent},
+		{"guest network", st.guestNetwork},
+	}
+}
+
+// finish hands what the steps made to the sandbox, whose VM is QEMU's
+// (Boot and Restore make their machines with qemuFactory).
 func (st *start) finish(sb *Sandbox) *Sandbox {
-	sb.vm, sb.agent, sb.info, sb.net = st.vm, st.agent, st.info, st.pn
+	sb.vm, sb.agent, sb.info, sb.net = st.vm.(*vmm.Machine), st.agent, st.info, st.pn
 	return sb
 }
 
@@ -102,7 +108,7 @@ func (st *start) bootConfig(ctx context.Context, root vmm.Disk) error {
 
 // newVM checks the VM's configuration and makes its machine.
 func (st *start) newVM(ctx context.Context, _ *undo) (err error) {
-	st.vm, err = vmm.New(st.vmcfg)
+	st.vm, err = st.vms.newMachine(st.vmcfg)
 	return err
 }
 
@@ -121,7 +127,7 @@ func (st *start) startQEMU(ctx context.Context, u *undo) error {
 }
 
 func (st *start) connectAgent(ctx context.Context, u *undo) error {
-	ag, info, err := connectAgent(ctx, st.vm, st.Config.Agent)
+	ag, info, err := st.vms.connect(ctx, st.vm, st.Config.Agent)
 	if err != nil {
 		return err
 	}

@@ -2,9 +2,13 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"time"
+
+	"github.com/cryo-runtime/cryo/configs"
 )
 
 // Floor measures the physical limit of a restore on this node: QEMU
@@ -14,42 +18,44 @@ import (
 // time measured. `cryoctl bench` holds restores against it. The VM is gone
 // and its directories removed when Floor returns.
 func Floor(ctx context.Context, spec Spec, src Source) (time.Duration, error) {
-	st := &start{Spec: spec, src: src, restore: &restoring{}}
-	var t0 time.Time
+	spec.Request.RestoreMode = configs.RestoreEager // the materialized files
+	st := &start{Spec: spec, src: src, restore: &restoring{}, vms: qemuFactory}
 	var took time.Duration
-	err := runSteps(ctx, "floor", []step{
-		{"dirs", func(ctx context.Context, u *undo) error {
-			u.cleanup(func(context.Context) { os.RemoveAll(spec.StateDir); os.RemoveAll(spec.DiskDir) })
+	err := runSteps(ctx, "floor", st.floorSteps(&took))
+	return took, err
+}
+
+// floorSteps are Restore's without the pod network and the guest's fix-up:
+// its fetch (which must find the snapshot in the node cache), its machine,
+// then the clock from QEMU's start to a first command.
+func (st *start) floorSteps(took *time.Duration) []step {
+	var t0 time.Time
+	return slices.Concat(
+		[]step{{"dirs", func(ctx context.Context, u *undo) error {
+			u.cleanup(func(context.Context) { os.RemoveAll(st.StateDir); os.RemoveAll(st.DiskDir) })
 			return st.stateDir(ctx, u)
-		}},
-		{"resolve", st.resolve},
-		{"check host", st.checkHost},
-		{"materialize", st.materialize},
-		{"cached", func(ctx context.Context, u *undo) error {
+		}}},
+		st.fetchSteps(),
+		[]step{{"cached", func(ctx context.Context, u *undo) error {
 			u.cleanup(func(context.Context) { st.restore.release() })
 			if !st.restore.mat.CacheHit {
-				return fmt.Errorf("the snapshot was not in the node cache: restore it once first")
+				return errors.New("the snapshot was not in the node cache: restore it once first")
 			}
 			return nil
-		}},
-		{"vm config", st.restoreConfig},
-		{"vm", st.newVM},
-		{"clock", func(context.Context, *undo) error { t0 = time.Now(); return nil }},
-		{"qemu", func(ctx context.Context, u *undo) error {
-			if err := st.startQEMU(ctx, u); err != nil {
-				return err
-			}
+		}}},
+		st.machineSteps(),
+		[]step{{"clock", func(_ context.Context, u *undo) error {
+			// The VM goes when Floor returns, not only when it fails.
 			u.cleanup(func(ctx context.Context) {
 				sctx, cancel := context.WithTimeout(ctx, failedStartTimeout)
 				defer cancel()
 				_ = st.vm.Shutdown(sctx)
 			})
+			t0 = time.Now()
 			return nil
-		}},
-		{"load state", st.loadState},
-		{"continue", func(ctx context.Context, _ *undo) error { return st.vm.Resume(ctx) }},
-		{"agent", st.connectAgent},
-		{"first command", func(ctx context.Context, _ *undo) error {
+		}}},
+		st.resumeSteps(),
+		[]step{{"first command", func(ctx context.Context, _ *undo) error {
 			defer st.agent.close()
 			// In the checkpointed sandbox's own container, as an exec
 			// would run: the guest's root has no such command.
@@ -57,9 +63,8 @@ func Floor(ctx context.Context, spec Spec, src Source) (time.Duration, error) {
 			if err == nil && status != 0 {
 				err = fmt.Errorf("true exited %d: %s", status, out)
 			}
-			took = time.Since(t0)
+			*took = time.Since(t0)
 			return err
-		}},
-	})
-	return took, err
+		}}},
+	)
 }

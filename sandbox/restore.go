@@ -143,32 +143,8 @@ type restoring struct {
 func Restore(ctx context.Context, spec Spec, src Source) (*Sandbox, *Restored, error) {
 	// Logged before the allowlist refuses what a URL must not carry.
 	ctx = log.WithLogger(ctx, log.G(ctx).WithFields(log.Fields{"sandbox": spec.ID, "restore_from": redact.URL(src.URL)}))
-	st := &start{Spec: spec, src: src, restore: &restoring{}}
-	fetch := step{"fetch+materialize", st.materialize}
-	if spec.Request.RestoreMode == configs.RestoreLazy {
-		fetch = step{"fetch+serve", st.serve}
-	}
-	err := runSteps(ctx, "restore", []step{
-		{"resolve", st.resolve},
-		{"check host", st.checkHost},
-		fetch,
-		{"pod network", st.restoredNetwork},
-		{"vm config", st.restoreConfig},
-		{"vm", st.newVM},
-		{"fingerprint", func(ctx context.Context, _ *undo) error {
-			return stepErr("snapshot does not fit this host", st.vm.CheckRestore(st.restore.snap.Metadata.Fingerprint))
-		}},
-		{"qemu", st.startQEMU},
-		{"load state", st.loadState},
-		{"continue", func(ctx context.Context, _ *undo) error { return st.vm.Resume(ctx) }},
-		{"agent", st.connectAgent},
-		{"fix up guest", func(ctx context.Context, _ *undo) error { return st.agent.fixUpRestored(ctx) }},
-		// The new pod's MAC, addresses and routes, before any hook or task
-		// runs; only then do the guest's frames reach the pod network.
-		{"guest network", st.guestNetwork},
-		{"release network", func(ctx context.Context, _ *undo) error { return st.pn.releaseGuest(ctx) }},
-	})
-	if err != nil {
+	st := &start{Spec: spec, src: src, restore: &restoring{}, vms: qemuFactory}
+	if err := runSteps(ctx, "restore", st.restoreSteps()); err != nil {
 		return nil, nil, err
 	}
 	r := st.restore
@@ -182,6 +158,56 @@ func Restore(ctx context.Context, spec Spec, src Source) (*Sandbox, *Restored, e
 	}
 	log.G(ctx).WithFields(log.Fields{"boot_id": st.info.BootID, "digest": r.snap.Descriptor.Digest, "qemu_pid": st.vm.Pid(), "mode": mode}).Info("sandbox restored")
 	return sb, rs, nil
+}
+
+// restoreSteps are a restore's steps: the snapshot resolved, checked and
+// fetched before anything runs, then the VM started from it and the guest
+// given the new pod's clock and network. Floor runs a part of them.
+func (st *start) restoreSteps() []step {
+	return slices.Concat(
+		st.fetchSteps(),
+		[]step{{"pod network", st.restoredNetwork}},
+		st.machineSteps(),
+		st.resumeSteps(),
+		[]step{
+			{"fix up guest", func(ctx context.Context, _ *undo) error { return st.agent.fixUpRestored(ctx) }},
+			// The new pod's MAC, addresses and routes, before any hook or
+			// task runs; only then do the guest's frames reach the pod
+			// network.
+			{"guest network", st.guestNetwork},
+			{"release network", func(ctx context.Context, _ *undo) error { return st.pn.releaseGuest(ctx) }},
+		})
+}
+
+// fetchSteps find the snapshot, check it against this host and fetch it.
+func (st *start) fetchSteps() []step {
+	fetch := step{"fetch+materialize", st.materialize}
+	if st.Request.RestoreMode == configs.RestoreLazy {
+		fetch = step{"fetch+serve", st.serve}
+	}
+	return []step{{"resolve", st.resolve}, {"check host", st.checkHost}, fetch}
+}
+
+// machineSteps build the checkpointed VM on this host, not yet started.
+func (st *start) machineSteps() []step {
+	return []step{
+		{"vm config", st.restoreConfig},
+		{"vm", st.newVM},
+		{"fingerprint", func(ctx context.Context, _ *undo) error {
+			return stepErr("snapshot does not fit this host", st.vm.CheckRestore(st.restore.snap.Metadata.Fingerprint))
+		}},
+	}
+}
+
+// resumeSteps start QEMU, load the device state and run the guest until
+// its agent answers.
+func (st *start) resumeSteps() []step {
+	return []step{
+		{"qemu", st.startQEMU},
+		{"load state", st.loadState},
+		{"continue", func(ctx context.Context, _ *undo) error { return st.vm.Resume(ctx) }},
+		{"agent", st.connectAgent},
+	}
 }
 
 // resolve opens the snapshot through the node cache and decodes every field

@@ -223,7 +223,7 @@ func newRootfsBuilder(cfg configs.Config) *rootfsBuilder {
 // answer, within ac's dial timeout; the client's short calls then get ac's
 // request timeout. A VM that dies meanwhile ends the wait at once with
 // QEMU's own stderr and the tail of the guest console.
-func connectAgent(ctx context.Context, vm *vmm.Machine, ac configs.Agent) (agentConn, guestInfo, error) {
+func connectAgent(ctx context.Context, vm machine, ac configs.Agent) (agentConn, guestInfo, error) {
 	timeout := ac.DialTimeout.Duration
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
