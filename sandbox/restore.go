@@ -378,8 +378,16 @@ func (st *start) fetchDevState(ctx context.Context, u *undo) (string, error) {
 
 // restoreConfig is the checkpointed VM's configuration on this host, with
 // the new pod's NIC.
-func (st *start) restoreConfig(ctx context.Context, _ *undo) error {
+func (st *start) restoreConfig(ctx context.Context, u *undo) error {
 	r := st.restore
+	// What restoredVMConfig makes, should a later step fail: the VM
+	// would have owned it.
+	u.onFailure(func(context.Context) {
+		os.Remove(filepath.Join(st.StateDir, emptyRAMName))
+		for _, d := range r.rec.Disks {
+			os.RemoveAll(filepath.Join(st.DiskDir, d.ID))
+		}
+	})
 	c, err := restoredVMConfig(ctx, st.ID, st.Config, r.rec, r.mat, st.StateDir, st.DiskDir)
 	if err != nil {
 		return err
@@ -471,6 +479,10 @@ func pinRef(ref, pin string) (string, error) {
 	return tag + "@" + pin, nil
 }
 
+// emptyRAMName is the RAM file, in the state dir, of a VM whose RAM comes
+// in its device state.
+const emptyRAMName = "ram.empty"
+
 // restoredVMConfig rebuilds the checkpointed VM's configuration: its size
 // and device layout from the record, this host's QEMU and guest files, RAM
 // mapped privately from the materialized file, and a new qcow2 overlay per
@@ -485,7 +497,7 @@ func restoredVMConfig(ctx context.Context, id string, cfg configs.Config, rec *s
 	}
 	if rec.RAMInStream || m.RAM == "" {
 		// RAM comes in the device state: map an empty sparse file.
-		c.MemoryPath = filepath.Join(stateDir, "ram.empty")
+		c.MemoryPath = filepath.Join(stateDir, emptyRAMName)
 		if err := os.WriteFile(c.MemoryPath, nil, 0o600); err != nil {
 			return c, err
 		}
