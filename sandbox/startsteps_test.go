@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -249,10 +250,14 @@ func newRestoreFixture(t *testing.T) *restoreFixture {
 	h.Path = filepath.Join(dir, "qemu")
 	h.Kernel, h.Initrd = filepath.Join(dir, "vmlinuz"), filepath.Join(dir, "initrd.img")
 	h.MachineType, h.CPUModel, h.Accel = "pc-q35-7.2", "qemu64", "tcg"
+	h.MemoryDir = filepath.Join(dir, "mem") // a lazy restore's RAM layer
 	write := func(path, content string, mode os.FileMode) {
 		if err := os.WriteFile(path, []byte(content), mode); err != nil {
 			t.Fatal(err)
 		}
+	}
+	if err := os.MkdirAll(h.MemoryDir, 0o700); err != nil {
+		t.Fatal(err)
 	}
 	write(h.Path, "#!/bin/sh\necho 'QEMU emulator version 7.2.0'\n", 0o755)
 	write(h.Kernel, "kernel", 0o644)
@@ -352,6 +357,59 @@ func TestRestoreSteps(t *testing.T) {
 			return slices.Concat(dirEntries(t, spec.StateDir), dirEntries(t, spec.DiskDir), f.inUse(t))
 		},
 	})
+}
+
+// TestLazyRestoreSteps: a lazy restore's steps, its RAM and disk served
+// from the snapshot through a pagefs mount, each failing in turn: also
+// no mount, no RAM layer and no served record is left.
+func TestLazyRestoreSteps(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("mounting pagefs needs root")
+	}
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		t.Skip("no /dev/fuse")
+	}
+	f := newRestoreFixture(t)
+	var spec Spec
+	var st *start
+	testEachStepFailing(t, stepCase{
+		op: "restore",
+		steps: func(t *testing.T, vms vmFactory) []step {
+			spec = f.spec(t, true)
+			spec.Request.RestoreMode = configs.RestoreLazy
+			st = &start{Spec: spec, src: Source{URL: f.url}, restore: &restoring{}, vms: vms}
+			return st.restoreSteps()
+		},
+		done: func() {
+			// What the leftover check looks for is there while served.
+			if st.restore.ram == nil || len(mountsUnder(t, spec.StateDir)) == 0 {
+				t.Fatal("a lazy restore served nothing")
+			}
+			if err := st.restore.ram.Close(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			st.restore.release()
+		},
+		left: func(t *testing.T) []string {
+			return slices.Concat(dirEntries(t, spec.StateDir), dirEntries(t, spec.DiskDir),
+				dirEntries(t, f.cfg.Hypervisor.MemoryDir), mountsUnder(t, spec.StateDir), f.inUse(t))
+		},
+	})
+}
+
+// mountsUnder lists the mount points under dir.
+func mountsUnder(t *testing.T, dir string) []string {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mounts []string
+	for _, line := range strings.Split(string(b), "\n") {
+		if fields := strings.Fields(line); len(fields) > 4 && strings.HasPrefix(fields[4], dir+"/") {
+			mounts = append(mounts, "mount "+fields[4])
+		}
+	}
+	return mounts
 }
 
 // TestFloorSteps: the floor's steps (Restore's, from the node cache)
