@@ -134,7 +134,7 @@ type stepCase struct {
 	left  func(t *testing.T) []string
 	// done ends what the steps made when none failed: the sandbox's
 	// holds (the fakes need no stop).
-	done func()
+	done func(t *testing.T)
 }
 
 // testEachStepFailing runs the step list once whole, then once for each
@@ -172,7 +172,7 @@ func testEachStepFailing(t *testing.T, c stepCase) {
 				t.Fatalf("ran %v", ran)
 			}
 			if c.done != nil {
-				c.done()
+				c.done(t)
 			}
 			return
 		}
@@ -352,7 +352,7 @@ func TestRestoreSteps(t *testing.T) {
 			st = &start{Spec: spec, src: Source{URL: f.url}, restore: &restoring{}, vms: vms}
 			return st.restoreSteps()
 		},
-		done: func() { st.restore.release() },
+		done: func(t *testing.T) { st.restore.release() },
 		left: func(t *testing.T) []string {
 			return slices.Concat(dirEntries(t, spec.StateDir), dirEntries(t, spec.DiskDir), f.inUse(t))
 		},
@@ -380,7 +380,7 @@ func TestLazyRestoreSteps(t *testing.T) {
 			st = &start{Spec: spec, src: Source{URL: f.url}, restore: &restoring{}, vms: vms}
 			return st.restoreSteps()
 		},
-		done: func() {
+		done: func(t *testing.T) {
 			// What the leftover check looks for is there while served.
 			if st.restore.ram == nil || len(mountsUnder(t, spec.StateDir)) == 0 {
 				t.Fatal("a lazy restore served nothing")
