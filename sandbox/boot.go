@@ -26,7 +26,9 @@ type start struct {
 	info  guestInfo
 	// set by restore's steps
 	restore *restoring
-	vms     vmFactory
+	// vms makes the machine and the agent connection: QEMU's, or fakes
+	// in the step tests.
+	vms vmFactory
 }
 
 // Boot starts a new VM with the first container's root disk attached and
