@@ -96,8 +96,8 @@ func (st *start) bootConfig(ctx context.Context, root vmm.Disk) error {
 		ID: st.ID, StateDir: st.StateDir, QEMUPath: h.Path, Kernel: h.Kernel, Initrd: h.Initrd, KernelArgs: h.KernelArgs,
 		MachineType: h.MachineType, CPUModel: h.CPUModel, Accel: h.Accel,
 		VCPUs: st.Request.VCPUs, MemoryMiB: st.Request.MemoryMiB,
-		MemoryPath: ramPath(h.MemoryDir, st.StateDir), MemoryShared: true,
-		Disks: []vmm.Disk{root}, NICs: st.pn.nics(), HotplugPorts: h.HotplugPorts, VMGenID: true,
+		Memory: vmm.Memory{Mode: vmm.MemoryOwned, Path: ramPath(h.MemoryDir, st.StateDir)},
+		Disks:  []vmm.Disk{root}, NICs: st.pn.nics(), HotplugPorts: h.HotplugPorts, VMGenID: true,
 	}
 	if g, err := hostGuestDigests(st.Config); err == nil {
 		c = g.apply(c)

@@ -136,8 +136,8 @@ func pauseWindow(ctx context.Context, vm pauser, ram servedMemory, diskDir strin
 		if c.gen, err = ram.Seal(); err != nil {
 			return nil, fmt.Errorf("seal guest ram: %w", err)
 		}
-	case cfg.MemoryShared:
-		if err := c.takeRAM(cfg.MemoryPath, exit); err != nil {
+	case cfg.Memory.Mode == vmm.MemoryOwned:
+		if err := c.takeRAM(cfg.Memory.Path, exit); err != nil {
 			return nil, err
 		}
 	default:

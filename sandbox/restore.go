@@ -395,7 +395,7 @@ func (st *start) restoreConfig(ctx context.Context, u *undo) error {
 	if r.ram != nil {
 		// The sandbox's own layered file: QEMU writes through to the
 		// server, which keeps the dirty set a checkpoint needs.
-		c.MemoryShared, c.MemoryServed = true, true
+		c.Memory.Mode = vmm.MemoryServed
 	}
 	c.NICs = st.pn.nics()
 	st.vmcfg = confined(r.digests.apply(c), st.Config)
@@ -493,15 +493,15 @@ func restoredVMConfig(ctx context.Context, id string, cfg configs.Config, rec *s
 		ID: id, StateDir: stateDir, QEMUPath: h.Path, Kernel: h.Kernel, Initrd: h.Initrd, KernelArgs: h.KernelArgs,
 		MachineType: h.MachineType, CPUModel: h.CPUModel, Accel: h.Accel,
 		VCPUs: rec.VCPUs, MemoryMiB: rec.MemoryMiB, HotplugPorts: rec.HotplugPort,
-		MemoryShared: false, Incoming: true, VMGenID: true, MemoryPath: m.RAM,
+		VMGenID: true, Memory: vmm.Memory{Mode: vmm.MemoryPrivate, Path: m.RAM},
 	}
 	if rec.RAMInStream || m.RAM == "" {
 		// RAM comes in the device state: map an empty sparse file.
-		c.MemoryPath = filepath.Join(stateDir, emptyRAMName)
-		if err := os.WriteFile(c.MemoryPath, nil, 0o600); err != nil {
+		c.Memory.Path = filepath.Join(stateDir, emptyRAMName)
+		if err := os.WriteFile(c.Memory.Path, nil, 0o600); err != nil {
 			return c, err
 		}
-		if err := os.Truncate(c.MemoryPath, int64(rec.MemoryMiB)<<20); err != nil {
+		if err := os.Truncate(c.Memory.Path, int64(rec.MemoryMiB)<<20); err != nil {
 			return c, err
 		}
 	}

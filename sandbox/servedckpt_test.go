@@ -90,7 +90,7 @@ func layered(t *testing.T, src pagefs.Source) *pagefs.File {
 // continues, and neither copied nor put in the stream.
 func TestPauseWindowServed(t *testing.T) {
 	var calls []string
-	vm := fakeVM{calls: &calls, cfg: vmm.Config{MemoryPath: "/nonexistent/ram", MemoryShared: true, MemoryServed: true, Incoming: true},
+	vm := fakeVM{calls: &calls, cfg: vmm.Config{Memory: vmm.Memory{Mode: vmm.MemoryServed, Path: "/nonexistent/ram"}},
 		disks: []vmm.Disk{{ID: "root", Path: "/nonexistent/root.qcow2", Format: "qcow2"}, {ID: "base", ReadOnly: true}}}
 	ram := fakeServed{calls: &calls, file: layered(t, bytesSource{bytes.NewReader(make([]byte, 1<<20))})}
 	work := t.TempDir()

@@ -175,13 +175,7 @@ func buildArgs(cfg Config, chains []*image) ([]string, bootFDs) {
 		"-cpu", cpuArg(cfg),
 		"-smp", strconv.Itoa(cfg.VCPUs),
 		"-m", strconv.Itoa(cfg.MemoryMiB)+"M",
-		"-object", jsonArg(map[string]any{
-			"qom-type": "memory-backend-file",
-			"id":       "ram0",
-			"size":     int64(cfg.MemoryMiB) << 20,
-			"mem-path": procFD(ramFD),
-			"share":    cfg.MemoryShared,
-		}),
+		"-object", jsonArg(cfg.Memory.backend(cfg.MemoryMiB, procFD(ramFD))),
 		"-kernel", procFD(kernelFD),
 	)
 	if cfg.Initrd != "" {
@@ -235,10 +229,7 @@ func buildArgs(cfg Config, chains []*image) ([]string, bootFDs) {
 		}
 		a = append(a, "-device", opts)
 	}
-	if cfg.Incoming {
-		// -S: stay paused after the incoming migration; the caller resumes.
-		a = append(a, "-S", "-incoming", "defer")
-	}
+	a = append(a, cfg.Memory.startArgs()...)
 	return a, fds
 }
 

@@ -29,13 +29,12 @@ func unitConfig(t *testing.T) Config {
 		return p
 	}
 	return Config{
-		ID:           "sb1",
-		StateDir:     filepath.Join(dir, "state"),
-		Kernel:       touch("vmlinuz"),
-		Initrd:       touch("initrd"),
-		MemoryMiB:    256,
-		MemoryPath:   "/dev/shm/cryo-sb1.ram",
-		MemoryShared: true,
+		ID:        "sb1",
+		StateDir:  filepath.Join(dir, "state"),
+		Kernel:    touch("vmlinuz"),
+		Initrd:    touch("initrd"),
+		MemoryMiB: 256,
+		Memory:    Memory{Mode: MemoryOwned, Path: "/dev/shm/cryo-sb1.ram"},
 		Disks: []Disk{
 			{ID: "rootfs", Path: touch("root,fs.img"), Format: "raw", ReadOnly: true, Serial: "cryo-rootfs"},
 			{ID: "c1", Path: touch("c1.qcow2"), Format: "qcow2", Serial: "c1"},
@@ -136,8 +135,8 @@ func TestArgsLayoutAndDefaults(t *testing.T) {
 	if mem["qom-type"] != "memory-backend-file" || mem["share"] != true || mem["size"] != float64(256<<20) || slotAt(t, m, mem["mem-path"].(string)).kind != fdRAM {
 		t.Errorf("memory backend = %v", mem)
 	}
-	if m.ramFile() != cfg.MemoryPath {
-		t.Errorf("ram file %s, want %s", m.ramFile(), cfg.MemoryPath)
+	if m.ramFile() != cfg.Memory.Path {
+		t.Errorf("ram file %s, want %s", m.ramFile(), cfg.Memory.Path)
 	}
 	for flag, want := range map[string]string{"-kernel": cfg.Kernel, "-initrd": cfg.Initrd} {
 		if s := slotAt(t, m, argsAfter(a, flag)[0]); s.kind != fdFile || s.path != want || s.flag != os.O_RDONLY {
@@ -226,7 +225,7 @@ func TestArgsLayoutAndDefaults(t *testing.T) {
 
 func TestArgsIncomingSharedOff(t *testing.T) {
 	cfg := unitConfig(t)
-	cfg.Incoming, cfg.MemoryShared = true, false
+	cfg.Memory.Mode = MemoryPrivate
 	cfg.Accel, cfg.VCPUs, cfg.HotplugPorts = "kvm", 2, -1
 	cfg.Disks[1].Port = "rp3" // hot-plugged at checkpoint time
 	cfg.HotplugPorts = 4
@@ -245,9 +244,9 @@ func TestArgsIncomingSharedOff(t *testing.T) {
 	if priv, ok := m.cfg.privateMemory(); !ok || m.ramFile() != priv || filepath.Dir(priv) != "/dev/shm" {
 		t.Errorf("confined restore maps %s (private %s %v), want its own copy in /dev/shm", m.ramFile(), priv, ok)
 	}
-	cfg.MemoryServed = true // a page server guards its file itself: no copy
-	if s := mustNew(t, cfg); s.ramFile() != cfg.MemoryPath {
-		t.Errorf("confined restore of served memory maps %s, want %s", s.ramFile(), cfg.MemoryPath)
+	cfg.Memory.Mode = MemoryServed // a page server guards its file itself: no copy
+	if s := mustNew(t, cfg); s.ramFile() != cfg.Memory.Path {
+		t.Errorf("confined restore of served memory maps %s, want %s", s.ramFile(), cfg.Memory.Path)
 	}
 	devs := argsAfter(a, "-device")
 	port := slices.Index(devs, "pcie-root-port,id=rp3,bus=pcie.0,addr=0x13,chassis=4")
@@ -275,13 +274,13 @@ func TestArgsCPUEnforceUnderKVM(t *testing.T) {
 func TestArgsConfinementOff(t *testing.T) {
 	cfg := unitConfig(t)
 	cfg.Confine.Disabled = true
-	cfg.Incoming, cfg.MemoryShared = true, false
+	cfg.Memory.Mode = MemoryPrivate
 	m := mustNew(t, cfg)
 	if slices.Contains(m.Args(), "-sandbox") {
 		t.Error("-sandbox with confinement disabled")
 	}
-	if m.ramFile() != cfg.MemoryPath {
-		t.Errorf("unconfined restore maps %s, want %s itself", m.ramFile(), cfg.MemoryPath)
+	if m.ramFile() != cfg.Memory.Path {
+		t.Errorf("unconfined restore maps %s, want %s itself", m.ramFile(), cfg.Memory.Path)
 	}
 }
 
@@ -390,9 +389,9 @@ func TestConfigValidation(t *testing.T) {
 		{"bad accel", func(c *Config) { c.Accel = "hvf" }, "accel"},
 		{"bad cpu", func(c *Config) { c.CPUModel = "max,+vmx" }, "cpu model"},
 		{"too little memory", func(c *Config) { c.MemoryMiB = 32 }, "at least 64"},
-		{"relative memory path", func(c *Config) { c.MemoryPath = "ram" }, "memory path"},
-		{"share off cold boot", func(c *Config) { c.MemoryShared = false }, "only for restores"},
-		{"served memory cold boot", func(c *Config) { c.MemoryServed = true }, "served memory is only for restores"},
+		{"relative memory path", func(c *Config) { c.Memory.Path = "ram" }, "memory path"},
+		// (share=off or served memory on a cold boot cannot be said: the mode says both)
+		{"unknown memory mode", func(c *Config) { c.Memory.Mode = MemoryServed + 1 }, "memory mode MemoryMode(3)"},
 		{"too many vcpus", func(c *Config) { c.VCPUs = 65 }, "vcpus"},
 		{"too many ports", func(c *Config) { c.HotplugPorts = 16 }, "hotplug ports"},
 		{"duplicate disk", func(c *Config) { c.Disks[1].ID = "rootfs" }, "duplicate device id"},
@@ -488,6 +487,36 @@ func TestCheckHost(t *testing.T) {
 		tc.edit(&c)
 		if err := CheckHost(c, saved); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), tc.field) {
 			t.Errorf("%s: %v", tc.field, err)
+		}
+	}
+}
+
+// TestArgsMemoryModes: one memory mode says the whole of QEMU's RAM
+// arguments: the backend's share, whether it starts paused for an
+// incoming state, and which file it maps (confined).
+func TestArgsMemoryModes(t *testing.T) {
+	for _, c := range []struct {
+		mode     MemoryMode
+		share    string
+		incoming bool
+		ownCopy  bool
+	}{
+		{MemoryOwned, `"share":true`, false, false},
+		{MemoryPrivate, `"share":false`, true, true},
+		{MemoryServed, `"share":true`, true, false},
+	} {
+		cfg := unitConfig(t)
+		cfg.Memory.Mode = c.mode
+		m := mustNew(t, cfg)
+		a := m.Args()
+		if obj := argsAfter(a, "-object")[0]; !strings.Contains(obj, c.share) || !strings.Contains(obj, `"qom-type":"memory-backend-file"`) {
+			t.Errorf("%v: memory backend %s, want %s", c.mode, obj, c.share)
+		}
+		if got := slices.Contains(a, "-incoming") && slices.Contains(a, "-S"); got != c.incoming {
+			t.Errorf("%v: -S -incoming %v, want %v", c.mode, got, c.incoming)
+		}
+		if got := m.ramFile() != cfg.Memory.Path; got != c.ownCopy {
+			t.Errorf("%v: maps %s (its own copy: %v), want own copy %v", c.mode, m.ramFile(), got, c.ownCopy)
 		}
 	}
 }

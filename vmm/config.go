@@ -61,22 +61,9 @@ type Config struct {
 	VCPUs       int    // default 1
 	MemoryMiB   int
 
-	// MemoryPath is the memory-backend-file mem-path (on tmpfs, e.g.
-	// /dev/shm/cryo-<hash of the state dir>.ram). MemoryShared selects share=on (normal boot;
-	// needed by SaveState's x-ignore-shared) or share=off (restore: a
-	// MAP_PRIVATE, copy-on-write mapping of a materialized RAM file).
-	//
-	// The machine owns the file -- creates it mode 0600 before QEMU starts and
-	// removes it on Shutdown -- when MemoryShared is true and Incoming is
-	// false. Otherwise the caller owns it. To keep the RAM of an owned file
-	// beyond Shutdown (checkpoint then stop), hard-link it first (tmpfs
-	// supports links; no copy).
-	MemoryPath   string
-	MemoryShared bool
-	// MemoryServed says MemoryPath is a file of a page server (pagefs)
-	// that decides itself which writes it takes: a confined restore maps it
-	// directly instead of copying it first (see PrivateMemoryDir).
-	MemoryServed bool
+	// Memory is the guest RAM: its file and how it is mapped, which also
+	// says whether the VM boots or is restored (MemoryMode).
+	Memory Memory
 
 	Disks []Disk // attached at boot, in this order (the order fixes their PCI slots)
 	NICs  []NIC  // at most MaxNICs
@@ -84,13 +71,12 @@ type Config struct {
 	// HotplugPorts is the number of pcie-root-port devices created for disk
 	// hot-plug: 0 means DefaultHotplugPorts, a negative value means none.
 	HotplugPorts int
-	Incoming     bool // start paused with -incoming defer, for LoadState
 	VMGenID      bool // -device vmgenid,guid=auto
 
 	// Confine says how QEMU is confined; the zero value confines it.
 	Confine Confinement
 	// PrivateMemoryDir (tmpfs, default /dev/shm) holds a confined restore's
-	// own copy of MemoryPath: QEMU 7.2 opens a memory-backend-file
+	// own copy of Memory.Path: QEMU 7.2 opens a memory-backend-file
 	// read-write even for share=off, and a materialized RAM file is shared
 	// by every restore of its snapshot, so it must not be writable by any
 	// QEMU.
@@ -232,15 +218,11 @@ func (cfg Config) validate() error {
 	if cfg.MemoryMiB < MinMemoryMiB {
 		return bad("memory %d MiB: want at least %d", cfg.MemoryMiB, MinMemoryMiB)
 	}
-	if cfg.MemoryPath == "" || !filepath.IsAbs(cfg.MemoryPath) {
-		return bad("memory path %q is not an absolute path", cfg.MemoryPath)
+	if cfg.Memory.Path == "" || !filepath.IsAbs(cfg.Memory.Path) {
+		return bad("memory path %q is not an absolute path", cfg.Memory.Path)
 	}
-	if !cfg.MemoryShared && !cfg.Incoming {
-		// Not wrong for QEMU, but SaveState could not keep RAM out of the stream.
-		return bad("memory share=off is only for restores (Incoming)")
-	}
-	if cfg.MemoryServed && !cfg.Incoming {
-		return bad("served memory is only for restores (Incoming)")
+	if err := cfg.Memory.validate(); err != nil {
+		return bad("%v", err)
 	}
 	if err := cfg.Confine.validate(); err != nil {
 		return bad("%v", err)
@@ -324,14 +306,11 @@ func (d Disk) validate() error {
 }
 
 // privateMemory reports whether the machine gives QEMU its own copy of
-// MemoryPath (a confined restore), and names it.
+// Memory.Path (a confined private restore), and names it.
 func (cfg Config) privateMemory() (string, bool) {
-	if cfg.ownsMemory() || cfg.MemoryServed || cfg.Confine.Disabled {
+	if cfg.Memory.Mode != MemoryPrivate || cfg.Confine.Disabled {
 		return "", false
 	}
 	sum := sha256.Sum256([]byte(cfg.StateDir))
 	return filepath.Join(cfg.PrivateMemoryDir, "cryo-vm-"+hex.EncodeToString(sum[:8])+".ram"), true
 }
-
-// ownsMemory reports whether the machine creates and removes MemoryPath.
-func (cfg Config) ownsMemory() bool { return cfg.MemoryShared && !cfg.Incoming }

@@ -5,7 +5,7 @@
 //
 // Lifecycle: New validates a Config; Start spawns QEMU and connects QMP; then
 // Pause/Resume, HotplugDisk/UnplugDisk, SnapshotDisk, SaveState and, for a
-// machine started with Incoming, LoadState; Shutdown ends it. Cleanup removes
+// restored machine (Memory.Mode private or served), LoadState; Shutdown ends it. Cleanup removes
 // what a dead machine left in its state directory, from the files alone (for
 // `shim delete`).
 //
@@ -19,13 +19,13 @@
 //	m.SnapshotDisk(ctx, id, overlay) // each writable disk; the old image is now frozen
 //	m.SaveState(ctx, f)              // device state only (x-ignore-shared)
 //	fp, disks := m.Fingerprint(), m.Disks()
-//	// RAM is Config.MemoryPath: copy it now (keep running), or os.Link it
+//	// RAM is Config.Memory.Path: copy it now (keep running), or os.Link it
 //	// and Shutdown (stop); the owned file is removed by Shutdown.
 //	m.Resume(ctx)
 //
 // Restore:
 //
-//	cfg.Incoming, cfg.MemoryShared, cfg.MemoryPath = true, false, materializedRAM
+//	cfg.Memory = vmm.Memory{Mode: vmm.MemoryPrivate, Path: materializedRAM}
 //	cfg.Disks = disks // same order and Ports as at checkpoint, Paths to new overlays
 //	if err := vmm.CheckHost(cfg, fp); err != nil { ... } // before downloading the snapshot
 //	m, _ := vmm.New(cfg)

@@ -54,23 +54,23 @@ func (m *Machine) prepareFiles(uid int) error {
 		if err := os.Remove(priv); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return err
 		}
-		if err := sparse.Copy(priv, m.cfg.MemoryPath, uid); err != nil {
+		if err := sparse.Copy(priv, m.cfg.Memory.Path, uid); err != nil {
 			return fmt.Errorf("private copy of ram file: %w", err)
 		}
 		log.L.WithFields(log.Fields{"id": m.cfg.ID, "duration": time.Since(start)}).Debug("ram file copied for a confined qemu")
 		return nil
 	}
-	if !m.cfg.ownsMemory() {
-		if _, err := os.Stat(m.cfg.MemoryPath); err != nil {
+	if !m.cfg.Memory.owned() {
+		if _, err := os.Stat(m.cfg.Memory.Path); err != nil {
 			return fmt.Errorf("ram file: %w", err)
 		}
 		return nil
 	}
 	// A leftover file of this sandbox would hand the new guest stale RAM.
-	if err := os.Remove(m.cfg.MemoryPath); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := os.Remove(m.cfg.Memory.Path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("remove stale ram file: %w", err)
 	}
-	f, err := os.OpenFile(m.cfg.MemoryPath, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	f, err := os.OpenFile(m.cfg.Memory.Path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return fmt.Errorf("create ram file: %w", err)
 	}
@@ -100,8 +100,8 @@ func (m *Machine) uidFiles() []string {
 	if priv, ok := m.cfg.privateMemory(); ok {
 		return []string{priv}
 	}
-	if m.cfg.ownsMemory() {
-		return []string{m.cfg.MemoryPath}
+	if m.cfg.Memory.owned() {
+		return []string{m.cfg.Memory.Path}
 	}
 	return nil
 }
@@ -111,13 +111,13 @@ func (m *Machine) ramFile() string {
 	if p, ok := m.cfg.privateMemory(); ok {
 		return p
 	}
-	return m.cfg.MemoryPath
+	return m.cfg.Memory.Path
 }
 
 // writeRecords writes qemu.pid and vmm.json.
 func (m *Machine) writeRecords(pid int) error {
 	priv, _ := m.cfg.privateMemory()
-	b, _ := json.Marshal(record{ID: m.cfg.ID, Pid: pid, MemoryPath: m.cfg.MemoryPath, OwnsMemory: m.cfg.ownsMemory(), PrivateMemory: priv, Args: m.args})
+	b, _ := json.Marshal(record{ID: m.cfg.ID, Pid: pid, MemoryPath: m.cfg.Memory.Path, OwnsMemory: m.cfg.Memory.owned(), PrivateMemory: priv, Args: m.args})
 	if err := writeFileAtomic(m.path(metaFileName), b); err != nil {
 		return err
 	}
@@ -136,7 +136,7 @@ func writeFileAtomic(path string, b []byte) error {
 // stay) and an owned RAM file.
 func (m *Machine) removeFiles() error {
 	priv, _ := m.cfg.privateMemory()
-	return removeStateFiles(m.cfg.StateDir, m.cfg.MemoryPath, m.cfg.ownsMemory(), priv)
+	return removeStateFiles(m.cfg.StateDir, m.cfg.Memory.Path, m.cfg.Memory.owned(), priv)
 }
 
 func removeStateFiles(dir, memPath string, ownsMemory bool, private string) error {

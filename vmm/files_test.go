@@ -48,7 +48,11 @@ func fakeProcess(t *testing.T, argv0 string, extra ...string) *exec.Cmd {
 // writeState lays out the files a started machine leaves in dir.
 func writeState(t *testing.T, dir string, pid int, mem string, owns bool) {
 	t.Helper()
-	m := &Machine{cfg: Config{ID: "sb", StateDir: dir, MemoryPath: mem, MemoryShared: owns}}
+	mode := MemoryOwned
+	if !owns {
+		mode = MemoryServed // the caller's file
+	}
+	m := &Machine{cfg: Config{ID: "sb", StateDir: dir, Memory: Memory{Mode: mode, Path: mem}}}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}

@@ -202,14 +202,13 @@ func testConfig(t *testing.T, id string) Config {
 	mem := fmt.Sprintf("/dev/shm/cryo-vmmtest-%s-%d.ram", id, os.Getpid())
 	t.Cleanup(func() { os.Remove(mem) })
 	return Config{
-		ID:           id,
-		StateDir:     t.TempDir(),
-		Kernel:       kernel,
-		Initrd:       initrd,
-		Accel:        "tcg",
-		MemoryMiB:    256,
-		MemoryPath:   mem,
-		MemoryShared: true,
+		ID:        id,
+		StateDir:  t.TempDir(),
+		Kernel:    kernel,
+		Initrd:    initrd,
+		Accel:     "tcg",
+		MemoryMiB: 256,
+		Memory:    Memory{Mode: MemoryOwned, Path: mem},
 	}
 }
 

@@ -31,9 +31,9 @@ func assertNoLeftovers(t *testing.T, cfg Config, pid int) {
 			t.Errorf("%s left behind (%v)", n, err)
 		}
 	}
-	if cfg.ownsMemory() {
-		if _, err := os.Stat(cfg.MemoryPath); !errors.Is(err, fs.ErrNotExist) {
-			t.Errorf("ram file %s left behind (%v)", cfg.MemoryPath, err)
+	if cfg.Memory.owned() {
+		if _, err := os.Stat(cfg.Memory.Path); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("ram file %s left behind (%v)", cfg.Memory.Path, err)
 		}
 	}
 }
@@ -49,7 +49,7 @@ func TestShutdownLeavesNothing(t *testing.T) {
 	if strings.TrimSpace(string(b)) == "" || !isOurQEMU(pid, cfg.StateDir, m.Args()) {
 		t.Errorf("pid file %q / cmdline check failed for %d", b, pid)
 	}
-	if st, err := os.Stat(cfg.MemoryPath); err != nil || st.Mode().Perm() != 0o600 {
+	if st, err := os.Stat(cfg.Memory.Path); err != nil || st.Mode().Perm() != 0o600 {
 		t.Errorf("ram file: %v %v (want mode 0600)", st, err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)

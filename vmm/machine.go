@@ -131,7 +131,7 @@ func (m *Machine) path(name string) string { return filepath.Join(m.cfg.StateDir
 // QEMU's stderr. Start runs once. qemu.log is truncated; console.log is
 // appended to (a restored guest continues the same console).
 //
-// A cold boot runs the guest at once; an Incoming machine waits, paused, for
+// A cold boot runs the guest at once; a restored machine waits, paused, for
 // LoadState.
 func (m *Machine) Start(ctx context.Context) (retErr error) {
 	m.mu.Lock()
@@ -201,7 +201,7 @@ func (m *Machine) Start(ctx context.Context) (retErr error) {
 	m.cpuFlags = flags
 	m.running = true
 	m.mu.Unlock()
-	l.WithField("incoming", m.cfg.Incoming).Debug("qemu started")
+	l.WithField("memory", m.cfg.Memory.Mode).Debug("qemu started")
 	return nil
 }
 

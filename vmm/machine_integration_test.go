@@ -114,8 +114,8 @@ func TestSaveStateLoadStateRestoresGuest(t *testing.T) {
 	}
 
 	// Keep the RAM: hard-link the owned file, then stop the source.
-	ram := cfg.MemoryPath + ".saved"
-	if err := os.Link(cfg.MemoryPath, ram); err != nil {
+	ram := cfg.Memory.Path + ".saved"
+	if err := os.Link(cfg.Memory.Path, ram); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.Remove(ram) })
@@ -126,16 +126,14 @@ func TestSaveStateLoadStateRestoresGuest(t *testing.T) {
 	if err := syscall.Stat(ram, &st0); err != nil || st0.Uid != 0 || st0.Gid != 0 {
 		t.Errorf("kept RAM file owned by %d:%d (%v) after its qemu's uid was freed, want root", st0.Uid, st0.Gid, err)
 	}
-	if _, err := os.Stat(cfg.MemoryPath); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(cfg.Memory.Path); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("owned RAM file still there after Shutdown: %v", err)
 	}
 	ramSum := fileSHA256(ram)
 
 	dcfg := cfg
 	dcfg.StateDir = t.TempDir()
-	dcfg.Incoming = true
-	dcfg.MemoryShared = false
-	dcfg.MemoryPath = ram
+	dcfg.Memory = Memory{Mode: MemoryPrivate, Path: ram}
 	dst := startVM(t, dcfg)
 	if s, _ := dst.Status(ctx); s != "inmigrate" {
 		t.Errorf("incoming status = %q, want inmigrate", s)
@@ -193,15 +191,15 @@ func TestLoadStateMismatchCarriesQEMUError(t *testing.T) {
 		t.Fatal(err)
 	}
 	w.Close()
-	ram := cfg.MemoryPath + ".saved"
-	if err := os.Link(cfg.MemoryPath, ram); err != nil {
+	ram := cfg.Memory.Path + ".saved"
+	if err := os.Link(cfg.Memory.Path, ram); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.Remove(ram) })
 
 	// A destination with a disk the source did not have: QEMU refuses the stream.
 	dcfg := cfg
-	dcfg.StateDir, dcfg.Incoming, dcfg.MemoryShared, dcfg.MemoryPath = t.TempDir(), true, false, ram
+	dcfg.StateDir, dcfg.Memory = t.TempDir(), Memory{Mode: MemoryPrivate, Path: ram}
 	dcfg.Disks = []Disk{{ID: "extra", Path: rawDisk(t, 4)}}
 	dcfg.HotplugPorts = 2
 	dst := startVM(t, dcfg)
@@ -381,8 +379,8 @@ func TestRestoreWithHotpluggedDisk(t *testing.T) {
 		t.Fatal(err)
 	}
 	w.Close()
-	ram := cfg.MemoryPath + ".saved"
-	if err := os.Link(cfg.MemoryPath, ram); err != nil {
+	ram := cfg.Memory.Path + ".saved"
+	if err := os.Link(cfg.Memory.Path, ram); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.Remove(ram) })
@@ -393,7 +391,7 @@ func TestRestoreWithHotpluggedDisk(t *testing.T) {
 	}
 
 	dcfg := cfg
-	dcfg.StateDir, dcfg.Incoming, dcfg.MemoryShared, dcfg.MemoryPath = t.TempDir(), true, false, ram
+	dcfg.StateDir, dcfg.Memory = t.TempDir(), Memory{Mode: MemoryPrivate, Path: ram}
 	dcfg.Disks = disks
 	dm, err := New(dcfg)
 	if err != nil {

@@ -135,9 +135,9 @@ func TestLoadState(t *testing.T) {
 	r, _ := os.Open(os.DevNull)
 	defer r.Close()
 	if err := m.LoadState(context.Background(), r); !errdefs.IsFailedPrecondition(err) {
-		t.Errorf("LoadState without Incoming: %v", err)
+		t.Errorf("LoadState of a booted machine: %v", err)
 	}
-	cfg.Incoming = true
+	cfg.Memory.Mode = MemoryPrivate
 	m, srv := fakeMachine(t, cfg, migrationServer("", map[string]any{"status": "active"}, map[string]any{"status": "completed"}))
 	if err := m.LoadState(context.Background(), r); err != nil {
 		t.Fatal(err)

@@ -18,13 +18,13 @@ const DefaultMigrationTimeout = 2 * time.Minute
 
 // SaveState pauses the guest and writes its device state to w through a
 // passed file descriptor (QMP getfd and migrate "fd:NAME"; no shell). With
-// x-ignore-shared, guest RAM is not in the stream: it stays in MemoryPath,
+// x-ignore-shared, guest RAM is not in the stream: it stays in Memory.Path,
 // which the caller captures while the VM is paused (or after Shutdown, by
 // hard-linking the file first). The machine remains paused (state
 // "postmigrate") and its disk images are inactive until Resume; take disk
 // snapshots (SnapshotDisk) before SaveState.
 //
-// A machine restored with MemoryShared=false maps its RAM privately, so
+// A machine restored with MemoryPrivate maps its RAM privately, so
 // x-ignore-shared does not apply to it and the stream carries the whole RAM.
 func (m *Machine) SaveState(ctx context.Context, w *os.File) error {
 	ctx, cancel := withDefaultTimeout(ctx, DefaultMigrationTimeout)
@@ -38,12 +38,12 @@ func (m *Machine) SaveState(ctx context.Context, w *os.File) error {
 }
 
 // LoadState loads device state saved by SaveState from r into a machine
-// started with Incoming. RAM comes from MemoryPath. The guest stays paused
+// restored (Memory.Mode not MemoryOwned). RAM comes from Memory.Path. The guest stays paused
 // until Resume. If the stream does not fit this machine, QEMU exits and the
 // error carries its message (e.g. "Unknown ramblock", "Length mismatch").
 func (m *Machine) LoadState(ctx context.Context, r *os.File) error {
-	if !m.cfg.Incoming {
-		return fmt.Errorf("load vm %s: %w: machine was not started with Incoming", m.cfg.ID, errdefs.ErrFailedPrecondition)
+	if !m.cfg.Memory.incoming() {
+		return fmt.Errorf("load vm %s: %w: machine was booted, not restored (memory %v)", m.cfg.ID, errdefs.ErrFailedPrecondition, m.cfg.Memory.Mode)
 	}
 	ctx, cancel := withDefaultTimeout(ctx, DefaultMigrationTimeout)
 	defer cancel()

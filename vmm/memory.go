@@ -1,0 +1,84 @@
+package vmm
+
+import "fmt"
+
+// MemoryMode says how a VM maps its guest RAM file and who owns the file.
+type MemoryMode int
+
+const (
+	// MemoryOwned is a booted VM's RAM: a shared mapping (share=on, which
+	// SaveState's x-ignore-shared keeps out of the device state) of a file
+	// the machine creates before QEMU starts and removes on Shutdown. To
+	// keep the RAM beyond Shutdown (checkpoint then stop), hard-link the
+	// file first (tmpfs supports links; no copy).
+	MemoryOwned MemoryMode = iota
+	// MemoryPrivate is an eager restore's RAM: a private, copy-on-write
+	// mapping (share=off) of the caller's materialized file, which a
+	// confined QEMU gets its own copy of (Config.PrivateMemoryDir). A
+	// SaveState of it carries the whole RAM in the stream.
+	MemoryPrivate
+	// MemoryServed is a lazy restore's RAM: a shared mapping of the
+	// caller's file on a page server (pagefs), which decides itself which
+	// writes it takes and keeps the set of dirty pages; no copy.
+	MemoryServed
+)
+
+func (m MemoryMode) String() string {
+	switch m {
+	case MemoryOwned:
+		return "owned"
+	case MemoryPrivate:
+		return "private"
+	case MemoryServed:
+		return "served"
+	}
+	return fmt.Sprintf("MemoryMode(%d)", int(m))
+}
+
+// Memory is a VM's guest RAM: how it is mapped and from which file.
+type Memory struct {
+	Mode MemoryMode
+	// Path is the memory-backend-file mem-path (on tmpfs, e.g.
+	// /dev/shm/cryo-<hash of the state dir>.ram, or a file of a pagefs
+	// mount).
+	Path string
+}
+
+// shared says QEMU maps the file share=on: its RAM stays out of a saved
+// device state.
+func (m Memory) shared() bool { return m.Mode != MemoryPrivate }
+
+// incoming says the VM is a restore: QEMU starts paused with -incoming
+// defer, for LoadState.
+func (m Memory) incoming() bool { return m.Mode != MemoryOwned }
+
+// owned says the machine creates and removes the file.
+func (m Memory) owned() bool { return m.Mode == MemoryOwned }
+
+// backend is the memory-backend-file object of a VM of sizeMiB whose RAM
+// file QEMU gets as memPath (a passed descriptor).
+func (m Memory) backend(sizeMiB int, memPath string) map[string]any {
+	return map[string]any{
+		"qom-type": "memory-backend-file",
+		"id":       "ram0",
+		"size":     int64(sizeMiB) << 20,
+		"mem-path": memPath,
+		"share":    m.shared(),
+	}
+}
+
+// startArgs end QEMU's command line: a restore stays paused (-S) after
+// the incoming migration; the caller resumes it.
+func (m Memory) startArgs() []string {
+	if m.incoming() {
+		return []string{"-S", "-incoming", "defer"}
+	}
+	return nil
+}
+
+func (m Memory) validate() error {
+	if m.Mode < MemoryOwned || m.Mode > MemoryServed {
+		return fmt.Errorf("memory mode %v: want owned, private or served", m.Mode)
+	}
+	return nil
+}
