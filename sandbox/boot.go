@@ -21,6 +21,7 @@ type start struct {
 	src   Source
 	vmcfg vmm.Config
 	pn    *podNetwork
+	mem   guestMemory
 	vm    machine
 	agent agentConn
 	info  guestInfo
@@ -65,7 +66,7 @@ func (st *start) bootSteps(sb *Sandbox) []step {
 // finish hands what the steps made to the sandbox, whose VM is QEMU's
 // (Boot and Restore make their machines with qemuFactory).
 func (st *start) finish(sb *Sandbox) *Sandbox {
-	sb.vm, sb.agent, sb.info, sb.net = st.vm.(*vmm.Machine), st.agent, st.info, st.pn
+	sb.vm, sb.mem, sb.agent, sb.info, sb.net = st.vm.(*vmm.Machine), st.mem, st.agent, st.info, st.pn
 	return sb
 }
 
@@ -96,9 +97,10 @@ func (st *start) bootConfig(ctx context.Context, root vmm.Disk) error {
 		ID: st.ID, StateDir: st.StateDir, QEMUPath: h.Path, Kernel: h.Kernel, Initrd: h.Initrd, KernelArgs: h.KernelArgs,
 		MachineType: h.MachineType, CPUModel: h.CPUModel, Accel: h.Accel,
 		VCPUs: st.Request.VCPUs, MemoryMiB: st.Request.MemoryMiB,
-		Memory: vmm.Memory{Mode: vmm.MemoryOwned, Path: ramPath(h.MemoryDir, st.StateDir)},
-		Disks:  []vmm.Disk{root}, NICs: st.pn.nics(), HotplugPorts: h.HotplugPorts, VMGenID: true,
+		Disks: []vmm.Disk{root}, NICs: st.pn.nics(), HotplugPorts: h.HotplugPorts, VMGenID: true,
 	}
+	st.mem = &ownedMemory{path: ramPath(h.MemoryDir, st.StateDir)}
+	st.mem.configure(&c)
 	if g, err := hostGuestDigests(st.Config); err == nil {
 		c = g.apply(c)
 	} else {

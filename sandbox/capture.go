@@ -58,36 +58,22 @@ type pauser interface {
 	SaveState(ctx context.Context, w *os.File) error
 	SnapshotDisk(ctx context.Context, id, overlayPath string) error
 	Disks() []vmm.Disk
-	Config() vmm.Config
 	Fingerprint() fingerprint.Fingerprint
 }
 
-// servedMemory is what the pause window needs of a served RAM
-// (servedRAM): a writeback of the guest's dirty pages to the server and
-// a seal of its content with the pages written since the last one.
-type servedMemory interface {
-	Sync() error
-	Seal() (*pagefs.Generation, error)
-}
-
 // captureVM stops the VM, freezes every writable disk behind a new qcow2
-// overlay, saves the device state and takes the RAM (a served RAM is
-// sealed; a booted one's file is linked with exit, the VM ending once
-// published, or copied), then lets the VM run on unless keepStopped.
+// overlay, saves the device state and takes the RAM (its guestMemory
+// says how), then lets the VM run on unless keepStopped.
 func captureVM(ctx context.Context, sb *Sandbox, record *sandboxRecord, work string, exit, keepStopped bool) (*capture, error) {
-	var ram servedMemory
-	if sb.ram != nil {
-		ram = sb.ram
-	}
-	return pauseWindow(ctx, sb.vm, ram, sb.spec.DiskDir, record, work, exit, keepStopped)
+	return pauseWindow(ctx, sb.vm, sb.mem, sb.spec.DiskDir, record, work, exit, keepStopped)
 }
 
-// pauseWindow is captureVM on its parts. A served RAM is written back to
-// the server before the pause (most of it) and in it (what the guest
-// dirtied since), and sealed: the device state then carries no RAM
-// (x-ignore-shared) and nothing of the RAM is copied in the pause.
-func pauseWindow(ctx context.Context, vm pauser, ram servedMemory, diskDir string, record *sandboxRecord, work string, exit, keepStopped bool) (_ *capture, retErr error) {
-	cfg := vm.Config()
+// pauseWindow is captureVM on its parts. The RAM is written back before
+// the pause (most of it) and in it (what the guest dirtied since), then
+// captured once the device state is saved: a served RAM is sealed, the
+// device state then carries no RAM (x-ignore-shared) and nothing of the
+// RAM is copied in the pause.
+func pauseWindow(ctx context.Context, vm pauser, ram guestMemory, diskDir string, record *sandboxRecord, work string, exit, keepStopped bool) (_ *capture, retErr error) {
 	c := &capture{record: record}
 	defer func() {
 		if retErr != nil {
@@ -96,10 +82,8 @@ func pauseWindow(ctx context.Context, vm pauser, ram servedMemory, diskDir strin
 	}()
 
 	flushDisks(ctx, vm.Disks())
-	if ram != nil {
-		if err := ram.Sync(); err != nil {
-			return nil, fmt.Errorf("write back guest ram before the pause: %w", err)
-		}
+	if err := ram.sync(); err != nil {
+		return nil, fmt.Errorf("write back guest ram before the pause: %w", err)
 	}
 	t0 := time.Now()
 	if err := vm.Pause(ctx); err != nil {
@@ -116,10 +100,8 @@ func pauseWindow(ctx context.Context, vm pauser, ram servedMemory, diskDir strin
 	if err := c.freezeDisks(ctx, vm, diskDir); err != nil {
 		return nil, err
 	}
-	if ram != nil {
-		if err := ram.Sync(); err != nil {
-			return nil, fmt.Errorf("write back guest ram: %w", err)
-		}
+	if err := ram.sync(); err != nil {
+		return nil, fmt.Errorf("write back guest ram: %w", err)
 	}
 	c.devstate = filepath.Join(work, "devstate")
 	f, err := os.OpenFile(c.devstate, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
@@ -131,17 +113,8 @@ func pauseWindow(ctx context.Context, vm pauser, ram servedMemory, diskDir strin
 	if err != nil {
 		return nil, fmt.Errorf("save device state: %w", err)
 	}
-	switch {
-	case ram != nil:
-		if c.gen, err = ram.Seal(); err != nil {
-			return nil, fmt.Errorf("seal guest ram: %w", err)
-		}
-	case cfg.Memory.Mode == vmm.MemoryOwned:
-		if err := c.takeRAM(cfg.Memory.Path, exit); err != nil {
-			return nil, err
-		}
-	default:
-		c.record.RAMInStream = true
+	if err := ram.capture(c, exit); err != nil {
+		return nil, err
 	}
 	c.fp = vm.Fingerprint()
 	if !keepStopped {

@@ -196,9 +196,7 @@ func (c *checkpointing) capture(ctx context.Context, u *undo) error {
 	}
 	c.cap = cp
 	u.cleanup(func(context.Context) { cp.cleanup() })
-	if cp.gen != nil {
-		u.onFailure(func(ctx context.Context) { c.sb.ram.lostGeneration(ctx) })
-	}
+	u.onFailure(func(ctx context.Context) { c.sb.mem.lost(ctx) })
 	if c.req.Exit && !c.wasPaused {
 		// With exit the VM stays stopped; if publishing fails, the sandbox
 		// must run on as it did before the checkpoint.
@@ -219,37 +217,27 @@ func (c *checkpointing) flatten(ctx context.Context, _ *undo) (err error) {
 }
 
 // publish packs the captured files and writes them to the store, tags
-// last. A served RAM is written as its parent's chunks and the pages the
-// guest wrote since (snapshot.IncrementalSourceFile); the snapshot it
-// publishes is the parent of the sandbox's next checkpoint.
+// last. The guest memory adds what its capture needs (a served RAM is
+// written as its parent's chunks and the pages the guest wrote since) and
+// learns what was published (the parent of a served RAM's next
+// checkpoint).
 func (c *checkpointing) publish(ctx context.Context, _ *undo) error {
 	md := c.metadata()
-	gen, wopts := c.cap.gen, c.wopts
+	wopts := c.wopts
 	wopts.AnnotateUploaded = true
-	if gen != nil {
-		wopts.ChunkSize = c.sb.ram.chunkSize(ctx, wopts.ChunkSize)
-		md.WorkingSet = c.sb.ram.workingSet(wopts.ChunkSize)
-	}
+	ram := c.sb.mem.writing(ctx, c, &md, &wopts)
 	src, err := snapshot.NewSource(md, c.paths)
 	if err != nil {
 		return err
 	}
 	defer src.Close()
-	if gen != nil {
-		ram := snapshot.IncrementalSourceFile(snapshot.FileRAM, gen, c.sb.ram.writeParent(wopts))
-		src.Files = append([]snapshot.SourceFile{ram}, src.Files...)
-		wopts.ParentReads = c.parentReads(ctx)
-	}
+	src.Files = append(ram, src.Files...)
 	desc, stats, err := snapshot.Write(ctx, c.store, c.ref, src, wopts)
 	if err != nil {
 		return fmt.Errorf("%s: %w", redact.URL(c.to), err)
 	}
 	c.res.Ref, c.res.Digest, c.res.Stats = c.to, desc.Digest.String(), stats
-	if gen != nil {
-		gen.Close()
-		c.cap.gen = nil
-		c.sb.ram.published(ctx, c.store, c.to, desc, stats)
-	}
+	c.sb.mem.published(ctx, c, desc, stats)
 	return nil
 }
 

@@ -20,6 +20,7 @@ import (
 	"github.com/cryo-runtime/cryo/internal/redact"
 	"github.com/cryo-runtime/cryo/network"
 	"github.com/cryo-runtime/cryo/nodecache"
+	"github.com/cryo-runtime/cryo/sandbox/servedram"
 	"github.com/cryo-runtime/cryo/snapshot"
 	"github.com/cryo-runtime/cryo/stores"
 	"github.com/cryo-runtime/cryo/vmm"
@@ -130,10 +131,6 @@ type restoring struct {
 	digests guestDigests
 	mat     *snapshot.Materialized
 	release func()
-	// ram serves RAM and disks in a lazy restore; devState is then the
-	// fetched, verified device state.
-	ram      *servedRAM
-	devState string
 }
 
 // Restore resolves, fetches, verifies and materializes the snapshot,
@@ -148,15 +145,10 @@ func Restore(ctx context.Context, spec Spec, src Source) (*Sandbox, *Restored, e
 		return nil, nil, err
 	}
 	r := st.restore
-	sb := st.finish(&Sandbox{spec: spec, rootfs: newRootfsBuilder(spec.Config), restoredFrom: src.URL, releaseSnapshot: r.release, ram: r.ram})
+	sb := st.finish(&Sandbox{spec: spec, rootfs: newRootfsBuilder(spec.Config), restoredFrom: src.URL, releaseSnapshot: r.release})
 	rs := NewRestored(r.rec.SandboxID, r.rec.Containers, r.rec.Finished...)
-	mode := configs.RestoreEager
-	if r.ram != nil {
-		mode = configs.RestoreLazy
-		log.G(ctx).WithFields(r.ram.fetchedFields()).Info("lazy restore: fetched before the guest ran")
-		r.ram.startPrefetch(ctx, spec.Config.Restore.PrefetchWorkers)
-	}
-	log.G(ctx).WithFields(log.Fields{"boot_id": st.info.BootID, "digest": r.snap.Descriptor.Digest, "qemu_pid": st.vm.Pid(), "mode": mode}).Info("sandbox restored")
+	memFields := st.mem.restored(ctx, spec.Config.Restore.PrefetchWorkers)
+	log.G(ctx).WithFields(log.Fields{"boot_id": st.info.BootID, "digest": r.snap.Descriptor.Digest, "qemu_pid": st.vm.Pid()}).WithFields(memFields).Info("sandbox restored")
 	return sb, rs, nil
 }
 
@@ -292,6 +284,7 @@ func (st *start) materialize(ctx context.Context, u *undo) error {
 	}
 	log.G(ctx).WithFields(log.Fields{"cache_hit": m.CacheHit, "digest": r.snap.Descriptor.Digest}).Info("snapshot materialized")
 	r.mat, r.release = m, release
+	st.mem = &privateMemory{path: m.RAM}
 	return nil
 }
 
@@ -317,14 +310,18 @@ func (st *start) serve(ctx context.Context, u *undo) error {
 	}
 	// Before QEMU starts: a device state that does not verify stops the
 	// restore while restore-fallback can still boot the pod cold.
-	if r.devState, err = st.fetchDevState(ctx, u); err != nil {
+	devState, err := st.fetchDevState(ctx, u)
+	if err != nil {
 		return err
 	}
 	var disks []string
 	for _, d := range r.rec.Disks {
 		disks = append(disks, d.Name)
 	}
-	ram, err := serveRAM(ctx, r.snap, st.src.URL, st.StateDir, st.Config.Hypervisor.MemoryDir, disks, st.Config.Restore.PageTimeout.Duration)
+	ram, err := servedram.Serve(ctx, r.snap, servedram.Options{
+		StoreURL: st.src.URL, StateDir: st.StateDir, Layer: layerPath(st.Config.Hypervisor.MemoryDir, st.StateDir), Disks: disks,
+		PageTimeout: st.Config.Restore.PageTimeout.Duration, StuckGrace: stuckGrace, PrefetchDelay: prefetchDelay,
+	})
 	if err != nil {
 		return fmt.Errorf("serve ram and disks: %w", err)
 	}
@@ -334,13 +331,13 @@ func (st *start) serve(ctx context.Context, u *undo) error {
 			log.G(ctx).WithError(err).Warn("lazy restore: unmount served ram")
 		}
 	})
-	ram.blobs, _ = r.node.Blobs()
-	ram.keepBlobs(ctx, r.node, r.snap.Descriptor.Digest)
-	m := &snapshot.Materialized{ManifestDigest: r.snap.Descriptor.Digest, RAM: ram.Path(), Disks: map[string]string{}}
+	ram.KeepBlobs(ctx, r.node, r.snap.Descriptor.Digest)
+	m := &snapshot.Materialized{ManifestDigest: r.snap.Descriptor.Digest, RAM: ram.Path(), DevState: devState, Disks: map[string]string{}}
 	for _, name := range disks {
 		m.Disks[name], _ = ram.Disk(name)
 	}
-	r.mat, r.release, r.ram = m, release, ram
+	r.mat, r.release = m, release
+	st.mem = &servedMemory{ram: ram}
 	return nil
 }
 
@@ -388,31 +385,19 @@ func (st *start) restoreConfig(ctx context.Context, u *undo) error {
 			os.RemoveAll(filepath.Join(st.DiskDir, d.ID))
 		}
 	})
-	c, err := restoredVMConfig(ctx, st.ID, st.Config, r.rec, r.mat, st.StateDir, st.DiskDir)
+	c, err := restoredVMConfig(ctx, st.ID, st.Config, r.rec, r.mat, st.mem, st.StateDir, st.DiskDir)
 	if err != nil {
 		return err
 	}
-	if r.ram != nil {
-		// The sandbox's own layered file: QEMU writes through to the
-		// server, which keeps the dirty set a checkpoint needs.
-		c.Memory.Mode = vmm.MemoryServed
-	}
 	c.NICs = st.pn.nics()
 	st.vmcfg = confined(r.digests.apply(c), st.Config)
-	if r.ram != nil {
-		st.vmcfg.AdmitUID = r.ram.admit // pagefs opens to QEMU's uid alone
-	}
 	return nil
 }
 
 // loadState loads the snapshot's device state into the paused QEMU.
 func (st *start) loadState(ctx context.Context, _ *undo) error {
-	path := st.restore.mat.DevState
-	if ram := st.restore.ram; ram != nil {
-		path = st.restore.devState
-		ram.setKill(st.vm.Kill)
-	}
-	f, err := os.Open(path)
+	st.mem.started(st.vm)
+	f, err := os.Open(st.restore.mat.DevState)
 	if err != nil {
 		return err
 	}
@@ -485,16 +470,17 @@ const emptyRAMName = "ram.empty"
 
 // restoredVMConfig rebuilds the checkpointed VM's configuration: its size
 // and device layout from the record, this host's QEMU and guest files, RAM
-// mapped privately from the materialized file, and a new qcow2 overlay per
-// disk on the materialized (read-only, shared) base.
-func restoredVMConfig(ctx context.Context, id string, cfg configs.Config, rec *sandboxRecord, m *snapshot.Materialized, stateDir, diskDir string) (vmm.Config, error) {
+// as mem maps it, and a new qcow2 overlay per disk on the materialized or
+// served (read-only, shared) base.
+func restoredVMConfig(ctx context.Context, id string, cfg configs.Config, rec *sandboxRecord, m *snapshot.Materialized, mem guestMemory, stateDir, diskDir string) (vmm.Config, error) {
 	h := cfg.Hypervisor
 	c := vmm.Config{
 		ID: id, StateDir: stateDir, QEMUPath: h.Path, Kernel: h.Kernel, Initrd: h.Initrd, KernelArgs: h.KernelArgs,
 		MachineType: h.MachineType, CPUModel: h.CPUModel, Accel: h.Accel,
 		VCPUs: rec.VCPUs, MemoryMiB: rec.MemoryMiB, HotplugPorts: rec.HotplugPort,
-		VMGenID: true, Memory: vmm.Memory{Mode: vmm.MemoryPrivate, Path: m.RAM},
+		VMGenID: true,
 	}
+	mem.configure(&c)
 	if rec.RAMInStream || m.RAM == "" {
 		// RAM comes in the device state: map an empty sparse file.
 		c.Memory.Path = filepath.Join(stateDir, emptyRAMName)

@@ -119,9 +119,8 @@ type Sandbox struct {
 	// releaseSnapshot ends the sandbox's use of its materialized files.
 	restoredFrom    string
 	releaseSnapshot func()
-	// ram is the served RAM of a lazily restored sandbox (nil for booted
-	// and eagerly restored ones).
-	ram *servedRAM
+	// mem is the guest RAM: owned, private or served (guestmem.go).
+	mem guestMemory
 	// net is the pod network bridged to the VM's NIC; nil without one.
 	net *podNetwork
 	run runState
@@ -147,12 +146,7 @@ func (s *Sandbox) Stderr() string { return s.vm.Stderr() }
 // Failure is why the VM had to stop, when the sandbox knows: the first
 // page of a lazily restored sandbox that could not be fetched or verified
 // (it names the chunk and the store). It is nil otherwise.
-func (s *Sandbox) Failure() error {
-	if s.ram == nil {
-		return nil
-	}
-	return s.ram.Err()
-}
+func (s *Sandbox) Failure() error { return s.mem.failure() }
 
 // RootSpec names a container's root filesystem: containerd's mounts, made
 // into a disk in WorkDir.
@@ -299,14 +293,8 @@ func (s *Sandbox) Shutdown(ctx context.Context) error {
 	// QEMU first: it maps the served RAM until it is gone.
 	err := s.vm.Shutdown(ctx)
 	s.run.set(vmStopped)
-	if s.ram != nil {
-		if err != nil {
-			// A QEMU stuck on a page read exits once the reads fail.
-			s.ram.abort(ctx)
-		}
-		if rerr := s.ram.Close(ctx); rerr != nil {
-			err = errors.Join(err, rerr)
-		}
+	if rerr := s.mem.close(ctx, err); rerr != nil {
+		err = errors.Join(err, rerr)
 	}
 	if s.releaseSnapshot != nil && err == nil {
 		s.releaseSnapshot() // QEMU is gone; closing twice is harmless
@@ -329,6 +317,10 @@ func (s *Sandbox) Shutdown(ctx context.Context) error {
 // share a RAM file.
 func ramPath(memoryDir, stateDir string) string { return memoryFile(memoryDir, stateDir, ".ram") }
 
+// layerPath names the RAM layer of a lazily restored sandbox whose state
+// is in stateDir (servedram.Options.Layer).
+func layerPath(memoryDir, stateDir string) string { return memoryFile(memoryDir, stateDir, ".layer") }
+
 // memoryFile names a sandbox's file in the memory dir by a hash of its
 // whole state dir path, with suffix ext.
 func memoryFile(memoryDir, stateDir, ext string) string {
@@ -348,8 +340,4 @@ func (s *Sandbox) Annotations() map[string]string { return s.spec.Pod.Annotation
 // Interacted tells a lazily restored sandbox that it answered its first
 // request (the task service's first exec): its background prefetch may
 // take the link now. Other sandboxes ignore it.
-func (s *Sandbox) Interacted() {
-	if s.ram != nil {
-		s.ram.interacted()
-	}
-}
+func (s *Sandbox) Interacted() { s.mem.interacted() }

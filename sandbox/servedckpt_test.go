@@ -16,6 +16,7 @@ import (
 	"github.com/cryo-runtime/cryo/configs"
 	"github.com/cryo-runtime/cryo/fingerprint"
 	"github.com/cryo-runtime/cryo/pagefs"
+	"github.com/cryo-runtime/cryo/sandbox/servedram"
 	"github.com/cryo-runtime/cryo/snapshot"
 	"github.com/cryo-runtime/cryo/stores"
 	"github.com/cryo-runtime/cryo/vmm"
@@ -24,7 +25,6 @@ import (
 // fakeVM records what the pause window asks of the VM.
 type fakeVM struct {
 	calls *[]string
-	cfg   vmm.Config
 	disks []vmm.Disk
 }
 
@@ -40,28 +40,30 @@ func (v fakeVM) SnapshotDisk(_ context.Context, id, _ string) error {
 	return nil
 }
 func (v fakeVM) Disks() []vmm.Disk                    { return v.disks }
-func (v fakeVM) Config() vmm.Config                   { return v.cfg }
 func (v fakeVM) Fingerprint() fingerprint.Fingerprint { return fingerprint.Fingerprint{} }
 
-// fakeServed is a served RAM: a layered pagefs file over a plain source.
+// fakeServed is a served RAM in the pause window: a layered pagefs file
+// over a plain source; what the pause does not call panics.
 type fakeServed struct {
+	guestMemory
 	calls   *[]string
 	file    *pagefs.File
 	sealErr error
 }
 
-func (s fakeServed) Sync() error { *s.calls = append(*s.calls, "sync"); return nil }
-func (s fakeServed) Seal() (*pagefs.Generation, error) {
+func (s fakeServed) sync() error { *s.calls = append(*s.calls, "sync"); return nil }
+func (s fakeServed) capture(c *capture, _ bool) error {
 	*s.calls = append(*s.calls, "seal")
 	if s.sealErr != nil {
-		return nil, s.sealErr
+		return s.sealErr
 	}
 	side, err := os.CreateTemp("", "side-")
 	if err != nil {
-		return nil, err
+		return err
 	}
 	os.Remove(side.Name())
-	return s.file.Seal(side)
+	c.gen, err = s.file.Seal(side)
+	return err
 }
 
 type bytesSource struct{ *bytes.Reader }
@@ -90,7 +92,7 @@ func layered(t *testing.T, src pagefs.Source) *pagefs.File {
 // continues, and neither copied nor put in the stream.
 func TestPauseWindowServed(t *testing.T) {
 	var calls []string
-	vm := fakeVM{calls: &calls, cfg: vmm.Config{Memory: vmm.Memory{Mode: vmm.MemoryServed, Path: "/nonexistent/ram"}},
+	vm := fakeVM{calls: &calls,
 		disks: []vmm.Disk{{ID: "root", Path: "/nonexistent/root.qcow2", Format: "qcow2"}, {ID: "base", ReadOnly: true}}}
 	ram := fakeServed{calls: &calls, file: layered(t, bytesSource{bytes.NewReader(make([]byte, 1<<20))})}
 	work := t.TempDir()
@@ -132,7 +134,8 @@ type servedChain struct {
 	store stores.Store
 	dir   string
 	sb    *Sandbox
-	ram   []byte // what the guest's RAM holds
+	file  *pagefs.File // the served RAM's file, which the guest writes
+	ram   []byte       // what the guest's RAM holds
 	ropts snapshot.ReadOptions
 	wopts snapshot.WriteOptions
 	gen   int
@@ -186,10 +189,13 @@ func (sc *servedChain) serve(ref string) {
 	f := layered(t, fr)
 	var cfg configs.Config
 	cfg.Snapshot.CacheDir = filepath.Join(sc.dir, "cache")
-	sc.sb = &Sandbox{spec: Spec{ID: "sb", Pod: &specs.Spec{}, Config: cfg}, ram: &servedRAM{file: f, layer: filepath.Join(t.TempDir(), "ram.layer"),
-		parent: ParentRAM{StoreURL: sc.url(0), Manifest: s.Descriptor.Digest, ChunkSize: fr.ChunkSize(), Chunks: fr.Chunks()}}}
-	sc.sb.ram.parent.KeyID, sc.sb.ram.parent.Lineage = sealOf(&s.Metadata)
+	ram := servedram.FromFile(f, filepath.Join(t.TempDir(), "ram.layer"), servedram.NewParent(sc.url(0), s, fr))
+	sc.sb = &Sandbox{spec: Spec{ID: "sb", Pod: &specs.Spec{}, Config: cfg}, mem: &servedMemory{ram: ram}}
+	sc.file = f
 }
+
+// served is the sandbox's served RAM.
+func (sc *servedChain) served() *servedram.RAM { return sc.sb.mem.(*servedMemory).ram }
 
 // write is the guest writing pages (random content).
 func (sc *servedChain) write(pages ...int64) {
@@ -200,7 +206,7 @@ func (sc *servedChain) write(pages ...int64) {
 			buf[i] = byte(r.Uint32())
 		}
 		copy(sc.ram[pg*pagefs.PageSize:], buf)
-		if _, err := sc.sb.ram.file.WriteAt(buf, pg*pagefs.PageSize); err != nil {
+		if _, err := sc.file.WriteAt(buf, pg*pagefs.PageSize); err != nil {
 			sc.t.Fatal(err)
 		}
 	}
@@ -211,7 +217,7 @@ func (sc *servedChain) write(pages ...int64) {
 func (sc *servedChain) checkpoint() snapshot.WriteStats {
 	t := sc.t
 	sc.gen++
-	gen, err := sc.sb.ram.Seal()
+	gen, err := sc.served().Seal()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -248,7 +254,7 @@ func (sc *servedChain) checkpoint() snapshot.WriteStats {
 	if err != nil || !bytes.Equal(got, sc.ram) {
 		t.Fatalf("%s: ram read back differs (%v)", ref, err)
 	}
-	if p := sc.sb.ram.Parent(); p.Manifest != s.Descriptor.Digest || len(p.Chunks) != len(s.FileChunks(snapshot.FileRAM)) {
+	if p := sc.served().Parent(); p.Manifest != s.Descriptor.Digest || len(p.Chunks) != len(s.FileChunks(snapshot.FileRAM)) {
 		t.Errorf("%s: the next parent is %s with %d chunks, want the new snapshot", ref, p.Manifest, len(p.Chunks))
 	}
 	return c.res.Stats
@@ -262,7 +268,7 @@ func TestServedCheckpointIsIncremental(t *testing.T) {
 	for _, key := range [][]byte{nil, bytes.Repeat([]byte{3}, 32)} {
 		sc := newServedChain(t, key)
 		sc.wopts.ChunkSize = 0 // the node's default (4 MiB): the chain keeps its parent's
-		parentChunks := len(sc.sb.ram.Parent().Chunks)
+		parentChunks := len(sc.served().Parent().Chunks)
 		sc.write(1, 2, 3, 16*16+1) // chunks 0 and 16
 		st := sc.checkpoint()
 		if st.Reused != parentChunks-2 || st.Deltas != 2 || st.ParentMissing != 0 {
@@ -281,17 +287,17 @@ func TestServedCheckpointIsIncremental(t *testing.T) {
 		sc.serve("g02")
 		sc.write(2*16 + 3) // a zero chunk of the parent
 		st = sc.checkpoint()
-		if st.Reused != len(sc.sb.ram.Parent().Chunks)-1 || st.ParentMissing != 0 {
+		if st.Reused != len(sc.served().Parent().Chunks)-1 || st.ParentMissing != 0 {
 			t.Errorf("checkpoint after a restore: %d reused, %d without parent", st.Reused, st.ParentMissing)
 		}
 		// A checkpoint fails after its seal: the next one writes all.
 		sc.write(7)
-		gen, err := sc.sb.ram.Seal()
+		gen, err := sc.served().Seal()
 		if err != nil {
 			t.Fatal(err)
 		}
 		gen.Close()
-		sc.sb.ram.lostGeneration(context.Background())
+		sc.served().LostGeneration(context.Background())
 		sc.write(8)
 		st = sc.checkpoint()
 		if st.Reused != 0 || st.ParentMissing == 0 {

@@ -382,10 +382,10 @@ func TestLazyRestoreSteps(t *testing.T) {
 		},
 		done: func(t *testing.T) {
 			// What the leftover check looks for is there while served.
-			if st.restore.ram == nil || len(mountsUnder(t, spec.StateDir)) == 0 {
-				t.Fatal("a lazy restore served nothing")
+			if _, ok := st.mem.(*servedMemory); !ok || len(mountsUnder(t, spec.StateDir)) == 0 {
+				t.Fatalf("a lazy restore served nothing (its memory: %T)", st.mem)
 			}
-			if err := st.restore.ram.Close(t.Context()); err != nil {
+			if err := st.mem.close(t.Context(), nil); err != nil {
 				t.Fatal(err)
 			}
 			st.restore.release()

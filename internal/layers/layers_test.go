@@ -31,6 +31,8 @@ var order = [][]string{
 	// the node's TOML (mapped onto the option structs of the layers below),
 	// a snapshot as a single file
 	{"configs", "snapshot/archive"},
+	// a lazy restore's guest RAM, served from a snapshot
+	{"sandbox/servedram"},
 	// what a pod asks for, checked against the node's config
 	{"annotations"},
 	// one pod's VM

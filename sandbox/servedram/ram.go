@@ -1,4 +1,10 @@
-package sandbox
+// Package servedram is a lazily restored sandbox's guest RAM (and base
+// disks): files of a pagefs mount served from a snapshot, page by page on
+// demand, RAM layered (the guest's writes land in a root-only sparse layer
+// file, never given to QEMU), with a background prefetch into the node
+// cache and the parent a checkpoint's RAM is written against (chain.go).
+// QEMU maps the RAM file shared (vmm.MemoryServed).
+package servedram
 
 import (
 	"context"
@@ -20,9 +26,9 @@ import (
 	"github.com/cryo-runtime/cryo/snapshot"
 )
 
-// ParentRAM describes the snapshot a served sandbox's RAM came from: a
+// Parent describes the snapshot a served sandbox's RAM came from: a
 // checkpoint reuses the chunks the guest did not change.
-type ParentRAM struct {
+type Parent struct {
 	StoreURL  string
 	Manifest  digest.Digest
 	ChunkSize int64
@@ -33,15 +39,13 @@ type ParentRAM struct {
 	KeyID, Lineage string
 }
 
-// servedRAM is a lazily restored sandbox's guest RAM (and base disks):
-// files of a pagefs mount the shim serves from the snapshot, RAM layered
-// (the guest's writes land in a root-only sparse layer file, never given
-// to QEMU).
-type servedRAM struct {
+// RAM is a lazily restored sandbox's guest RAM (and base disks): files of
+// a pagefs mount the shim serves from the snapshot.
+type RAM struct {
 	srv    *pagefs.Server
 	file   *pagefs.File
 	layer  string
-	parent ParentRAM
+	parent Parent
 
 	layerFile *os.File
 	stateDir  string
@@ -69,19 +73,36 @@ type servedRAM struct {
 
 	cancel   context.CancelFunc // stops the prefetch
 	prefetch sync.WaitGroup
-	closed   bool
+	// prefetchDelay is the longest the prefetch waits for Interacted.
+	prefetchDelay time.Duration
+	closed        bool
 }
 
-// layerPath names the RAM layer of the sandbox whose state is in stateDir
-// (as ramPath names a booted sandbox's RAM).
-func layerPath(memoryDir, stateDir string) string { return memoryFile(memoryDir, stateDir, ".layer") }
+// Options say where a RAM is served from and how its reads are bounded.
+type Options struct {
+	// StoreURL is the snapshot's store (with its reference): the parent
+	// of a checkpoint, and the logs (redacted).
+	StoreURL string
+	// StateDir is the sandbox's state dir: the mount is its "pagefs", the
+	// record of the layer (for Cleanup) is in it.
+	StateDir string
+	// Layer is the RAM layer file to create (root-only, on tmpfs; its
+	// base name starts with "cryo-" and ends with ".layer").
+	Layer string
+	// Disks are the snapshot's disks served read-only beside the RAM.
+	Disks []string
+	// PageTimeout bounds every page read; one that outlives it by
+	// StuckGrace stops the VM (SetKill).
+	PageTimeout, StuckGrace time.Duration
+	// PrefetchDelay is the longest the prefetch waits for the sandbox's
+	// first request (Interacted) before it starts.
+	PrefetchDelay time.Duration
+}
 
-// serveRAM mounts the snapshot's "ram" file (layered) and its disks
-// (read-only) at <stateDir>/pagefs. Every page read is bounded by
-// timeout; one that outlives it by a grace period calls the servedRAM's
-// onStuck (set once QEMU runs). On error nothing is left.
-func serveRAM(ctx context.Context, snap *snapshot.Snapshot, storeURL, stateDir, memoryDir string, disks []string, timeout time.Duration) (_ *servedRAM, retErr error) {
-	r := &servedRAM{store: redact.URL(storeURL), disks: map[string]string{}, stateDir: stateDir, interactedCh: make(chan struct{})}
+// Serve mounts the snapshot's "ram" file (layered) and its disks
+// (read-only) at <StateDir>/pagefs. On error nothing is left.
+func Serve(ctx context.Context, snap *snapshot.Snapshot, o Options) (_ *RAM, retErr error) {
+	r := &RAM{store: redact.URL(o.StoreURL), disks: map[string]string{}, stateDir: o.StateDir, interactedCh: make(chan struct{}), prefetchDelay: o.PrefetchDelay}
 	defer func() {
 		if retErr != nil {
 			r.Close(ctx)
@@ -92,15 +113,14 @@ func serveRAM(ctx context.Context, snap *snapshot.Snapshot, storeURL, stateDir, 
 		return nil, err
 	}
 	r.readers = append(r.readers, ram)
-	r.parent = ParentRAM{StoreURL: storeURL, Manifest: snap.Descriptor.Digest, ChunkSize: ram.ChunkSize(), Chunks: ram.Chunks()}
-	r.parent.KeyID, r.parent.Lineage = sealOf(&snap.Metadata)
+	r.parent = NewParent(o.StoreURL, snap, ram)
 	r.order = snap.Metadata.WorkingSet // validated against the ram file
-	r.layer = layerPath(memoryDir, stateDir)
+	r.layer = o.Layer
 	if err := os.Remove(r.layer); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, err
 	}
 	// Recorded first: a shim that dies leaves it for CleanupServed.
-	if err := os.WriteFile(filepath.Join(stateDir, servedRecord), []byte(r.layer), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(o.StateDir, servedRecord), []byte(r.layer), 0o600); err != nil {
 		return nil, fmt.Errorf("ram layer: %w", err)
 	}
 	lf, err := os.OpenFile(r.layer, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
@@ -111,23 +131,23 @@ func serveRAM(ctx context.Context, snap *snapshot.Snapshot, storeURL, stateDir, 
 	if err := lf.Truncate(ram.Size()); err != nil {
 		return nil, fmt.Errorf("ram layer: %w", err)
 	}
-	if r.file, err = pagefs.NewLayered("ram", r.source(ram, timeout), lf); err != nil {
+	if r.file, err = pagefs.NewLayered("ram", r.source(ram, o.PageTimeout, o.StuckGrace), lf); err != nil {
 		return nil, err
 	}
 	files := []*pagefs.File{r.file}
-	for _, name := range disks {
+	for _, name := range o.Disks {
 		fr, err := snap.ServeFile(snapshot.DiskFile(name))
 		if err != nil {
 			return nil, err
 		}
 		r.readers = append(r.readers, fr)
-		f := pagefs.NewReadOnly("disk-"+name, r.source(fr, timeout))
+		f := pagefs.NewReadOnly("disk-"+name, r.source(fr, o.PageTimeout, o.StuckGrace))
 		files = append(files, f)
 	}
 	if err := pagefs.EnsureFusectl(); err != nil {
 		return nil, err
 	}
-	dir := filepath.Join(stateDir, "pagefs")
+	dir := filepath.Join(o.StateDir, "pagefs")
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("pagefs mount point: %w", err)
 	}
@@ -137,7 +157,7 @@ func serveRAM(ctx context.Context, snap *snapshot.Snapshot, storeURL, stateDir, 
 		return nil, err
 	}
 	r.srv = srv
-	for _, name := range disks {
+	for _, name := range o.Disks {
 		r.disks[name] = srv.Path("disk-" + name)
 	}
 	// Nothing is written back while the guest runs; a checkpoint's fsync
@@ -148,14 +168,29 @@ func serveRAM(ctx context.Context, snap *snapshot.Snapshot, storeURL, stateDir, 
 	return r, nil
 }
 
+// FromFile is a RAM served by a caller's layered file, whose layer is in
+// layer's directory, from parent: no mount, no reader, no prefetch. A
+// checkpoint chain over it is tested without FUSE.
+func FromFile(file *pagefs.File, layer string, parent Parent) *RAM {
+	return &RAM{file: file, layer: layer, parent: parent, interactedCh: make(chan struct{})}
+}
+
+// NewParent is snapshot snap of storeURL as a parent, whose RAM ram
+// serves.
+func NewParent(storeURL string, snap *snapshot.Snapshot, ram *snapshot.FileReader) Parent {
+	p := Parent{StoreURL: storeURL, Manifest: snap.Descriptor.Digest, ChunkSize: ram.ChunkSize(), Chunks: ram.Chunks()}
+	p.KeyID, p.Lineage = sealOf(&snap.Metadata)
+	return p
+}
+
 // servedRecord, in the state dir, names the RAM layer of a served
 // sandbox.
 const servedRecord = "pagefs.layer"
 
-// CleanupServed removes what a served sandbox whose shim died left in
-// stateDir (call it after its QEMU is gone): the pagefs mount (its
-// connection ended with the shim) and the RAM layer. Nothing served: no-op.
-func CleanupServed(stateDir string) error {
+// Cleanup removes what a served sandbox whose shim died left in stateDir
+// (call it after its QEMU is gone): the pagefs mount (its connection ended
+// with the shim) and the RAM layer. Nothing served: no-op.
+func Cleanup(stateDir string) error {
 	var errs []error
 	mnt := filepath.Join(stateDir, "pagefs")
 	if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
@@ -178,26 +213,26 @@ func CleanupServed(stateDir string) error {
 	return errors.Join(errs...)
 }
 
-// admit lets uid (the confined QEMU's) open the served files; the mount
+// Admit lets uid (the confined QEMU's) open the served files; the mount
 // refuses every other uid but root.
-func (r *servedRAM) admit(uid int) {
+func (r *RAM) Admit(uid int) {
 	if uid >= 0 {
 		r.srv.Allow(uint32(uid))
 	}
 }
 
 // Path is the served RAM file QEMU maps.
-func (r *servedRAM) Path() string { return r.srv.Path("ram") }
+func (r *RAM) Path() string { return r.srv.Path("ram") }
 
 // Disk is the served path of base disk name.
-func (r *servedRAM) Disk(name string) (string, bool) {
+func (r *RAM) Disk(name string) (string, bool) {
 	p, ok := r.disks[name]
 	return p, ok
 }
 
 // Sync writes the guest's dirty RAM pages back to the server (into the
 // layer and the dirty set).
-func (r *servedRAM) Sync() error {
+func (r *RAM) Sync() error {
 	f, err := os.OpenFile(r.Path(), os.O_RDWR, 0)
 	if err != nil {
 		return fmt.Errorf("sync served ram: %w", err)
@@ -212,7 +247,7 @@ func (r *servedRAM) Sync() error {
 // Seal freezes the RAM's content for a checkpoint (call it after Sync with
 // the guest stopped) and starts a new dirty set. The caller closes the
 // generation once the checkpoint is written.
-func (r *servedRAM) Seal() (*pagefs.Generation, error) {
+func (r *RAM) Seal() (*pagefs.Generation, error) {
 	side, err := os.CreateTemp(filepath.Dir(r.layer), filepath.Base(r.layer)+".side-")
 	if err != nil {
 		return nil, fmt.Errorf("seal served ram: %w", err)
@@ -234,9 +269,9 @@ func (r *servedRAM) Seal() (*pagefs.Generation, error) {
 	return g, nil
 }
 
-// fetchedFields describe what the sandbox read so far: the FUSE reads of
+// FetchedFields describe what the sandbox read so far: the FUSE reads of
 // its RAM and the chunks its readers decoded.
-func (r *servedRAM) fetchedFields() log.Fields {
+func (r *RAM) FetchedFields() log.Fields {
 	var chunks, stored int64
 	for _, fr := range r.readers {
 		c, b := fr.Fetched()
@@ -254,7 +289,7 @@ func (r *servedRAM) fetchedFields() log.Fields {
 // beside the snapshot's use-lock for `cryoctl gc` (Node.Prune). An evicted
 // blob would be downloaded again, but the store may have dropped it by
 // then.
-func (r *servedRAM) keepBlobs(ctx context.Context, node *nodecache.Node, snap digest.Digest) {
+func (r *RAM) KeepBlobs(ctx context.Context, node *nodecache.Node, snap digest.Digest) {
 	var ds []digest.Digest
 	for _, fr := range r.readers {
 		for _, c := range fr.Chunks() {
@@ -275,10 +310,10 @@ func (r *servedRAM) keepBlobs(ctx context.Context, node *nodecache.Node, snap di
 }
 
 // Parent is the snapshot the RAM came from.
-func (r *servedRAM) Parent() ParentRAM { return r.parent }
+func (r *RAM) Parent() Parent { return r.parent }
 
 // Err is the first page read that failed (chunk, digest), nil if none.
-func (r *servedRAM) Err() error {
+func (r *RAM) Err() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.readErr
@@ -287,7 +322,7 @@ func (r *servedRAM) Err() error {
 // Close stops the prefetch, unmounts (call it after QEMU is gone: a
 // mapping still faulting would be aborted) and removes the layer. It is
 // idempotent.
-func (r *servedRAM) Close(ctx context.Context) error {
+func (r *RAM) Close(ctx context.Context) error {
 	r.mu.Lock()
 	if r.closed {
 		r.mu.Unlock()
@@ -326,9 +361,9 @@ func (r *servedRAM) Close(ctx context.Context) error {
 	return err
 }
 
-// abort ends the FUSE connection: every pending and later page read fails,
+// Abort ends the FUSE connection: every pending and later page read fails,
 // so a QEMU stuck in one can exit.
-func (r *servedRAM) abort(ctx context.Context) {
+func (r *RAM) Abort(ctx context.Context) {
 	if r.srv == nil {
 		return
 	}
@@ -337,8 +372,8 @@ func (r *servedRAM) abort(ctx context.Context) {
 	}
 }
 
-// interacted says the restored sandbox answered its first request.
-func (r *servedRAM) interacted() {
+// Interacted says the restored sandbox answered its first request.
+func (r *RAM) Interacted() {
 	r.interactOnce.Do(func() {
 		if r.interactedCh != nil {
 			close(r.interactedCh)
@@ -346,11 +381,11 @@ func (r *servedRAM) interacted() {
 	})
 }
 
-// startPrefetch fetches every chunk of the served files into the node
+// StartPrefetch fetches every chunk of the served files into the node
 // cache in the background, workers at a time, so the sandbox stops
 // depending on the store; it logs when it completes. A chunk the store
 // lost (corrupt, truncated, missing) stops the VM as a failed page does.
-func (r *servedRAM) startPrefetch(ctx context.Context, workers int) {
+func (r *RAM) StartPrefetch(ctx context.Context, workers int) {
 	if workers == 0 {
 		log.G(ctx).Info("lazy restore: prefetch off ([restore] prefetch_workers = 0)")
 		return
@@ -371,7 +406,7 @@ func (r *servedRAM) startPrefetch(ctx context.Context, workers int) {
 		// waits for: its faults get the link to themselves.
 		select {
 		case <-r.interactedCh:
-		case <-time.After(prefetchDelay):
+		case <-time.After(r.prefetchDelay):
 		case <-ctx.Done():
 			return
 		}
@@ -416,14 +451,14 @@ type pageReader interface {
 // pageSource is a served file's content: the snapshot reader under a
 // deadline per read.
 type pageSource struct {
-	r       *servedRAM
+	r       *RAM
 	fr      pageReader
 	timeout time.Duration
 	grace   time.Duration
 }
 
-func (r *servedRAM) source(fr pageReader, timeout time.Duration) *pageSource {
-	return &pageSource{r: r, fr: fr, timeout: timeout, grace: stuckGrace}
+func (r *RAM) source(fr pageReader, timeout, grace time.Duration) *pageSource {
+	return &pageSource{r: r, fr: fr, timeout: timeout, grace: grace}
 }
 
 func (s *pageSource) Size() int64 { return s.fr.Size() }
@@ -457,7 +492,7 @@ func (s *pageSource) ReadAt(p []byte, off int64) (int, error) {
 // exit reports it), kills QEMU at once (not at its next fault of a page
 // the kernel does not have) and aborts the connection, so that no read,
 // pending or later, waits on the store.
-func (r *servedRAM) failed(err error) {
+func (r *RAM) failed(err error) {
 	r.mu.Lock()
 	first := r.readErr == nil
 	if first {
@@ -472,12 +507,12 @@ func (r *servedRAM) failed(err error) {
 	if kill != nil {
 		kill()
 	}
-	r.abort(context.Background())
+	r.Abort(context.Background())
 }
 
-// setKill sets how the VM is stopped once a page fails (QEMU runs); a
+// SetKill sets how the VM is stopped once a page fails (QEMU runs); a
 // failure before it stops the VM now.
-func (r *servedRAM) setKill(kill func()) {
+func (r *RAM) SetKill(kill func()) {
 	r.mu.Lock()
 	r.onStuck = kill
 	failed := r.readErr != nil

@@ -1,4 +1,4 @@
-package sandbox
+package servedram
 
 import (
 	"context"
@@ -6,18 +6,17 @@ import (
 	"github.com/containerd/log"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
-	"github.com/cryo-runtime/cryo/nodecache"
 	"github.com/cryo-runtime/cryo/snapshot"
 	"github.com/cryo-runtime/cryo/stores"
 )
 
-// writeParent is the served RAM's parent as the snapshot writer takes it.
+// WriteParent is the served RAM's parent as the snapshot writer takes it.
 // Its key ID and lineage are the parent's metadata's, not the key the
 // checkpoint writes with: a namespace key rotated while the sandbox runs
 // makes the parent not fit (the writer then stores full chunks under the
 // new key) instead of placing chunks sealed with the old key in a
 // snapshot that names the new one.
-func (r *servedRAM) writeParent(snapshot.WriteOptions) *snapshot.Parent {
+func (r *RAM) WriteParent() *snapshot.Parent {
 	p := r.Parent()
 	return &snapshot.Parent{ChunkSize: p.ChunkSize, Chunks: p.Chunks, KeyID: p.KeyID, Lineage: p.Lineage}
 }
@@ -31,10 +30,10 @@ func sealOf(md *snapshot.Metadata) (keyID, lineage string) {
 	return "", ""
 }
 
-// chunkSize is the chunk size of a served RAM's checkpoint: its parent's,
+// ChunkSize is the chunk size of a served RAM's checkpoint: its parent's,
 // so that a chain keeps reusing its chunks whatever the node's
 // [snapshot] chunk_size says (configured is WriteOptions.ChunkSize).
-func (r *servedRAM) chunkSize(ctx context.Context, configured int64) int64 {
+func (r *RAM) ChunkSize(ctx context.Context, configured int64) int64 {
 	p := r.Parent().ChunkSize
 	if configured == 0 {
 		configured = snapshot.DefaultChunkSize
@@ -48,26 +47,10 @@ func (r *servedRAM) chunkSize(ctx context.Context, configured int64) int64 {
 	return p
 }
 
-// parentReads is the node cache over the target store: the parent chunks
-// a delta is made against were fetched there by the restore (or its
-// prefetch). Without a node cache they are read from the store.
-func (c *checkpointing) parentReads(ctx context.Context) stores.Store {
-	node, err := c.sb.spec.Config.Snapshot.NodeCache()
-	var cs *nodecache.CachingStore
-	if err == nil {
-		cs, err = node.Store(c.store, c.sb.spec.Config.Stores.CachingOptions(c.to))
-	}
-	if err != nil {
-		log.G(ctx).WithError(err).Warn("checkpoint of served ram: no node cache, parent chunks are read from the store")
-		return nil
-	}
-	return cs
-}
-
-// published makes the snapshot just written the parent of the next
+// Published makes the snapshot just written the parent of the next
 // checkpoint: the sealed generation's pages are in it, the file's dirty
 // set now holds only what the guest wrote since the seal.
-func (r *servedRAM) published(ctx context.Context, store stores.Store, to string, desc ocispec.Descriptor, st snapshot.WriteStats) {
+func (r *RAM) Published(ctx context.Context, store stores.Store, to string, desc ocispec.Descriptor, st snapshot.WriteStats) {
 	l := log.G(ctx).WithFields(log.Fields{"reused_chunks": st.Reused, "delta_chunks": st.Deltas,
 		"uploaded_bytes": st.UploadedBytes, "dirty_bytes": st.DirtyBytes})
 	if st.ParentMissing > 0 {
@@ -76,37 +59,37 @@ func (r *servedRAM) published(ctx context.Context, store stores.Store, to string
 	s, err := snapshot.Open(ctx, store, desc.Digest.String(), snapshot.ReadOptions{})
 	if err != nil {
 		l.WithError(err).Warn("checkpoint of served ram: the new snapshot cannot be read back, the next checkpoint writes the whole ram")
-		r.setParent(ParentRAM{StoreURL: to, Manifest: desc.Digest})
+		r.setParent(Parent{StoreURL: to, Manifest: desc.Digest})
 		return
 	}
-	p := ParentRAM{StoreURL: to, Manifest: desc.Digest, ChunkSize: s.Metadata.ChunkSize, Chunks: s.FileChunks(snapshot.FileRAM)}
+	p := Parent{StoreURL: to, Manifest: desc.Digest, ChunkSize: s.Metadata.ChunkSize, Chunks: s.FileChunks(snapshot.FileRAM)}
 	p.KeyID, p.Lineage = sealOf(&s.Metadata)
 	r.setParent(p)
 	l.Info("checkpoint of served ram published")
 }
 
-// lostGeneration is a checkpoint that failed after the seal: the pages
+// LostGeneration is a checkpoint that failed after the seal: the pages
 // the guest wrote before it are in no snapshot and no longer in the dirty
 // set, so the next checkpoint cannot trust the parent and writes the
 // whole RAM (a parent of chunk size 0 fits no write).
-func (r *servedRAM) lostGeneration(ctx context.Context) {
+func (r *RAM) LostGeneration(ctx context.Context) {
 	log.G(ctx).Warn("checkpoint of served ram failed after the seal: the next checkpoint writes the whole ram")
 	p := r.Parent()
-	r.setParent(ParentRAM{StoreURL: p.StoreURL, Manifest: p.Manifest})
+	r.setParent(Parent{StoreURL: p.StoreURL, Manifest: p.Manifest})
 }
 
 // setParent replaces the parent a checkpoint reads (checkpoints of one
 // sandbox do not overlap).
-func (r *servedRAM) setParent(p ParentRAM) {
+func (r *RAM) setParent(p Parent) {
 	r.mu.Lock()
 	r.parent = p
 	r.mu.Unlock()
 }
 
-// workingSet is the RAM chunks the guest faulted since its restore, in the
+// WorkingSet is the RAM chunks the guest faulted since its restore, in the
 // order of its first faults, as chunk indexes at chunk size cs: the next
 // lazy restore of the checkpoint prefetches them first.
-func (r *servedRAM) workingSet(cs int64) []int64 {
+func (r *RAM) WorkingSet(cs int64) []int64 {
 	if len(r.readers) == 0 || cs <= 0 {
 		return nil
 	}

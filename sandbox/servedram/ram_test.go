@@ -1,4 +1,4 @@
-package sandbox
+package servedram
 
 import (
 	"context"
@@ -37,14 +37,13 @@ func (b *blockingReader) ReadAtContext(ctx context.Context, p []byte, off int64)
 // stuck beyond the grace period (a store that ignores cancellation) kills
 // QEMU too.
 func TestPageSourceDeadline(t *testing.T) {
-	r := &servedRAM{store: "s3://bucket/x"}
+	r := &RAM{store: "s3://bucket/x"}
 	killed := make(chan struct{})
-	r.setKill(func() { close(killed) })
+	r.SetKill(func() { close(killed) })
 
 	br := &blockingReader{release: make(chan struct{}), honourCtx: true}
 	defer close(br.release)
-	s := r.source(br, 20*time.Millisecond)
-	s.grace = time.Hour
+	s := r.source(br, 20*time.Millisecond, time.Hour)
 	start := time.Now()
 	if _, err := s.ReadAt(make([]byte, 4096), 0); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("read past its deadline: %v", err)
@@ -72,13 +71,12 @@ func TestPageSourceDeadline(t *testing.T) {
 		t.Fatalf("reads after the failure took %v", d)
 	}
 
-	r = &servedRAM{store: "s3://bucket/x"}
+	r = &RAM{store: "s3://bucket/x"}
 	killed = make(chan struct{})
-	r.setKill(func() { close(killed) })
+	r.SetKill(func() { close(killed) })
 	stuck := &blockingReader{release: make(chan struct{})}
 	defer close(stuck.release)
-	s = r.source(stuck, 10*time.Millisecond)
-	s.grace = 20 * time.Millisecond
+	s = r.source(stuck, 10*time.Millisecond, 20*time.Millisecond)
 	go s.ReadAt(make([]byte, 4096), 0)
 	select {
 	case <-killed:
@@ -87,18 +85,18 @@ func TestPageSourceDeadline(t *testing.T) {
 	}
 }
 
-// TestCleanupServed: what a dead shim's served sandbox left (its record and
+// TestCleanup: what a dead shim's served sandbox left (its record and
 // RAM layer) goes; a record that names anything but a layer is refused and
 // nothing is removed; no record is no work.
-func TestCleanupServed(t *testing.T) {
+func TestCleanup(t *testing.T) {
 	dir := t.TempDir()
-	if err := CleanupServed(dir); err != nil {
+	if err := Cleanup(dir); err != nil {
 		t.Fatalf("nothing served: %v", err)
 	}
 	layer := filepath.Join(dir, "cryo-0123.layer")
 	os.WriteFile(layer, []byte("x"), 0o600)
 	os.WriteFile(filepath.Join(dir, servedRecord), []byte(layer), 0o600)
-	if err := CleanupServed(dir); err != nil {
+	if err := Cleanup(dir); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(layer); !errors.Is(err, os.ErrNotExist) {
@@ -108,7 +106,7 @@ func TestCleanupServed(t *testing.T) {
 	os.WriteFile(victim, []byte("x"), 0o600)
 	for _, bad := range []string{victim, "relative/cryo-1.layer", dir + "/../cryo-1.layer"} {
 		os.WriteFile(filepath.Join(dir, servedRecord), []byte(bad), 0o600)
-		if err := CleanupServed(dir); err == nil {
+		if err := Cleanup(dir); err == nil {
 			t.Errorf("record naming %q accepted", bad)
 		}
 	}
