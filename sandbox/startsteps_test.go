@@ -211,6 +211,7 @@ func dirEntries(t *testing.T, dir string) []string {
 // in turn.
 func TestBootSteps(t *testing.T) {
 	var spec Spec
+	var st *start
 	testEachStepFailing(t, stepCase{
 		op: "boot",
 		steps: func(t *testing.T, vms vmFactory) []step {
@@ -224,8 +225,11 @@ func TestBootSteps(t *testing.T) {
 			// The shim makes the sandbox's dirs before Boot.
 			spec = Spec{ID: "sb", Config: cfg, StateDir: filepath.Join(dir, "state"), DiskDir: filepath.Join(dir, "disks"), Pod: &specs.Spec{}}
 			root := RootSpec{ContainerID: "c1", Mounts: []*types.Mount{{Type: "ext4", Source: image}}}
-			st := &start{Spec: spec, root: root, vms: vms}
+			st = &start{Spec: spec, root: root, vms: vms}
 			return st.bootSteps(&Sandbox{spec: spec, rootfs: newRootfsBuilder(cfg)})
+		},
+		done: func(t *testing.T) {
+			checkMemory(t, st, vmm.MemoryOwned, ramPath(spec.Config.Hypervisor.MemoryDir, spec.StateDir))
 		},
 		left: func(t *testing.T) []string {
 			return append(dirEntries(t, spec.StateDir), dirEntries(t, spec.DiskDir)...)
@@ -352,7 +356,10 @@ func TestRestoreSteps(t *testing.T) {
 			st = &start{Spec: spec, src: Source{URL: f.url}, restore: &restoring{}, vms: vms}
 			return st.restoreSteps()
 		},
-		done: func(t *testing.T) { st.restore.release() },
+		done: func(t *testing.T) {
+			checkMemory(t, st, vmm.MemoryPrivate, st.restore.mat.RAM)
+			st.restore.release()
+		},
 		left: func(t *testing.T) []string {
 			return slices.Concat(dirEntries(t, spec.StateDir), dirEntries(t, spec.DiskDir), f.inUse(t))
 		},
@@ -384,6 +391,10 @@ func TestLazyRestoreSteps(t *testing.T) {
 			// What the leftover check looks for is there while served.
 			if _, ok := st.mem.(*servedMemory); !ok || len(mountsUnder(t, spec.StateDir)) == 0 {
 				t.Fatalf("a lazy restore served nothing (its memory: %T)", st.mem)
+			}
+			checkMemory(t, st, vmm.MemoryServed, st.restore.mat.RAM)
+			if st.vmcfg.AdmitUID == nil {
+				t.Error("served ram admits no uid: a confined QEMU could not open it")
 			}
 			if err := st.mem.close(t.Context(), nil); err != nil {
 				t.Fatal(err)
@@ -441,4 +452,13 @@ func TestFloorSteps(t *testing.T) {
 			return append(left, f.inUse(t)...)
 		},
 	})
+}
+
+// checkMemory: the steps made the guest memory of mode, which configured
+// the VM to map path.
+func checkMemory(t *testing.T, st *start, mode vmm.MemoryMode, path string) {
+	t.Helper()
+	if got := st.vmcfg.Memory; got.Mode != mode || got.Path != path || path == "" {
+		t.Errorf("vm memory %v %q, want %v %q", got.Mode, got.Path, mode, path)
+	}
 }

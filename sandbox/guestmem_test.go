@@ -1,0 +1,58 @@
+package sandbox
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/cryo-runtime/cryo/vmm"
+)
+
+// TestMemoryCapture: in the pause, a booted VM's RAM file is copied (the
+// VM runs on) or linked (it ends: no copy), an eagerly restored VM's RAM
+// is left to the device state; neither has a generation to publish. Each
+// configures the VM in its own mode.
+func TestMemoryCapture(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "cryo-0123.ram")
+	if err := os.WriteFile(path, []byte("guest pages"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	owned := &ownedMemory{path: path}
+	for _, exit := range []bool{false, true} {
+		c := &capture{record: &sandboxRecord{}}
+		if err := owned.capture(c, exit); err != nil {
+			t.Fatal(err)
+		}
+		b, err := os.ReadFile(c.ram)
+		if err != nil || !bytes.Equal(b, []byte("guest pages")) || c.gen != nil || c.record.RAMInStream {
+			t.Errorf("exit %v: captured %q (%v), generation %v, in stream %v", exit, b, err, c.gen != nil, c.record.RAMInStream)
+		}
+		a, _ := os.Stat(path)
+		l, _ := os.Stat(c.ram)
+		if linked := os.SameFile(a, l); linked != exit {
+			t.Errorf("exit %v: linked %v", exit, linked)
+		}
+		c.cleanup()
+		if _, err := os.Stat(c.ram); !os.IsNotExist(err) {
+			t.Errorf("exit %v: capture's file left: %v", exit, err)
+		}
+	}
+
+	c := &capture{record: &sandboxRecord{}}
+	if err := (&privateMemory{path: path}).capture(c, false); err != nil || c.ram != "" || c.gen != nil || !c.record.RAMInStream {
+		t.Errorf("private capture: %v, file %q, generation %v, in stream %v; want the stream only", err, c.ram, c.gen != nil, c.record.RAMInStream)
+	}
+
+	for _, m := range []struct {
+		mem  guestMemory
+		mode vmm.MemoryMode
+	}{{owned, vmm.MemoryOwned}, {&privateMemory{path: path}, vmm.MemoryPrivate}} {
+		var cfg vmm.Config
+		m.mem.configure(&cfg)
+		if cfg.Memory != (vmm.Memory{Mode: m.mode, Path: path}) || m.mem.failure() != nil || m.mem.close(t.Context(), nil) != nil {
+			t.Errorf("%T: configures %+v, want %v of %s", m.mem, cfg.Memory, m.mode, path)
+		}
+	}
+}
