@@ -284,12 +284,13 @@ func (r *RAM) FetchedFields() log.Fields {
 	return f
 }
 
-// keepBlobs makes the node cache keep every blob the served files read
+// KeepBlobs makes the node cache keep every blob the served files read
 // for the sandbox's life: pinned in this shim's view of it, and leased
 // beside the snapshot's use-lock for `cryoctl gc` (Node.Prune). An evicted
 // blob would be downloaded again, but the store may have dropped it by
-// then.
+// then. The logs then say what the cache downloaded.
 func (r *RAM) KeepBlobs(ctx context.Context, node *nodecache.Node, snap digest.Digest) {
+	r.blobs, _ = node.Blobs()
 	var ds []digest.Digest
 	for _, fr := range r.readers {
 		for _, c := range fr.Chunks() {
