@@ -311,7 +311,11 @@ func (r *RAM) KeepBlobs(ctx context.Context, node *nodecache.Node, snap digest.D
 }
 
 // Parent is the snapshot the RAM came from.
-func (r *RAM) Parent() Parent { return r.parent }
+func (r *RAM) Parent() Parent {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.parent
+}
 
 // Err is the first page read that failed (chunk, digest), nil if none.
 func (r *RAM) Err() error {
