@@ -134,6 +134,14 @@ func StartK8s(ctx context.Context, o K8sOptions) (_ *K8s, retErr error) {
 	if _, err := k.KubectlOK(ctx, "label", "node", k.NodeName, "cryo.dev/runtime=true", "--overwrite"); err != nil {
 		return nil, err
 	}
+	// ServiceAccount admission refuses a pod whose namespace has no
+	// ServiceAccount default yet, and the kubelet holds it until
+	// kube-root-ca.crt exists: the controller manager makes both.
+	for _, obj := range []string{"serviceaccount/default", "configmap/kube-root-ca.crt"} {
+		if _, err := k.KubectlOK(ctx, "wait", "--for=create", "-n", "default", obj, "--timeout=120s"); err != nil {
+			return nil, fmt.Errorf("%s: %w\nkube-controller-manager log:\n%s", obj, err, k.LogTail("kube-controller-manager", 30))
+		}
+	}
 	return k, nil
 }
 
