@@ -111,6 +111,9 @@ func StartK8s(ctx context.Context, o K8sOptions) (_ *K8s, retErr error) {
 	if err := k.writeCredentials(); err != nil {
 		return nil, err
 	}
+	if err := makeCgroups(o.CgroupRoot); err != nil {
+		return nil, err
+	}
 	if err := k.startEtcd(ctx); err != nil {
 		return nil, err
 	}
@@ -143,6 +146,33 @@ func StartK8s(ctx context.Context, o K8sOptions) (_ *K8s, retErr error) {
 		}
 	}
 	return k, nil
+}
+
+// makeCgroups creates root in every cgroup hierarchy before the kubelet
+// starts: it reads the root's stats and limits from its first housekeeping
+// on. cpuset needs its parent's cpus and mems before a task may join.
+func makeCgroups(root string) error {
+	if root == "" {
+		return nil
+	}
+	hier, err := os.ReadDir(cgroupFS)
+	if err != nil {
+		return err
+	}
+	for _, h := range hier {
+		d := filepath.Join(cgroupFS, h.Name(), root)
+		if err := os.Mkdir(d, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("cgroup root: %w", err)
+		}
+		for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+			if b, err := os.ReadFile(filepath.Join(cgroupFS, h.Name(), f)); err == nil {
+				if err := os.WriteFile(filepath.Join(d, f), b, 0o644); err != nil {
+					return fmt.Errorf("cgroup root %s: %w", f, err)
+				}
+			}
+		}
+	}
+	return nil
 }
 
 // saveHost records what Close must put back: the sysctls' values and which

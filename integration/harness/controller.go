@@ -184,16 +184,15 @@ type baseContainer struct {
 func (k *K8s) baseControllerContainer(t testing.TB, base string) baseContainer {
 	t.Helper()
 	out := k.MustKubectl("create", "--dry-run=client", "-o", "json", "-k", base)
-	var list struct {
-		Kind  string            `json:"kind"`
-		Items []json.RawMessage `json:"items"`
-	}
-	if err := json.Unmarshal([]byte(out), &list); err != nil {
-		t.Fatalf("render %s: %v", base, err)
-	}
-	items := list.Items
-	if list.Kind != "List" {
-		items = []json.RawMessage{json.RawMessage(out)}
+	// One JSON object after the other.
+	var items []json.RawMessage
+	dec := json.NewDecoder(strings.NewReader(out))
+	for dec.More() {
+		var it json.RawMessage
+		if err := dec.Decode(&it); err != nil {
+			t.Fatalf("render %s: %v", base, err)
+		}
+		items = append(items, it)
 	}
 	for _, it := range items {
 		var d struct {
@@ -266,11 +265,17 @@ func (c *Controller) TryRestorePod(ns, name, checkpoint string) string {
 // Pods are the controller's pods that are not being deleted.
 func (c *Controller) Pods() []string {
 	out, _, err := c.kubectl("-n", ControllerNamespace, "get", "pods", "-o",
-		`jsonpath={range .items[?(!@.metadata.deletionTimestamp)]}{.metadata.name}{"\n"}{end}`)
+		`jsonpath={range .items[*]}{.metadata.name}={.metadata.deletionTimestamp}{"\n"}{end}`)
 	if err != nil {
 		return nil
 	}
-	return strings.Fields(out)
+	var pods []string
+	for _, l := range strings.Fields(out) {
+		if name, deleted, _ := strings.Cut(l, "="); deleted == "" {
+			pods = append(pods, name)
+		}
+	}
+	return pods
 }
 
 // Restart deletes the controller's pod (SIGTERM, its grace period) and
