@@ -25,7 +25,7 @@ const (
 	StoreCredentials = "cryo-store-credentials"
 	// DefaultStore is the controller's --default-store in the K8s Env: a
 	// namespace's repository is DefaultStore/<namespace> on the Env's S3.
-	DefaultStore = "s3://" + s3Bucket + "/cryo"
+	DefaultStore = "s3://" + S3Bucket + "/cryo"
 	// RestoreCheckpointAnnotation names a Checkpoint to restore a pod from.
 	RestoreCheckpointAnnotation = "cryo.dev/restore-checkpoint"
 )

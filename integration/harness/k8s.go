@@ -84,11 +84,11 @@ func StartK8s(t testing.TB, opts ...Option) *K8s {
 // under runc, without a VM.
 const RuncHandler = "runc"
 
-// The K8s Env's S3 credentials (stack.S3Server's).
+// The K8s Env's S3 credentials and bucket (stack.S3Server's).
 const (
 	s3AccessKey = "cryobench"
 	s3SecretKey = "cryobench-secret-key"
-	s3Bucket    = "snapshots"
+	S3Bucket    = "snapshots"
 	s3Region    = "us-east-1"
 )
 
@@ -98,7 +98,7 @@ const (
 // below it).
 func s3Node(c *configs.Config) {
 	c.Stores.S3 = configs.S3{Endpoint: S3Addr, AccessKey: s3AccessKey, SecretKey: s3SecretKey, Region: s3Region}
-	c.Stores.Allowed = append(c.Stores.Allowed, "s3://"+s3Bucket+"/")
+	c.Stores.Allowed = append(c.Stores.Allowed, "s3://"+S3Bucket+"/")
 }
 
 // startS3 runs versitygw in the CRI Env's network namespace on S3Addr
@@ -110,8 +110,8 @@ func startS3(t testing.TB, c *CRI) *stack.S3Server {
 		t.Fatal(err)
 	}
 	t.Cleanup(s.Close)
-	if s.AccessKey != s3AccessKey || s.SecretKey != s3SecretKey || s.Bucket != s3Bucket {
-		t.Fatalf("versitygw's credentials are %s/%s/%s, the node's config says %s/%s/%s", s.AccessKey, s.SecretKey, s.Bucket, s3AccessKey, s3SecretKey, s3Bucket)
+	if s.AccessKey != s3AccessKey || s.SecretKey != s3SecretKey || s.Bucket != S3Bucket {
+		t.Fatalf("versitygw's credentials are %s/%s/%s, the node's config says %s/%s/%s", s.AccessKey, s.SecretKey, s.Bucket, s3AccessKey, s3SecretKey, S3Bucket)
 	}
 	return s
 }
