@@ -22,6 +22,7 @@ binaries:
 	CGO_ENABLED=0 $(GO) build $(GOFLAGS_BUILD) -o $(BIN)/containerd-shim-cryo-v2 ./cmd/containerd-shim-cryo-v2
 	CGO_ENABLED=0 $(GO) build $(GOFLAGS_BUILD) -o $(BIN)/cryoctl ./cmd/cryoctl
 	CGO_ENABLED=0 $(GO) build $(GOFLAGS_BUILD) -o $(BIN)/cryo-agent ./cmd/cryo-agent
+	CGO_ENABLED=0 $(GO) build $(GOFLAGS_BUILD) -o $(BIN)/cryo-controller ./cmd/cryo-controller
 
 # The guest kernel (Debian's cloud kernel package) and the initrd with
 # cryo-agent as PID 1.
