@@ -75,6 +75,10 @@ type Reconciler struct {
 	// with the failed attempts: a Checkpoint in Creating that is not here
 	// was asked by an earlier process, whose call may still run.
 	asked map[types.UID]*attempts
+
+	// skipNameValidation lets tests run one controller after another in a
+	// process.
+	skipNameValidation bool
 }
 
 type attempts struct{ transient, internal int }
@@ -85,7 +89,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&cryov1.Checkpoint{}).
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.checkpointsOfPod)).
-		WithOptions(controller.Options{MaxConcurrentReconciles: 4}).
+		WithOptions(controller.Options{MaxConcurrentReconciles: 4, SkipNameValidation: &r.skipNameValidation}).
 		Named("checkpoint").
 		Complete(r)
 }
@@ -152,6 +156,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	}
 }
 
+// now is the time as the API stores it (whole seconds), so that a time
+// computed from it is the one read back.
+func (r *Reconciler) now() metav1.Time { return metav1.NewTime(r.Now().Truncate(time.Second)) }
+
 // refusal is a permanent failure with its reason.
 type refusal struct{ reason, message string }
 
@@ -164,7 +172,7 @@ func refuse(reason, format string, args ...any) *refusal {
 // start checks the spec and the pod, then asks the kubelet.
 func (r *Reconciler) start(ctx context.Context, cp *cryov1.Checkpoint) (reconcile.Result, error) {
 	if cp.Status.StartTime == nil {
-		now := metav1.NewTime(r.Now())
+		now := r.now()
 		cp.Status.StartTime = &now
 		cp.Status.Phase = cryov1.PhasePending
 		if err := r.Client.Status().Update(ctx, cp); err != nil {
@@ -390,7 +398,7 @@ func (r *Reconciler) ask(ctx context.Context, cp *cryov1.Checkpoint, pod *corev1
 	if timeout < time.Second {
 		timeout = time.Second
 	}
-	now := metav1.NewTime(r.Now())
+	now := r.now()
 	cp.Status.RequestTime = &now
 	cp.Status.RequestTimeoutSeconds = int64((timeout + time.Second - 1) / time.Second)
 	setCondition(cp, cryov1.ConditionProgressing, metav1.ConditionTrue, "KubeletRequested",
@@ -441,6 +449,10 @@ func (r *Reconciler) kubeletFailed(ctx context.Context, cp *cryov1.Checkpoint, a
 		return r.fail(ctx, cp, refuse(cryov1.ReasonKubeletFailed, "%v", err))
 	}
 	delay := min(r.RetryBase<<min(n-1, 5), time.Minute)
+	if left := cp.Status.StartTime.Add(r.Deadline).Sub(r.Now()); left > 0 {
+		// Not past the deadline unnoticed.
+		delay = min(delay, left+100*time.Millisecond)
+	}
 	r.event(cp, corev1.EventTypeWarning, cryov1.ReasonKubeletFailed, "Checkpoint", "attempt %d failed, retrying in %s: %v", n, delay, err)
 	r.setMessage(ctx, cp, fmt.Sprintf("retrying in %s: %v", delay, err))
 	return reconcile.Result{RequeueAfter: delay}, nil
@@ -502,7 +514,7 @@ func (r *Reconciler) finish(ctx context.Context, cp *cryov1.Checkpoint) (reconci
 		}
 		r.event(cp, corev1.EventTypeNormal, "PodDeleted", "Checkpoint", "pod %s deleted (keepRunning false)", cp.Spec.PodName)
 	}
-	now := metav1.NewTime(r.Now())
+	now := r.now()
 	cp.Status.Phase = cryov1.PhaseSucceeded
 	cp.Status.CompletionTime = &now
 	cp.Status.Reason, cp.Status.Message = "", ""
@@ -519,7 +531,7 @@ func (r *Reconciler) finish(ctx context.Context, cp *cryov1.Checkpoint) (reconci
 
 // fail ends the Checkpoint in Failed with the refusal's reason.
 func (r *Reconciler) fail(ctx context.Context, cp *cryov1.Checkpoint, ref *refusal) (reconcile.Result, error) {
-	now := metav1.NewTime(r.Now())
+	now := r.now()
 	cp.Status.Phase = cryov1.PhaseFailed
 	cp.Status.Reason, cp.Status.Message = ref.reason, ref.message
 	cp.Status.CompletionTime = &now
