@@ -32,7 +32,14 @@ const (
 // CA into the MutatingWebhookConfiguration WebhookConfigName. ready is
 // closed once the CA is injected.
 func AddCertRotator(mgr manager.Manager, namespace, certDir string, ready chan struct{}) error {
+	return addCertRotator(mgr, namespace, certDir, ready, "cert-rotator")
+}
+
+// addCertRotator is AddCertRotator with the name of the rotator's
+// controller, unique per process (tests start several).
+func addCertRotator(mgr manager.Manager, namespace, certDir string, ready chan struct{}, name string) error {
 	return rotator.AddRotator(mgr, &rotator.CertRotator{
+		ControllerName: name,
 		SecretKey:      types.NamespacedName{Namespace: namespace, Name: CertSecretName},
 		CertDir:        certDir,
 		CAName:         "cryo-controller-ca",
