@@ -113,7 +113,8 @@ func run(f flags) error {
 	if err := mgr.Add(certs); err != nil {
 		return err
 	}
-	if err := controller.AddCertRotator(mgr, f.namespace, f.certDir, make(chan struct{})); err != nil {
+	caInjected := make(chan struct{})
+	if err := controller.AddCertRotator(mgr, f.namespace, f.certDir, caInjected); err != nil {
 		return fmt.Errorf("certificate rotator: %w", err)
 	}
 	cs, err := kubernetes.NewForConfig(mgr.GetConfig())
@@ -139,7 +140,19 @@ func run(f flags) error {
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return err
 	}
+	// Ready once the webhook serves its certificate and the API server
+	// holds the CA that verifies it: from then on the webhook answers.
 	if err := mgr.AddReadyzCheck("webhook-certificate", func(*http.Request) error { return certs.Ready() }); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("webhook-ca-injected", func(*http.Request) error {
+		select {
+		case <-caInjected:
+			return nil
+		default:
+			return errors.New("CA not yet in the MutatingWebhookConfiguration " + controller.WebhookConfigName)
+		}
+	}); err != nil {
 		return err
 	}
 	ctrl.Log.Info("starting", "defaultStore", f.defaultStore, "runtimeClasses", classes, "namespace", f.namespace, "deadline", f.deadline)
