@@ -501,6 +501,10 @@ func TestCheckpointInvalidSpecRefusedByTheAPI(t *testing.T) {
 	if cp.Spec.KeepRunning == nil || !*cp.Spec.KeepRunning || len(cp.Spec.PersistentContents) != 2 {
 		t.Errorf("defaults: keepRunning %v, persistentContents %v", cp.Spec.KeepRunning, cp.Spec.PersistentContents)
 	}
+	cp.Spec.PodName = "other"
+	if err := cl.c.Update(context.Background(), cp); !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "spec is immutable") {
+		t.Errorf("update of the spec: %v, want Invalid: spec is immutable", err)
+	}
 }
 
 func TestCheckpointTTLAndDeletionUntag(t *testing.T) {

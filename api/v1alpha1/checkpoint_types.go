@@ -164,6 +164,8 @@ type Checkpoint struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
 
+	// The spec is fixed at creation: a Checkpoint records one request.
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec is immutable: create another Checkpoint"
 	Spec   CheckpointSpec   `json:"spec"`
 	Status CheckpointStatus `json:"status,omitempty"`
 }
