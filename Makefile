@@ -23,6 +23,7 @@ binaries:
 	CGO_ENABLED=0 $(GO) build $(GOFLAGS_BUILD) -o $(BIN)/containerd-shim-cryo-v2 ./cmd/containerd-shim-cryo-v2
 	CGO_ENABLED=0 $(GO) build $(GOFLAGS_BUILD) -o $(BIN)/cryoctl ./cmd/cryoctl
 	CGO_ENABLED=0 $(GO) build $(GOFLAGS_BUILD) -o $(BIN)/cryo-agent ./cmd/cryo-agent
+	CGO_ENABLED=0 $(GO) build $(GOFLAGS_BUILD) -o $(BIN)/cryo-controller ./cmd/cryo-controller
 
 # The controller's image, an OCI archive for `ctr -n k8s.io images import`
 # (or a registry push): one static binary, no Docker (hack/mkimage -bin).
