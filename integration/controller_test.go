@@ -29,6 +29,7 @@ func TestControllerDeploys(t *testing.T) {
 	if !strings.Contains(out, "denied") || !strings.Contains(out, `missing`) {
 		t.Fatalf("a pod restoring from Checkpoint missing: %s\nwant a denial naming it", out)
 	}
+	t.Logf("the webhook's answer: %s", strings.TrimSpace(out))
 	// The webhook calls only pods that ask for a restore: others pass
 	// whatever the controller does.
 	plain := harness.Pod("plain", nil, harness.Container("c", "sleep inf"))
