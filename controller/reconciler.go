@@ -69,8 +69,8 @@ type Reconciler struct {
 	RetryBase time.Duration
 
 	mu sync.Mutex
-	// owner maps a pod (namespace/name) to the Checkpoint UID creating it.
-	owner map[string]types.UID
+	// owner maps a pod (namespace/name) to the Checkpoint creating it.
+	owner map[string]owner
 	// asked holds the Checkpoints this process called the kubelet for,
 	// with the failed attempts: a Checkpoint in Creating that is not here
 	// was asked by an earlier process, whose call may still run.
@@ -82,6 +82,11 @@ type Reconciler struct {
 }
 
 type attempts struct{ transient, internal int }
+
+type owner struct {
+	uid  types.UID
+	name string
+}
 
 // SetupWithManager registers the reconciler for Checkpoints (and the pods
 // they name, so a pod's deletion or phase change is seen).
@@ -113,7 +118,7 @@ func (r *Reconciler) defaults() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.owner == nil {
-		r.owner = map[string]types.UID{}
+		r.owner = map[string]owner{}
 		r.asked = map[types.UID]*attempts{}
 	}
 	if r.Deadline <= 0 {
@@ -283,8 +288,8 @@ func (r *Reconciler) claim(ctx context.Context, cp *cryov1.Checkpoint, pod *core
 	key := cp.Namespace + "/" + pod.Name
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if uid, ok := r.owner[key]; ok && uid != cp.UID {
-		return key, true
+	if o, ok := r.owner[key]; ok && o.uid != cp.UID {
+		return o.name, true
 	}
 	var list cryov1.CheckpointList
 	if err := r.Client.List(ctx, &list, client.InNamespace(cp.Namespace)); err != nil {
@@ -295,7 +300,7 @@ func (r *Reconciler) claim(ctx context.Context, cp *cryov1.Checkpoint, pod *core
 			return o.Name, true
 		}
 	}
-	r.owner[key] = cp.UID
+	r.owner[key] = owner{cp.UID, cp.Name}
 	return "", false
 }
 
@@ -304,7 +309,7 @@ func (r *Reconciler) release(cp *cryov1.Checkpoint) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	key := cp.Namespace + "/" + cp.Spec.PodName
-	if r.owner[key] == cp.UID {
+	if r.owner[key].uid == cp.UID {
 		delete(r.owner, key)
 	}
 	if finished(cp) {
@@ -318,7 +323,7 @@ func (r *Reconciler) release(cp *cryov1.Checkpoint) {
 // (again).
 func (r *Reconciler) create(ctx context.Context, cp *cryov1.Checkpoint) (reconcile.Result, error) {
 	r.mu.Lock()
-	r.owner[cp.Namespace+"/"+cp.Spec.PodName] = cp.UID
+	r.owner[cp.Namespace+"/"+cp.Spec.PodName] = owner{cp.UID, cp.Name}
 	_, askedHere := r.asked[cp.UID]
 	r.mu.Unlock()
 	if cp.Status.Snapshot != "" {

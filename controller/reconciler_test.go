@@ -604,7 +604,7 @@ func TestCheckpointSerializesOnePod(t *testing.T) {
 	cl.wait("first", "asked", func(*cryov1.Checkpoint) bool { return k.calls.Load() == 1 })
 	cl.checkpoint("second", "web", nil)
 	second := cl.wait("second", "waiting", func(cp *cryov1.Checkpoint) bool {
-		return cp.Status.Phase == cryov1.PhasePending && strings.Contains(cp.Status.Message, "waiting for Checkpoint")
+		return cp.Status.Phase == cryov1.PhasePending && cp.Status.Message == "waiting for Checkpoint first of the same pod"
 	})
 	if n := k.calls.Load(); n != 1 {
 		t.Fatalf("%d kubelet calls while the first Checkpoint runs: %+v", n, second.Status)
