@@ -212,6 +212,7 @@ func (r *Reconciler) start(ctx context.Context, cp *cryov1.Checkpoint) (reconcil
 	cp.Status.Node = pod.Spec.NodeName
 	cp.Status.PodUID = string(pod.UID)
 	cp.Status.PriorDigest = prior
+	cp.Status.Target = target
 	cp.Status.Reason, cp.Status.Message = "", ""
 	if err := r.Client.Status().Update(ctx, cp); err != nil {
 		r.release(cp)
@@ -335,13 +336,13 @@ func (r *Reconciler) create(ctx context.Context, cp *cryov1.Checkpoint) (reconci
 		if errors.As(err, &ref) {
 			// The pod may be gone because the snapshot was made and a
 			// keepRunning=false step, or the user, deleted it: look first.
-			if res, ok, lerr := r.adopt(ctx, cp, cp.Status.PodUID); ok || lerr != nil {
+			if res, ok, lerr := r.adopt(ctx, cp); ok || lerr != nil {
 				return res, lerr
 			}
 		}
 		return r.failOrRetry(ctx, cp, err)
 	}
-	if res, ok, err := r.adopt(ctx, cp, string(pod.UID)); ok || err != nil {
+	if res, ok, err := r.adopt(ctx, cp); ok || err != nil {
 		return res, err
 	}
 	if res, done := r.pastDeadline(ctx, cp); done {
@@ -358,21 +359,14 @@ func (r *Reconciler) create(ctx context.Context, cp *cryov1.Checkpoint) (reconci
 	return r.ask(ctx, cp, pod, container, target)
 }
 
-// adopt looks for the Checkpoint's snapshot under the pod's tag and
-// records it when it is there (ok).
-func (r *Reconciler) adopt(ctx context.Context, cp *cryov1.Checkpoint, podUID string) (reconcile.Result, bool, error) {
-	var pod corev1.Pod
-	target := ""
-	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: cp.Namespace, Name: cp.Spec.PodName}, &pod); err == nil && string(pod.UID) == podUID {
-		target = pod.Annotations[AnnotationCheckpointTo]
-	}
-	if target == "" {
-		target = cp.Annotations[annotationTarget]
-	}
+// adopt looks for the Checkpoint's snapshot under the target it asked for
+// and records it when it is there (ok).
+func (r *Reconciler) adopt(ctx context.Context, cp *cryov1.Checkpoint) (reconcile.Result, bool, error) {
+	target := cp.Status.Target
 	if target == "" {
 		return reconcile.Result{}, false, nil
 	}
-	f, err := r.find(ctx, cp, target, podUID)
+	f, err := r.find(ctx, cp, target, cp.Status.PodUID)
 	if errors.Is(err, errNotOurs) {
 		return reconcile.Result{}, false, nil
 	}
@@ -384,21 +378,8 @@ func (r *Reconciler) adopt(ctx context.Context, cp *cryov1.Checkpoint, podUID st
 	return res, true, err
 }
 
-// annotationTarget keeps the pod's checkpoint target on the Checkpoint, so
-// that the snapshot is found even once the pod is gone.
-const annotationTarget = "cryo.dev/checkpoint-target"
-
 // ask calls the kubelet and, on its 200, looks up and records the snapshot.
 func (r *Reconciler) ask(ctx context.Context, cp *cryov1.Checkpoint, pod *corev1.Pod, container, target string) (reconcile.Result, error) {
-	if cp.Annotations[annotationTarget] != target {
-		if cp.Annotations == nil {
-			cp.Annotations = map[string]string{}
-		}
-		cp.Annotations[annotationTarget] = target
-		if err := r.Client.Update(ctx, cp); err != nil {
-			return reconcile.Result{}, err
-		}
-	}
 	timeout := min(cp.Status.StartTime.Add(r.Deadline).Sub(r.Now()), maxCallTimeout)
 	if timeout < time.Second {
 		timeout = time.Second
