@@ -77,8 +77,8 @@ func run(f flags) error {
 		return errors.New("--runtime-classes names no RuntimeClass")
 	}
 	if f.defaultStore != "" {
-		if _, _, err := stores.SplitRef(f.defaultStore); err != nil || strings.Contains(f.defaultStore[strings.LastIndex(f.defaultStore, "/")+1:], ":") {
-			return fmt.Errorf("--default-store %q: want a store base URL without a tag, such as s3://bucket/cryo", f.defaultStore)
+		if err := controller.CheckStoreBase(f.defaultStore); err != nil {
+			return fmt.Errorf("--default-store: %w", err)
 		}
 	}
 	scheme := runtime.NewScheme()
