@@ -10,6 +10,7 @@
 package main
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"flag"
@@ -24,6 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -62,13 +64,15 @@ func main() {
 	zopts.BindFlags(flag.CommandLine)
 	flag.Parse()
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zopts)))
-	if err := run(f); err != nil {
+	if err := run(ctrl.SetupSignalHandler(), nil, f); err != nil {
 		ctrl.Log.Error(err, "cryo-controller failed")
 		os.Exit(1)
 	}
 }
 
-func run(f flags) error {
+// run runs the controller until ctx ends; cfg nil means the in-cluster
+// config or --kubeconfig.
+func run(ctx context.Context, cfg *rest.Config, f flags) error {
 	if f.namespace == "" {
 		return errors.New("--namespace (or env POD_NAMESPACE) is required")
 	}
@@ -88,7 +92,12 @@ func run(f flags) error {
 	if err := cryov1.AddToScheme(scheme); err != nil {
 		return err
 	}
-	cfg := ctrl.GetConfigOrDie()
+	if cfg == nil {
+		var err error
+		if cfg, err = ctrl.GetConfig(); err != nil {
+			return fmt.Errorf("kubernetes client config: %w", err)
+		}
+	}
 	certs := &controller.CertSync{
 		Secret:  types.NamespacedName{Namespace: f.namespace, Name: controller.CertSecretName},
 		CertDir: f.certDir,
@@ -159,7 +168,7 @@ func run(f flags) error {
 		return err
 	}
 	ctrl.Log.Info("starting", "defaultStore", f.defaultStore, "runtimeClasses", classes, "namespace", f.namespace, "deadline", f.deadline)
-	return mgr.Start(ctrl.SetupSignalHandler())
+	return mgr.Start(ctx)
 }
 
 func splitList(s string) []string {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"strings"
 	"testing"
 )
@@ -22,7 +23,7 @@ func TestRunRefusesBadFlags(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f := good
 			tc.mutate(&f)
-			if err := run(f); err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+			if err := run(context.Background(), nil, f); err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 				t.Fatalf("run = %v, want an error naming %s", err, tc.wantErr)
 			}
 		})
