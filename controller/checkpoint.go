@@ -209,6 +209,12 @@ func (r *Reconciler) ask(ctx context.Context, cp *cryov1.Checkpoint, pod *corev1
 	log.FromContext(ctx).Info("asking the kubelet to checkpoint", "node", pod.Spec.NodeName, "pod", pod.Name, "container", container, "timeout", timeout)
 	err := r.Kubelet.Checkpoint(ctx, pod.Spec.NodeName, pod.Namespace, pod.Name, container, timeout)
 	if err != nil {
+		// The shim may have published before the answer failed (the
+		// kubelet's archive, the proxy's connection): a snapshot that is
+		// there is this checkpoint's, and asking again would make another.
+		if res, ok, aerr := r.adopt(ctx, cp); ok || aerr != nil {
+			return res, aerr
+		}
 		return r.kubeletFailed(ctx, cp, a, err)
 	}
 	f, err := r.find(ctx, cp, target, string(pod.UID))

@@ -116,6 +116,8 @@ type fakeKubelet struct {
 	fail func(ctx context.Context, n int32) error
 	// block, when set, is waited on after the snapshot is written.
 	block chan struct{}
+	// answer, when set, is the answer after the snapshot is written.
+	answer error
 
 	mu               sync.Mutex
 	inFlight, maxIn  int
@@ -157,7 +159,7 @@ func (k *fakeKubelet) Checkpoint(ctx context.Context, node, namespace, podName, 
 			return &KubeletError{Err: ctx.Err()}
 		}
 	}
-	return nil
+	return k.answer
 }
 
 // writeSnapshot publishes a small snapshot of pod uid to target, with the
@@ -563,6 +565,20 @@ func TestCheckpointPermanentKubeletFailure(t *testing.T) {
 	cp := cl.waitPhase("c1", cryov1.PhaseFailed)
 	if cp.Status.Reason != cryov1.ReasonKubeletFailed || !strings.Contains(cp.Status.Message, "HTTP 404") || k.calls.Load() != 1 {
 		t.Errorf("reason %s message %q after %d calls", cp.Status.Reason, cp.Status.Message, k.calls.Load())
+	}
+}
+
+// TestCheckpointAdoptsAfterAFailedAnswer: the shim published, then the
+// answer failed, with a status that is not retried: the snapshot is
+// recorded, not refused nor asked for again.
+func TestCheckpointAdoptsAfterAFailedAnswer(t *testing.T) {
+	k := &fakeKubelet{answer: &KubeletError{StatusCode: 400, Err: errors.New("the answer was lost")}}
+	cl := newCluster(t, k, clusterOpts{})
+	cl.pod("web", nil)
+	cl.checkpoint("c1", "web", nil)
+	cp := cl.waitPhase("c1", cryov1.PhaseSucceeded)
+	if n := k.calls.Load(); n != 1 || !strings.HasSuffix(cp.Status.Snapshot, "@"+cl.resolve("pod-web")) {
+		t.Errorf("%d kubelet calls, snapshot %s", n, cp.Status.Snapshot)
 	}
 }
 
