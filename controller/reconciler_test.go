@@ -116,6 +116,8 @@ type fakeKubelet struct {
 	fail func(ctx context.Context, n int32) error
 	// block, when set, is waited on after the snapshot is written.
 	block chan struct{}
+	// answer, when set, is the answer after the snapshot is written.
+	answer error
 
 	mu               sync.Mutex
 	inFlight, maxIn  int
@@ -157,7 +159,7 @@ func (k *fakeKubelet) Checkpoint(ctx context.Context, node, namespace, podName, 
 			return &KubeletError{Err: ctx.Err()}
 		}
 	}
-	return nil
+	return k.answer
 }
 
 // writeSnapshot publishes a small snapshot of pod uid to target, with the
@@ -566,6 +568,20 @@ func TestCheckpointPermanentKubeletFailure(t *testing.T) {
 	}
 }
 
+// TestCheckpointAdoptsAfterAFailedAnswer: the shim published, then the
+// answer failed, with a status that is not retried: the snapshot is
+// recorded, not refused nor asked for again.
+func TestCheckpointAdoptsAfterAFailedAnswer(t *testing.T) {
+	k := &fakeKubelet{answer: &KubeletError{StatusCode: 400, Err: errors.New("the answer was lost")}}
+	cl := newCluster(t, k, clusterOpts{})
+	cl.pod("web", nil)
+	cl.checkpoint("c1", "web", nil)
+	cp := cl.waitPhase("c1", cryov1.PhaseSucceeded)
+	if n := k.calls.Load(); n != 1 || !strings.HasSuffix(cp.Status.Snapshot, "@"+cl.resolve("pod-web")) {
+		t.Errorf("%d kubelet calls, snapshot %s", n, cp.Status.Snapshot)
+	}
+}
+
 func TestCheckpointDeadline(t *testing.T) {
 	k := &fakeKubelet{fail: func(context.Context, int32) error {
 		return &KubeletError{StatusCode: 503, Err: errors.New("kubelet unreachable")}
@@ -604,7 +620,7 @@ func TestCheckpointSerializesOnePod(t *testing.T) {
 	cl.wait("first", "asked", func(*cryov1.Checkpoint) bool { return k.calls.Load() == 1 })
 	cl.checkpoint("second", "web", nil)
 	second := cl.wait("second", "waiting", func(cp *cryov1.Checkpoint) bool {
-		return cp.Status.Phase == cryov1.PhasePending && strings.Contains(cp.Status.Message, "waiting for Checkpoint")
+		return cp.Status.Phase == cryov1.PhasePending && cp.Status.Message == "waiting for Checkpoint first of the same pod"
 	})
 	if n := k.calls.Load(); n != 1 {
 		t.Fatalf("%d kubelet calls while the first Checkpoint runs: %+v", n, second.Status)

@@ -118,6 +118,15 @@ func podTarget(pod *corev1.Pod) (target, repo, tag string, err error) {
 	return target, repo, tag, nil
 }
 
+// CheckStoreBase checks a --default-store value: a store URL without a tag.
+func CheckStoreBase(base string) error {
+	_, tag, err := splitTarget(base)
+	if err == nil && tag != "" {
+		err = fmt.Errorf("%q names a tag: want a base URL such as s3://bucket/cryo", base)
+	}
+	return err
+}
+
 // DefaultTarget is the checkpoint target of a pod the webhook fills in:
 // "<base>/<namespace>:pod-<name>", the tag shortened with a hash of the
 // name when it would exceed an OCI tag's 128 characters.

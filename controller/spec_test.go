@@ -64,6 +64,12 @@ func TestTargets(t *testing.T) {
 			t.Errorf("splitTarget(%q) = %q, %q, %v, want %q", in, repo, tag, err, want)
 		}
 	}
+	for base, ok := range map[string]bool{"s3://snapshots/cryo": true, "oci://registry:5000": true, "oci://registry:5000/cryo": true,
+		"file:///var/lib/cryo": true, "s3://snapshots/cryo:v1": false, "snapshots/cryo": false} {
+		if err := CheckStoreBase(base); (err == nil) != ok {
+			t.Errorf("CheckStoreBase(%q) = %v", base, err)
+		}
+	}
 	if got := DefaultTarget("s3://snapshots/cryo/", "team-a", "web-0"); got != "s3://snapshots/cryo/team-a:pod-web-0" {
 		t.Errorf("DefaultTarget = %q", got)
 	}

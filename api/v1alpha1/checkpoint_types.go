@@ -134,6 +134,11 @@ type CheckpointStatus struct {
 	// +optional
 	Message string `json:"message,omitempty"`
 
+	// Target is the pod's checkpoint target (its cryo.dev/checkpoint-to)
+	// the kubelet was asked to publish to: where the snapshot is looked
+	// for, also once the pod is gone.
+	// +optional
+	Target string `json:"target,omitempty"`
 	// PriorDigest is the manifest the pod's checkpoint tag named before the
 	// kubelet was asked: a snapshot with this digest is never taken for
 	// this Checkpoint's (restart safety).

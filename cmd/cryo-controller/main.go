@@ -10,6 +10,7 @@
 package main
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"flag"
@@ -24,6 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -62,13 +64,15 @@ func main() {
 	zopts.BindFlags(flag.CommandLine)
 	flag.Parse()
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zopts)))
-	if err := run(f); err != nil {
+	if err := run(ctrl.SetupSignalHandler(), nil, f); err != nil {
 		ctrl.Log.Error(err, "cryo-controller failed")
 		os.Exit(1)
 	}
 }
 
-func run(f flags) error {
+// run runs the controller until ctx ends; cfg nil means the in-cluster
+// config or --kubeconfig.
+func run(ctx context.Context, cfg *rest.Config, f flags) error {
 	if f.namespace == "" {
 		return errors.New("--namespace (or env POD_NAMESPACE) is required")
 	}
@@ -77,8 +81,8 @@ func run(f flags) error {
 		return errors.New("--runtime-classes names no RuntimeClass")
 	}
 	if f.defaultStore != "" {
-		if _, _, err := stores.SplitRef(f.defaultStore); err != nil || strings.Contains(f.defaultStore[strings.LastIndex(f.defaultStore, "/")+1:], ":") {
-			return fmt.Errorf("--default-store %q: want a store base URL without a tag, such as s3://bucket/cryo", f.defaultStore)
+		if err := controller.CheckStoreBase(f.defaultStore); err != nil {
+			return fmt.Errorf("--default-store: %w", err)
 		}
 	}
 	scheme := runtime.NewScheme()
@@ -88,7 +92,12 @@ func run(f flags) error {
 	if err := cryov1.AddToScheme(scheme); err != nil {
 		return err
 	}
-	cfg := ctrl.GetConfigOrDie()
+	if cfg == nil {
+		var err error
+		if cfg, err = ctrl.GetConfig(); err != nil {
+			return fmt.Errorf("kubernetes client config: %w", err)
+		}
+	}
 	certs := &controller.CertSync{
 		Secret:  types.NamespacedName{Namespace: f.namespace, Name: controller.CertSecretName},
 		CertDir: f.certDir,
@@ -100,6 +109,9 @@ func run(f flags) error {
 		LeaderElection:          f.leaderElect,
 		LeaderElectionID:        "cryo-controller.cryo.dev",
 		LeaderElectionNamespace: f.namespace,
+		// A replaced pod hands over at once instead of after the lease's
+		// 15 seconds (the process exits right after the manager stops).
+		LeaderElectionReleaseOnCancel: true,
 		WebhookServer: webhook.NewServer(webhook.Options{
 			Port:    f.webhookPort,
 			CertDir: f.certDir,
@@ -156,7 +168,7 @@ func run(f flags) error {
 		return err
 	}
 	ctrl.Log.Info("starting", "defaultStore", f.defaultStore, "runtimeClasses", classes, "namespace", f.namespace, "deadline", f.deadline)
-	return mgr.Start(ctrl.SetupSignalHandler())
+	return mgr.Start(ctx)
 }
 
 func splitList(s string) []string {
