@@ -6,12 +6,13 @@
 GO        ?= go
 OUT       ?= $(CURDIR)/_output
 BIN       := $(OUT)/bin
+IMAGES    := $(OUT)/images
 GUEST     := $(OUT)/guest
 CRYO_TOOLS ?= /var/cache/cryo/tools
 export CRYO_TOOLS
 GOFLAGS_BUILD := -trimpath -ldflags "-s -w"
 
-.PHONY: all build binaries guest deps deps-demo tools test unit integration critest crisuite demo demo-k8s clean
+.PHONY: all build binaries controller-image guest deps deps-demo tools test unit integration critest crisuite demo demo-k8s clean
 
 all: build
 
@@ -22,13 +23,23 @@ binaries:
 	CGO_ENABLED=0 $(GO) build $(GOFLAGS_BUILD) -o $(BIN)/containerd-shim-cryo-v2 ./cmd/containerd-shim-cryo-v2
 	CGO_ENABLED=0 $(GO) build $(GOFLAGS_BUILD) -o $(BIN)/cryoctl ./cmd/cryoctl
 	CGO_ENABLED=0 $(GO) build $(GOFLAGS_BUILD) -o $(BIN)/cryo-agent ./cmd/cryo-agent
+	CGO_ENABLED=0 $(GO) build $(GOFLAGS_BUILD) -o $(BIN)/cryo-controller ./cmd/cryo-controller
+
+# The controller's image, an OCI archive for `ctr -n k8s.io images import`
+# (or a registry push): one static binary, no Docker (hack/mkimage -bin).
+CONTROLLER_IMAGE ?= cryo.dev/cryo-controller:dev
+controller-image:
+	@mkdir -p $(BIN) $(IMAGES)
+	CGO_ENABLED=0 $(GO) build $(GOFLAGS_BUILD) -o $(BIN)/cryo-controller ./cmd/cryo-controller
+	$(GO) run ./hack/mkimage -bin $(BIN)/cryo-controller $(IMAGES)/cryo-controller.tar $(CONTROLLER_IMAGE)
 
 # The guest kernel (Debian's cloud kernel package) and the initrd with
 # cryo-agent as PID 1.
 guest:
 	packaging/guest/build.sh $(GUEST)
 
-# Debian packages and the Go-built tools (containerd, ctr, crictl, CNI
+# Debian packages (runc among them) and the Go-built tools (containerd, ctr,
+# containerd-shim-runc-v2, crictl, CNI
 # plugins, versitygw, registry, kube-apiserver, kubelet, kubectl, etcd,
 # critest and containerd's CRI integration tests),
 # cached by version under $(CRYO_TOOLS).
@@ -46,11 +57,11 @@ tools: deps
 unit:
 	$(GO) test ./...
 
-integration: deps build
+integration: deps build controller-image
 	CRYO_BIN=$(BIN) CRYO_GUEST_DIR=$(GUEST) PATH=$(CRYO_TOOLS)/bin:$$PATH \
 		$(GO) test -tags integration -p 1 -count=1 -timeout 60m ./...
 
-test: deps build
+test: deps build controller-image
 	@test -z "$$(gofmt -l .)" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
 	$(GO) vet ./...
 	$(GO) vet -tags integration ./...

@@ -28,6 +28,11 @@ const (
 	RestoreMode       = Prefix + "restore-mode"
 	PreCheckpointExec = Prefix + "pre-checkpoint-exec"
 	PostRestoreExec   = Prefix + "post-restore-exec"
+	// RestoreCheckpoint names the Checkpoint a pod is restored from. The
+	// cluster's webhook (cmd/cryo-controller) resolves it into RestoreFrom
+	// and RestoreDigest, which the node checks; the node only lets it
+	// through (it names an API object, nothing on the node).
+	RestoreCheckpoint = Prefix + "restore-checkpoint"
 
 	// Compatibility aliases. Each is enabled or refused by the
 	// [annotations] enabled list like the cryo.dev/ key it stands for.
@@ -95,6 +100,9 @@ func Parse(a map[string]string, cfg configs.Config) (Request, error) {
 	}
 	for k, v := range a {
 		if !strings.HasPrefix(k, Prefix) {
+			continue
+		}
+		if k == RestoreCheckpoint {
 			continue
 		}
 		if !known[k] {

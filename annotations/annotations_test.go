@@ -26,6 +26,8 @@ func TestParse(t *testing.T) {
 		{name: "vcpus too many", in: map[string]string{VCPUs: "64"}, wantErr: "between 1 and 8"},
 		{name: "memory too small", in: map[string]string{Memory: "16Mi"}, wantErr: "between 128"},
 		{name: "unknown key", in: map[string]string{"cryo.dev/kernel": "/tmp/evil"}, wantErr: "unknown cryo annotation"},
+		{name: "restore by checkpoint name passes through", in: map[string]string{RestoreCheckpoint: "ckpt-1", RestoreFrom: "s3://b/ns:cp-1"},
+			want: func(r Request) bool { return r.RestoreFrom == "s3://b/ns:cp-1" }},
 		{name: "fallback", in: map[string]string{RestoreFallback: "retry"}, wantErr: "fail or cold"},
 		{name: "restore mode default", in: map[string]string{}, want: func(r Request) bool { return r.RestoreMode == "lazy" }},
 		{name: "restore mode eager", in: map[string]string{RestoreMode: "eager"}, want: func(r Request) bool { return r.RestoreMode == "eager" }},

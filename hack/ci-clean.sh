@@ -23,6 +23,23 @@ for p in /proc/[0-9]*; do
 done
 sleep 1
 
+# The pods of runtimes with cgroups (runc) a stack's kubelet ran, in its
+# cgroup root (Stack.CgroupRoot, named after the stack's directory): their
+# processes first, then the cgroups, deepest first.
+for cg in /sys/fs/cgroup/*/cryo-it-* /sys/fs/cgroup/*/cryo-bench-*; do
+	[ -d "$cg" ] || continue
+	find "$cg" -name cgroup.procs -exec cat {} + 2>/dev/null | while read -r pid; do
+		echo "ci-clean: killing $pid in $cg" >&2
+		kill -9 "$pid" 2>/dev/null
+	done
+done
+sleep 1
+for cg in /sys/fs/cgroup/*/cryo-it-* /sys/fs/cgroup/*/cryo-bench-*; do
+	[ -d "$cg" ] || continue
+	echo "ci-clean: removing cgroup $cg" >&2
+	find "$cg" -depth -type d -exec rmdir {} + 2>/dev/null
+done
+
 # Mounts under a stack's directories, and the lazy restores' page servers,
 # deepest first.
 awk '{print $2, $3}' /proc/self/mounts | while read -r mnt fstype; do

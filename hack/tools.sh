@@ -128,7 +128,13 @@ for w in "${want[@]}"; do
 	containerd|all)
 		install containerd "$CONTAINERD_VERSION" no_btrfs \
 			github.com/containerd/containerd/v2/cmd/containerd \
-			github.com/containerd/containerd/v2/cmd/ctr ;;&
+			github.com/containerd/containerd/v2/cmd/ctr
+		# runc's shim, from the same containerd module, for the pods that run
+		# under the RuntimeClass runc (the controller's); runc itself is
+		# Debian's (hack/deps.sh). A cache entry of its own, so a machine
+		# that cached containerd builds only the shim.
+		install containerd-shim-runc "$CONTAINERD_VERSION" no_btrfs \
+			github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 ;;&
 	crictl|all) install crictl "$CRICTL_VERSION" "" sigs.k8s.io/cri-tools/cmd/crictl ;;&
 	critest|all) install_critest ;;&
 	crisuite|all) install_crisuite ;;&

@@ -3,9 +3,11 @@ package stack
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -42,8 +44,12 @@ func (s *Stack) Close() error {
 		s.cmd = nil
 	}
 	leaked := append(s.QEMUPids(), s.ShimPids()...)
+	leaked = append(leaked, ProcsMatching("containerd-shim-runc-v2", s.Socket)...)
 	for _, pid := range leaked {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	if pids := removeCgroups(s.CgroupRoot()); len(pids) > 0 {
+		leaked = append(leaked, pids...)
 	}
 	unmountUnder(s.Dir)
 	_ = os.RemoveAll(s.StateRoot)
@@ -56,6 +62,49 @@ func (s *Stack) Close() error {
 		return fmt.Errorf("leaked processes (killed): %v", leaked)
 	}
 	return nil
+}
+
+// CgroupRoot is the cgroup (below every v1 hierarchy's root) that a
+// kubelet on this Stack puts its pods in (K8sOptions.CgroupRoot): runc's
+// containers live there, and Close removes it.
+func (s *Stack) CgroupRoot() string { return "/" + filepath.Base(s.Dir) }
+
+// cgroupFS is where the cgroup hierarchies are mounted.
+const cgroupFS = "/sys/fs/cgroup"
+
+// removeCgroups kills the processes left in root's cgroups (in every
+// hierarchy) and removes them, deepest first. It returns the pids it
+// killed.
+func removeCgroups(root string) []int {
+	var dirs []string
+	var pids []int
+	hier, _ := os.ReadDir(cgroupFS)
+	for _, h := range hier {
+		_ = filepath.WalkDir(filepath.Join(cgroupFS, h.Name(), root), func(p string, d os.DirEntry, err error) error {
+			if err != nil || !d.IsDir() {
+				return nil
+			}
+			dirs = append(dirs, p)
+			b, _ := os.ReadFile(filepath.Join(p, "cgroup.procs"))
+			for _, f := range strings.Fields(string(b)) {
+				if pid, err := strconv.Atoi(f); err == nil && !slices.Contains(pids, pid) {
+					pids = append(pids, pid)
+				}
+			}
+			return nil
+		})
+	}
+	for _, pid := range pids {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	for i := len(dirs) - 1; i >= 0; i-- {
+		// A killed process leaves its cgroup a moment later.
+		WaitFor(5*time.Second, func() bool {
+			err := syscall.Rmdir(dirs[i])
+			return err == nil || errors.Is(err, os.ErrNotExist)
+		})
+	}
+	return pids
 }
 
 // ProcsMatching returns the pids whose command line contains both name and

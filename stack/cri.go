@@ -22,6 +22,11 @@ type CRIConfig struct {
 	// the exec's output after the process exits (drain_exec_sync_io_timeout;
 	// containerd's own CRI tests run with "10s").
 	DrainExecSyncIOTimeout string
+	// RuncRoot, when set, adds the runtime handler "runc" (runc's own shim,
+	// for pods that are not sandboxes, such as the cryo controller) with
+	// runc's state in this directory instead of /run/containerd/runc, so
+	// that it goes with the stack.
+	RuncRoot string
 }
 
 // TOML returns the plugin sections, to append to a config's [plugins]. No
@@ -36,8 +41,21 @@ func (c CRIConfig) TOML() string {
 	if c.DrainExecSyncIOTimeout != "" {
 		drain = fmt.Sprintf("    drain_exec_sync_io_timeout = %q\n", c.DrainExecSyncIOTimeout)
 	}
-	return fmt.Sprintf(criConfig, c.PauseImage, registry, drain, configs.RuntimeType, c.CryoConfig, c.CNIBinDir, c.CNIConfDir)
+	runc := ""
+	if c.RuncRoot != "" {
+		runc = fmt.Sprintf(runcHandler, c.RuncRoot)
+	}
+	return fmt.Sprintf(criConfig, c.PauseImage, registry, drain, configs.RuntimeType, c.CryoConfig, runc, c.CNIBinDir, c.CNIConfDir)
 }
+
+// runcHandler is the handler "runc": containerd-shim-runc-v2 on
+// containerd's PATH, runc on the shim's, cgroupfs (the kubelet's driver).
+const runcHandler = `      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+        runtime_type = "io.containerd.runc.v2"
+        [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+          Root = "%s"
+          SystemdCgroup = false
+`
 
 const criConfig = `  [plugins."io.containerd.cri.v1.images"]
     snapshotter = "overlayfs"
@@ -56,7 +74,7 @@ const criConfig = `  [plugins."io.containerd.cri.v1.images"]
         container_annotations = ["cryo.dev/*"]
         [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.cryo.options]
           ConfigPath = "%s"
-    [plugins."io.containerd.cri.v1.runtime".cni]
+%s    [plugins."io.containerd.cri.v1.runtime".cni]
       bin_dirs = ["%s"]
       conf_dir = "%s"
   [plugins."io.containerd.grpc.v1.cri"]

@@ -3,15 +3,19 @@ package stack
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/rsa"
 	"crypto/tls"
 	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/hex"
 	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
+	"math/big"
 	"net"
 	"net/http"
 	"os"
@@ -38,6 +42,10 @@ type K8sOptions struct {
 	// loopback node IP, and the API server reaches the kubelet there.
 	NodeIP   string
 	NodeName string
+	// CgroupRoot, when set, is the kubelet's cgroupRoot: the cgroup the
+	// pods of runtimes that use cgroups (runc) are put below, named so that
+	// cleanup finds it (Stack.CgroupRoot).
+	CgroupRoot string
 }
 
 // K8s is a one-node cluster for one Stack: etcd, kube-apiserver,
@@ -52,10 +60,15 @@ type K8s struct {
 	Kubeconfig string
 	Token      string // the admin's bearer token (system:masters)
 	Tools      string
+	// CA is the PEM certificate of the cluster's CA, which signed the API
+	// server's serving certificate (for 127.0.0.1, NodeIP and the
+	// kubernetes Service's names) and which pods get as kube-root-ca.crt.
+	CA []byte
 
-	path  string
-	procs map[string]*proc
-	undo  []func() error // host changes, undone last first
+	cgroupRoot string
+	path       string
+	procs      map[string]*proc
+	undo       []func() error // host changes, undone last first
 }
 
 // Sysctls the kubelet sets for itself (pkg/kubelet/cm's setupKernelTunables)
@@ -75,7 +88,7 @@ var kubeletHostPaths = []string{"/var/lib/kubelet", "/var/lib/kubelet/device-plu
 func StartK8s(ctx context.Context, o K8sOptions) (_ *K8s, retErr error) {
 	k := &K8s{
 		Dir: filepath.Join(o.Dir, "k8s"), NetNS: o.NetNS, NodeIP: o.NodeIP, NodeName: o.NodeName,
-		Tools: ToolsDir(o.Tools), procs: map[string]*proc{},
+		Tools: ToolsDir(o.Tools), procs: map[string]*proc{}, cgroupRoot: o.CgroupRoot,
 	}
 	k.path = filepath.Join(k.Tools, "bin") + ":" + os.Getenv("PATH")
 	if err := Need(k.path, "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl", "nsenter", "ip"); err != nil {
@@ -96,6 +109,9 @@ func StartK8s(ctx context.Context, o K8sOptions) (_ *K8s, retErr error) {
 		return nil, fmt.Errorf("node ip on lo: %w: %s", err, out)
 	}
 	if err := k.writeCredentials(); err != nil {
+		return nil, err
+	}
+	if err := makeCgroups(o.CgroupRoot); err != nil {
 		return nil, err
 	}
 	if err := k.startEtcd(ctx); err != nil {
@@ -121,7 +137,42 @@ func StartK8s(ctx context.Context, o K8sOptions) (_ *K8s, retErr error) {
 	if _, err := k.KubectlOK(ctx, "label", "node", k.NodeName, "cryo.dev/runtime=true", "--overwrite"); err != nil {
 		return nil, err
 	}
+	// ServiceAccount admission refuses a pod whose namespace has no
+	// ServiceAccount default yet, and the kubelet holds it until
+	// kube-root-ca.crt exists: the controller manager makes both.
+	for _, obj := range []string{"serviceaccount/default", "configmap/kube-root-ca.crt"} {
+		if _, err := k.KubectlOK(ctx, "wait", "--for=create", "-n", "default", obj, "--timeout=120s"); err != nil {
+			return nil, fmt.Errorf("%s: %w\nkube-controller-manager log:\n%s", obj, err, k.LogTail("kube-controller-manager", 30))
+		}
+	}
 	return k, nil
+}
+
+// makeCgroups creates root in every cgroup hierarchy before the kubelet
+// starts: it reads the root's stats and limits from its first housekeeping
+// on. cpuset needs its parent's cpus and mems before a task may join.
+func makeCgroups(root string) error {
+	if root == "" {
+		return nil
+	}
+	hier, err := os.ReadDir(cgroupFS)
+	if err != nil {
+		return err
+	}
+	for _, h := range hier {
+		d := filepath.Join(cgroupFS, h.Name(), root)
+		if err := os.Mkdir(d, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("cgroup root: %w", err)
+		}
+		for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+			if b, err := os.ReadFile(filepath.Join(cgroupFS, h.Name(), f)); err == nil {
+				if err := os.WriteFile(filepath.Join(d, f), b, 0o644); err != nil {
+					return fmt.Errorf("cgroup root %s: %w", f, err)
+				}
+			}
+		}
+	}
+	return nil
 }
 
 // saveHost records what Close must put back: the sysctls' values and which
@@ -153,9 +204,11 @@ func removeLinksInto(dir, target string) {
 	}
 }
 
-// writeCredentials writes the service-account key pair, the admin token
-// and the kubeconfig everything uses (token auth; the API server's
-// self-signed certificate is not verified).
+// writeCredentials writes the service-account key pair, the admin token,
+// the kubeconfig everything on the node uses (token auth; the API server's
+// certificate is not verified on 127.0.0.1) and the API server's
+// certificate, signed by a CA of the cluster's own: pods verify it through
+// kube-root-ca.crt when they reach the API server at NodeIP.
 func (k *K8s) writeCredentials() error {
 	key, err := rsa.GenerateKey(rand.Reader, 2048)
 	if err != nil {
@@ -171,11 +224,19 @@ func (k *K8s) writeCredentials() error {
 	}
 	k.Token = hex.EncodeToString(tok)
 	k.Kubeconfig = filepath.Join(k.Dir, "kubeconfig")
+	ca, serving, servingKey, err := apiServerCerts(k.NodeIP)
+	if err != nil {
+		return err
+	}
+	k.CA = ca
 	files := map[string][]byte{
-		"sa.key":     pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)}),
-		"sa.pub":     pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pub}),
-		"tokens.csv": []byte(k.Token + ",admin,admin-uid,\"system:masters\"\n"),
-		"kubeconfig": []byte(fmt.Sprintf(kubeconfig, k.Token)),
+		"sa.key":                     pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)}),
+		"sa.pub":                     pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pub}),
+		"tokens.csv":                 []byte(k.Token + ",admin,admin-uid,\"system:masters\"\n"),
+		"kubeconfig":                 []byte(fmt.Sprintf(kubeconfig, k.Token)),
+		"apiserver-certs/ca.crt":     ca,
+		"apiserver-certs/server.crt": serving,
+		"apiserver-certs/server.key": servingKey,
 	}
 	for name, b := range files {
 		if err := os.WriteFile(filepath.Join(k.Dir, name), b, 0o600); err != nil {
@@ -183,6 +244,56 @@ func (k *K8s) writeCredentials() error {
 		}
 	}
 	return nil
+}
+
+// kubernetesServiceIP is the kubernetes Service's address: the first of
+// --service-cluster-ip-range. Nothing routes it (no kube-proxy), but
+// clients that dial it by name check it in the certificate.
+const kubernetesServiceIP = "10.96.0.1"
+
+// apiServerCerts makes a CA and a serving certificate it signs, valid for
+// every address and name a client of the API server may use, as PEM.
+func apiServerCerts(nodeIP string) (caPEM, certPEM, keyPEM []byte, _ error) {
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	now := time.Now()
+	caTmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "cryo-test-ca"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.AddDate(1, 0, 0),
+		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature, BasicConstraintsValid: true, IsCA: true,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	caCert, err := x509.ParseCertificate(caDER)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "kube-apiserver"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.AddDate(1, 0, 0),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		DNSNames:    []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"},
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP(nodeIP), net.ParseIP(kubernetesServiceIP)},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &key.PublicKey, caKey)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
+		pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), nil
 }
 
 const kubeconfig = `apiVersion: v1
@@ -213,15 +324,21 @@ func (k *K8s) startAPIServer(ctx context.Context) error {
 	d := k.Dir
 	if err := k.start("kube-apiserver",
 		"--etcd-servers=http://127.0.0.1:2379",
-		"--bind-address=127.0.0.1", "--secure-port=6443", "--advertise-address="+k.NodeIP,
-		"--cert-dir="+filepath.Join(d, "apiserver-certs"),
+		// Every address of the private network namespace: 127.0.0.1 for
+		// kubectl and the node's parts, NodeIP for pods (the kubernetes
+		// Service's endpoint; there is no kube-proxy for its ClusterIP).
+		"--bind-address=0.0.0.0", "--secure-port=6443", "--advertise-address="+k.NodeIP,
+		"--tls-cert-file="+filepath.Join(d, "apiserver-certs", "server.crt"),
+		"--tls-private-key-file="+filepath.Join(d, "apiserver-certs", "server.key"),
 		"--service-account-key-file="+filepath.Join(d, "sa.pub"),
 		"--service-account-signing-key-file="+filepath.Join(d, "sa.key"),
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
 		"--token-auth-file="+filepath.Join(d, "tokens.csv"),
 		"--authorization-mode=Node,RBAC",
-		// No controller manager: nothing would make the token volumes.
-		"--disable-admission-plugins=ServiceAccount",
+		// Admission webhooks (and aggregated APIs) are called at their
+		// Service's endpoint, a pod's address: there is no kube-proxy to
+		// route the ClusterIP.
+		"--enable-aggregator-routing=true",
 		"--service-cluster-ip-range=10.96.0.0/24",
 		// By default it dials the node by host name, which nothing resolves.
 		"--kubelet-preferred-address-types=InternalIP,Hostname",
@@ -243,7 +360,7 @@ func (k *K8s) startControlLoops(ctx context.Context) error {
 		"--service-account-private-key-file="+filepath.Join(d, "sa.key"),
 		// Published to every namespace as kube-root-ca.crt, which
 		// projected service-account tokens carry.
-		"--root-ca-file="+filepath.Join(d, "apiserver-certs", "apiserver.crt"),
+		"--root-ca-file="+filepath.Join(d, "apiserver-certs", "ca.crt"),
 		"--cluster-name=cryo-test"); err != nil {
 		return err
 	}
@@ -264,6 +381,9 @@ func (k *K8s) startControlLoops(ctx context.Context) error {
 func (k *K8s) StartKubelet(ctx context.Context, criSocket string) error {
 	cfg := filepath.Join(k.Dir, "kubelet-config.yaml")
 	y := fmt.Sprintf(kubeletConfig, criSocket, criSocket, filepath.Join(k.Dir, "pod-logs"), filepath.Join(k.Dir, "kubelet", "volume-plugins"))
+	if k.cgroupRoot != "" {
+		y += "cgroupRoot: " + k.cgroupRoot + "\n"
+	}
 	if err := os.WriteFile(cfg, []byte(y), 0o600); err != nil {
 		return err
 	}

@@ -1,6 +1,9 @@
 package stack
 
 import (
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
 	"os"
 	"path/filepath"
 	"testing"
@@ -33,5 +36,35 @@ func TestRemoveLinksInto(t *testing.T) {
 		if _, err := os.Lstat(filepath.Join(dir, name)); (err == nil) != want {
 			t.Errorf("%s: exists %v, want %v", name, err == nil, want)
 		}
+	}
+}
+
+// The API server's certificate verifies, against the CA pods get as
+// kube-root-ca.crt, for every address a client uses: the node's (pods),
+// loopback (the node's parts) and the kubernetes Service's names.
+func TestAPIServerCerts(t *testing.T) {
+	caPEM, certPEM, keyPEM, err := apiServerCerts("10.250.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tls.X509KeyPair(certPEM, keyPEM); err != nil {
+		t.Fatalf("serving key pair: %v", err)
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(caPEM) {
+		t.Fatal("CA does not parse")
+	}
+	b, _ := pem.Decode(certPEM)
+	cert, err := x509.ParseCertificate(b.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"10.250.0.1", "127.0.0.1", "10.96.0.1", "kubernetes.default.svc"} {
+		if _, err := cert.Verify(x509.VerifyOptions{Roots: roots, DNSName: name}); err != nil {
+			t.Errorf("verify for %s: %v", name, err)
+		}
+	}
+	if _, err := cert.Verify(x509.VerifyOptions{Roots: roots, DNSName: "10.250.0.2"}); err == nil {
+		t.Error("the certificate verifies for another node's address")
 	}
 }

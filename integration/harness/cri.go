@@ -63,6 +63,9 @@ type CRI struct {
 	// /var/lib/cni set "/var/lib/cni/networks"); the network is then named
 	// after NetNSName and cleanup removes its directory there.
 	IPAMDir string
+	// Runc, when set before start, adds the runtime handler "runc"
+	// (stack.CRIConfig.RuncRoot) for pods that run without a VM.
+	Runc bool
 }
 
 // StartCRI starts a private containerd with CRI enabled. Cleanup removes
@@ -219,10 +222,14 @@ func (c *CRI) containerdConfig(e *stack.Stack, scratch string) (string, error) {
 		tools = "/var/cache/cryo/tools"
 	}
 	tools = filepath.Join(tools, "bin") // the CNI plugins
-	return e.ContainerdConfig(scratch) + stack.CRIConfig{
+	cri := stack.CRIConfig{
 		PauseImage: c.SandboxImage, RegistryHosts: c.RegistryHosts, CryoConfig: e.ConfigPath, CNIBinDir: tools, CNIConfDir: netd,
 		DrainExecSyncIOTimeout: c.DrainExecSyncIOTimeout,
-	}.TOML(), nil
+	}
+	if c.Runc {
+		cri.RuncRoot = filepath.Join(e.Dir, "runc")
+	}
+	return e.ContainerdConfig(scratch) + cri.TOML(), nil
 }
 
 // CrictlCmd is crictl against this containerd, run in its network

@@ -12,7 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cryo-runtime/cryo/configs"
 	"github.com/cryo-runtime/cryo/stack"
+	"github.com/cryo-runtime/cryo/stores"
 )
 
 // NodeName is the K8s Env's node; pods name it (there is no scheduler).
@@ -21,12 +23,20 @@ const NodeName = "cryo-node"
 // NodeIP is the node's address, on lo of the Env's network namespace.
 const NodeIP = "10.250.0.1"
 
+// S3Addr is where the K8s Env's versitygw listens, in its network
+// namespace: the shims (containerd runs there) and the pods reach it.
+const S3Addr = NodeIP + ":9000"
+
 // K8s is a CRI Env with a one-node Kubernetes control plane (etcd,
 // kube-apiserver, controller manager, scheduler, kubelet) on its containerd, in its network namespace,
-// and the RuntimeClass cryo from packaging/kubernetes applied.
+// the RuntimeClasses cryo (from packaging/kubernetes) and runc (for pods
+// without a VM, such as the controller's) applied, and an S3 store
+// (versitygw on S3Addr, bucket "snapshots", which the node's [stores]
+// allowed admits).
 type K8s struct {
 	*CRI
 	Cluster *stack.K8s
+	S3      *stack.S3Server
 }
 
 // StartK8s starts a CRI Env and the control plane on it. Cleanup stops
@@ -34,9 +44,10 @@ type K8s struct {
 // Env removes the pods and their VMs.
 func StartK8s(t testing.TB, opts ...Option) *K8s {
 	t.Helper()
-	c := StartCRI(t, opts...)
+	c := StartCRIWith(t, &CRI{Runc: true}, append([]Option{s3Node}, opts...)...)
 	k, err := stack.StartK8s(t.Context(), stack.K8sOptions{
 		Dir: c.Dir, NetNS: c.NetNS, CRISocket: c.Socket, Tools: c.Tools, NodeIP: NodeIP, NodeName: NodeName,
+		CgroupRoot: c.CgroupRoot(),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -59,8 +70,60 @@ func StartK8s(t testing.TB, opts ...Option) *K8s {
 			t.Errorf("stop the control plane: %v", err)
 		}
 	})
+	// After the control plane: NodeIP is on lo from then on.
+	x.S3 = startS3(t, c)
 	x.MustKubectl("apply", "-f", filepath.Join(RepoRoot(t), "packaging", "kubernetes", "runtimeclass.yaml"))
+	x.Apply(map[string]any{
+		"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
+		"metadata": map[string]any{"name": RuncHandler}, "handler": RuncHandler,
+	})
 	return x
+}
+
+// RuncHandler is the runtime handler and RuntimeClass of pods that run
+// under runc, without a VM.
+const RuncHandler = "runc"
+
+// The K8s Env's S3 credentials and bucket (stack.S3Server's).
+const (
+	s3AccessKey = "cryobench"
+	s3SecretKey = "cryobench-secret-key"
+	S3Bucket    = "snapshots"
+	s3Region    = "us-east-1"
+)
+
+// s3Node points the node's S3 stores at the K8s Env's versitygw and
+// allows its bucket to every namespace (the controller's repositories are
+// s3://snapshots/<base>/<namespace>:<tag>, named by the namespace, not
+// below it).
+func s3Node(c *configs.Config) {
+	c.Stores.S3 = configs.S3{Endpoint: S3Addr, AccessKey: s3AccessKey, SecretKey: s3SecretKey, Region: s3Region}
+	c.Stores.Allowed = append(c.Stores.Allowed, "s3://"+S3Bucket+"/")
+}
+
+// startS3 runs versitygw in the CRI Env's network namespace on S3Addr
+// until the test ends.
+func startS3(t testing.TB, c *CRI) *stack.S3Server {
+	t.Helper()
+	s, err := stack.StartS3With(t.Context(), stack.S3Options{Tools: c.Tools, Dir: c.Dir, NetNS: c.NetNS, Addr: S3Addr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	if s.AccessKey != s3AccessKey || s.SecretKey != s3SecretKey || s.Bucket != S3Bucket {
+		t.Fatalf("versitygw's credentials are %s/%s/%s, the node's config says %s/%s/%s", s.AccessKey, s.SecretKey, s.Bucket, s3AccessKey, s3SecretKey, S3Bucket)
+	}
+	return s
+}
+
+// StoreOptions open the K8s Env's S3 store from the test (through its
+// network namespace), as the node and the controller do.
+func (k *K8s) StoreOptions() stores.Options {
+	return stores.Options{
+		S3: stores.S3Options{Endpoint: S3Addr, AccessKeyID: s3AccessKey, SecretAccessKey: s3SecretKey, Region: s3Region,
+			UseSSL: new(bool)},
+		HTTPClient: &http.Client{Transport: k.S3.Transport},
+	}
 }
 
 // T is k bound to a subtest: its failures end t, not the test that
@@ -70,7 +133,7 @@ func (k *K8s) T(t testing.TB) *K8s {
 	e.t = t
 	c := *k.CRI
 	c.Env = &e
-	return &K8s{CRI: &c, Cluster: k.Cluster}
+	return &K8s{CRI: &c, Cluster: k.Cluster, S3: k.S3}
 }
 
 // RestartKubelet stops the kubelet, runs between (with no kubelet), and

@@ -41,6 +41,10 @@ func Write(w io.Writer, name string, cmd []string) error {
 type Spec struct {
 	Name string
 	Cmd  []string
+	// Entrypoint and User are the image config's (a Go program's image:
+	// its binary, and a user that is not root).
+	Entrypoint []string
+	User       string
 	// Files are added to the layer after the busybox files (and replace
 	// one of the same path).
 	Files []File
@@ -157,8 +161,9 @@ func WriteSpec(w io.Writer, spec Spec) error {
 	}
 	cfg, err := json.Marshal(ocispec.Image{
 		Platform: ocispec.Platform{Architecture: "amd64", OS: "linux"},
-		Config:   ocispec.ImageConfig{Env: []string{"PATH=/bin"}, Cmd: cmd, WorkingDir: "/", Volumes: volumes},
-		RootFS:   ocispec.RootFS{Type: "layers", DiffIDs: []digestT{digestT("sha256:" + hex.EncodeToString(diffID.Sum(nil)))}},
+		Config: ocispec.ImageConfig{Env: []string{"PATH=/bin"}, Entrypoint: spec.Entrypoint, Cmd: cmd, User: spec.User,
+			WorkingDir: "/", Volumes: volumes},
+		RootFS: ocispec.RootFS{Type: "layers", DiffIDs: []digestT{digestT("sha256:" + hex.EncodeToString(diffID.Sum(nil)))}},
 	})
 	if err != nil {
 		return err

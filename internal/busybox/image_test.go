@@ -134,3 +134,16 @@ func TestWriteUnchanged(t *testing.T) {
 		t.Errorf("volumes = %v, want none", cfg.Config.Volumes)
 	}
 }
+
+func TestWriteSpecEntrypointUser(t *testing.T) {
+	var b bytes.Buffer
+	err := WriteSpec(&b, Spec{Name: "x.local/prog:1", Bare: true, Entrypoint: []string{"/prog"}, Cmd: []string{"--flag"}, User: "65532:65532",
+		Files: []File{{Path: "prog", Mode: 0o755, Content: "ELF"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _, cfg := readImage(t, b.Bytes())
+	if strings.Join(cfg.Config.Entrypoint, " ") != "/prog" || strings.Join(cfg.Config.Cmd, " ") != "--flag" || cfg.Config.User != "65532:65532" {
+		t.Fatalf("config = %+v, want entrypoint /prog, cmd --flag, user 65532:65532", cfg.Config)
+	}
+}

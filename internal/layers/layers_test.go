@@ -5,6 +5,7 @@ package layers
 import (
 	"go/build"
 	"os"
+	"os/exec"
 	"path"
 	"path/filepath"
 	"slices"
@@ -21,7 +22,7 @@ var order = [][]string{
 	// helpers with one job each
 	{"internal/..."},
 	// leaves: no cryo imports beyond internal/
-	{"fingerprint", "network", "pagefs", "vmm/qmp", "agent/api/v1", "agent/session", "shim/api/v1"},
+	{"fingerprint", "network", "pagefs", "vmm/qmp", "agent/api/v1", "agent/session", "shim/api/v1", "api/v1alpha1"},
 	// the stores, the VMM driver, the guest agent
 	{"stores", "vmm", "agent", "agent/guest", "vmm/qmp/qmptest"},
 	// the node's verified blobs and materialized snapshots
@@ -35,8 +36,8 @@ var order = [][]string{
 	{"sandbox/servedram"},
 	// what a pod asks for, checked against the node's config
 	{"annotations"},
-	// one pod's VM
-	{"sandbox"},
+	// one pod's VM; the cluster's controller (a wing of its own)
+	{"sandbox", "controller"},
 	// containerd's side
 	{"shim"},
 	{"shim/plugin", "stack"},
@@ -51,7 +52,26 @@ var order = [][]string{
 // fingerprint package is what they share).
 var apart = [][2][]string{
 	{{"stores/...", "nodecache", "snapshot/..."}, {"vmm/..."}},
+	{clusterSide, {"shim/...", "sandbox/...", "vmm/...", "agent/...", "pagefs", "network", "nodecache", "configs"}},
 }
+
+// clusterSide is the wing that talks to the Kubernetes API. It may import
+// only clusterMay of cryo's packages: what it needs to read and tag
+// snapshots in a store, never the VM or the shim.
+var (
+	clusterSide = []string{"api/...", "controller/...", "cmd/cryo-controller"}
+	clusterMay  = []string{"api/...", "controller/...", "stores", "snapshot", "annotations", "internal/..."}
+)
+
+// kubernetesAllowed are the packages that may import Kubernetes client
+// libraries (k8s.io/..., sigs.k8s.io/...): the cluster side and the test
+// cluster's tooling. The node side (everything else, above all the shim)
+// never does, so its binaries do not grow by the client libraries.
+var kubernetesAllowed = append([]string{"stack", "integration/...", "bench", "hack/..."}, clusterSide...)
+
+// nodeCommands are the node's binaries, checked through their whole
+// dependency graph (go list -deps), module dependencies included.
+var nodeCommands = []string{"cmd/containerd-shim-cryo-v2", "cmd/cryoctl", "cmd/cryo-agent"}
 
 // testOnly are packages that exist for tests; no command imports them.
 var testOnly = []string{"stores/storetest", "vmm/qmp/qmptest", "integration/..."}
@@ -107,6 +127,60 @@ func TestCommandsImportNoTestCode(t *testing.T) {
 	}
 }
 
+func TestClusterSideImportsOnlyStoresAndSnapshot(t *testing.T) {
+	imports := readImports(t)
+	for pkg, deps := range imports {
+		if !matches(pkg, clusterSide) {
+			continue
+		}
+		for _, dep := range deps {
+			if !matches(dep, clusterMay) {
+				t.Errorf("%s imports %s: the cluster side imports only %v of cryo", pkg, dep, clusterMay)
+			}
+		}
+	}
+}
+
+func TestNodeSideImportsNoKubernetes(t *testing.T) {
+	all := readAllImports(t)
+	if !slices.ContainsFunc(all["controller"], isKubernetes) {
+		t.Fatalf("controller imports %v: no Kubernetes package, the guard reads the wrong imports", all["controller"])
+	}
+	for pkg, deps := range all {
+		if matches(pkg, kubernetesAllowed) {
+			continue
+		}
+		for _, dep := range deps {
+			if isKubernetes(dep) {
+				t.Errorf("%s imports %s: only %v may import Kubernetes libraries", pkg, dep, kubernetesAllowed)
+			}
+		}
+	}
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cmd := range nodeCommands {
+		for _, tags := range []string{"", "integration"} {
+			c := exec.Command("go", "list", "-deps", "-tags", tags, "./"+cmd)
+			c.Dir = root
+			out, err := c.Output()
+			if err != nil {
+				t.Fatalf("go list -deps ./%s: %v", cmd, err)
+			}
+			for _, dep := range strings.Fields(string(out)) {
+				if isKubernetes(dep) {
+					t.Errorf("%s depends on %s (go list -deps -tags %q): the node's binaries link no Kubernetes library", cmd, dep, tags)
+				}
+			}
+		}
+	}
+}
+
+func isKubernetes(importPath string) bool {
+	return strings.HasPrefix(importPath, "k8s.io/") || strings.HasPrefix(importPath, "sigs.k8s.io/")
+}
+
 // TestGuardSeesAViolation: the guard reads real imports (it would pass
 // vacuously on an empty graph).
 func TestGuardSeesAViolation(t *testing.T) {
@@ -123,6 +197,25 @@ func TestGuardSeesAViolation(t *testing.T) {
 // to the module), the module's packages its non-test files import, with
 // and without the integration build tag.
 func readImports(t *testing.T) map[string][]string {
+	t.Helper()
+	all := readAllImports(t)
+	imports := map[string][]string{}
+	for pkg, deps := range all {
+		own := []string{}
+		for _, imp := range deps {
+			if rel, in := strings.CutPrefix(imp, module+"/"); in && !slices.Contains(own, rel) {
+				own = append(own, rel)
+			}
+		}
+		imports[pkg] = own
+	}
+	return imports
+}
+
+// readAllImports returns, for every package of the module (by path
+// relative to the module), every import path its non-test files import,
+// with and without the integration build tag.
+func readAllImports(t *testing.T) map[string][]string {
 	t.Helper()
 	root, err := filepath.Abs("../..")
 	if err != nil {
@@ -165,8 +258,8 @@ func readImports(t *testing.T) map[string][]string {
 	return imports
 }
 
-// dirImports are the module packages the non-test files in dir import;
-// ok is false when dir holds no package.
+// dirImports are the import paths the non-test files in dir import; ok
+// is false when dir holds no package.
 func dirImports(dir string) (deps []string, ok bool, err error) {
 	for _, tags := range [][]string{nil, {"integration"}} {
 		ctxt := build.Default
@@ -180,8 +273,8 @@ func dirImports(dir string) (deps []string, ok bool, err error) {
 		}
 		ok = ok || len(pkg.GoFiles)+len(pkg.CgoFiles) > 0
 		for _, imp := range pkg.Imports {
-			if rel, in := strings.CutPrefix(imp, module+"/"); in && !slices.Contains(deps, rel) {
-				deps = append(deps, rel)
+			if !slices.Contains(deps, imp) {
+				deps = append(deps, imp)
 			}
 		}
 	}

@@ -1,0 +1,182 @@
+// Command cryo-controller runs the cluster side of cryo as a Deployment:
+// the Checkpoint reconciler, which checkpoints pods through the API
+// server's node proxy and records the snapshots it finds in the store, and
+// the pod mutating webhook (restore by Checkpoint name, default checkpoint
+// target). See docs/controller.md.
+//
+// It logs through controller-runtime's zap logger (logr), the convention of
+// Kubernetes controllers, not through containerd's log package that the
+// node's binaries use: this binary never runs inside containerd.
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"flag"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
+
+	cryov1 "github.com/cryo-runtime/cryo/api/v1alpha1"
+	"github.com/cryo-runtime/cryo/controller"
+	"github.com/cryo-runtime/cryo/stores"
+)
+
+type flags struct {
+	defaultStore   string
+	runtimeClasses string
+	namespace      string
+	webhookPort    int
+	probeAddr      string
+	metricsAddr    string
+	leaderElect    bool
+	deadline       time.Duration
+	certDir        string
+}
+
+func main() {
+	var f flags
+	flag.StringVar(&f.defaultStore, "default-store", os.Getenv("CRYO_DEFAULT_STORE"), "store base URL of the namespaces' checkpoint repositories, <base>/<namespace> (env CRYO_DEFAULT_STORE); empty: pods get no default cryo.dev/checkpoint-to")
+	flag.StringVar(&f.runtimeClasses, "runtime-classes", "cryo", "comma-separated RuntimeClass names that run pods on cryo")
+	flag.StringVar(&f.namespace, "namespace", os.Getenv("POD_NAMESPACE"), "the controller's namespace, home of the webhook Secret and the leader lease (env POD_NAMESPACE)")
+	flag.IntVar(&f.webhookPort, "webhook-port", 9443, "port of the mutating webhook (HTTPS)")
+	flag.StringVar(&f.probeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz")
+	flag.StringVar(&f.metricsAddr, "metrics-bind-address", "0", "address of the metrics endpoint, 0 to disable")
+	flag.BoolVar(&f.leaderElect, "leader-elect", false, "elect a leader among replicas (a Lease in --namespace) before reconciling")
+	flag.DurationVar(&f.deadline, "checkpoint-deadline", controller.DefaultDeadline, "a Checkpoint not done this long after it started fails with reason Timeout")
+	flag.StringVar(&f.certDir, "cert-dir", filepath.Join(os.TempDir(), "cryo-controller-certs"), "where the webhook's certificate is written")
+	zopts := zap.Options{}
+	zopts.BindFlags(flag.CommandLine)
+	flag.Parse()
+	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zopts)))
+	if err := run(ctrl.SetupSignalHandler(), nil, f); err != nil {
+		ctrl.Log.Error(err, "cryo-controller failed")
+		os.Exit(1)
+	}
+}
+
+// run runs the controller until ctx ends; cfg nil means the in-cluster
+// config or --kubeconfig.
+func run(ctx context.Context, cfg *rest.Config, f flags) error {
+	if f.namespace == "" {
+		return errors.New("--namespace (or env POD_NAMESPACE) is required")
+	}
+	classes := splitList(f.runtimeClasses)
+	if len(classes) == 0 {
+		return errors.New("--runtime-classes names no RuntimeClass")
+	}
+	if f.defaultStore != "" {
+		if err := controller.CheckStoreBase(f.defaultStore); err != nil {
+			return fmt.Errorf("--default-store: %w", err)
+		}
+	}
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return err
+	}
+	if err := cryov1.AddToScheme(scheme); err != nil {
+		return err
+	}
+	if cfg == nil {
+		var err error
+		if cfg, err = ctrl.GetConfig(); err != nil {
+			return fmt.Errorf("kubernetes client config: %w", err)
+		}
+	}
+	certs := &controller.CertSync{
+		Secret:  types.NamespacedName{Namespace: f.namespace, Name: controller.CertSecretName},
+		CertDir: f.certDir,
+	}
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                  scheme,
+		Metrics:                 metricsserver.Options{BindAddress: f.metricsAddr},
+		HealthProbeBindAddress:  f.probeAddr,
+		LeaderElection:          f.leaderElect,
+		LeaderElectionID:        "cryo-controller.cryo.dev",
+		LeaderElectionNamespace: f.namespace,
+		// A replaced pod hands over at once instead of after the lease's
+		// 15 seconds (the process exits right after the manager stops).
+		LeaderElectionReleaseOnCancel: true,
+		WebhookServer: webhook.NewServer(webhook.Options{
+			Port:    f.webhookPort,
+			CertDir: f.certDir,
+			TLSOpts: []func(*tls.Config){func(c *tls.Config) { c.GetCertificate = certs.GetCertificate }},
+		}),
+	})
+	if err != nil {
+		return fmt.Errorf("manager: %w", err)
+	}
+	certs.Reader = mgr.GetAPIReader()
+	if err := mgr.Add(certs); err != nil {
+		return err
+	}
+	caInjected := make(chan struct{})
+	if err := controller.AddCertRotator(mgr, f.namespace, f.certDir, caInjected); err != nil {
+		return fmt.Errorf("certificate rotator: %w", err)
+	}
+	cs, err := kubernetes.NewForConfig(mgr.GetConfig())
+	if err != nil {
+		return err
+	}
+	r := &controller.Reconciler{
+		Client:         mgr.GetClient(),
+		Recorder:       mgr.GetEventRecorder("cryo-controller"),
+		Kubelet:        controller.NodeProxyKubelet{REST: cs.CoreV1().RESTClient()},
+		Open:           controller.StoreOpener(stores.Options{}),
+		RuntimeClasses: classes,
+		Deadline:       f.deadline,
+	}
+	if err := r.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("reconciler: %w", err)
+	}
+	mgr.GetWebhookServer().Register(controller.WebhookPath, &webhook.Admission{Handler: &controller.PodMutator{
+		Reader:         mgr.GetAPIReader(),
+		DefaultStore:   f.defaultStore,
+		RuntimeClasses: classes,
+	}})
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return err
+	}
+	// Ready once the webhook serves its certificate and the API server
+	// holds the CA that verifies it: from then on the webhook answers.
+	if err := mgr.AddReadyzCheck("webhook-certificate", func(*http.Request) error { return certs.Ready() }); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("webhook-ca-injected", func(*http.Request) error {
+		select {
+		case <-caInjected:
+			return nil
+		default:
+			return errors.New("CA not yet in the MutatingWebhookConfiguration " + controller.WebhookConfigName)
+		}
+	}); err != nil {
+		return err
+	}
+	ctrl.Log.Info("starting", "defaultStore", f.defaultStore, "runtimeClasses", classes, "namespace", f.namespace, "deadline", f.deadline)
+	return mgr.Start(ctx)
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}

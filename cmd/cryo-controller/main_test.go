@@ -1,0 +1,34 @@
+package main
+
+import (
+	"context"
+	"strings"
+	"testing"
+)
+
+// TestRunRefusesBadFlags: a misconfigured controller stops before it
+// touches the cluster, naming the flag.
+func TestRunRefusesBadFlags(t *testing.T) {
+	good := flags{namespace: "cryo-system", runtimeClasses: "cryo", defaultStore: "s3://snapshots/cryo"}
+	for _, tc := range []struct {
+		name    string
+		mutate  func(*flags)
+		wantErr string
+	}{
+		{"no namespace", func(f *flags) { f.namespace = "" }, "--namespace"},
+		{"no runtime class", func(f *flags) { f.runtimeClasses = " , " }, "--runtime-classes"},
+		{"store with a tag", func(f *flags) { f.defaultStore = "s3://snapshots/cryo:v1" }, "--default-store"},
+		{"store not a url", func(f *flags) { f.defaultStore = "/var/lib/cryo" }, "--default-store"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := good
+			tc.mutate(&f)
+			if err := run(context.Background(), nil, f); err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Fatalf("run = %v, want an error naming %s", err, tc.wantErr)
+			}
+		})
+	}
+	if got := splitList(" cryo, cryo-gpu ,,"); len(got) != 2 || got[0] != "cryo" || got[1] != "cryo-gpu" {
+		t.Errorf("splitList = %q", got)
+	}
+}

@@ -1,0 +1,195 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	"sigs.k8s.io/yaml"
+
+	cryov1 "github.com/cryo-runtime/cryo/api/v1alpha1"
+	"github.com/cryo-runtime/cryo/controller"
+)
+
+// TestControllerWiring runs the controller as main does against a real
+// kube-apiserver and etcd (envtest; KUBEBUILDER_ASSETS, default
+// /var/cache/cryo/tools/bin from make deps) with the packaged CRD and
+// webhook configuration: it becomes ready (certificate made and served, CA
+// injected), its webhook answers, and its reconciler refuses a Checkpoint
+// of a missing pod.
+func TestControllerWiring(t *testing.T) {
+	assets := os.Getenv("KUBEBUILDER_ASSETS")
+	if assets == "" {
+		assets = "/var/cache/cryo/tools/bin"
+	}
+	for _, bin := range []string{"kube-apiserver", "etcd"} {
+		if _, err := os.Stat(filepath.Join(assets, bin)); err != nil {
+			t.Fatalf("%s not found in %s (KUBEBUILDER_ASSETS): run make deps: %v", bin, assets, err)
+		}
+	}
+	pkg := filepath.Join("..", "..", "packaging", "kubernetes", "controller")
+	env := &envtest.Environment{BinaryAssetsDirectory: assets, CRDDirectoryPaths: []string{filepath.Join(pkg, "crd.yaml")}, ErrorIfCRDPathMissing: true}
+	cfg, err := env.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Stop() })
+	scheme := runtime.NewScheme()
+	_ = clientgoscheme.AddToScheme(scheme)
+	_ = cryov1.AddToScheme(scheme)
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, o := range []client.Object{
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "cryo-system"}},
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "team-a"}},
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "cryo-system", Name: controller.CertSecretName}},
+		packagedWebhook(t, filepath.Join(pkg, "webhook.yaml")),
+	} {
+		if err := c.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	probes, hook := freePort(t), freePort(t)
+	f := flags{defaultStore: "s3://snapshots/cryo", runtimeClasses: "cryo", namespace: "cryo-system", webhookPort: hook,
+		probeAddr: fmt.Sprintf("127.0.0.1:%d", probes), metricsAddr: "0", leaderElect: true, deadline: time.Minute, certDir: t.TempDir()}
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- run(rctx, cfg, f) }()
+	t.Cleanup(func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("run: %v", err)
+		}
+	})
+
+	waitReady(t, fmt.Sprintf("http://127.0.0.1:%d/readyz", probes), done)
+	var mwc admissionregistrationv1.MutatingWebhookConfiguration
+	if err := c.Get(ctx, types.NamespacedName{Name: controller.WebhookConfigName}, &mwc); err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range mwc.Webhooks {
+		if len(w.ClientConfig.CABundle) == 0 {
+			t.Errorf("webhook %s: no caBundle once ready", w.Name)
+		}
+	}
+	if patch := admit(t, hook); !strings.Contains(patch, `"cryo.dev/checkpoint-to":"s3://snapshots/cryo/team-a:pod-web"`) {
+		t.Errorf("webhook patch %s", patch)
+	}
+
+	cp := &cryov1.Checkpoint{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "c1"}, Spec: cryov1.CheckpointSpec{PodName: "ghost"}}
+	if err := c.Create(ctx, cp); err != nil {
+		t.Fatal(err)
+	}
+	for end := time.Now().Add(30 * time.Second); cp.Status.Phase != cryov1.PhaseFailed; time.Sleep(100 * time.Millisecond) {
+		if err := c.Get(ctx, client.ObjectKeyFromObject(cp), cp); err != nil {
+			t.Fatal(err)
+		}
+		if time.Now().After(end) {
+			t.Fatalf("Checkpoint of a missing pod: %+v", cp.Status)
+		}
+	}
+	if cp.Status.Reason != cryov1.ReasonPodNotFound {
+		t.Errorf("reason %s: %s", cp.Status.Reason, cp.Status.Message)
+	}
+}
+
+func packagedWebhook(t *testing.T, path string) *admissionregistrationv1.MutatingWebhookConfiguration {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mwc admissionregistrationv1.MutatingWebhookConfiguration
+	if err := yaml.UnmarshalStrict(b, &mwc); err != nil {
+		t.Fatal(err)
+	}
+	return &mwc
+}
+
+// admit sends the webhook an admission review of a new cryo pod web in
+// team-a and returns the JSON patch it answers.
+func admit(t *testing.T, port int) string {
+	t.Helper()
+	cryo := "cryo"
+	raw, err := json.Marshal(corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "web"}, Spec: corev1.PodSpec{RuntimeClassName: &cryo}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	review := admissionv1.AdmissionReview{
+		TypeMeta: metav1.TypeMeta{APIVersion: "admission.k8s.io/v1", Kind: "AdmissionReview"},
+		Request: &admissionv1.AdmissionRequest{UID: "1", Namespace: "team-a", Operation: admissionv1.Create,
+			Kind: metav1.GroupVersionKind{Version: "v1", Kind: "Pod"}, Object: runtime.RawExtension{Raw: raw}},
+	}
+	body, err := json.Marshal(review)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The API server checks the certificate against the caBundle; this
+	// test checks what the webhook says.
+	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	resp, err := hc.Post(fmt.Sprintf("https://127.0.0.1:%d%s", port, controller.WebhookPath), "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(&review); err != nil || review.Response == nil || !review.Response.Allowed {
+		t.Fatalf("webhook answer %d: %v %+v", resp.StatusCode, err, review.Response)
+	}
+	return string(review.Response.Patch)
+}
+
+func waitReady(t *testing.T, url string, done <-chan error) {
+	t.Helper()
+	var last string
+	for end := time.Now().Add(60 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		select {
+		case err := <-done:
+			t.Fatalf("controller stopped: %v", err)
+		default:
+		}
+		if resp, err := http.Get(url); err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+			last = string(b)
+		}
+		if time.Now().After(end) {
+			t.Fatalf("not ready after 60s: %s", last)
+		}
+	}
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}

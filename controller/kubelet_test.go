@@ -1,0 +1,53 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+)
+
+// TestNodeProxyKubelet: the request the API server's node proxy gets, and
+// how its answers are classified.
+func TestNodeProxyKubelet(t *testing.T) {
+	var method, path, timeout string
+	status := http.StatusOK
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		method, path, timeout = r.Method, r.URL.Path, r.URL.Query().Get("timeout")
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		_, _ = w.Write([]byte(`{"items":["/var/lib/kubelet/checkpoints/checkpoint-web.tar"]}`))
+	}))
+	defer srv.Close()
+	cs, err := kubernetes.NewForConfig(&rest.Config{Host: srv.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := NodeProxyKubelet{REST: cs.CoreV1().RESTClient()}
+	ctx := context.Background()
+	if err := k.Checkpoint(ctx, "node-1", "team-a", "web", "app", 90*time.Second+time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if method != http.MethodPost || path != "/api/v1/nodes/node-1/proxy/checkpoint/team-a/web/app" || timeout != "91" {
+		t.Errorf("request %s %s timeout=%s", method, path, timeout)
+	}
+	for code, transient := range map[int]bool{500: false, 502: true, 503: true, 504: true, 429: true, 404: false, 403: false} {
+		status = code
+		err := k.Checkpoint(ctx, "node-1", "team-a", "web", "app", time.Second)
+		var kerr *KubeletError
+		if !errors.As(err, &kerr) || kerr.StatusCode != code || kerr.Transient() != transient {
+			t.Errorf("HTTP %d: %v (%+v), want transient=%v", code, err, kerr, transient)
+		}
+	}
+	srv.Close()
+	err = k.Checkpoint(ctx, "node-1", "team-a", "web", "app", time.Second)
+	var kerr *KubeletError
+	if !errors.As(err, &kerr) || kerr.StatusCode != 0 || !kerr.Transient() {
+		t.Errorf("API server gone: %v, want a transient error without a status", err)
+	}
+}

@@ -1,0 +1,687 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/containerd/errdefs"
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	nodev1 "k8s.io/api/node/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	cryov1 "github.com/cryo-runtime/cryo/api/v1alpha1"
+	"github.com/cryo-runtime/cryo/snapshot"
+	"github.com/cryo-runtime/cryo/stores"
+)
+
+// The reconciler runs against a real kube-apiserver and etcd (envtest),
+// started once for the package; only the kubelet is faked, by a writer of
+// real snapshots into a file:// store.
+
+var (
+	envOnce sync.Once
+	envCfg  *rest.Config
+	envErr  error
+	env     *envtest.Environment
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if env != nil {
+		if err := env.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "stop envtest:", err)
+		}
+	}
+	os.Exit(code)
+}
+
+// apiServer starts (once) kube-apiserver and etcd from KUBEBUILDER_ASSETS
+// (default /var/cache/cryo/tools/bin, where make deps installs them) and
+// returns a client of it with the CRD installed and the RuntimeClasses
+// cryo and runc.
+func apiServer(t *testing.T) client.Client {
+	t.Helper()
+	envOnce.Do(func() {
+		assets := os.Getenv("KUBEBUILDER_ASSETS")
+		if assets == "" {
+			assets = "/var/cache/cryo/tools/bin"
+		}
+		for _, bin := range []string{"kube-apiserver", "etcd"} {
+			if _, err := os.Stat(filepath.Join(assets, bin)); err != nil {
+				envErr = fmt.Errorf("%s not found in %s (KUBEBUILDER_ASSETS): run make deps: %w", bin, assets, err)
+				return
+			}
+		}
+		env = &envtest.Environment{
+			BinaryAssetsDirectory: assets,
+			CRDDirectoryPaths:     []string{filepath.Join("..", "packaging", "kubernetes", "controller", "crd.yaml")},
+			ErrorIfCRDPathMissing: true,
+		}
+		envCfg, envErr = env.Start()
+		if envErr != nil {
+			return
+		}
+		c, err := client.New(envCfg, client.Options{Scheme: testScheme(t)})
+		if err != nil {
+			envErr = err
+			return
+		}
+		for _, name := range []string{"cryo", "runc"} {
+			rc := &nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: name}, Handler: name}
+			if err := c.Create(context.Background(), rc); err != nil {
+				envErr = err
+				return
+			}
+		}
+	})
+	if envErr != nil {
+		t.Fatalf("envtest: %v", envErr)
+	}
+	c, err := client.New(envCfg, client.Options{Scheme: testScheme(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// fakeKubelet "checkpoints" a pod by writing a real snapshot of it to the
+// pod's checkpoint target, as the shim does.
+type fakeKubelet struct {
+	c     client.Client
+	calls atomic.Int32
+	// podUID, when set, is written as the snapshot's source pod UID
+	// instead of the pod's own.
+	podUID string
+	// fail, when set, answers the call (called with the call's number,
+	// from 1) before anything is written.
+	fail func(ctx context.Context, n int32) error
+	// block, when set, is waited on after the snapshot is written.
+	block chan struct{}
+	// answer, when set, is the answer after the snapshot is written.
+	answer error
+
+	mu               sync.Mutex
+	inFlight, maxIn  int
+	node, pod, cname string
+}
+
+func (k *fakeKubelet) Checkpoint(ctx context.Context, node, namespace, podName, container string, timeout time.Duration) error {
+	n := k.calls.Add(1)
+	k.mu.Lock()
+	k.inFlight++
+	k.maxIn = max(k.maxIn, k.inFlight)
+	k.node, k.pod, k.cname = node, namespace+"/"+podName, container
+	k.mu.Unlock()
+	defer func() {
+		k.mu.Lock()
+		k.inFlight--
+		k.mu.Unlock()
+	}()
+	if k.fail != nil {
+		if err := k.fail(ctx, n); err != nil {
+			return err
+		}
+	}
+	var pod corev1.Pod
+	if err := k.c.Get(ctx, types.NamespacedName{Namespace: namespace, Name: podName}, &pod); err != nil {
+		return &KubeletError{StatusCode: 404, Err: err}
+	}
+	uid := string(pod.UID)
+	if k.podUID != "" {
+		uid = k.podUID
+	}
+	if _, err := writeSnapshot(ctx, pod.Annotations[AnnotationCheckpointTo], uid, int(n)); err != nil {
+		return &KubeletError{StatusCode: 500, Err: err}
+	}
+	if k.block != nil {
+		select {
+		case <-k.block:
+		case <-ctx.Done():
+			return &KubeletError{Err: ctx.Err()}
+		}
+	}
+	return k.answer
+}
+
+// writeSnapshot publishes a small snapshot of pod uid to target, with the
+// metadata annotations the shim writes.
+func writeSnapshot(ctx context.Context, target, podUID string, gen int) (string, error) {
+	store, tag, err := stores.Open(ctx, target, stores.Options{})
+	if err != nil {
+		return "", err
+	}
+	ram := make([]byte, 256<<10)
+	for i := range ram {
+		ram[i] = byte(i*7 + gen)
+	}
+	src := &snapshot.Source{
+		Metadata: snapshot.Metadata{Source: snapshot.SourceInfo{PodUID: podUID}},
+		Files: []snapshot.SourceFile{snapshot.BytesSourceFile(snapshot.FileRAM, ram),
+			snapshot.BytesSourceFile(snapshot.FileDevState, []byte(fmt.Sprintf("device state %d", gen)))},
+	}
+	desc, _, err := snapshot.Write(ctx, store, tag, src, snapshot.WriteOptions{Workers: 1, Uploads: 1,
+		Annotations: map[string]string{AnnotationUploadedBytes: "4242", AnnotationPauseWindow: "150ms"}})
+	return desc.Digest.String(), err
+}
+
+// cluster is one test's namespace, store and running controller.
+type cluster struct {
+	t        *testing.T
+	c        client.Client
+	ns       string
+	storeDir string
+	kubelet  *fakeKubelet
+	stop     func()
+}
+
+type clusterOpts struct {
+	deadline time.Duration
+}
+
+func newCluster(t *testing.T, k *fakeKubelet, o clusterOpts) *cluster {
+	t.Helper()
+	c := apiServer(t)
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "ckpt-"}}
+	if err := c.Create(context.Background(), ns); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Delete(context.Background(), ns) })
+	k.c = c
+	cl := &cluster{t: t, c: c, ns: ns.Name, storeDir: t.TempDir(), kubelet: k}
+	cl.start(k, o)
+	return cl
+}
+
+// start runs a controller (a manager with the reconciler) until stop.
+func (cl *cluster) start(k Kubelet, o clusterOpts) {
+	t := cl.t
+	t.Helper()
+	mgr, err := ctrl.NewManager(envCfg, ctrl.Options{
+		Scheme:                 testScheme(t),
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+		Logger:                 log.Log,
+		// Only this test's namespace: Checkpoints that earlier tests
+		// left behind (envtest runs no namespace controller) are not
+		// this controller's.
+		Cache: cache.Options{DefaultNamespaces: map[string]cache.Config{cl.ns: {}}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &Reconciler{
+		Client:             mgr.GetClient(),
+		Recorder:           mgr.GetEventRecorder("cryo-controller"),
+		Kubelet:            k,
+		Open:               StoreOpener(stores.Options{}),
+		RuntimeClasses:     []string{"cryo"},
+		Deadline:           o.deadline,
+		RetryBase:          100 * time.Millisecond,
+		skipNameValidation: true,
+	}
+	if err := r.SetupWithManager(mgr); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	var once sync.Once
+	cl.stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("manager: %v", err)
+			}
+		})
+	}
+	t.Cleanup(cl.stop)
+}
+
+func (cl *cluster) target(pod string) string {
+	return "file://" + filepath.Join(cl.storeDir, cl.ns) + ":pod-" + pod
+}
+
+// pod creates a Running pod on node-1 (there is no kubelet: the status is
+// written directly).
+func (cl *cluster) pod(name string, mutate func(*corev1.Pod)) *corev1.Pod {
+	cl.t.Helper()
+	cryo := "cryo"
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: cl.ns, Name: name, Annotations: map[string]string{AnnotationCheckpointTo: cl.target(name)}},
+		Spec: corev1.PodSpec{RuntimeClassName: &cryo, NodeName: "node-1",
+			Containers: []corev1.Container{{Name: "app", Image: "busybox"}, {Name: "side", Image: "busybox"}}},
+	}
+	phase := corev1.PodRunning
+	if mutate != nil {
+		mutate(p)
+	}
+	if p.Status.Phase != "" {
+		phase = p.Status.Phase
+	}
+	if err := cl.c.Create(context.Background(), p); err != nil {
+		cl.t.Fatal(err)
+	}
+	p.Status.Phase = phase
+	if err := cl.c.Status().Update(context.Background(), p); err != nil {
+		cl.t.Fatal(err)
+	}
+	return p
+}
+
+func (cl *cluster) checkpoint(name, pod string, mutate func(*cryov1.Checkpoint)) *cryov1.Checkpoint {
+	cl.t.Helper()
+	cp := &cryov1.Checkpoint{ObjectMeta: metav1.ObjectMeta{Namespace: cl.ns, Name: name}, Spec: cryov1.CheckpointSpec{PodName: pod}}
+	if mutate != nil {
+		mutate(cp)
+	}
+	if err := cl.c.Create(context.Background(), cp); err != nil {
+		cl.t.Fatal(err)
+	}
+	return cp
+}
+
+// wait polls the Checkpoint until cond holds (nil Checkpoint: it is gone).
+func (cl *cluster) wait(name, what string, cond func(*cryov1.Checkpoint) bool) *cryov1.Checkpoint {
+	cl.t.Helper()
+	var cp *cryov1.Checkpoint
+	end := time.Now().Add(30 * time.Second)
+	for {
+		cp = &cryov1.Checkpoint{}
+		err := cl.c.Get(context.Background(), types.NamespacedName{Namespace: cl.ns, Name: name}, cp)
+		if apierrors.IsNotFound(err) {
+			cp = nil
+		} else if err != nil {
+			cl.t.Fatal(err)
+		}
+		if cond(cp) {
+			return cp
+		}
+		if time.Now().After(end) {
+			cl.t.Fatalf("Checkpoint %s: not %s after 30s: %+v", name, what, cp)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func (cl *cluster) waitPhase(name string, phase cryov1.Phase) *cryov1.Checkpoint {
+	cl.t.Helper()
+	return cl.wait(name, string(phase), func(cp *cryov1.Checkpoint) bool { return cp != nil && cp.Status.Phase == phase })
+}
+
+// tags are the tags of the namespace's repository in the store.
+func (cl *cluster) tags() []string {
+	cl.t.Helper()
+	store, _, err := stores.Open(context.Background(), "file://"+filepath.Join(cl.storeDir, cl.ns), stores.Options{})
+	if err != nil {
+		cl.t.Fatal(err)
+	}
+	tags, err := store.Tags(context.Background())
+	if err != nil && !errdefs.IsNotFound(err) {
+		cl.t.Fatal(err)
+	}
+	return tags
+}
+
+func (cl *cluster) resolve(tag string) string {
+	cl.t.Helper()
+	store, _, err := stores.Open(context.Background(), "file://"+filepath.Join(cl.storeDir, cl.ns), stores.Options{})
+	if err != nil {
+		cl.t.Fatal(err)
+	}
+	d, err := store.Resolve(context.Background(), tag)
+	if err != nil {
+		cl.t.Fatalf("resolve %s: %v", tag, err)
+	}
+	return d.Digest.String()
+}
+
+// hasEvent says whether an event with reason was recorded about the
+// Checkpoint.
+func (cl *cluster) hasEvent(cp *cryov1.Checkpoint, reason string) bool {
+	cl.t.Helper()
+	end := time.Now().Add(10 * time.Second)
+	for time.Now().Before(end) {
+		var list eventsv1.EventList
+		if err := cl.c.List(context.Background(), &list, client.InNamespace(cl.ns)); err != nil {
+			cl.t.Fatal(err)
+		}
+		for _, e := range list.Items {
+			if e.Regarding.UID == cp.UID && e.Reason == reason {
+				return true
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return false
+}
+
+func condition(cp *cryov1.Checkpoint, t string) metav1.ConditionStatus {
+	if c := meta.FindStatusCondition(cp.Status.Conditions, t); c != nil {
+		return c.Status
+	}
+	return "absent"
+}
+
+func TestCheckpointSucceeds(t *testing.T) {
+	k := &fakeKubelet{}
+	cl := newCluster(t, k, clusterOpts{})
+	pod := cl.pod("web", nil)
+	cl.checkpoint("c1", "web", nil)
+	cp := cl.waitPhase("c1", cryov1.PhaseSucceeded)
+
+	tag := "cp-" + string(cp.UID)
+	digest := cl.resolve(tag)
+	repo := "file://" + filepath.Join(cl.storeDir, cl.ns)
+	if cp.Status.Snapshot != repo+"@"+digest || digest != cl.resolve("pod-web") {
+		t.Errorf("status.snapshot %q; store: %s names %s, pod-web %s", cp.Status.Snapshot, tag, digest, cl.resolve("pod-web"))
+	}
+	st := cp.Status
+	if st.Node != "node-1" || st.PodUID != string(pod.UID) || st.StoredBytes <= 0 || st.UploadedBytes != 4242 || st.PauseWindow != "150ms" ||
+		st.StartTime == nil || st.CompletionTime == nil || st.ExpireTime != nil || st.Reason != "" {
+		t.Errorf("status %+v", st)
+	}
+	if condition(cp, cryov1.ConditionArchived) != metav1.ConditionTrue || condition(cp, cryov1.ConditionReady) != metav1.ConditionTrue ||
+		condition(cp, cryov1.ConditionProgressing) != metav1.ConditionFalse {
+		t.Errorf("conditions %+v", cp.Status.Conditions)
+	}
+	if !slicesContain(cp.Finalizers, Finalizer) {
+		t.Errorf("finalizers %v, want %s", cp.Finalizers, Finalizer)
+	}
+	if n := k.calls.Load(); n != 1 || k.node != "node-1" || k.pod != cl.ns+"/web" || k.cname != "app" {
+		t.Errorf("kubelet: %d calls, last node %s pod %s container %s; want one for node-1 %s/web app", n, k.node, cl.ns, k.pod, k.cname)
+	}
+	if !cl.hasEvent(cp, "Succeeded") {
+		t.Error("no Succeeded event")
+	}
+	var p corev1.Pod
+	if err := cl.c.Get(context.Background(), client.ObjectKeyFromObject(pod), &p); err != nil || !p.DeletionTimestamp.IsZero() {
+		t.Errorf("pod after keepRunning (default true): %v, deletion %v", err, p.DeletionTimestamp)
+	}
+}
+
+func slicesContain(s []string, v string) bool {
+	for _, x := range s {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}
+
+func TestCheckpointHibernateDeletesPod(t *testing.T) {
+	cl := newCluster(t, &fakeKubelet{}, clusterOpts{})
+	pod := cl.pod("sleeper", nil)
+	no := false
+	cl.checkpoint("c1", "sleeper", func(c *cryov1.Checkpoint) { c.Spec.KeepRunning = &no; c.Spec.ContainerName = "side" })
+	cp := cl.waitPhase("c1", cryov1.PhaseSucceeded)
+	if cp.Status.Snapshot == "" || cl.kubelet.cname != "side" {
+		t.Fatalf("status %+v, container asked %q", cp.Status, cl.kubelet.cname)
+	}
+	// Without a kubelet the API server keeps a bound pod, marked for
+	// deletion, until its grace period is confirmed.
+	var p corev1.Pod
+	err := cl.c.Get(context.Background(), client.ObjectKeyFromObject(pod), &p)
+	if err == nil && p.DeletionTimestamp.IsZero() {
+		t.Fatal("pod not deleted after a keepRunning=false Checkpoint")
+	}
+	if err != nil && !apierrors.IsNotFound(err) {
+		t.Fatal(err)
+	}
+}
+
+func TestCheckpointRefusals(t *testing.T) {
+	cl := newCluster(t, &fakeKubelet{}, clusterOpts{})
+	runc := "runc"
+	cl.pod("runc-pod", func(p *corev1.Pod) { p.Spec.RuntimeClassName = &runc })
+	cl.pod("pending-pod", func(p *corev1.Pod) { p.Status.Phase = corev1.PodPending })
+	cl.pod("no-target", func(p *corev1.Pod) { p.Annotations = nil })
+	cl.pod("ok", nil)
+	for _, tc := range []struct {
+		name, pod, reason, msg string
+		mutate                 func(*cryov1.Checkpoint)
+	}{
+		{name: "missing", pod: "ghost", reason: cryov1.ReasonPodNotFound, msg: "pod ghost not found in namespace " + cl.ns},
+		{name: "not-cryo", pod: "runc-pod", reason: cryov1.ReasonNotCryoPod, msg: "RuntimeClass runc, not a cryo one"},
+		{name: "not-running", pod: "pending-pod", reason: cryov1.ReasonPodNotRunning, msg: "is Pending, not Running"},
+		{name: "no-target", pod: "no-target", reason: cryov1.ReasonNoCheckpointTarget, msg: "no cryo.dev/checkpoint-to"},
+		{name: "store", pod: "ok", reason: cryov1.ReasonStoreNotAllowed, msg: "spec.store s3://elsewhere/x is not the pod's checkpoint store",
+			mutate: func(c *cryov1.Checkpoint) { c.Spec.Store = "s3://elsewhere/x" }},
+		{name: "container", pod: "ok", reason: cryov1.ReasonInvalidSpec, msg: `spec.containerName "db"`,
+			mutate: func(c *cryov1.Checkpoint) { c.Spec.ContainerName = "db" }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cl.checkpoint(tc.name, tc.pod, tc.mutate)
+			cp := cl.waitPhase(tc.name, cryov1.PhaseFailed)
+			if cp.Status.Reason != tc.reason || !strings.Contains(cp.Status.Message, tc.msg) {
+				t.Errorf("reason %q message %q, want %s and %q", cp.Status.Reason, cp.Status.Message, tc.reason, tc.msg)
+			}
+			if condition(cp, cryov1.ConditionReady) != metav1.ConditionFalse {
+				t.Errorf("Ready %v", condition(cp, cryov1.ConditionReady))
+			}
+			if !cl.hasEvent(cp, tc.reason) {
+				t.Errorf("no %s event", tc.reason)
+			}
+		})
+	}
+	if n := cl.kubelet.calls.Load(); n != 0 {
+		t.Errorf("the kubelet was called %d times for refused Checkpoints", n)
+	}
+}
+
+func TestCheckpointInvalidSpecRefusedByTheAPI(t *testing.T) {
+	cl := newCluster(t, &fakeKubelet{}, clusterOpts{})
+	for _, mutate := range []func(*cryov1.Checkpoint){
+		func(c *cryov1.Checkpoint) { c.Spec.PersistentContents = []cryov1.PersistentContent{"gpu"} },
+		func(c *cryov1.Checkpoint) { c.Spec.TTLAfterFinished = "1 week" },
+	} {
+		cp := &cryov1.Checkpoint{ObjectMeta: metav1.ObjectMeta{Namespace: cl.ns, Name: "bad"}, Spec: cryov1.CheckpointSpec{PodName: "p"}}
+		mutate(cp)
+		if err := cl.c.Create(context.Background(), cp); !apierrors.IsInvalid(err) {
+			t.Errorf("create %+v: %v, want Invalid", cp.Spec, err)
+		}
+	}
+	cp := cl.checkpoint("defaults", "p", nil)
+	if cp.Spec.KeepRunning == nil || !*cp.Spec.KeepRunning || len(cp.Spec.PersistentContents) != 2 {
+		t.Errorf("defaults: keepRunning %v, persistentContents %v", cp.Spec.KeepRunning, cp.Spec.PersistentContents)
+	}
+	cp.Spec.PodName = "other"
+	if err := cl.c.Update(context.Background(), cp); !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "spec is immutable") {
+		t.Errorf("update of the spec: %v, want Invalid: spec is immutable", err)
+	}
+}
+
+func TestCheckpointTTLAndDeletionUntag(t *testing.T) {
+	cl := newCluster(t, &fakeKubelet{}, clusterOpts{})
+	cl.pod("web", nil)
+	cl.checkpoint("short", "web", func(c *cryov1.Checkpoint) { c.Spec.TTLAfterFinished = "2s" })
+	short := cl.waitPhase("short", cryov1.PhaseSucceeded)
+	if short.Status.ExpireTime == nil || short.Status.ExpireTime.Sub(short.Status.CompletionTime.Time) != 2*time.Second {
+		t.Fatalf("expireTime %v, completionTime %v", short.Status.ExpireTime, short.Status.CompletionTime)
+	}
+	cl.checkpoint("kept", "web", nil)
+	kept := cl.waitPhase("kept", cryov1.PhaseSucceeded)
+	if tags := cl.tags(); !slicesContain(tags, "cp-"+string(short.UID)) || !slicesContain(tags, "cp-"+string(kept.UID)) {
+		t.Fatalf("tags %v", tags)
+	}
+	cl.wait("short", "expired and deleted", func(cp *cryov1.Checkpoint) bool { return cp == nil })
+	tags := cl.tags()
+	if slicesContain(tags, "cp-"+string(short.UID)) || !slicesContain(tags, "cp-"+string(kept.UID)) || !slicesContain(tags, "pod-web") {
+		t.Fatalf("tags after the TTL of %s: %v: want only its cp- tag gone", short.Name, tags)
+	}
+	if err := cl.c.Delete(context.Background(), kept); err != nil {
+		t.Fatal(err)
+	}
+	cl.wait("kept", "deleted", func(cp *cryov1.Checkpoint) bool { return cp == nil })
+	if tags := cl.tags(); slicesContain(tags, "cp-"+string(kept.UID)) || !slicesContain(tags, "pod-web") {
+		t.Fatalf("tags after deleting %s: %v", kept.Name, tags)
+	}
+}
+
+func TestCheckpointRetriesTransientFailures(t *testing.T) {
+	k := &fakeKubelet{fail: func(_ context.Context, n int32) error {
+		if n == 1 {
+			return &KubeletError{StatusCode: 503, Err: errors.New("proxy: no route to node-1")}
+		}
+		return nil
+	}}
+	cl := newCluster(t, k, clusterOpts{})
+	cl.pod("web", nil)
+	cl.checkpoint("c1", "web", nil)
+	cp := cl.waitPhase("c1", cryov1.PhaseSucceeded)
+	if n := k.calls.Load(); n != 2 {
+		t.Errorf("%d kubelet calls, want 2 (one 503, one retry)", n)
+	}
+	if !cl.hasEvent(cp, cryov1.ReasonKubeletFailed) {
+		t.Error("no KubeletFailed event for the retried attempt")
+	}
+}
+
+func TestCheckpointPermanentKubeletFailure(t *testing.T) {
+	k := &fakeKubelet{fail: func(context.Context, int32) error {
+		return &KubeletError{StatusCode: 404, Err: errors.New("the server could not find the requested resource")}
+	}}
+	cl := newCluster(t, k, clusterOpts{})
+	cl.pod("web", nil)
+	cl.checkpoint("c1", "web", nil)
+	cp := cl.waitPhase("c1", cryov1.PhaseFailed)
+	if cp.Status.Reason != cryov1.ReasonKubeletFailed || !strings.Contains(cp.Status.Message, "HTTP 404") || k.calls.Load() != 1 {
+		t.Errorf("reason %s message %q after %d calls", cp.Status.Reason, cp.Status.Message, k.calls.Load())
+	}
+}
+
+// TestCheckpointAdoptsAfterAFailedAnswer: the shim published, then the
+// answer failed, with a status that is not retried: the snapshot is
+// recorded, not refused nor asked for again.
+func TestCheckpointAdoptsAfterAFailedAnswer(t *testing.T) {
+	k := &fakeKubelet{answer: &KubeletError{StatusCode: 400, Err: errors.New("the answer was lost")}}
+	cl := newCluster(t, k, clusterOpts{})
+	cl.pod("web", nil)
+	cl.checkpoint("c1", "web", nil)
+	cp := cl.waitPhase("c1", cryov1.PhaseSucceeded)
+	if n := k.calls.Load(); n != 1 || !strings.HasSuffix(cp.Status.Snapshot, "@"+cl.resolve("pod-web")) {
+		t.Errorf("%d kubelet calls, snapshot %s", n, cp.Status.Snapshot)
+	}
+}
+
+func TestCheckpointDeadline(t *testing.T) {
+	k := &fakeKubelet{fail: func(context.Context, int32) error {
+		return &KubeletError{StatusCode: 503, Err: errors.New("kubelet unreachable")}
+	}}
+	cl := newCluster(t, k, clusterOpts{deadline: 2 * time.Second})
+	cl.pod("web", nil)
+	cl.checkpoint("c1", "web", nil)
+	cp := cl.waitPhase("c1", cryov1.PhaseFailed)
+	if cp.Status.Reason != cryov1.ReasonTimeout || !strings.Contains(cp.Status.Message, "kubelet unreachable") || k.calls.Load() < 2 {
+		t.Errorf("reason %s message %q after %d calls", cp.Status.Reason, cp.Status.Message, k.calls.Load())
+	}
+	if took := cp.Status.CompletionTime.Sub(cp.Status.StartTime.Time); took < 2*time.Second || took > 10*time.Second {
+		t.Errorf("failed %s after the start, deadline 2s", took)
+	}
+}
+
+func TestCheckpointRefusesAnotherPodsSnapshot(t *testing.T) {
+	k := &fakeKubelet{podUID: "0b5e7a1e-0000-0000-0000-000000000000"}
+	cl := newCluster(t, k, clusterOpts{})
+	cl.pod("web", nil)
+	cl.checkpoint("c1", "web", nil)
+	cp := cl.waitPhase("c1", cryov1.PhaseFailed)
+	if cp.Status.Reason != cryov1.ReasonSnapshotNotFound || !strings.Contains(cp.Status.Message, "pod UID \"0b5e7a1e") || cp.Status.Snapshot != "" {
+		t.Errorf("reason %s message %q snapshot %q", cp.Status.Reason, cp.Status.Message, cp.Status.Snapshot)
+	}
+	if slicesContain(cl.tags(), "cp-"+string(cp.UID)) {
+		t.Error("another pod's snapshot was tagged")
+	}
+}
+
+func TestCheckpointSerializesOnePod(t *testing.T) {
+	k := &fakeKubelet{block: make(chan struct{})}
+	cl := newCluster(t, k, clusterOpts{})
+	cl.pod("web", nil)
+	cl.checkpoint("first", "web", nil)
+	cl.wait("first", "asked", func(*cryov1.Checkpoint) bool { return k.calls.Load() == 1 })
+	cl.checkpoint("second", "web", nil)
+	second := cl.wait("second", "waiting", func(cp *cryov1.Checkpoint) bool {
+		return cp.Status.Phase == cryov1.PhasePending && cp.Status.Message == "waiting for Checkpoint first of the same pod"
+	})
+	if n := k.calls.Load(); n != 1 {
+		t.Fatalf("%d kubelet calls while the first Checkpoint runs: %+v", n, second.Status)
+	}
+	close(k.block)
+	a, b := cl.waitPhase("first", cryov1.PhaseSucceeded), cl.waitPhase("second", cryov1.PhaseSucceeded)
+	if a.Status.Snapshot == b.Status.Snapshot || k.maxIn != 1 {
+		t.Errorf("snapshots %s and %s, %d calls at once", a.Status.Snapshot, b.Status.Snapshot, k.maxIn)
+	}
+}
+
+// TestCheckpointRestartAdopts: a controller stopped while the kubelet call
+// runs (the snapshot already published) leaves the Checkpoint in Creating;
+// the next one finds the snapshot in the store and records it without
+// asking the kubelet again.
+func TestCheckpointRestartAdopts(t *testing.T) {
+	first := &fakeKubelet{block: make(chan struct{})}
+	cl := newCluster(t, first, clusterOpts{})
+	cl.pod("web", nil)
+	cl.checkpoint("c1", "web", nil)
+	cl.wait("c1", "asked", func(cp *cryov1.Checkpoint) bool {
+		return first.calls.Load() == 1 && cp.Status.Phase == cryov1.PhaseCreating && cp.Status.RequestTime != nil &&
+			slicesContain(cl.tags(), "pod-web")
+	})
+	published := cl.resolve("pod-web")
+	cl.stop()
+	if cp := cl.waitPhase("c1", cryov1.PhaseCreating); cp.Status.Snapshot != "" {
+		t.Fatalf("stopped controller recorded %s", cp.Status.Snapshot)
+	}
+
+	second := &fakeKubelet{c: cl.c}
+	cl.start(second, clusterOpts{})
+	cp := cl.waitPhase("c1", cryov1.PhaseSucceeded)
+	if !strings.HasSuffix(cp.Status.Snapshot, "@"+published) || cl.resolve("cp-"+string(cp.UID)) != published {
+		t.Errorf("snapshot %s, want the one published before the restart, %s", cp.Status.Snapshot, published)
+	}
+	if n := second.calls.Load(); n != 0 {
+		t.Errorf("the restarted controller asked the kubelet %d times", n)
+	}
+}
+
+// TestCheckpointRestartWaitsForACallInFlight: with nothing in the store
+// yet, a restarted controller does not ask again while its predecessor's
+// call may still run on the node.
+func TestCheckpointRestartWaitsForACallInFlight(t *testing.T) {
+	// The first controller's call never answers: it is cut by the stop.
+	first := &fakeKubelet{fail: func(ctx context.Context, _ int32) error {
+		<-ctx.Done()
+		return &KubeletError{Err: ctx.Err()}
+	}}
+	cl := newCluster(t, first, clusterOpts{})
+	cl.pod("web", nil)
+	cl.checkpoint("c1", "web", nil)
+	cl.wait("c1", "asked", func(*cryov1.Checkpoint) bool { return first.calls.Load() == 1 })
+	cl.stop()
+
+	second := &fakeKubelet{c: cl.c}
+	cl.start(second, clusterOpts{})
+	time.Sleep(3 * time.Second)
+	cp := cl.waitPhase("c1", cryov1.PhaseCreating)
+	if n := second.calls.Load(); n != 0 {
+		t.Errorf("asked the kubelet %d times within the predecessor's call timeout (%ds from %s)", n, cp.Status.RequestTimeoutSeconds, cp.Status.RequestTime)
+	}
+}

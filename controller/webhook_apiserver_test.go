@@ -1,0 +1,185 @@
+package controller
+
+import (
+	"context"
+	"crypto/x509"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/open-policy-agent/cert-controller/pkg/rotator"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
+	"sigs.k8s.io/yaml"
+
+	cryov1 "github.com/cryo-runtime/cryo/api/v1alpha1"
+)
+
+// TestWebhookThroughTheAPIServer installs the packaged
+// MutatingWebhookConfiguration (its CEL matchConditions and failure
+// policies as shipped; only the address, CA and a namespace selector
+// changed) in a real API server and creates pods through it, with the
+// webhook up and then down: down, only restores by name are refused.
+func TestWebhookThroughTheAPIServer(t *testing.T) {
+	c := apiServer(t)
+	ctx := context.Background()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "webhook-"}}
+	if err := c.Create(ctx, ns); err != nil {
+		t.Fatal(err)
+	}
+
+	dir := t.TempDir()
+	ca := serveCerts(t, dir)
+	port := freePort(t)
+	installWebhook(t, c, ns.Name, ca, port)
+
+	cp := &cryov1.Checkpoint{ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: "turn-3"}, Spec: cryov1.CheckpointSpec{PodName: "agent"}}
+	if err := c.Create(ctx, cp); err != nil {
+		t.Fatal(err)
+	}
+	cp.Status = cryov1.CheckpointStatus{Phase: cryov1.PhaseSucceeded, Snapshot: "s3://snapshots/cryo/" + ns.Name + "@" + testDigest}
+	if err := c.Status().Update(ctx, cp); err != nil {
+		t.Fatal(err)
+	}
+
+	srv := webhook.NewServer(webhook.Options{Host: "127.0.0.1", Port: port, CertDir: dir})
+	srv.Register(WebhookPath, &webhook.Admission{Handler: &PodMutator{Reader: c, DefaultStore: "s3://snapshots/cryo", RuntimeClasses: []string{"cryo"}}})
+	sctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- srv.Start(sctx) }()
+	stopped := false
+	stopServer := func() {
+		if !stopped {
+			stopped = true
+			stop()
+			if err := <-done; err != nil {
+				t.Errorf("webhook server: %v", err)
+			}
+		}
+	}
+	t.Cleanup(stopServer)
+	waitListening(t, port)
+
+	cryo, runc := "cryo", "runc"
+	newPod := func(name string, class *string, ann map[string]string) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: name, Annotations: ann},
+			Spec: corev1.PodSpec{RuntimeClassName: class, Containers: []corev1.Container{{Name: "c", Image: "busybox"}}}}
+	}
+
+	restored := newPod("agent", &cryo, map[string]string{AnnotationRestoreCheckpoint: "turn-3"})
+	if err := c.Create(ctx, restored); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{
+		AnnotationRestoreFrom:   "s3://snapshots/cryo/" + ns.Name + ":cp-" + string(cp.UID),
+		AnnotationRestoreDigest: testDigest,
+		AnnotationCheckpointTo:  "s3://snapshots/cryo/" + ns.Name + ":pod-agent",
+	}
+	for k, v := range want {
+		if restored.Annotations[k] != v {
+			t.Errorf("restored pod: %s = %q, want %q", k, restored.Annotations[k], v)
+		}
+	}
+	err := c.Create(ctx, newPod("ghost", &cryo, map[string]string{AnnotationKruiseRestoreFrom: "nope"}))
+	if err == nil || !strings.Contains(err.Error(), `Checkpoint "nope" not found in namespace "`+ns.Name+`"`) {
+		t.Errorf("restore from a missing Checkpoint: %v", err)
+	}
+	fresh := newPod("fresh", &cryo, nil)
+	if err := c.Create(ctx, fresh); err != nil || fresh.Annotations[AnnotationCheckpointTo] != "s3://snapshots/cryo/"+ns.Name+":pod-fresh" {
+		t.Errorf("cryo pod: %v, annotations %v", err, fresh.Annotations)
+	}
+	other := newPod("other", &runc, nil)
+	if err := c.Create(ctx, other); err != nil || len(other.Annotations) != 0 {
+		t.Errorf("runc pod: %v, annotations %v", err, other.Annotations)
+	}
+
+	stopServer()
+	for _, p := range []*corev1.Pod{newPod("plain", nil, nil), newPod("cryo-while-down", &cryo, nil)} {
+		if err := c.Create(ctx, p); err != nil {
+			t.Errorf("pod %s with the webhook down: %v (only restores by name may be refused)", p.Name, err)
+		}
+	}
+	if err := c.Create(ctx, newPod("restore-while-down", &cryo, map[string]string{AnnotationRestoreCheckpoint: "turn-3"})); err == nil {
+		t.Error("a restore by name was admitted with the webhook down (failurePolicy Fail)")
+	}
+}
+
+// serveCerts writes a serving certificate for localhost into dir and
+// returns its CA.
+func serveCerts(t *testing.T, dir string) []byte {
+	t.Helper()
+	cr := &rotator.CertRotator{CAName: "test-ca", CAOrganization: "cryo", DNSName: "localhost",
+		ExtKeyUsages: &[]x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	begin, end := time.Now().Add(-time.Hour), time.Now().Add(time.Hour)
+	ca, err := cr.CreateCACert(begin, end)
+	if err != nil {
+		t.Fatal(err)
+	}
+	crt, key, err := cr.CreateCertPEM(ca, begin, end)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := writeFiles(dir, map[string][]byte{"tls.crt": crt, "tls.key": key}); err != nil {
+		t.Fatal(err)
+	}
+	return ca.CertPEM
+}
+
+// installWebhook creates the packaged webhook configuration, pointed at
+// https://localhost:port and limited to namespace ns.
+func installWebhook(t *testing.T, c client.Client, ns string, ca []byte, port int) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "packaging", "kubernetes", "controller", "webhook.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mwc admissionregistrationv1.MutatingWebhookConfiguration
+	if err := yaml.UnmarshalStrict(b, &mwc); err != nil {
+		t.Fatal(err)
+	}
+	mwc.Name = "cryo-controller-" + ns
+	url := "https://localhost:" + strconv.Itoa(port) + *mwc.Webhooks[0].ClientConfig.Service.Path
+	for i := range mwc.Webhooks {
+		w := &mwc.Webhooks[i]
+		w.ClientConfig = admissionregistrationv1.WebhookClientConfig{URL: &url, CABundle: ca}
+		w.NamespaceSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": ns}}
+	}
+	if len(mwc.Webhooks) != 2 || len(mwc.Webhooks[0].MatchConditions) == 0 {
+		t.Fatalf("webhook.yaml: %d webhooks", len(mwc.Webhooks))
+	}
+	if err := c.Create(context.Background(), &mwc); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Delete(context.Background(), &mwc) })
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func waitListening(t *testing.T, port int) {
+	t.Helper()
+	for end := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		conn, err := net.Dial("tcp", "127.0.0.1:"+strconv.Itoa(port))
+		if err == nil {
+			conn.Close()
+			return
+		}
+		if time.Now().After(end) {
+			t.Fatalf("webhook server not listening on %d: %v", port, err)
+		}
+	}
+}

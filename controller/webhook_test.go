@@ -1,0 +1,174 @@
+package controller
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	cryov1 "github.com/cryo-runtime/cryo/api/v1alpha1"
+)
+
+const testDigest = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+
+func testScheme(t *testing.T) *runtime.Scheme {
+	t.Helper()
+	s := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(s); err != nil {
+		t.Fatal(err)
+	}
+	if err := cryov1.AddToScheme(s); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func ckpt(ns, name string, phase cryov1.Phase, mutate func(*cryov1.Checkpoint)) *cryov1.Checkpoint {
+	cp := &cryov1.Checkpoint{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: types.UID("uid-" + name)},
+		Spec:       cryov1.CheckpointSpec{PodName: "src"},
+		Status:     cryov1.CheckpointStatus{Phase: phase},
+	}
+	if phase == cryov1.PhaseSucceeded {
+		cp.Status.Snapshot = "s3://snapshots/cryo/" + ns + "@" + testDigest
+	}
+	if mutate != nil {
+		mutate(cp)
+	}
+	return cp
+}
+
+func TestWebhookDecisions(t *testing.T) {
+	now := time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC)
+	past, future := metav1.NewTime(now.Add(-time.Minute)), metav1.NewTime(now.Add(time.Hour))
+	objs := []*cryov1.Checkpoint{
+		ckpt("team-a", "good", cryov1.PhaseSucceeded, nil),
+		ckpt("team-a", "good-ttl", cryov1.PhaseSucceeded, func(c *cryov1.Checkpoint) { c.Status.ExpireTime = &future }),
+		ckpt("team-a", "expired", cryov1.PhaseSucceeded, func(c *cryov1.Checkpoint) { c.Status.ExpireTime = &past }),
+		ckpt("team-a", "broken", cryov1.PhaseFailed, func(c *cryov1.Checkpoint) {
+			c.Status.Reason, c.Status.Message = cryov1.ReasonNotCryoPod, "pod src runs under RuntimeClass runc"
+		}),
+		ckpt("team-a", "busy", cryov1.PhaseCreating, nil),
+		ckpt("team-a", "new", "", nil),
+		ckpt("team-b", "theirs", cryov1.PhaseSucceeded, nil),
+	}
+	b := fake.NewClientBuilder().WithScheme(testScheme(t))
+	for _, o := range objs {
+		b = b.WithObjects(o)
+	}
+	m := &PodMutator{Reader: b.Build(), DefaultStore: "s3://snapshots/cryo", RuntimeClasses: []string{"cryo"}, Now: func() time.Time { return now }}
+	cryo := "cryo"
+	for _, tc := range []struct {
+		name    string
+		ann     map[string]string
+		class   *string
+		want    map[string]string // annotations that must be set
+		absent  string            // an annotation that must not be set
+		wantErr string
+	}{
+		{name: "restore by name", ann: map[string]string{AnnotationRestoreCheckpoint: "good"}, class: &cryo, want: map[string]string{
+			AnnotationRestoreFrom: "s3://snapshots/cryo/team-a:cp-uid-good", AnnotationRestoreDigest: testDigest,
+			AnnotationCheckpointTo: "s3://snapshots/cryo/team-a:pod-dst"}},
+		{name: "kruise alias", ann: map[string]string{AnnotationKruiseRestoreFrom: "good-ttl"}, class: &cryo, want: map[string]string{
+			AnnotationRestoreFrom: "s3://snapshots/cryo/team-a:cp-uid-good-ttl", AnnotationRestoreDigest: testDigest}},
+		{name: "own checkpoint target kept", ann: map[string]string{AnnotationRestoreCheckpoint: "good", AnnotationCheckpointTo: "s3://mine/x:y"},
+			class: &cryo, want: map[string]string{AnnotationCheckpointTo: "s3://mine/x:y"}},
+		{name: "missing", ann: map[string]string{AnnotationRestoreCheckpoint: "nope"}, wantErr: `Checkpoint "nope" not found in namespace "team-a"`},
+		{name: "other namespace", ann: map[string]string{AnnotationRestoreCheckpoint: "theirs"}, wantErr: `Checkpoint "theirs" not found in namespace "team-a"`},
+		{name: "failed", ann: map[string]string{AnnotationRestoreCheckpoint: "broken"}, wantErr: `Checkpoint "broken" failed (NotCryoPod): pod src runs under RuntimeClass runc`},
+		{name: "creating", ann: map[string]string{AnnotationRestoreCheckpoint: "busy"}, wantErr: `Checkpoint "busy" has not yet succeeded (phase Creating)`},
+		{name: "pending", ann: map[string]string{AnnotationKruiseRestoreFrom: "new"}, wantErr: `Checkpoint "new" has not yet succeeded (phase Pending)`},
+		{name: "expired", ann: map[string]string{AnnotationRestoreCheckpoint: "expired"}, wantErr: `Checkpoint "expired" expired at 2026-12-05T11:59:00Z`},
+		{name: "two names", ann: map[string]string{AnnotationRestoreCheckpoint: "good", AnnotationKruiseRestoreFrom: "good-ttl"}, wantErr: "different Checkpoints"},
+		{name: "empty name", ann: map[string]string{AnnotationRestoreCheckpoint: ""}, wantErr: "is empty"},
+		{name: "cryo pod gets a target", class: &cryo, want: map[string]string{AnnotationCheckpointTo: "s3://snapshots/cryo/team-a:pod-dst"}},
+		{name: "other pod untouched", absent: AnnotationCheckpointTo},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "dst", Annotations: tc.ann},
+				Spec: corev1.PodSpec{RuntimeClassName: tc.class, Containers: []corev1.Container{{Name: "c", Image: "busybox"}}}}
+			resp := m.Handle(context.Background(), admissionRequest(t, "team-a", pod))
+			if tc.wantErr != "" {
+				if resp.Allowed || !strings.Contains(resp.Result.Message, tc.wantErr) {
+					t.Fatalf("allowed %v, message %q, want a denial %q", resp.Allowed, resp.Result.Message, tc.wantErr)
+				}
+				return
+			}
+			if !resp.Allowed {
+				t.Fatalf("denied: %v", resp.Result)
+			}
+			got := applyPatch(t, pod, resp)
+			for k, v := range tc.want {
+				if got[k] != v {
+					t.Errorf("annotation %s = %q, want %q", k, got[k], v)
+				}
+			}
+			if _, ok := got[tc.absent]; tc.absent != "" && ok {
+				t.Errorf("annotation %s set on a pod the webhook does not concern", tc.absent)
+			}
+		})
+	}
+}
+
+func TestWebhookGeneratedName(t *testing.T) {
+	m := &PodMutator{DefaultStore: "s3://b/cryo", RuntimeClasses: []string{"cryo"}}
+	cryo := "cryo"
+	a := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{GenerateName: "web-"}, Spec: corev1.PodSpec{RuntimeClassName: &cryo}}
+	b := a.DeepCopy()
+	if err := m.Mutate(context.Background(), "ns", a); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Mutate(context.Background(), "ns", b); err != nil {
+		t.Fatal(err)
+	}
+	ta, tb := a.Annotations[AnnotationCheckpointTo], b.Annotations[AnnotationCheckpointTo]
+	if !strings.HasPrefix(ta, "s3://b/cryo/ns:pod-web-") || ta == tb {
+		t.Fatalf("targets of two generated pods: %q, %q: want distinct pod-web-<random>", ta, tb)
+	}
+}
+
+func admissionRequest(t *testing.T, ns string, pod *corev1.Pod) admission.Request {
+	t.Helper()
+	raw, err := json.Marshal(pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
+		UID: "req", Namespace: ns, Operation: admissionv1.Create,
+		Kind:   metav1.GroupVersionKind{Version: "v1", Kind: "Pod"},
+		Object: runtime.RawExtension{Raw: raw},
+	}}
+}
+
+// applyPatch applies the response's JSON patch to the pod's annotations.
+func applyPatch(t *testing.T, pod *corev1.Pod, resp admission.Response) map[string]string {
+	t.Helper()
+	ann := map[string]string{}
+	for k, v := range pod.Annotations {
+		ann[k] = v
+	}
+	for _, p := range resp.Patches {
+		switch {
+		case p.Path == "/metadata/annotations" && p.Operation == "add":
+			for k, v := range p.Value.(map[string]any) {
+				ann[k] = v.(string)
+			}
+		case strings.HasPrefix(p.Path, "/metadata/annotations/"):
+			k := strings.NewReplacer("~1", "/", "~0", "~").Replace(strings.TrimPrefix(p.Path, "/metadata/annotations/"))
+			ann[k] = p.Value.(string)
+		default:
+			t.Fatalf("unexpected patch %+v", p)
+		}
+	}
+	return ann
+}

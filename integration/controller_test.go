@@ -1,0 +1,91 @@
+//go:build integration
+
+package integration
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cryo-runtime/cryo/integration/harness"
+	"github.com/cryo-runtime/cryo/stores"
+)
+
+// TestControllerDeploys: the controller, packaged as
+// packaging/kubernetes/controller and built by `make controller-image`,
+// runs as a Deployment under runc on the test cluster, reaches the API
+// server from its pod (it injects its webhook's CA bundle through it),
+// and the API server calls its webhook at the pod's address: a pod naming
+// a Checkpoint that does not exist is refused, with the name in the
+// message. Restart brings a new pod up that answers the same way.
+func TestControllerDeploys(t *testing.T) {
+	k := harness.StartK8s(t)
+	c := k.StartController(t)
+
+	if rc := k.MustKubectl("-n", harness.ControllerNamespace, "get", "pods", "-o", "jsonpath={.items[*].spec.runtimeClassName}"); rc != harness.RuncHandler {
+		t.Fatalf("controller pods run under runtime classes %q, want %q", rc, harness.RuncHandler)
+	}
+	out := c.TryRestorePod("default", "restore-missing", "missing")
+	if !strings.Contains(out, "denied") || !strings.Contains(out, `missing`) {
+		t.Fatalf("a pod restoring from Checkpoint missing: %s\nwant a denial naming it", out)
+	}
+	t.Logf("the webhook's answer: %s", strings.TrimSpace(out))
+	// The webhook calls only pods that ask for a restore: others pass
+	// whatever the controller does.
+	plain := harness.Pod("plain", nil, harness.Container("c", "sleep inf"))
+	plain["spec"].(map[string]any)["runtimeClassName"] = harness.RuncHandler
+	k.Apply(plain)
+	k.MustKubectl("delete", "pod", "plain", "--wait=false")
+
+	before := c.Pods()
+	c.Restart()
+	after := c.Pods()
+	if len(after) != 1 || len(before) != 1 || after[0] == before[0] {
+		t.Fatalf("controller pods before the restart %v, after %v: want one new pod", before, after)
+	}
+	if out := c.TryRestorePod("default", "restore-missing", "missing-after-restart"); !strings.Contains(out, "missing-after-restart") {
+		t.Fatalf("after the restart, a pod restoring from a missing Checkpoint: %s", out)
+	}
+}
+
+// TestClusterStore: the K8s Env's S3 store (versitygw in the node's
+// network namespace) is reachable where the controller's tests need it:
+// from a pod under runc at NodeIP, from the cryo shim (a checkpoint
+// through the kubelet to the repository the controller's default store
+// gives the namespace), and from the test (K8s.StoreOptions).
+func TestClusterStore(t *testing.T) {
+	k := harness.StartK8s(t)
+
+	t.Run("a runc pod reaches it at NodeIP", func(t *testing.T) {
+		k := k.T(t)
+		p := harness.Pod("s3-client", nil, harness.Container("c", "sleep inf"))
+		p["spec"].(map[string]any)["runtimeClassName"] = harness.RuncHandler
+		k.Apply(p)
+		k.WaitReady("s3-client", time.Now(), 2*time.Minute)
+		// Anonymous: versitygw answers 403, which only it can.
+		out, errs, _ := k.Kubectl("exec", "s3-client", "--", "wget", "-q", "-O-", "http://"+harness.S3Addr+"/"+harness.S3Bucket+"/")
+		if !strings.Contains(out+errs, "403") {
+			t.Fatalf("wget from a runc pod to %s: %s%s; want versitygw's 403", harness.S3Addr, out, errs)
+		}
+	})
+
+	t.Run("the shim checkpoints to it", func(t *testing.T) {
+		k := k.T(t)
+		repo := harness.DefaultStore + "/default"
+		k.Apply(harness.Pod("s3-src", map[string]string{"cryo.dev/checkpoint-to": repo + ":pod-s3-src"}, harness.Container("c", "sleep inf")))
+		k.WaitReady("s3-src", time.Now(), 3*time.Minute)
+		if _, err := k.KubeletCheckpoint("default", "s3-src", "c"); err != nil {
+			t.Fatal(err)
+		}
+		st, ref, err := stores.Open(t.Context(), repo+":pod-s3-src", k.StoreOptions())
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := st.Resolve(t.Context(), ref)
+		if err != nil {
+			t.Fatalf("resolve %s:%s after the kubelet's checkpoint: %v", repo, ref, err)
+		}
+		t.Logf("%s:%s is %s (%d bytes)", repo, ref, d.Digest, d.Size)
+		deleteAndCheck(t, k, "s3-src")
+	})
+}
