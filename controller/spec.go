@@ -128,10 +128,13 @@ func CheckStoreBase(base string) error {
 }
 
 // DefaultTarget is the checkpoint target of a pod the webhook fills in:
-// "<base>/<namespace>:pod-<name>", the tag shortened with a hash of the
-// name when it would exceed an OCI tag's 128 characters.
+// "<base>/<namespace>/pods:pod-<name>", the tag shortened with a hash of
+// the name when it would exceed an OCI tag's 128 characters. The namespace
+// is a directory, not the repository's name, so that a node's namespaced
+// [stores] allowed entry ("s3://bucket/cryo/{namespace}/") admits it; one
+// repository per namespace lets its pods' snapshots share chunks.
 func DefaultTarget(base, namespace, podName string) string {
-	return strings.TrimSuffix(base, "/") + "/" + namespace + ":" + podTag(podName)
+	return strings.TrimSuffix(base, "/") + "/" + namespace + "/pods:" + podTag(podName)
 }
 
 func podTag(name string) string {

@@ -54,10 +54,10 @@ func TestParseTTL(t *testing.T) {
 
 func TestTargets(t *testing.T) {
 	for in, want := range map[string][2]string{
-		"s3://snapshots/cryo/team-a:pod-web":      {"s3://snapshots/cryo/team-a", "pod-web"},
-		"oci://registry:5000/cryo/team-a:pod-web": {"oci://registry:5000/cryo/team-a", "pod-web"},
-		"oci://registry:5000/cryo/team-a":         {"oci://registry:5000/cryo/team-a", ""},
-		"file:///var/lib/cryo/team-a:pod-x":       {"file:///var/lib/cryo/team-a", "pod-x"},
+		"s3://snapshots/cryo/team-a/pods:pod-web":      {"s3://snapshots/cryo/team-a/pods", "pod-web"},
+		"oci://registry:5000/cryo/team-a/pods:pod-web": {"oci://registry:5000/cryo/team-a/pods", "pod-web"},
+		"oci://registry:5000/cryo/team-a":              {"oci://registry:5000/cryo/team-a", ""},
+		"file:///var/lib/cryo/team-a/pods:pod-x":       {"file:///var/lib/cryo/team-a/pods", "pod-x"},
 	} {
 		repo, tag, err := splitTarget(in)
 		if err != nil || repo != want[0] || tag != want[1] {
@@ -70,7 +70,7 @@ func TestTargets(t *testing.T) {
 			t.Errorf("CheckStoreBase(%q) = %v", base, err)
 		}
 	}
-	if got := DefaultTarget("s3://snapshots/cryo/", "team-a", "web-0"); got != "s3://snapshots/cryo/team-a:pod-web-0" {
+	if got := DefaultTarget("s3://snapshots/cryo/", "team-a", "web-0"); got != "s3://snapshots/cryo/team-a/pods:pod-web-0" {
 		t.Errorf("DefaultTarget = %q", got)
 	}
 	long := strings.Repeat("a", 200)

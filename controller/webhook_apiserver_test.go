@@ -80,7 +80,7 @@ func TestWebhookThroughTheAPIServer(t *testing.T) {
 	want := map[string]string{
 		AnnotationRestoreFrom:   "s3://snapshots/cryo/" + ns.Name + ":cp-" + string(cp.UID),
 		AnnotationRestoreDigest: testDigest,
-		AnnotationCheckpointTo:  "s3://snapshots/cryo/" + ns.Name + ":pod-agent",
+		AnnotationCheckpointTo:  "s3://snapshots/cryo/" + ns.Name + "/pods:pod-agent",
 	}
 	for k, v := range want {
 		if restored.Annotations[k] != v {
@@ -92,7 +92,7 @@ func TestWebhookThroughTheAPIServer(t *testing.T) {
 		t.Errorf("restore from a missing Checkpoint: %v", err)
 	}
 	fresh := newPod("fresh", &cryo, nil)
-	if err := c.Create(ctx, fresh); err != nil || fresh.Annotations[AnnotationCheckpointTo] != "s3://snapshots/cryo/"+ns.Name+":pod-fresh" {
+	if err := c.Create(ctx, fresh); err != nil || fresh.Annotations[AnnotationCheckpointTo] != "s3://snapshots/cryo/"+ns.Name+"/pods:pod-fresh" {
 		t.Errorf("cryo pod: %v, annotations %v", err, fresh.Annotations)
 	}
 	other := newPod("other", &runc, nil)

@@ -40,7 +40,7 @@ func ckpt(ns, name string, phase cryov1.Phase, mutate func(*cryov1.Checkpoint)) 
 		Status:     cryov1.CheckpointStatus{Phase: phase},
 	}
 	if phase == cryov1.PhaseSucceeded {
-		cp.Status.Snapshot = "s3://snapshots/cryo/" + ns + "@" + testDigest
+		cp.Status.Snapshot = "s3://snapshots/cryo/" + ns + "/pods@" + testDigest
 	}
 	if mutate != nil {
 		mutate(cp)
@@ -77,10 +77,10 @@ func TestWebhookDecisions(t *testing.T) {
 		wantErr string
 	}{
 		{name: "restore by name", ann: map[string]string{AnnotationRestoreCheckpoint: "good"}, class: &cryo, want: map[string]string{
-			AnnotationRestoreFrom: "s3://snapshots/cryo/team-a:cp-uid-good", AnnotationRestoreDigest: testDigest,
-			AnnotationCheckpointTo: "s3://snapshots/cryo/team-a:pod-dst"}},
+			AnnotationRestoreFrom: "s3://snapshots/cryo/team-a/pods:cp-uid-good", AnnotationRestoreDigest: testDigest,
+			AnnotationCheckpointTo: "s3://snapshots/cryo/team-a/pods:pod-dst"}},
 		{name: "kruise alias", ann: map[string]string{AnnotationKruiseRestoreFrom: "good-ttl"}, class: &cryo, want: map[string]string{
-			AnnotationRestoreFrom: "s3://snapshots/cryo/team-a:cp-uid-good-ttl", AnnotationRestoreDigest: testDigest}},
+			AnnotationRestoreFrom: "s3://snapshots/cryo/team-a/pods:cp-uid-good-ttl", AnnotationRestoreDigest: testDigest}},
 		{name: "own checkpoint target kept", ann: map[string]string{AnnotationRestoreCheckpoint: "good", AnnotationCheckpointTo: "s3://mine/x:y"},
 			class: &cryo, want: map[string]string{AnnotationCheckpointTo: "s3://mine/x:y"}},
 		{name: "missing", ann: map[string]string{AnnotationRestoreCheckpoint: "nope"}, wantErr: `Checkpoint "nope" not found in namespace "team-a"`},
@@ -91,7 +91,7 @@ func TestWebhookDecisions(t *testing.T) {
 		{name: "expired", ann: map[string]string{AnnotationRestoreCheckpoint: "expired"}, wantErr: `Checkpoint "expired" expired at 2026-12-05T11:59:00Z`},
 		{name: "two names", ann: map[string]string{AnnotationRestoreCheckpoint: "good", AnnotationKruiseRestoreFrom: "good-ttl"}, wantErr: "different Checkpoints"},
 		{name: "empty name", ann: map[string]string{AnnotationRestoreCheckpoint: ""}, wantErr: "is empty"},
-		{name: "cryo pod gets a target", class: &cryo, want: map[string]string{AnnotationCheckpointTo: "s3://snapshots/cryo/team-a:pod-dst"}},
+		{name: "cryo pod gets a target", class: &cryo, want: map[string]string{AnnotationCheckpointTo: "s3://snapshots/cryo/team-a/pods:pod-dst"}},
 		{name: "other pod untouched", absent: AnnotationCheckpointTo},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -132,7 +132,7 @@ func TestWebhookGeneratedName(t *testing.T) {
 		t.Fatal(err)
 	}
 	ta, tb := a.Annotations[AnnotationCheckpointTo], b.Annotations[AnnotationCheckpointTo]
-	if !strings.HasPrefix(ta, "s3://b/cryo/ns:pod-web-") || ta == tb {
+	if !strings.HasPrefix(ta, "s3://b/cryo/ns/pods:pod-web-") || ta == tb {
 		t.Fatalf("targets of two generated pods: %q, %q: want distinct pod-web-<random>", ta, tb)
 	}
 }

@@ -71,7 +71,7 @@ func TestClusterStore(t *testing.T) {
 
 	t.Run("the shim checkpoints to it", func(t *testing.T) {
 		k := k.T(t)
-		repo := harness.DefaultStore + "/default"
+		repo := harness.DefaultStore + "/default/pods"
 		k.Apply(harness.Pod("s3-src", map[string]string{"cryo.dev/checkpoint-to": repo + ":pod-s3-src"}, harness.Container("c", "sleep inf")))
 		k.WaitReady("s3-src", time.Now(), 3*time.Minute)
 		if _, err := k.KubeletCheckpoint("default", "s3-src", "c"); err != nil {

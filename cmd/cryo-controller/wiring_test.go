@@ -95,7 +95,7 @@ func TestControllerWiring(t *testing.T) {
 			t.Errorf("webhook %s: no caBundle once ready", w.Name)
 		}
 	}
-	if patch := admit(t, hook); !strings.Contains(patch, `"cryo.dev/checkpoint-to":"s3://snapshots/cryo/team-a:pod-web"`) {
+	if patch := admit(t, hook); !strings.Contains(patch, `"cryo.dev/checkpoint-to":"s3://snapshots/cryo/team-a/pods:pod-web"`) {
 		t.Errorf("webhook patch %s", patch)
 	}
 

@@ -92,13 +92,12 @@ const (
 	s3Region    = "us-east-1"
 )
 
-// s3Node points the node's S3 stores at the K8s Env's versitygw and
-// allows its bucket to every namespace (the controller's repositories are
-// s3://snapshots/<base>/<namespace>:<tag>, named by the namespace, not
-// below it).
+// s3Node points the node's S3 stores at the K8s Env's versitygw and allows
+// each namespace its own directory under DefaultStore, where the
+// controller's repositories are (<DefaultStore>/<namespace>/pods).
 func s3Node(c *configs.Config) {
 	c.Stores.S3 = configs.S3{Endpoint: S3Addr, AccessKey: s3AccessKey, SecretKey: s3SecretKey, Region: s3Region}
-	c.Stores.Allowed = append(c.Stores.Allowed, "s3://"+S3Bucket+"/")
+	c.Stores.Allowed = append(c.Stores.Allowed, DefaultStore+"/"+configs.NamespacePlaceholder+"/")
 }
 
 // startS3 runs versitygw in the CRI Env's network namespace on S3Addr
