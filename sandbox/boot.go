@@ -43,7 +43,7 @@ func Boot(ctx context.Context, spec Spec, root RootSpec) (*Sandbox, error) {
 	log.G(ctx).WithFields(log.Fields{
 		"qemu_pid": st.vm.Pid(), "boot_id": st.info.BootID, "kernel": st.info.Kernel,
 	}).Info("sandbox vm booted")
-	return st.finish(sb), nil
+	return st.finish(ctx, sb), nil
 }
 
 // bootSteps are a boot's steps; the root disk goes to sb.
@@ -65,8 +65,9 @@ func (st *start) bootSteps(sb *Sandbox) []step {
 
 // finish hands what the steps made to the sandbox, whose VM is QEMU's
 // (Boot and Restore make their machines with qemuFactory).
-func (st *start) finish(sb *Sandbox) *Sandbox {
+func (st *start) finish(ctx context.Context, sb *Sandbox) *Sandbox {
 	sb.vm, sb.mem, sb.agent, sb.info, sb.net = st.vm.(*vmm.Machine), st.mem, st.agent, st.info, st.pn
+	sb.logExit(ctx)
 	return sb
 }
 

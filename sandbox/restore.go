@@ -145,7 +145,7 @@ func Restore(ctx context.Context, spec Spec, src Source) (*Sandbox, *Restored, e
 		return nil, nil, err
 	}
 	r := st.restore
-	sb := st.finish(&Sandbox{spec: spec, rootfs: newRootfsBuilder(spec.Config), restoredFrom: src.URL, releaseSnapshot: r.release})
+	sb := st.finish(ctx, &Sandbox{spec: spec, rootfs: newRootfsBuilder(spec.Config), restoredFrom: src.URL, releaseSnapshot: r.release})
 	rs := NewRestored(r.rec.SandboxID, r.rec.Containers, r.rec.Finished...)
 	memFields := st.mem.restored(ctx, spec.Config.Restore.PrefetchWorkers)
 	log.G(ctx).WithFields(log.Fields{"boot_id": st.info.BootID, "digest": r.snap.Descriptor.Digest, "qemu_pid": st.vm.Pid()}).WithFields(memFields).Info("sandbox restored")

@@ -103,6 +103,16 @@ type Info struct {
 	QEMUPid      int
 	BootID       string
 	RestoredFrom string
+	// RootDisk is the root disk the VM booted with (zero for a restored
+	// VM, whose disks are in its record).
+	RootDisk Disk
+}
+
+// Disk is a container's root disk as the guest and the task service name
+// it: its device id (what RemoveRootDisk takes) and the virtio-blk serial
+// the guest finds it by.
+type Disk struct {
+	ID, Serial string
 }
 
 // Sandbox is one VM and the agent connection into it.
@@ -131,22 +141,28 @@ func (s *Sandbox) Guest() Guest { return s.agent }
 
 // Info describes the sandbox.
 func (s *Sandbox) Info() Info {
-	return Info{ID: s.spec.ID, QEMUPid: s.vm.Pid(), BootID: s.info.BootID, RestoredFrom: s.restoredFrom}
+	return Info{ID: s.spec.ID, QEMUPid: s.vm.Pid(), BootID: s.info.BootID, RestoredFrom: s.restoredFrom,
+		RootDisk: Disk{ID: s.root.ID, Serial: s.root.Serial}}
 }
 
-// RootDisk is the root disk the VM booted with (zero for a restored VM).
-func (s *Sandbox) RootDisk() vmm.Disk { return s.root }
+// Done is closed when the VM has exited (QEMU killed, crashed or shut
+// down); Err then says why, when the sandbox knows.
+func (s *Sandbox) Done() <-chan struct{} { return s.vm.Exited() }
 
-// Exited is closed when QEMU has exited.
-func (s *Sandbox) Exited() <-chan struct{} { return s.vm.Exited() }
+// Err is why the VM had to stop, when the sandbox knows: the first page of
+// a lazily restored sandbox that could not be fetched or verified (it names
+// the chunk and the store). It is nil otherwise, and before Done.
+func (s *Sandbox) Err() error { return s.mem.failure() }
 
-// Stderr is what QEMU wrote to its stderr.
-func (s *Sandbox) Stderr() string { return s.vm.Stderr() }
-
-// Failure is why the VM had to stop, when the sandbox knows: the first
-// page of a lazily restored sandbox that could not be fetched or verified
-// (it names the chunk and the store). It is nil otherwise.
-func (s *Sandbox) Failure() error { return s.mem.failure() }
+// logExit logs what QEMU wrote to its stderr once it exits: the task
+// service learns of the exit through Done, the reason a person reads here.
+func (s *Sandbox) logExit(ctx context.Context) {
+	l := log.G(ctx)
+	go func() {
+		<-s.vm.Exited()
+		l.WithField("stderr", s.vm.Stderr()).Debug("qemu exited")
+	}()
+}
 
 // RootSpec names a container's root filesystem: containerd's mounts, made
 // into a disk in WorkDir.
@@ -156,15 +172,15 @@ type RootSpec struct {
 }
 
 // AddRootDisk makes a container's root disk and hot-plugs it.
-func (s *Sandbox) AddRootDisk(ctx context.Context, r RootSpec) (vmm.Disk, error) {
+func (s *Sandbox) AddRootDisk(ctx context.Context, r RootSpec) (Disk, error) {
 	d, err := s.rootfs.disk(ctx, r.ContainerID, r.Bundle, r.WorkDir, r.Mounts)
 	if err != nil {
-		return d, err
+		return Disk{ID: d.ID, Serial: d.Serial}, err
 	}
 	if err := s.vm.HotplugDisk(ctx, d); err != nil {
-		return d, fmt.Errorf("hot-plug root disk of %s: %w", r.ContainerID, err)
+		return Disk{ID: d.ID, Serial: d.Serial}, fmt.Errorf("hot-plug root disk of %s: %w", r.ContainerID, err)
 	}
-	return d, nil
+	return Disk{ID: d.ID, Serial: d.Serial}, nil
 }
 
 // RemoveRootDisk unplugs a hot-plugged root disk.
@@ -327,15 +343,6 @@ func memoryFile(memoryDir, stateDir, ext string) string {
 	sum := sha256.Sum256([]byte(stateDir))
 	return filepath.Join(memoryDir, "cryo-"+hex.EncodeToString(sum[:8])+ext)
 }
-
-// StateDir is the sandbox's state directory.
-func (s *Sandbox) StateDir() string { return s.spec.StateDir }
-
-// Request is what the sandbox's annotations asked for.
-func (s *Sandbox) Request() annotations.Request { return s.spec.Request }
-
-// Annotations are the annotations of the container that made the sandbox.
-func (s *Sandbox) Annotations() map[string]string { return s.spec.Pod.Annotations }
 
 // Interacted tells a lazily restored sandbox that it answered its first
 // request (the task service's first exec): its background prefetch may

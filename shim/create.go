@@ -149,7 +149,7 @@ func (s *service) reapUnclaimed(sb vmSandbox, rs *sandbox.Restored) {
 	defer t.Stop()
 	select {
 	case <-t.C:
-	case <-sb.Exited():
+	case <-sb.Done():
 		return
 	}
 	ctx := context.WithoutCancel(s.ctx)
@@ -212,9 +212,9 @@ func (s *service) newSandbox(ctx context.Context, r *taskAPI.CreateTaskRequest, 
 		}
 	}
 	s.mu.Lock()
-	s.sb, s.restored = sb, rs
+	s.sb, s.spec, s.restored = sb, spec, rs
 	s.mu.Unlock()
-	if err := s.serveExtension(sb); err != nil {
+	if err := s.serveExtension(spec.StateDir); err != nil {
 		log.G(ctx).WithError(err).Warn("serve cryo api: cryoctl cannot reach this sandbox")
 	}
 	go s.monitor(sb)
@@ -291,7 +291,7 @@ func (s *service) restoreOrBoot(ctx context.Context, r *taskAPI.CreateTaskReques
 	if err != nil {
 		return nil, nil, err
 	}
-	c.disk = sb.RootDisk()
+	c.disk = sb.Info().RootDisk
 	return sb, nil, nil
 }
 
@@ -302,7 +302,7 @@ func (s *service) removeSandbox(ctx context.Context, sb vmSandbox) {
 	_ = os.RemoveAll(s.diskDir)
 	_ = os.Remove(statePointerPath(s.bundle))
 	s.mu.Lock()
-	s.sb, s.restored = nil, nil
+	s.sb, s.spec, s.restored = nil, sandbox.Spec{}, nil
 	s.mu.Unlock()
 }
 

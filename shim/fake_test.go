@@ -10,9 +10,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/protobuf/types/known/anypb"
 
-	"github.com/cryo-runtime/cryo/annotations"
 	"github.com/cryo-runtime/cryo/sandbox"
-	"github.com/cryo-runtime/cryo/vmm"
 )
 
 // fakeQEMUPid is the fake VM's pid; the fake guest's processes have pid 7,
@@ -30,7 +28,7 @@ type fakeMaker struct {
 func (m *fakeMaker) Boot(ctx context.Context, spec sandbox.Spec, root sandbox.RootSpec) (vmSandbox, error) {
 	m.boots++
 	m.sb.spec = spec
-	m.sb.root = vmm.Disk{ID: sandbox.DiskID(root.ContainerID), Serial: "s1"}
+	m.sb.root = sandbox.Disk{ID: sandbox.DiskID(root.ContainerID), Serial: "s1"}
 	return m.sb, nil
 }
 
@@ -44,7 +42,7 @@ func (m *fakeMaker) Restore(ctx context.Context, spec sandbox.Spec, src sandbox.
 type fakeSandbox struct {
 	mu          sync.Mutex
 	spec        sandbox.Spec
-	root        vmm.Disk
+	root        sandbox.Disk
 	guest       *fakeGuest
 	paused      bool
 	calls       []string
@@ -54,7 +52,7 @@ type fakeSandbox struct {
 	qemuPid  int
 	exited   chan struct{}
 	stopOnce sync.Once
-	// failure is what Failure reports once the VM has stopped.
+	// failure is what Err reports once the VM has stopped.
 	failure error
 }
 
@@ -72,12 +70,12 @@ func (f *fakeSandbox) call(c string) {
 }
 
 func (f *fakeSandbox) Guest() sandbox.Guest { return f.guest }
-func (f *fakeSandbox) Info() sandbox.Info   { return sandbox.Info{ID: f.spec.ID, QEMUPid: f.qemuPid} }
-func (f *fakeSandbox) StateDir() string     { return f.spec.StateDir }
-func (f *fakeSandbox) RootDisk() vmm.Disk   { return f.root }
-func (f *fakeSandbox) AddRootDisk(ctx context.Context, r sandbox.RootSpec) (vmm.Disk, error) {
+func (f *fakeSandbox) Info() sandbox.Info {
+	return sandbox.Info{ID: f.spec.ID, QEMUPid: f.qemuPid, RootDisk: f.root}
+}
+func (f *fakeSandbox) AddRootDisk(ctx context.Context, r sandbox.RootSpec) (sandbox.Disk, error) {
 	f.call("add-root " + r.ContainerID)
-	return vmm.Disk{ID: sandbox.DiskID(r.ContainerID)}, nil
+	return sandbox.Disk{ID: sandbox.DiskID(r.ContainerID)}, nil
 }
 func (f *fakeSandbox) RemoveRootDisk(ctx context.Context, id string) error {
 	f.call("remove-root " + id)
@@ -132,15 +130,12 @@ func (f *fakeSandbox) Shutdown(ctx context.Context) error {
 	f.stopOnce.Do(func() { close(f.exited) })
 	return nil
 }
-func (f *fakeSandbox) Exited() <-chan struct{} { return f.exited }
-func (f *fakeSandbox) Stderr() string          { return "" }
-func (f *fakeSandbox) Failure() error {
+func (f *fakeSandbox) Done() <-chan struct{} { return f.exited }
+func (f *fakeSandbox) Err() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.failure
 }
-func (f *fakeSandbox) Request() annotations.Request   { return f.spec.Request }
-func (f *fakeSandbox) Annotations() map[string]string { return f.spec.Pod.Annotations }
 
 // fakeGuest is a guest agent whose processes run until signalled.
 type fakeGuest struct {

@@ -99,7 +99,7 @@ func backstopKill(ctx context.Context, sb vmSandbox, c *container, p *process, g
 	defer t.Stop()
 	select {
 	case <-p.exited:
-	case <-sb.Exited():
+	case <-sb.Done():
 	case <-t.C:
 		log.G(ctx).WithField("id", c.id).Warnf("no exit from the guest %s after SIGKILL: stopping the sandbox vm", grace)
 		sb.Stop(ctx)

@@ -45,6 +45,9 @@ type service struct {
 	vms      sandboxMaker
 	mu       sync.Mutex
 	sb       vmSandbox
+	// spec is what sb was made from: the shim's own copy of its
+	// directories, annotations and request.
+	spec sandbox.Spec
 	// restored holds the guest containers of a restored sandbox that no
 	// task has taken over yet.
 	restored   *sandbox.Restored
@@ -275,7 +278,14 @@ func (s *service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	if _, err := s.container(r.ID); err != nil {
 		return nil, err
 	}
-	req, err := taskCheckpointRequest(r, s.sb)
+	s.mu.Lock()
+	var made *sandbox.Spec
+	if s.sb != nil {
+		spec := s.spec
+		made = &spec
+	}
+	s.mu.Unlock()
+	req, err := taskCheckpointRequest(r, made)
 	if err != nil {
 		return nil, err
 	}
