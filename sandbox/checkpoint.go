@@ -33,6 +33,14 @@ type CheckpointRequest struct {
 	// Finished are the CRI names of the pod's containers that ran and
 	// ended (init containers): a restored pod may run them again.
 	Finished []string
+	// Pod names the pod the sandbox runs, for the snapshot's source info
+	// (empty outside Kubernetes).
+	Pod PodRef
+}
+
+// PodRef names a Kubernetes pod.
+type PodRef struct {
+	Name, Namespace, UID string
 }
 
 // Container is a container of the sandbox, as a checkpoint records it.
@@ -40,6 +48,9 @@ type Container struct {
 	GuestID string
 	Spec    *specs.Spec
 	Disk    string // id of its root disk
+	// Name is its CRI container name, by which a restored pod's container
+	// finds it; Image the image it runs (both empty outside a pod).
+	Name, Image string
 }
 
 // CheckpointResult is what a checkpoint published.

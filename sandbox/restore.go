@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
@@ -37,90 +36,16 @@ type Source struct {
 }
 
 // Restored is what Restore returns beside the sandbox: the guest
-// containers waiting for a task to claim them.
+// containers the snapshot holds, running, for the tasks that take them over
+// (Adopt).
 type Restored struct {
-	record  *sandboxRecord
-	pending map[string]RecordContainer // by guest id
-	mu      sync.Mutex
-}
-
-// NewRestored holds the guest containers of a restored sandbox whose own
-// container (the one that made it) had guest id sandboxID; finished names
-// the source pod's containers that had run and ended (init containers).
-func NewRestored(sandboxID string, containers []RecordContainer, finished ...string) *Restored {
-	r := &Restored{record: &sandboxRecord{SandboxID: sandboxID, Containers: containers, Finished: finished}, pending: map[string]RecordContainer{}}
-	for _, rc := range containers {
-		r.pending[rc.GuestID] = rc
-	}
-	return r
-}
-
-// SandboxID is the id the checkpointed sandbox had: the guest id of its
-// own container.
-func (r *Restored) SandboxID() string { return r.record.SandboxID }
-
-// Claim returns the guest container that a new task takes over: the one
-// with the same CRI container name, else the sandbox's own container for
-// the sandbox's first task. As KEP-5823's RestorePod matches containers, a
-// restored pod's containers are the checkpointed pod's, by name: a CRI
-// container whose name the snapshot does not hold is refused, for it would
-// run its own program beside the checkpointed one. A name claimed before is
-// the kubelet restarting that container, and a finished one an init
-// container running again: they start afresh (ok is false).
-func (r *Restored) Claim(specAnnotations map[string]string, first bool) (_ RecordContainer, ok bool, _ error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	name := specAnnotations[annotations.CRIContainerName]
-	for id, rc := range r.pending {
-		if name != "" && rc.Name == name || first && id == r.record.SandboxID {
-			delete(r.pending, id)
-			return rc, true, nil
-		}
-	}
-	if first && len(r.pending) == 1 {
-		for id, rc := range r.pending {
-			delete(r.pending, id)
-			return rc, true, nil
-		}
-	}
-	if name != "" && !slices.Contains(r.names(), name) && !slices.Contains(r.record.Finished, name) {
-		return RecordContainer{}, false, fmt.Errorf("restore: container %q is not in the snapshot, whose containers are %s: a restored pod's containers must have the checkpointed pod's names: %w",
-			name, r.nameList(), errdefs.ErrInvalidArgument)
-	}
-	return RecordContainer{}, false, nil
-}
-
-// Unclaimed hands back, once, the guest containers that no task took over.
-func (r *Restored) Unclaimed() []RecordContainer {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	var left []RecordContainer
-	for id, rc := range r.pending {
-		left = append(left, rc)
-		delete(r.pending, id)
-	}
-	slices.SortFunc(left, func(a, b RecordContainer) int { return strings.Compare(a.GuestID, b.GuestID) })
-	return left
-}
-
-// names are the CRI names of the snapshot's containers.
-func (r *Restored) names() []string {
-	var names []string
-	for _, rc := range r.record.Containers {
-		if rc.Name != "" {
-			names = append(names, rc.Name)
-		}
-	}
-	slices.Sort(names)
-	return names
-}
-
-func (r *Restored) nameList() string {
-	names := r.names()
-	if len(names) == 0 {
-		return "none with a name (it was not made from a pod's container)"
-	}
-	return fmt.Sprintf("%q", names)
+	// SandboxID is the id the checkpointed sandbox had: the guest id of
+	// its own container.
+	SandboxID  string
+	Containers []RecordContainer
+	// Finished are the CRI names of the source pod's containers that had
+	// run and ended (init containers).
+	Finished []string
 }
 
 // restoring is what a restore's own steps made.
@@ -146,7 +71,7 @@ func Restore(ctx context.Context, spec Spec, src Source) (*Sandbox, *Restored, e
 	}
 	r := st.restore
 	sb := st.finish(ctx, &Sandbox{spec: spec, rootfs: newRootfsBuilder(spec.Config), restoredFrom: src.URL, releaseSnapshot: r.release})
-	rs := NewRestored(r.rec.SandboxID, r.rec.Containers, r.rec.Finished...)
+	rs := &Restored{SandboxID: r.rec.SandboxID, Containers: r.rec.Containers, Finished: r.rec.Finished}
 	memFields := st.mem.restored(ctx, spec.Config.Restore.PrefetchWorkers)
 	log.G(ctx).WithFields(log.Fields{"boot_id": st.info.BootID, "digest": r.snap.Descriptor.Digest, "qemu_pid": st.vm.Pid()}).WithFields(memFields).Info("sandbox restored")
 	return sb, rs, nil
@@ -240,8 +165,10 @@ func (st *start) resolve(ctx context.Context, _ *undo) error {
 	if err != nil {
 		return err
 	}
-	if err := annotations.CheckRestoredSize(st.Pod.Annotations, cfg, rec.VCPUs, rec.MemoryMiB); err != nil {
-		return err
+	if st.FitsPod != nil {
+		if err := st.FitsPod(rec.VCPUs, rec.MemoryMiB); err != nil {
+			return err
+		}
 	}
 	st.restore.node, st.restore.snap, st.restore.rec = node, snap, rec
 	return nil

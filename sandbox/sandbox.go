@@ -95,6 +95,10 @@ type Spec struct {
 	Request annotations.Request
 	// Tenant is the namespace whose stores and keys the sandbox may use.
 	Tenant string
+	// FitsPod says whether a snapshot's VM of this size is what the pod
+	// asks for (nil: any size the node allows): a restore checks it before
+	// it fetches anything.
+	FitsPod func(vcpus, memoryMiB int) error
 }
 
 // Info describes a running sandbox.

@@ -57,7 +57,7 @@ func (s *service) createContainer(ctx context.Context, r *taskAPI.CreateTaskRequ
 		}()
 	}
 	if s.restored != nil {
-		rc, ok, err := s.restored.Claim(spec.Annotations, first)
+		rc, ok, err := s.restored.claim(spec.Annotations, first)
 		if err != nil {
 			return nil, err
 		}
@@ -144,7 +144,7 @@ var claimWindow = 5 * time.Minute
 
 // reapUnclaimed kills, once claimWindow has passed, the restored guest
 // containers that no task took over.
-func (s *service) reapUnclaimed(sb vmSandbox, rs *sandbox.Restored) {
+func (s *service) reapUnclaimed(sb vmSandbox, rs *restoredPod) {
 	t := time.NewTimer(claimWindow)
 	defer t.Stop()
 	select {
@@ -153,7 +153,7 @@ func (s *service) reapUnclaimed(sb vmSandbox, rs *sandbox.Restored) {
 		return
 	}
 	ctx := context.WithoutCancel(s.ctx)
-	for _, rc := range rs.Unclaimed() {
+	for _, rc := range rs.unclaimed() {
 		log.G(ctx).WithFields(log.Fields{"guest_id": rc.GuestID, "name": rc.Name}).
 			Warnf("no container of the restored pod took this checkpointed container over within %s: killing its processes", claimWindow)
 		if err := sb.Guest().Signal(ctx, rc.GuestID, "", uint32(unix.SIGKILL), true); err != nil && !errdefs.IsNotFound(err) {
@@ -205,21 +205,25 @@ func (s *service) newSandbox(ctx context.Context, r *taskAPI.CreateTaskRequest, 
 	if rs != nil {
 		// The hook runs in the sandbox's own container (in a pod, the one
 		// that booted the VM) before any task is handed over.
-		if err := sb.RunHook(ctx, rs.SandboxID(), spec.Request.PostRestore, "post-restore"); err != nil {
+		if err := sb.RunHook(ctx, rs.SandboxID, spec.Request.PostRestore, "post-restore"); err != nil {
 			_ = sb.Shutdown(ctx)
 			cleanup()
 			return nil, err
 		}
 	}
 	s.mu.Lock()
-	s.sb, s.spec, s.restored = sb, spec, rs
+	s.sb, s.spec = sb, spec
+	if rs != nil {
+		s.restored = newRestored(rs)
+	}
+	restored := s.restored
 	s.mu.Unlock()
 	if err := s.serveExtension(spec.StateDir); err != nil {
 		log.G(ctx).WithError(err).Warn("serve cryo api: cryoctl cannot reach this sandbox")
 	}
 	go s.monitor(sb)
-	if rs != nil {
-		go s.reapUnclaimed(sb, rs)
+	if restored != nil {
+		go s.reapUnclaimed(sb, restored)
 	}
 	return sb, nil
 }
@@ -247,6 +251,9 @@ func (s *service) sandboxSpec(ctx context.Context, r *taskAPI.CreateTaskRequest,
 	spec := sandbox.Spec{
 		ID: r.ID, Config: cfg, StateDir: stateDir, DiskDir: filepath.Join(cfg.Runtime.DiskRoot, filepath.Base(stateDir)),
 		Pod: c.spec, Request: req, Tenant: s.tenant(c.spec.Annotations),
+		FitsPod: func(vcpus, memoryMiB int) error {
+			return annotations.CheckRestoredSize(c.spec.Annotations, cfg, vcpus, memoryMiB)
+		},
 	}
 	return spec, src, nil
 }

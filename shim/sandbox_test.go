@@ -126,7 +126,7 @@ func (ts *testService) status(t *testing.T, id string) (task.Status, uint32) {
 // one; its kill and delete end the sandbox.
 func TestRestoreAdoptsGuestContainer(t *testing.T) {
 	ts := newTestService(t)
-	ts.maker.restored = sandbox.NewRestored("old-pod", []sandbox.RecordContainer{{GuestID: "old-pod", Disk: "root-abc", Spec: &specs.Spec{Hostname: "old"}}})
+	ts.maker.restored = &sandbox.Restored{SandboxID: "old-pod", Containers: []sandbox.RecordContainer{{GuestID: "old-pod", Disk: "root-abc", Spec: &specs.Spec{Hostname: "old"}}}}
 	resp := ts.create(t, "pod", map[string]string{annotations.RestoreFrom: "file:///store/agent:v1"})
 
 	if ts.maker.boots != 0 || len(ts.maker.restores) != 1 || ts.maker.restores[0].URL != "file:///store/agent:v1" {
@@ -303,11 +303,11 @@ func TestRestoredContainersMatchByName(t *testing.T) {
 	defer func(w time.Duration) { claimWindow = w }(claimWindow)
 	claimWindow = 300 * time.Millisecond
 	ts := newTestService(t)
-	ts.maker.restored = sandbox.NewRestored("old-pod", []sandbox.RecordContainer{
+	ts.maker.restored = &sandbox.Restored{SandboxID: "old-pod", Containers: []sandbox.RecordContainer{
 		{GuestID: "old-pod", Disk: "root-abc", Spec: &specs.Spec{Hostname: "old"}},
 		{GuestID: "old-app", Name: "app", Disk: "root-app", Spec: &specs.Spec{Hostname: "old"}},
 		{GuestID: "old-side", Name: "side", Disk: "root-side", Spec: &specs.Spec{Hostname: "old"}},
-	})
+	}}
 	ts.create(t, "pod", map[string]string{annotations.RestoreFrom: "file:///store/agent:v1", annotations.CRIContainerType: "sandbox"})
 
 	opts, err := typeurl.MarshalAnyToProto(ts.opts)

@@ -50,7 +50,7 @@ type service struct {
 	spec sandbox.Spec
 	// restored holds the guest containers of a restored sandbox that no
 	// task has taken over yet.
-	restored   *sandbox.Restored
+	restored   *restoredPod
 	containers map[string]*container
 	// ran are the CRI names of every container the sandbox ran: those no
 	// longer among containers are the finished ones a checkpoint records.
@@ -412,7 +412,8 @@ func (s *service) checkpoint(ctx context.Context, req sandbox.CheckpointRequest)
 	s.mu.Lock()
 	sb := s.sb
 	for id, c := range s.containers {
-		ct := sandbox.Container{GuestID: c.guestID, Spec: c.spec, Disk: c.disk.ID}
+		a := c.spec.Annotations
+		ct := sandbox.Container{GuestID: c.guestID, Spec: c.spec, Disk: c.disk.ID, Name: a[annotations.CRIContainerName], Image: a[annotations.CRIImageName]}
 		if sb != nil && id == sb.Info().ID {
 			req.Containers = append([]sandbox.Container{ct}, req.Containers...)
 		} else {
@@ -420,6 +421,9 @@ func (s *service) checkpoint(ctx context.Context, req sandbox.CheckpointRequest)
 		}
 	}
 	req.Finished = s.finishedLocked()
+	if s.spec.Pod != nil {
+		req.Pod = podRef(s.spec.Pod.Annotations)
+	}
 	s.mu.Unlock()
 	if sb == nil {
 		return sandbox.CheckpointResult{}, fmt.Errorf("checkpoint: no sandbox: %w", errdefs.ErrFailedPrecondition)
@@ -442,4 +446,10 @@ func (s *service) finishedLocked() []string {
 	}
 	slices.Sort(names)
 	return names
+}
+
+// podRef names the pod whose CRI annotations a are, for a snapshot's
+// source info.
+func podRef(a map[string]string) sandbox.PodRef {
+	return sandbox.PodRef{Name: a[annotations.CRISandboxName], Namespace: a[annotations.CRISandboxNamespace], UID: a[annotations.CRISandboxUID]}
 }
