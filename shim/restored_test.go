@@ -64,4 +64,3 @@ func TestClaimSnapshotWithoutNames(t *testing.T) {
 		t.Fatalf("a pod container restored from a snapshot of a container outside a pod: %v, want a refusal", err)
 	}
 }
-
