@@ -11,7 +11,6 @@ import (
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
 
-	"github.com/cryo-runtime/cryo/configs"
 	"github.com/cryo-runtime/cryo/fingerprint"
 	"github.com/cryo-runtime/cryo/internal/sparse"
 	"github.com/cryo-runtime/cryo/pagefs"
@@ -208,7 +207,7 @@ func (c *checkpointing) metadata() snapshot.Metadata {
 	md := snapshot.Metadata{
 		Fingerprint: c.cap.fp,
 		Source: snapshot.SourceInfo{
-			SandboxID: sb.spec.ID, RuntimeType: configs.RuntimeType, Node: host,
+			SandboxID: sb.spec.ID, RuntimeType: sb.spec.Node.RuntimeType, Node: host,
 			PodName: pod.Name, Namespace: pod.Namespace, PodUID: pod.UID,
 		},
 		// For a controller that weighs checkpoints; publish adds what the

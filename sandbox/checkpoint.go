@@ -131,13 +131,13 @@ func (c *checkpointing) target(ctx context.Context, _ *undo) error {
 		return fmt.Errorf("no store: set %s, [stores] default_checkpoint_to, or pass a target: %w", annotations.CheckpointTo, errdefs.ErrInvalidArgument)
 	}
 	if !c.req.Trusted {
-		if err := sb.spec.Config.Stores.Allows(to, sb.spec.Tenant); err != nil {
+		if err := sb.spec.Node.Stores.Allows(to, sb.spec.Tenant); err != nil {
 			return err
 		}
 	}
 	// Every refusal comes before the store is opened: opening a file://
 	// store creates its layout, and a refused checkpoint leaves nothing.
-	wopts, err := sb.spec.Config.Snapshot.WriteOptions(sb.spec.Tenant)
+	wopts, err := sb.spec.Node.Keys.WriteOptions(sb.spec.Tenant)
 	if err != nil {
 		return err
 	}
@@ -146,7 +146,7 @@ func (c *checkpointing) target(ctx context.Context, _ *undo) error {
 			return fmt.Errorf("%s names no reference (add :tag): %w", redact.URL(to), errdefs.ErrInvalidArgument)
 		}
 	}
-	store, ref, err := stores.Open(ctx, to, storeOptions(sb.spec.Config, sb.spec.Tenant, to, c.req.Trusted))
+	store, ref, err := stores.Open(ctx, to, storeOptions(sb.spec.Node.Stores, sb.spec.Tenant, to, c.req.Trusted))
 	if err != nil {
 		return fmt.Errorf("open store: %w", err)
 	}
@@ -185,7 +185,7 @@ func (c *checkpointing) repause(ctx context.Context) {
 
 // workDir is where the capture's files live until they are published.
 func (c *checkpointing) workDir(ctx context.Context, u *undo) error {
-	dir := c.sb.spec.Config.Snapshot.CacheDir
+	dir := c.sb.spec.Node.WorkDir
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}

@@ -136,7 +136,7 @@ func TestHostGuestDigests(t *testing.T) {
 	cfg := configs.Default()
 	cfg.Snapshot.CacheDir = filepath.Join(dir, "cache")
 	cfg.Hypervisor.Kernel, cfg.Hypervisor.Initrd = kernel, initrd
-	g, err := hostGuestDigests(cfg)
+	g, err := hostGuestDigests(testNode(t, cfg))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,7 +155,7 @@ func TestHostGuestDigests(t *testing.T) {
 	// A file that cannot be read is an error: a restore refuses, a boot
 	// leaves the hashing to the machine.
 	cfg.Hypervisor.Kernel = filepath.Join(dir, "gone")
-	if g, err := hostGuestDigests(cfg); err == nil || !strings.Contains(err.Error(), "guest kernel") {
+	if g, err := hostGuestDigests(testNode(t, cfg)); err == nil || !strings.Contains(err.Error(), "guest kernel") {
 		t.Errorf("digests with a missing kernel: %+v, %v", g, err)
 	}
 }

@@ -17,7 +17,6 @@ import (
 
 	agentapi "github.com/cryo-runtime/cryo/agent/api/v1"
 	"github.com/cryo-runtime/cryo/annotations"
-	"github.com/cryo-runtime/cryo/configs"
 	"github.com/cryo-runtime/cryo/vmm"
 )
 
@@ -83,8 +82,9 @@ type GuestFile struct {
 
 // Spec is what a sandbox is made from, booted or restored.
 type Spec struct {
-	ID     string
-	Config configs.Config
+	ID string
+	// Node is what the sandbox takes of its node.
+	Node Node
 	// StateDir holds the VM's sockets and state (tmpfs); DiskDir its
 	// writable disks (qcow2 overlays), on disk.
 	StateDir, DiskDir string
@@ -229,16 +229,16 @@ func (s *Sandbox) Resume(ctx context.Context) error {
 // Paused reports whether the VM was paused through Pause.
 func (s *Sandbox) Paused() bool { return s.run.get() == vmPaused }
 
-func newRootfsBuilder(cfg configs.Config) *rootfsBuilder {
-	return &rootfsBuilder{cacheDir: cfg.Runtime.ImageCache, writableMiB: cfg.Runtime.WritableDiskMiB}
+func newRootfsBuilder(o RootFSOptions) *rootfsBuilder {
+	return &rootfsBuilder{cacheDir: o.ImageCache, writableMiB: o.WritableDiskMiB}
 }
 
 // connectAgent dials the agent's virtio-serial port and waits for it to
 // answer, within ac's dial timeout; the client's short calls then get ac's
 // request timeout. A VM that dies meanwhile ends the wait at once with
 // QEMU's own stderr and the tail of the guest console.
-func connectAgent(ctx context.Context, vm machine, ac configs.Agent) (agentConn, guestInfo, error) {
-	timeout := ac.DialTimeout.Duration
+func connectAgent(ctx context.Context, vm machine, ac AgentTimeouts) (agentConn, guestInfo, error) {
+	timeout := ac.Dial
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	go func() {
@@ -256,7 +256,7 @@ func connectAgent(ctx context.Context, vm machine, ac configs.Agent) (agentConn,
 			lastErr = err
 			break
 		}
-		ag := newAgentClient(conn, ac.RequestTimeout.Duration)
+		ag := newAgentClient(conn, ac.Request)
 		pctx, pcancel := context.WithTimeout(ctx, agentPingTimeout)
 		info, err := ag.ping(pctx)
 		pcancel()
@@ -290,16 +290,10 @@ func consoleTail(path string) string {
 }
 
 // confined applies the node's QEMU confinement and console cap to c.
-func confined(c vmm.Config, cfg configs.Config) vmm.Config {
-	h := cfg.Hypervisor
-	c.Confine = vmm.Confinement{
-		Disabled: !h.ConfineQEMU,
-		UIDBase:  h.QEMUUIDBase, UIDCount: h.QEMUUIDCount,
-		// LockDir stays vmm's host-wide default, whatever state_root says:
-		// two installations on one host must not hand out the same uid.
-	}
-	c.PrivateMemoryDir = h.MemoryDir
-	c.ConsoleMaxBytes = int64(h.ConsoleLogKiB) << 10
+func confined(c vmm.Config, t VMTemplate) vmm.Config {
+	c.Confine = t.Confine
+	c.PrivateMemoryDir = t.MemoryDir
+	c.ConsoleMaxBytes = t.ConsoleMaxBytes
 	return c
 }
 

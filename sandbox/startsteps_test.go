@@ -100,7 +100,7 @@ func (f *fakeVMs) factory() vmFactory {
 			f.machines = append(f.machines, m)
 			return m, nil
 		},
-		connect: func(_ context.Context, m machine, _ configs.Agent) (agentConn, guestInfo, error) {
+		connect: func(_ context.Context, m machine, _ AgentTimeouts) (agentConn, guestInfo, error) {
 			if fm := m.(*fakeMachine); !fm.started || fm.stopped {
 				return nil, guestInfo{}, errors.New("agent of a vm that does not run")
 			}
@@ -223,13 +223,13 @@ func TestBootSteps(t *testing.T) {
 			cfg := configs.Default()
 			cfg.Snapshot.CacheDir = filepath.Join(dir, "cache")
 			// The shim makes the sandbox's dirs before Boot.
-			spec = Spec{ID: "sb", Config: cfg, StateDir: filepath.Join(dir, "state"), DiskDir: filepath.Join(dir, "disks"), Pod: &specs.Spec{}}
+			spec = Spec{ID: "sb", Node: testNode(t, cfg), StateDir: filepath.Join(dir, "state"), DiskDir: filepath.Join(dir, "disks"), Pod: &specs.Spec{}}
 			root := RootSpec{ContainerID: "c1", Mounts: []*types.Mount{{Type: "ext4", Source: image}}}
 			st = &start{Spec: spec, root: root, vms: vms}
-			return st.bootSteps(&Sandbox{spec: spec, rootfs: newRootfsBuilder(cfg)})
+			return st.bootSteps(&Sandbox{spec: spec, rootfs: newRootfsBuilder(spec.Node.RootFS)})
 		},
 		done: func(t *testing.T) {
-			checkMemory(t, st, vmm.MemoryOwned, ramPath(spec.Config.Hypervisor.MemoryDir, spec.StateDir))
+			checkMemory(t, st, vmm.MemoryOwned, ramPath(spec.Node.VM.MemoryDir, spec.StateDir))
 		},
 		left: func(t *testing.T) []string {
 			return append(dirEntries(t, spec.StateDir), dirEntries(t, spec.DiskDir)...)
@@ -310,9 +310,9 @@ func newRestoreFixture(t *testing.T) *restoreFixture {
 // dir; made: with its dirs made, as the shim makes them before a restore.
 func (f *restoreFixture) spec(t *testing.T, made bool) Spec {
 	dir := t.TempDir()
-	spec := Spec{ID: "sb", Config: f.cfg, StateDir: filepath.Join(dir, "state"), DiskDir: filepath.Join(dir, "disks"), Pod: &specs.Spec{},
+	spec := Spec{ID: "sb", Node: testNode(t, f.cfg), StateDir: filepath.Join(dir, "state"), DiskDir: filepath.Join(dir, "disks"), Pod: &specs.Spec{},
 		Tenant: "default"}
-	spec.Request.RestoreMode = configs.RestoreEager
+	spec.Request.RestoreMode = RestoreEager
 	for _, d := range []string{spec.StateDir, spec.DiskDir} {
 		if !made {
 			break
@@ -383,7 +383,7 @@ func TestLazyRestoreSteps(t *testing.T) {
 		op: "restore",
 		steps: func(t *testing.T, vms vmFactory) []step {
 			spec = f.spec(t, true)
-			spec.Request.RestoreMode = configs.RestoreLazy
+			spec.Request.RestoreMode = RestoreLazy
 			st = &start{Spec: spec, src: Source{URL: f.url}, restore: &restoring{}, vms: vms}
 			return st.restoreSteps()
 		},

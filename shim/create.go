@@ -18,6 +18,7 @@ import (
 	"github.com/cryo-runtime/cryo/annotations"
 	"github.com/cryo-runtime/cryo/configs"
 	"github.com/cryo-runtime/cryo/internal/atomicfile"
+	"github.com/cryo-runtime/cryo/nodeopts"
 	"github.com/cryo-runtime/cryo/sandbox"
 )
 
@@ -246,10 +247,14 @@ func (s *service) sandboxSpec(ctx context.Context, r *taskAPI.CreateTaskRequest,
 			return sandbox.Spec{}, sandbox.Source{}, err
 		}
 	}
+	node, err := nodeopts.Sandbox(cfg)
+	if err != nil {
+		return sandbox.Spec{}, sandbox.Source{}, err
+	}
 	ns, _ := namespaces.Namespace(ctx)
 	stateDir := sandboxStateDir(cfg.Runtime.StateRoot, ns, r.ID)
 	spec := sandbox.Spec{
-		ID: r.ID, Config: cfg, StateDir: stateDir, DiskDir: filepath.Join(cfg.Runtime.DiskRoot, filepath.Base(stateDir)),
+		ID: r.ID, Node: node, StateDir: stateDir, DiskDir: filepath.Join(cfg.Runtime.DiskRoot, filepath.Base(stateDir)),
 		Pod: c.spec, Request: req, Tenant: s.tenant(c.spec.Annotations),
 		FitsPod: func(vcpus, memoryMiB int) error {
 			return annotations.CheckRestoredSize(c.spec.Annotations, cfg, vcpus, memoryMiB)

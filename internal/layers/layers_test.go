@@ -37,6 +37,8 @@ var order = [][]string{
 	{"annotations"},
 	// one pod's VM
 	{"sandbox"},
+	// the node's TOML mapped onto a sandbox's node options
+	{"nodeopts"},
 	// containerd's side
 	{"shim"},
 	{"shim/plugin", "stack"},
