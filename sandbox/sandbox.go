@@ -226,9 +226,6 @@ func (s *Sandbox) Resume(ctx context.Context) error {
 	return nil
 }
 
-// Paused reports whether the VM was paused through Pause.
-func (s *Sandbox) Paused() bool { return s.run.get() == vmPaused }
-
 func newRootfsBuilder(o RootFSOptions) *rootfsBuilder {
 	return &rootfsBuilder{cacheDir: o.ImageCache, writableMiB: o.WritableDiskMiB}
 }

@@ -93,6 +93,7 @@ func processEventID(c *container, p *process) string {
 // vmStoppedLine): containerd's TaskExit has no field for a reason.
 func (s *service) monitor(sb vmSandbox) {
 	<-sb.Done()
+	s.setVMPaused(false)
 	failure := sb.Err()
 	l := log.G(s.ctx)
 	if failure != nil {

@@ -16,9 +16,10 @@ type vmSandbox interface {
 	RemoveRootDisk(ctx context.Context, id string) error
 	Adopt(ctx context.Context, rc sandbox.RecordContainer, hostname string) (uint32, error)
 	RunHook(ctx context.Context, guestID, cmd, name string) error
+	// Pause and Resume stop and continue the VM's vCPUs; the task
+	// service keeps whether it paused it.
 	Pause(ctx context.Context) error
 	Resume(ctx context.Context) error
-	Paused() bool
 	Checkpoint(ctx context.Context, r sandbox.CheckpointRequest) (sandbox.CheckpointResult, error)
 	// Interacted says the sandbox answered its first exec.
 	Interacted()

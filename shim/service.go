@@ -48,6 +48,9 @@ type service struct {
 	// spec is what sb was made from: the shim's own copy of its
 	// directories, annotations and request.
 	spec sandbox.Spec
+	// vmPaused is set while the task API holds the VM paused: the shim
+	// paused it, and neither resumed it nor saw it stop since.
+	vmPaused bool
 	// restored holds the guest containers of a restored sandbox that no
 	// task has taken over yet.
 	restored   *restoredPod
@@ -212,6 +215,7 @@ func (s *service) Pause(ctx context.Context, r *taskAPI.PauseRequest) (*ptypes.E
 		_ = p.transition(stateRunning)
 		return nil, err
 	}
+	s.setVMPaused(true)
 	s.send(&eventstypes.TaskPaused{ContainerID: r.ID})
 	return empty, nil
 }
@@ -227,6 +231,7 @@ func (s *service) Resume(ctx context.Context, r *taskAPI.ResumeRequest) (*ptypes
 	if err := s.sb.Resume(ctx); err != nil {
 		return nil, err
 	}
+	s.setVMPaused(false)
 	_ = p.transition(stateRunning)
 	s.send(&eventstypes.TaskResumed{ContainerID: r.ID})
 	return empty, nil
@@ -428,7 +433,23 @@ func (s *service) checkpoint(ctx context.Context, req sandbox.CheckpointRequest)
 	if sb == nil {
 		return sandbox.CheckpointResult{}, fmt.Errorf("checkpoint: no sandbox: %w", errdefs.ErrFailedPrecondition)
 	}
-	return sb.Checkpoint(ctx, req)
+	res, err := sb.Checkpoint(ctx, req)
+	if err == nil && req.Exit {
+		s.setVMPaused(false) // the VM is gone
+	}
+	return res, err
+}
+
+func (s *service) setVMPaused(paused bool) {
+	s.mu.Lock()
+	s.vmPaused = paused
+	s.mu.Unlock()
+}
+
+func (s *service) isVMPaused() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.vmPaused
 }
 
 // finishedLocked are the CRI names of the containers the sandbox ran that
