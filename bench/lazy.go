@@ -211,7 +211,7 @@ func (r *runner) floor(s lazySnapshot) error {
 		spec := sandbox.Spec{
 			ID: id, Node: node, StateDir: filepath.Join(r.s.StateRoot, "floor", strconv.Itoa(i)),
 			DiskDir: filepath.Join(r.s.Dir, "floor-disks", strconv.Itoa(i)), Pod: &specs.Spec{},
-			Request: annotations.Request{RestoreMode: configs.RestoreEager}, Tenant: r.s.Namespace,
+			RestoreMode: sandbox.RestoreEager, Tenant: r.s.Namespace,
 		}
 		quiesce()
 		d, err := sandbox.Floor(ctx, spec, sandbox.Source{URL: s.url})

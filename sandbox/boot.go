@@ -95,7 +95,7 @@ func (st *start) network(opts network.Options) func(context.Context, *undo) erro
 func (st *start) bootConfig(ctx context.Context, root vmm.Disk) error {
 	t := st.Node.VM
 	c := t.config(st.ID, st.StateDir)
-	c.VCPUs, c.MemoryMiB = st.Request.VCPUs, st.Request.MemoryMiB
+	c.VCPUs, c.MemoryMiB = st.VCPUs, st.MemoryMiB
 	c.Disks, c.NICs, c.HotplugPorts = []vmm.Disk{root}, st.pn.nics(), t.HotplugPorts
 	st.mem = &ownedMemory{path: ramPath(t.MemoryDir, st.StateDir)}
 	st.mem.configure(&c)

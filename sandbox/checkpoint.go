@@ -125,7 +125,7 @@ func (c *checkpointing) target(ctx context.Context, _ *undo) error {
 	sb := c.sb
 	to := c.req.To
 	if to == "" {
-		to = sb.spec.Request.CheckpointTo
+		to = sb.spec.CheckpointTo
 	}
 	if to == "" {
 		return fmt.Errorf("no store: set %s, [stores] default_checkpoint_to, or pass a target: %w", annotations.CheckpointTo, errdefs.ErrInvalidArgument)
@@ -170,7 +170,7 @@ func (c *checkpointing) prepareGuest(ctx context.Context, u *undo) error {
 		}
 		u.onFailure(func(ctx context.Context) { c.repause(ctx) })
 	}
-	if err := runHook(ctx, sb.agent, c.req.Containers[0].GuestID, sb.spec.Request.PreCheckpoint, "pre-checkpoint"); err != nil {
+	if err := runHook(ctx, sb.agent, c.req.Containers[0].GuestID, sb.spec.PreCheckpoint, "pre-checkpoint"); err != nil {
 		return err
 	}
 	return stepErr("sync guest filesystems", sb.agent.sync(ctx))

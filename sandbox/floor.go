@@ -16,7 +16,7 @@ import (
 // time measured. `cryoctl bench` holds restores against it. The VM is gone
 // and its directories removed when Floor returns.
 func Floor(ctx context.Context, spec Spec, src Source) (time.Duration, error) {
-	spec.Request.RestoreMode = RestoreEager // the materialized files
+	spec.RestoreMode = RestoreEager // the materialized files
 	st := &start{Spec: spec, src: src, restore: &restoring{}, vms: qemuFactory}
 	var took time.Duration
 	err := runSteps(ctx, "floor", st.floorSteps(&took))

@@ -98,7 +98,7 @@ func (st *start) restoreSteps() []step {
 // fetchSteps find the snapshot, check it against this host and fetch it.
 func (st *start) fetchSteps() []step {
 	fetch := step{"fetch+materialize", st.materialize}
-	if st.Request.RestoreMode == RestoreLazy {
+	if st.RestoreMode == RestoreLazy {
 		fetch = step{"fetch+serve", st.serve}
 	}
 	return []step{{"resolve", st.resolve}, {"check host", st.checkHost}, fetch}

@@ -16,7 +16,6 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	agentapi "github.com/cryo-runtime/cryo/agent/api/v1"
-	"github.com/cryo-runtime/cryo/annotations"
 	"github.com/cryo-runtime/cryo/vmm"
 )
 
@@ -91,8 +90,16 @@ type Spec struct {
 	// Pod is the OCI spec of the container that creates the sandbox: its
 	// annotations and the network namespace the VM's NIC is bridged to.
 	Pod *specs.Spec
-	// Request is what Pod's annotations ask for.
-	Request annotations.Request
+	// VCPUs and MemoryMiB size a booted VM (a restored one has its
+	// snapshot's size).
+	VCPUs, MemoryMiB int
+	// RestoreMode is how a restore gets the snapshot's RAM: RestoreLazy
+	// serves it page by page, RestoreEager fetches it whole first.
+	RestoreMode string
+	// CheckpointTo is where a checkpoint goes when its request names no
+	// store; PreCheckpoint the hook (sh -c) run in the sandbox's own
+	// container before one.
+	CheckpointTo, PreCheckpoint string
 	// Tenant is the namespace whose stores and keys the sandbox may use.
 	Tenant string
 	// FitsPod says whether a snapshot's VM of this size is what the pod

@@ -312,7 +312,7 @@ func (f *restoreFixture) spec(t *testing.T, made bool) Spec {
 	dir := t.TempDir()
 	spec := Spec{ID: "sb", Node: testNode(t, f.cfg), StateDir: filepath.Join(dir, "state"), DiskDir: filepath.Join(dir, "disks"), Pod: &specs.Spec{},
 		Tenant: "default"}
-	spec.Request.RestoreMode = RestoreEager
+	spec.RestoreMode = RestoreEager
 	for _, d := range []string{spec.StateDir, spec.DiskDir} {
 		if !made {
 			break
@@ -383,7 +383,7 @@ func TestLazyRestoreSteps(t *testing.T) {
 		op: "restore",
 		steps: func(t *testing.T, vms vmFactory) []step {
 			spec = f.spec(t, true)
-			spec.Request.RestoreMode = RestoreLazy
+			spec.RestoreMode = RestoreLazy
 			st = &start{Spec: spec, src: Source{URL: f.url}, restore: &restoring{}, vms: vms}
 			return st.restoreSteps()
 		},

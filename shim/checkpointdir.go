@@ -53,7 +53,7 @@ func taskCheckpointRequest(r *taskAPI.CheckpointTaskRequest, made *sandbox.Spec)
 			}
 		}
 	}
-	if made != nil && made.Request.CheckpointTo == "" {
+	if made != nil && made.CheckpointTo == "" {
 		if err := refuseCRILocalCheckpoint(made.Pod.Annotations); err != nil {
 			return req, err
 		}

@@ -184,7 +184,7 @@ func (s *service) addContainer(c *container) {
 // to a cold boot when the policy says so), and boots it otherwise, with c's
 // root disk attached at boot.
 func (s *service) newSandbox(ctx context.Context, r *taskAPI.CreateTaskRequest, c *container) (_ vmSandbox, retErr error) {
-	spec, src, err := s.sandboxSpec(ctx, r, c)
+	spec, req, src, err := s.sandboxSpec(ctx, r, c)
 	if err != nil {
 		return nil, err
 	}
@@ -198,7 +198,7 @@ func (s *service) newSandbox(ctx context.Context, r *taskAPI.CreateTaskRequest, 
 		return nil, err
 	}
 	s.diskDir, s.bundle = spec.DiskDir, r.Bundle
-	sb, rs, err := s.restoreOrBoot(ctx, r, c, spec, src)
+	sb, rs, err := s.restoreOrBoot(ctx, r, c, spec, req.RestoreFallback, src)
 	if err != nil {
 		cleanup()
 		return nil, err
@@ -206,7 +206,7 @@ func (s *service) newSandbox(ctx context.Context, r *taskAPI.CreateTaskRequest, 
 	if rs != nil {
 		// The hook runs in the sandbox's own container (in a pod, the one
 		// that booted the VM) before any task is handed over.
-		if err := sb.RunHook(ctx, rs.SandboxID, spec.Request.PostRestore, "post-restore"); err != nil {
+		if err := sb.RunHook(ctx, rs.SandboxID, req.PostRestore, "post-restore"); err != nil {
 			_ = sb.Shutdown(ctx)
 			cleanup()
 			return nil, err
@@ -230,37 +230,40 @@ func (s *service) newSandbox(ctx context.Context, r *taskAPI.CreateTaskRequest, 
 }
 
 // sandboxSpec is the sandbox of the first container c: the node config,
-// what c's annotations ask for, its directories, and where a restore comes
-// from (none: Source.URL is empty).
-func (s *service) sandboxSpec(ctx context.Context, r *taskAPI.CreateTaskRequest, c *container) (sandbox.Spec, sandbox.Source, error) {
+// what c's annotations ask for (req, of which the sandbox takes its part),
+// its directories, and where a restore comes from (none: Source.URL is
+// empty).
+func (s *service) sandboxSpec(ctx context.Context, r *taskAPI.CreateTaskRequest, c *container) (_ sandbox.Spec, req annotations.Request, _ sandbox.Source, _ error) {
 	cfg, err := loadConfig(r)
 	if err != nil {
-		return sandbox.Spec{}, sandbox.Source{}, err
+		return sandbox.Spec{}, req, sandbox.Source{}, err
 	}
-	req, err := annotations.Parse(c.spec.Annotations, cfg)
+	req, err = annotations.Parse(c.spec.Annotations, cfg)
 	if err != nil {
-		return sandbox.Spec{}, sandbox.Source{}, err
+		return sandbox.Spec{}, req, sandbox.Source{}, err
 	}
 	src := sandbox.Source{URL: req.RestoreFrom, Digest: req.RestoreDigest}
 	if r.Checkpoint != "" {
 		if src, err = readCheckpointRef(r.Checkpoint); err != nil {
-			return sandbox.Spec{}, sandbox.Source{}, err
+			return sandbox.Spec{}, req, sandbox.Source{}, err
 		}
 	}
 	node, err := nodeopts.Sandbox(cfg)
 	if err != nil {
-		return sandbox.Spec{}, sandbox.Source{}, err
+		return sandbox.Spec{}, req, sandbox.Source{}, err
 	}
 	ns, _ := namespaces.Namespace(ctx)
 	stateDir := sandboxStateDir(cfg.Runtime.StateRoot, ns, r.ID)
 	spec := sandbox.Spec{
 		ID: r.ID, Node: node, StateDir: stateDir, DiskDir: filepath.Join(cfg.Runtime.DiskRoot, filepath.Base(stateDir)),
-		Pod: c.spec, Request: req, Tenant: s.tenant(c.spec.Annotations),
+		Pod: c.spec, Tenant: s.tenant(c.spec.Annotations),
+		VCPUs: req.VCPUs, MemoryMiB: req.MemoryMiB, RestoreMode: req.RestoreMode,
+		CheckpointTo: req.CheckpointTo, PreCheckpoint: req.PreCheckpoint,
 		FitsPod: func(vcpus, memoryMiB int) error {
 			return annotations.CheckRestoredSize(c.spec.Annotations, cfg, vcpus, memoryMiB)
 		},
 	}
-	return spec, src, nil
+	return spec, req, src, nil
 }
 
 // writePointers makes the sandbox's directories and the files that lead
@@ -278,8 +281,9 @@ func writePointers(bundle, stateDir, diskDir string) error {
 }
 
 // restoreOrBoot restores the sandbox when src names a snapshot, and boots
-// it otherwise or, when the restore fails and the policy says so, instead.
-func (s *service) restoreOrBoot(ctx context.Context, r *taskAPI.CreateTaskRequest, c *container, spec sandbox.Spec, src sandbox.Source) (vmSandbox, *sandbox.Restored, error) {
+// it otherwise or, when the restore fails and the pod's fallback policy
+// says so ("cold"), instead.
+func (s *service) restoreOrBoot(ctx context.Context, r *taskAPI.CreateTaskRequest, c *container, spec sandbox.Spec, fallback string, src sandbox.Source) (vmSandbox, *sandbox.Restored, error) {
 	if src.URL != "" {
 		rctx, cancel := context.WithTimeout(ctx, restoreTimeout)
 		sb, rs, err := s.vms.Restore(rctx, spec, src)
@@ -287,7 +291,7 @@ func (s *service) restoreOrBoot(ctx context.Context, r *taskAPI.CreateTaskReques
 		switch {
 		case err == nil:
 			return sb, rs, nil
-		case spec.Request.RestoreFallback == "cold" && r.Checkpoint == "":
+		case fallback == "cold" && r.Checkpoint == "":
 			log.G(ctx).WithError(err).Warn("restore failed; booting cold (restore-fallback: cold)")
 			// Drop the restore's overlays; the boot makes the disk dirs anew.
 			os.RemoveAll(spec.DiskDir)

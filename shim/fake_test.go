@@ -116,7 +116,7 @@ func (f *fakeSandbox) Checkpoint(ctx context.Context, r sandbox.CheckpointReques
 	f.checkpoints = append(f.checkpoints, r)
 	to := r.To
 	if to == "" {
-		to = f.spec.Request.CheckpointTo
+		to = f.spec.CheckpointTo
 	}
 	return sandbox.CheckpointResult{Ref: to, Digest: "sha256:2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881"}, nil
 }
