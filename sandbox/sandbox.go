@@ -171,7 +171,7 @@ func (s *Sandbox) logExit(ctx context.Context) {
 	l := log.G(ctx)
 	go func() {
 		<-s.vm.Exited()
-		l.WithField("stderr", s.vm.Stderr()).Debug("qemu exited")
+		l.WithField("stderr", s.vm.Stderr()).Info("qemu exited")
 	}()
 }
 
