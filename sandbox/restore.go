@@ -92,8 +92,28 @@ func (st *start) restoreSteps() []step {
 			// network.
 			{"guest network", st.guestNetwork},
 			{"release network", func(ctx context.Context, _ *undo) error { return st.pn.releaseGuest(ctx) }},
+			{"post-restore hook", st.postRestore},
 		})
 }
+
+// postRestore runs the pod's post-restore hook in the checkpointed
+// sandbox's own container (in a pod, the one that booted the VM), before
+// any task takes a container over. Its failure is a HookError: the
+// snapshot restored, and the pod's own hook refused it.
+func (st *start) postRestore(ctx context.Context, _ *undo) error {
+	if err := runHook(ctx, st.agent, st.restore.rec.SandboxID, st.PostRestore, "post-restore"); err != nil {
+		return &HookError{Err: err}
+	}
+	return nil
+}
+
+// HookError is a Restore that failed in the pod's post-restore hook: a
+// cold boot instead (restore-fallback) would run the pod without the
+// hook's say.
+type HookError struct{ Err error }
+
+func (e *HookError) Error() string { return e.Err.Error() }
+func (e *HookError) Unwrap() error { return e.Err }
 
 // fetchSteps find the snapshot, check it against this host and fetch it.
 func (st *start) fetchSteps() []step {

@@ -98,8 +98,9 @@ type Spec struct {
 	RestoreMode string
 	// CheckpointTo is where a checkpoint goes when its request names no
 	// store; PreCheckpoint the hook (sh -c) run in the sandbox's own
-	// container before one.
-	CheckpointTo, PreCheckpoint string
+	// container before one, PostRestore the one run there after a restore,
+	// before any task takes a container over.
+	CheckpointTo, PreCheckpoint, PostRestore string
 	// Tenant is the namespace whose stores and keys the sandbox may use.
 	Tenant string
 	// FitsPod says whether a snapshot's VM of this size is what the pod
@@ -197,12 +198,6 @@ func (s *Sandbox) AddRootDisk(ctx context.Context, r RootSpec) (Disk, error) {
 // RemoveRootDisk unplugs a hot-plugged root disk.
 func (s *Sandbox) RemoveRootDisk(ctx context.Context, id string) error {
 	return s.vm.UnplugDisk(ctx, id)
-}
-
-// RunHook runs a hook command (sh -c) inside a guest container; a failure
-// returns the hook's output.
-func (s *Sandbox) RunHook(ctx context.Context, guestID, cmd, name string) error {
-	return runHook(ctx, s.agent, guestID, cmd, name)
 }
 
 // Stop kills the VM within a few seconds; its processes end with it.

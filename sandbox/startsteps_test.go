@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/containerd/containerd/api/types"
+	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/cryo-runtime/cryo/configs"
@@ -78,12 +79,17 @@ func (m *fakeMachine) ConsolePath() string     { return "" }
 type fakeAgent struct {
 	agentConn
 	closed bool
+	// hookStatus is every hook's exit status; hooks the containers they
+	// ran in.
+	hookStatus int
+	hooks      []string
 }
 
 func (a *fakeAgent) fixUpRestored(context.Context) error { return nil }
 func (a *fakeAgent) close() error                        { a.closed = true; return nil }
-func (a *fakeAgent) runHook(context.Context, string, []string, time.Duration) (string, int, error) {
-	return "", 0, nil
+func (a *fakeAgent) runHook(_ context.Context, containerID string, _ []string, _ time.Duration) (string, int, error) {
+	a.hooks = append(a.hooks, containerID)
+	return "", a.hookStatus, nil
 }
 
 // fakeVMs makes fake machines and agents and checks that none is left:
@@ -460,5 +466,28 @@ func checkMemory(t *testing.T, st *start, mode vmm.MemoryMode, path string) {
 	t.Helper()
 	if got := st.vmcfg.Memory; got.Mode != mode || got.Path != path || path == "" {
 		t.Errorf("vm memory %v %q, want %v %q", got.Mode, got.Path, mode, path)
+	}
+}
+
+// TestPostRestoreHook: the post-restore hook runs in the checkpointed
+// sandbox's own container; its failure is a HookError (the shim does not
+// fall back to a cold boot for it), still a failed precondition.
+func TestPostRestoreHook(t *testing.T) {
+	for _, status := range []int{0, 1} {
+		ag := &fakeAgent{hookStatus: status}
+		st := &start{Spec: Spec{PostRestore: "test -e /ready"}, agent: ag, restore: &restoring{rec: &sandboxRecord{SandboxID: "old-pod"}}}
+		err := st.postRestore(t.Context(), &undo{})
+		if !slices.Equal(ag.hooks, []string{"old-pod"}) {
+			t.Fatalf("hook ran in %v, want the sandbox's own container old-pod", ag.hooks)
+		}
+		var he *HookError
+		if (status != 0) != (err != nil) || err != nil && (!errors.As(err, &he) || !errdefs.IsFailedPrecondition(err)) {
+			t.Fatalf("hook exiting %d: %v, want a HookError that is a failed precondition only on failure", status, err)
+		}
+	}
+	ag := &fakeAgent{}
+	st := &start{agent: ag, restore: &restoring{rec: &sandboxRecord{SandboxID: "old-pod"}}}
+	if err := st.postRestore(t.Context(), &undo{}); err != nil || len(ag.hooks) != 0 {
+		t.Fatalf("no hook: %v, ran %v", err, ag.hooks)
 	}
 }

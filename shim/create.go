@@ -2,6 +2,7 @@ package shim
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -203,15 +204,6 @@ func (s *service) newSandbox(ctx context.Context, r *taskAPI.CreateTaskRequest, 
 		cleanup()
 		return nil, err
 	}
-	if rs != nil {
-		// The hook runs in the sandbox's own container (in a pod, the one
-		// that booted the VM) before any task is handed over.
-		if err := sb.RunHook(ctx, rs.SandboxID, req.PostRestore, "post-restore"); err != nil {
-			_ = sb.Shutdown(ctx)
-			cleanup()
-			return nil, err
-		}
-	}
 	s.mu.Lock()
 	s.sb, s.spec = sb, spec
 	if rs != nil {
@@ -258,7 +250,7 @@ func (s *service) sandboxSpec(ctx context.Context, r *taskAPI.CreateTaskRequest,
 		ID: r.ID, Node: node, StateDir: stateDir, DiskDir: filepath.Join(cfg.Runtime.DiskRoot, filepath.Base(stateDir)),
 		Pod: c.spec, Tenant: s.tenant(c.spec.Annotations),
 		VCPUs: req.VCPUs, MemoryMiB: req.MemoryMiB, RestoreMode: req.RestoreMode,
-		CheckpointTo: req.CheckpointTo, PreCheckpoint: req.PreCheckpoint,
+		CheckpointTo: req.CheckpointTo, PreCheckpoint: req.PreCheckpoint, PostRestore: req.PostRestore,
 		FitsPod: func(vcpus, memoryMiB int) error {
 			return annotations.CheckRestoredSize(c.spec.Annotations, cfg, vcpus, memoryMiB)
 		},
@@ -291,7 +283,7 @@ func (s *service) restoreOrBoot(ctx context.Context, r *taskAPI.CreateTaskReques
 		switch {
 		case err == nil:
 			return sb, rs, nil
-		case fallback == "cold" && r.Checkpoint == "":
+		case fallback == "cold" && r.Checkpoint == "" && !errors.As(err, new(*sandbox.HookError)):
 			log.G(ctx).WithError(err).Warn("restore failed; booting cold (restore-fallback: cold)")
 			// Drop the restore's overlays; the boot makes the disk dirs anew.
 			os.RemoveAll(spec.DiskDir)

@@ -21,8 +21,10 @@ const fakeQEMUPid = 4242
 type fakeMaker struct {
 	sb       *fakeSandbox
 	restored *sandbox.Restored
-	boots    int
-	restores []sandbox.Source
+	// restoreErr fails every Restore.
+	restoreErr error
+	boots      int
+	restores   []sandbox.Source
 }
 
 func (m *fakeMaker) Boot(ctx context.Context, spec sandbox.Spec, root sandbox.RootSpec) (vmSandbox, error) {
@@ -34,6 +36,9 @@ func (m *fakeMaker) Boot(ctx context.Context, spec sandbox.Spec, root sandbox.Ro
 
 func (m *fakeMaker) Restore(ctx context.Context, spec sandbox.Spec, src sandbox.Source) (vmSandbox, *sandbox.Restored, error) {
 	m.restores = append(m.restores, src)
+	if m.restoreErr != nil {
+		return nil, nil, m.restoreErr
+	}
 	m.sb.spec = spec
 	return m.sb, m.restored, nil
 }
@@ -84,12 +89,6 @@ func (f *fakeSandbox) RemoveRootDisk(ctx context.Context, id string) error {
 func (f *fakeSandbox) Adopt(ctx context.Context, rc sandbox.RecordContainer, hostname string) (uint32, error) {
 	f.call("adopt " + rc.GuestID + " " + hostname)
 	return f.adoptPid, nil
-}
-func (f *fakeSandbox) RunHook(ctx context.Context, guestID, cmd, name string) error {
-	if cmd != "" {
-		f.call("hook " + name + " " + guestID)
-	}
-	return nil
 }
 func (f *fakeSandbox) Pause(ctx context.Context) error {
 	f.mu.Lock()

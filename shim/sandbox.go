@@ -15,7 +15,6 @@ type vmSandbox interface {
 	AddRootDisk(ctx context.Context, r sandbox.RootSpec) (sandbox.Disk, error)
 	RemoveRootDisk(ctx context.Context, id string) error
 	Adopt(ctx context.Context, rc sandbox.RecordContainer, hostname string) (uint32, error)
-	RunHook(ctx context.Context, guestID, cmd, name string) error
 	// Pause and Resume stop and continue the VM's vCPUs; the task
 	// service keeps whether it paused it.
 	Pause(ctx context.Context) error

@@ -3,6 +3,7 @@ package shim
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -368,5 +369,34 @@ func TestCheckpointRecordsFinishedContainers(t *testing.T) {
 	cps := ts.maker.sb.checkpoints
 	if len(cps) != 1 || !slices.Equal(cps[0].Finished, []string{"init"}) {
 		t.Fatalf("checkpoint requests %+v, want one naming init as finished", cps)
+	}
+}
+
+// TestRestoreFallbackNotForHook: with restore-fallback cold, a restore that
+// fails boots the pod cold instead, but one whose post-restore hook refused
+// the restored sandbox does not: a cold boot would run the pod without the
+// hook's say.
+func TestRestoreFallbackNotForHook(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		err   error
+		boots int
+	}{
+		{"restore failed", errors.New("restore: fetch+materialize: store down"), 1},
+		{"post-restore hook failed", &sandbox.HookError{Err: errors.New(`post-restore hook "false" exited 1`)}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ts := newTestService(t)
+			ts.maker.restoreErr = tc.err
+			opts, err := typeurl.MarshalAnyToProto(ts.opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			a := map[string]string{annotations.RestoreFrom: "file:///store/agent:v1", annotations.RestoreFallback: "cold"}
+			_, err = ts.Create(ts.ctx, &taskAPI.CreateTaskRequest{ID: "pod", Bundle: ts.bundle(t, "pod", a), Options: opts})
+			if ts.maker.boots != tc.boots || (tc.boots == 0) != (err != nil) {
+				t.Fatalf("create: %v, %d boots; want %d", err, ts.maker.boots, tc.boots)
+			}
+		})
 	}
 }
