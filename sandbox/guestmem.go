@@ -2,9 +2,7 @@ package sandbox
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"os"
 
 	"github.com/containerd/log"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -198,22 +196,4 @@ func (c *checkpointing) parentReads(ctx context.Context) stores.Store {
 		return nil
 	}
 	return cs
-}
-
-// Cleanup ends what a sandbox whose shim died left running in stateDir and
-// removes it, for `shim delete`: its QEMU killed (vmm.Cleanup), then its
-// served RAM unmounted (servedram.Cleanup: QEMU mapped it until it was
-// gone), then the directory. A step that fails does not stop the next.
-func Cleanup(stateDir string) error {
-	var errs []error
-	if err := vmm.Cleanup(stateDir); err != nil {
-		errs = append(errs, fmt.Errorf("clean up vm: %w", err))
-	}
-	if err := servedram.Cleanup(stateDir); err != nil {
-		errs = append(errs, fmt.Errorf("clean up served ram: %w", err))
-	}
-	if err := os.RemoveAll(stateDir); err != nil {
-		errs = append(errs, fmt.Errorf("remove sandbox state %s: %w", stateDir, err))
-	}
-	return errors.Join(errs...)
 }

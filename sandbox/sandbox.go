@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	agentapi "github.com/cryo-runtime/cryo/agent/api/v1"
+	"github.com/cryo-runtime/cryo/sandbox/servedram"
 	"github.com/cryo-runtime/cryo/vmm"
 )
 
@@ -322,6 +323,24 @@ func (s *Sandbox) Shutdown(ctx context.Context) error {
 		}
 	}
 	return err
+}
+
+// Cleanup ends what a sandbox whose shim died left running in stateDir and
+// removes it, for `shim delete`: its QEMU killed (vmm.Cleanup), then its
+// served RAM unmounted (servedram.Cleanup: QEMU mapped it until it was
+// gone), then the directory. A step that fails does not stop the next.
+func Cleanup(stateDir string) error {
+	var errs []error
+	if err := vmm.Cleanup(stateDir); err != nil {
+		errs = append(errs, fmt.Errorf("clean up vm: %w", err))
+	}
+	if err := servedram.Cleanup(stateDir); err != nil {
+		errs = append(errs, fmt.Errorf("clean up served ram: %w", err))
+	}
+	if err := os.RemoveAll(stateDir); err != nil {
+		errs = append(errs, fmt.Errorf("remove sandbox state %s: %w", stateDir, err))
+	}
+	return errors.Join(errs...)
 }
 
 // ramPath names the guest RAM file of the sandbox whose state is in
