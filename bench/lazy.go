@@ -15,6 +15,7 @@ import (
 
 	"github.com/cryo-runtime/cryo/annotations"
 	"github.com/cryo-runtime/cryo/configs"
+	"github.com/cryo-runtime/cryo/nodeopts"
 	"github.com/cryo-runtime/cryo/sandbox"
 	"github.com/cryo-runtime/cryo/stack"
 )
@@ -200,13 +201,17 @@ func (r *runner) floor(s lazySnapshot) error {
 	quiet := logrus.New()
 	quiet.Out = io.Discard
 	ctx := log.WithLogger(r.ctx, logrus.NewEntry(quiet))
+	node, err := nodeopts.Sandbox(r.s.Cfg)
+	if err != nil {
+		return err
+	}
 	var v []float64
 	for i := range r.o.Runs {
 		id := fmt.Sprintf("floor%d", i)
 		spec := sandbox.Spec{
-			ID: id, Config: r.s.Cfg, StateDir: filepath.Join(r.s.StateRoot, "floor", strconv.Itoa(i)),
+			ID: id, Node: node, StateDir: filepath.Join(r.s.StateRoot, "floor", strconv.Itoa(i)),
 			DiskDir: filepath.Join(r.s.Dir, "floor-disks", strconv.Itoa(i)), Pod: &specs.Spec{},
-			Request: annotations.Request{RestoreMode: configs.RestoreEager}, Tenant: r.s.Namespace,
+			RestoreMode: sandbox.RestoreEager, Tenant: r.s.Namespace,
 		}
 		quiesce()
 		d, err := sandbox.Floor(ctx, spec, sandbox.Source{URL: s.url})

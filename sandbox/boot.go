@@ -36,14 +36,14 @@ type start struct {
 // connects to its agent. On failure nothing is left running.
 func Boot(ctx context.Context, spec Spec, root RootSpec) (*Sandbox, error) {
 	st := &start{Spec: spec, root: root, vms: qemuFactory}
-	sb := &Sandbox{spec: spec, rootfs: newRootfsBuilder(spec.Config)}
+	sb := &Sandbox{spec: spec, rootfs: newRootfsBuilder(spec.Node.RootFS)}
 	if err := runSteps(ctx, "boot", st.bootSteps(sb)); err != nil {
 		return nil, err
 	}
 	log.G(ctx).WithFields(log.Fields{
 		"qemu_pid": st.vm.Pid(), "boot_id": st.info.BootID, "kernel": st.info.Kernel,
 	}).Info("sandbox vm booted")
-	return st.finish(sb), nil
+	return st.finish(ctx, sb), nil
 }
 
 // bootSteps are a boot's steps; the root disk goes to sb.
@@ -65,8 +65,9 @@ func (st *start) bootSteps(sb *Sandbox) []step {
 
 // finish hands what the steps made to the sandbox, whose VM is QEMU's
 // (Boot and Restore make their machines with qemuFactory).
-func (st *start) finish(sb *Sandbox) *Sandbox {
+func (st *start) finish(ctx context.Context, sb *Sandbox) *Sandbox {
 	sb.vm, sb.mem, sb.agent, sb.info, sb.net = st.vm.(*vmm.Machine), st.mem, st.agent, st.info, st.pn
+	sb.logExit(ctx)
 	return sb
 }
 
@@ -92,21 +93,18 @@ func (st *start) network(opts network.Options) func(context.Context, *undo) erro
 
 // bootConfig is a new VM of the requested size with root attached.
 func (st *start) bootConfig(ctx context.Context, root vmm.Disk) error {
-	h := st.Config.Hypervisor
-	c := vmm.Config{
-		ID: st.ID, StateDir: st.StateDir, QEMUPath: h.Path, Kernel: h.Kernel, Initrd: h.Initrd, KernelArgs: h.KernelArgs,
-		MachineType: h.MachineType, CPUModel: h.CPUModel, Accel: h.Accel,
-		VCPUs: st.Request.VCPUs, MemoryMiB: st.Request.MemoryMiB,
-		Disks: []vmm.Disk{root}, NICs: st.pn.nics(), HotplugPorts: h.HotplugPorts, VMGenID: true,
-	}
-	st.mem = &ownedMemory{path: ramPath(h.MemoryDir, st.StateDir)}
+	t := st.Node.VM
+	c := t.config(st.ID, st.StateDir)
+	c.VCPUs, c.MemoryMiB = st.VCPUs, st.MemoryMiB
+	c.Disks, c.NICs, c.HotplugPorts = []vmm.Disk{root}, st.pn.nics(), t.HotplugPorts
+	st.mem = &ownedMemory{path: ramPath(t.MemoryDir, st.StateDir)}
 	st.mem.configure(&c)
-	if g, err := hostGuestDigests(st.Config); err == nil {
+	if g, err := hostGuestDigests(st.Node); err == nil {
 		c = g.apply(c)
 	} else {
 		log.G(ctx).WithError(err).Debug("guest file digests from host facts; the vm hashes the files")
 	}
-	st.vmcfg = confined(c, st.Config)
+	st.vmcfg = confined(c, t)
 	return nil
 }
 
@@ -131,7 +129,7 @@ func (st *start) startQEMU(ctx context.Context, u *undo) error {
 }
 
 func (st *start) connectAgent(ctx context.Context, u *undo) error {
-	ag, info, err := st.vms.connect(ctx, st.vm, st.Config.Agent)
+	ag, info, err := st.vms.connect(ctx, st.vm, st.Node.Agent)
 	if err != nil {
 		return err
 	}

@@ -11,8 +11,6 @@ import (
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
 
-	"github.com/cryo-runtime/cryo/annotations"
-	"github.com/cryo-runtime/cryo/configs"
 	"github.com/cryo-runtime/cryo/fingerprint"
 	"github.com/cryo-runtime/cryo/internal/sparse"
 	"github.com/cryo-runtime/cryo/pagefs"
@@ -196,7 +194,7 @@ func (c *checkpointing) record() *sandboxRecord {
 	}
 	for _, ct := range c.req.Containers {
 		r.Containers = append(r.Containers, RecordContainer{
-			GuestID: ct.GuestID, Spec: ct.Spec, Name: ct.Spec.Annotations[annotations.CRIContainerName], Disk: ct.Disk,
+			GuestID: ct.GuestID, Spec: ct.Spec, Name: ct.Name, Disk: ct.Disk,
 		})
 	}
 	return r
@@ -204,13 +202,13 @@ func (c *checkpointing) record() *sandboxRecord {
 
 // metadata is the snapshot's config blob.
 func (c *checkpointing) metadata() snapshot.Metadata {
-	sb, a := c.sb, c.sb.spec.Pod.Annotations
+	sb, pod := c.sb, c.req.Pod
 	host, _ := os.Hostname()
 	md := snapshot.Metadata{
 		Fingerprint: c.cap.fp,
 		Source: snapshot.SourceInfo{
-			SandboxID: sb.spec.ID, RuntimeType: configs.RuntimeType, Node: host,
-			PodName: a[annotations.CRISandboxName], Namespace: a[annotations.CRISandboxNamespace], PodUID: a[annotations.CRISandboxUID],
+			SandboxID: sb.spec.ID, RuntimeType: sb.spec.Node.RuntimeType, Node: host,
+			PodName: pod.Name, Namespace: pod.Namespace, PodUID: pod.UID,
 		},
 		// For a controller that weighs checkpoints; publish adds what the
 		// write uploaded.
@@ -219,8 +217,8 @@ func (c *checkpointing) metadata() snapshot.Metadata {
 	if c.req.TTL > 0 {
 		md.Expires = time.Now().Add(c.req.TTL)
 	}
-	for _, rc := range c.cap.record.Containers {
-		md.Containers = append(md.Containers, snapshot.Container{ID: rc.GuestID, Image: rc.Spec.Annotations[annotations.CRIImageName]})
+	for _, ct := range c.req.Containers {
+		md.Containers = append(md.Containers, snapshot.Container{ID: ct.GuestID, Image: ct.Image})
 	}
 	return md
 }

@@ -33,6 +33,14 @@ type CheckpointRequest struct {
 	// Finished are the CRI names of the pod's containers that ran and
 	// ended (init containers): a restored pod may run them again.
 	Finished []string
+	// Pod names the pod the sandbox runs, for the snapshot's source info
+	// (empty outside Kubernetes).
+	Pod PodRef
+}
+
+// PodRef names a Kubernetes pod.
+type PodRef struct {
+	Name, Namespace, UID string
 }
 
 // Container is a container of the sandbox, as a checkpoint records it.
@@ -40,6 +48,9 @@ type Container struct {
 	GuestID string
 	Spec    *specs.Spec
 	Disk    string // id of its root disk
+	// Name is its CRI container name, by which a restored pod's container
+	// finds it; Image the image it runs (both empty outside a pod).
+	Name, Image string
 }
 
 // CheckpointResult is what a checkpoint published.
@@ -114,19 +125,19 @@ func (c *checkpointing) target(ctx context.Context, _ *undo) error {
 	sb := c.sb
 	to := c.req.To
 	if to == "" {
-		to = sb.spec.Request.CheckpointTo
+		to = sb.spec.CheckpointTo
 	}
 	if to == "" {
 		return fmt.Errorf("no store: set %s, [stores] default_checkpoint_to, or pass a target: %w", annotations.CheckpointTo, errdefs.ErrInvalidArgument)
 	}
 	if !c.req.Trusted {
-		if err := sb.spec.Config.Stores.Allows(to, sb.spec.Tenant); err != nil {
+		if err := sb.spec.Node.Stores.Allows(to, sb.spec.Tenant); err != nil {
 			return err
 		}
 	}
 	// Every refusal comes before the store is opened: opening a file://
 	// store creates its layout, and a refused checkpoint leaves nothing.
-	wopts, err := sb.spec.Config.Snapshot.WriteOptions(sb.spec.Tenant)
+	wopts, err := sb.spec.Node.Keys.WriteOptions(sb.spec.Tenant)
 	if err != nil {
 		return err
 	}
@@ -135,7 +146,7 @@ func (c *checkpointing) target(ctx context.Context, _ *undo) error {
 			return fmt.Errorf("%s names no reference (add :tag): %w", redact.URL(to), errdefs.ErrInvalidArgument)
 		}
 	}
-	store, ref, err := stores.Open(ctx, to, storeOptions(sb.spec.Config, sb.spec.Tenant, to, c.req.Trusted))
+	store, ref, err := stores.Open(ctx, to, storeOptions(sb.spec.Node.Stores, sb.spec.Tenant, to, c.req.Trusted))
 	if err != nil {
 		return fmt.Errorf("open store: %w", err)
 	}
@@ -159,7 +170,7 @@ func (c *checkpointing) prepareGuest(ctx context.Context, u *undo) error {
 		}
 		u.onFailure(func(ctx context.Context) { c.repause(ctx) })
 	}
-	if err := runHook(ctx, sb.agent, c.req.Containers[0].GuestID, sb.spec.Request.PreCheckpoint, "pre-checkpoint"); err != nil {
+	if err := runHook(ctx, sb.agent, c.req.Containers[0].GuestID, sb.spec.PreCheckpoint, "pre-checkpoint"); err != nil {
 		return err
 	}
 	return stepErr("sync guest filesystems", sb.agent.sync(ctx))
@@ -174,7 +185,7 @@ func (c *checkpointing) repause(ctx context.Context) {
 
 // workDir is where the capture's files live until they are published.
 func (c *checkpointing) workDir(ctx context.Context, u *undo) error {
-	dir := c.sb.spec.Config.Snapshot.CacheDir
+	dir := c.sb.spec.Node.WorkDir
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}

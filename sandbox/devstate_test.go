@@ -58,7 +58,7 @@ func TestFetchDevState(t *testing.T) {
 			cfg := configs.Default()
 			cfg.Restore.MaxDeviceStateMiB = tc.limitMiB
 			stateDir := t.TempDir()
-			st := &start{Spec: Spec{ID: "sb", Config: cfg, StateDir: stateDir}, src: Source{URL: url}, restore: &restoring{snap: s}}
+			st := &start{Spec: Spec{ID: "sb", Node: testNode(t, cfg), StateDir: stateDir}, src: Source{URL: url}, restore: &restoring{snap: s}}
 			u := &undo{}
 			path, err := st.fetchDevState(ctx, u)
 			if tc.refused {

@@ -7,8 +7,6 @@ import (
 	"os"
 	"slices"
 	"time"
-
-	"github.com/cryo-runtime/cryo/configs"
 )
 
 // Floor measures the physical limit of a restore on this node: QEMU
@@ -18,7 +16,7 @@ import (
 // time measured. `cryoctl bench` holds restores against it. The VM is gone
 // and its directories removed when Floor returns.
 func Floor(ctx context.Context, spec Spec, src Source) (time.Duration, error) {
-	spec.Request.RestoreMode = configs.RestoreEager // the materialized files
+	spec.RestoreMode = RestoreEager // the materialized files
 	st := &start{Spec: spec, src: src, restore: &restoring{}, vms: qemuFactory}
 	var took time.Duration
 	err := runSteps(ctx, "floor", st.floorSteps(&took))

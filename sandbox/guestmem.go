@@ -7,7 +7,6 @@ import (
 	"github.com/containerd/log"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
-	"github.com/cryo-runtime/cryo/configs"
 	"github.com/cryo-runtime/cryo/nodecache"
 	"github.com/cryo-runtime/cryo/sandbox/servedram"
 	"github.com/cryo-runtime/cryo/snapshot"
@@ -103,7 +102,7 @@ func (m *privateMemory) configure(c *vmm.Config) {
 }
 
 func (m *privateMemory) restored(context.Context, int) log.Fields {
-	return log.Fields{"mode": configs.RestoreEager}
+	return log.Fields{"mode": RestoreEager}
 }
 
 // capture leaves the RAM to the device state: a private mapping is not
@@ -131,7 +130,7 @@ func (m *servedMemory) started(vm machine) { m.ram.SetKill(vm.Kill) }
 func (m *servedMemory) restored(ctx context.Context, workers int) log.Fields {
 	log.G(ctx).WithFields(m.ram.FetchedFields()).Info("lazy restore: fetched before the guest ran")
 	m.ram.StartPrefetch(ctx, workers)
-	return log.Fields{"mode": configs.RestoreLazy}
+	return log.Fields{"mode": RestoreLazy}
 }
 
 func (m *servedMemory) interacted()    { m.ram.Interacted() }
@@ -186,10 +185,11 @@ func (m *servedMemory) close(ctx context.Context, vmErr error) error {
 // a delta is made against were fetched there by the restore (or its
 // prefetch). Without a node cache they are read from the store.
 func (c *checkpointing) parentReads(ctx context.Context) stores.Store {
-	node, err := c.sb.spec.Config.Snapshot.NodeCache()
+	n := c.sb.spec.Node
+	err := errNoNodeCache
 	var cs *nodecache.CachingStore
-	if err == nil {
-		cs, err = node.Store(c.store, c.sb.spec.Config.Stores.CachingOptions(c.to))
+	if n.Cache != nil {
+		cs, err = n.Cache.Store(c.store, n.Stores.CachingOptions(c.to))
 	}
 	if err != nil {
 		log.G(ctx).WithError(err).Warn("checkpoint of served ram: no node cache, parent chunks are read from the store")
@@ -197,7 +197,3 @@ func (c *checkpointing) parentReads(ctx context.Context) stores.Store {
 	}
 	return cs
 }
-
-// CleanupServed removes what a served sandbox whose shim died left in
-// stateDir (call it after its QEMU is gone): see servedram.Cleanup.
-func CleanupServed(stateDir string) error { return servedram.Cleanup(stateDir) }

@@ -5,7 +5,6 @@ import (
 	"net"
 	"os"
 
-	"github.com/cryo-runtime/cryo/configs"
 	"github.com/cryo-runtime/cryo/fingerprint"
 	"github.com/cryo-runtime/cryo/vmm"
 )
@@ -37,7 +36,7 @@ var _ machine = (*vmm.Machine)(nil)
 // and the agent's ttrpc API, or fakes.
 type vmFactory struct {
 	newMachine func(vmm.Config) (machine, error)
-	connect    func(context.Context, machine, configs.Agent) (agentConn, guestInfo, error)
+	connect    func(context.Context, machine, AgentTimeouts) (agentConn, guestInfo, error)
 }
 
 var qemuFactory = vmFactory{

@@ -10,7 +10,6 @@ import (
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
-	"github.com/cryo-runtime/cryo/configs"
 	"github.com/cryo-runtime/cryo/snapshot"
 	"github.com/cryo-runtime/cryo/vmm"
 )
@@ -90,16 +89,16 @@ type recordLimits struct {
 	maxVCPUs, maxMemoryMiB int
 }
 
-func nodeRecordLimits(cfg configs.Config) recordLimits {
-	return recordLimits{maxVCPUs: cfg.Hypervisor.MaxVCPUs, maxMemoryMiB: cfg.Hypervisor.MaxMemoryMiB}
+func nodeRecordLimits(l Limits) recordLimits {
+	return recordLimits{maxVCPUs: l.MaxVCPUs, maxMemoryMiB: l.MaxMemoryMiB}
 }
 
 // nodeReadLimits gives a snapshot read on this node the node's limits, so
 // that Open refuses a snapshot of a VM larger than the node allows.
-func nodeReadLimits(o *snapshot.ReadOptions, cfg configs.Config) {
-	o.MaxVCPUs = cfg.Hypervisor.MaxVCPUs
-	o.MaxMemoryMiB = int64(cfg.Hypervisor.MaxMemoryMiB)
-	o.MaxDiskSize = cfg.Restore.MaxDiskSizeMiB << 20
+func nodeReadLimits(o *snapshot.ReadOptions, l Limits) {
+	o.MaxVCPUs = l.MaxVCPUs
+	o.MaxMemoryMiB = int64(l.MaxMemoryMiB)
+	o.MaxDiskSize = l.MaxDiskSize
 	o.MaxSpecSize = maxRecordSize
 }
 
@@ -107,12 +106,12 @@ func nodeReadLimits(o *snapshot.ReadOptions, cfg configs.Config) {
 // (at most maxRecordSize) and decodes it, before a restore creates
 // anything on the host. Its VM must be the one the snapshot's metadata
 // describes.
-func readRecord(ctx context.Context, snap *snapshot.Snapshot, cfg configs.Config) (*sandboxRecord, error) {
+func readRecord(ctx context.Context, snap *snapshot.Snapshot, l Limits) (*sandboxRecord, error) {
 	b, err := snap.ReadFile(ctx, snapshot.FileSpec, maxRecordSize)
 	if err != nil {
 		return nil, fmt.Errorf("snapshot sandbox record: %w", err)
 	}
-	r, err := decodeRecord(b, nodeRecordLimits(cfg))
+	r, err := decodeRecord(b, nodeRecordLimits(l))
 	if err != nil {
 		return nil, err
 	}

@@ -9,14 +9,12 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/cryo-runtime/cryo/annotations"
-	"github.com/cryo-runtime/cryo/configs"
 	"github.com/cryo-runtime/cryo/internal/redact"
 	"github.com/cryo-runtime/cryo/network"
 	"github.com/cryo-runtime/cryo/nodecache"
@@ -37,90 +35,16 @@ type Source struct {
 }
 
 // Restored is what Restore returns beside the sandbox: the guest
-// containers waiting for a task to claim them.
+// containers the snapshot holds, running, for the tasks that take them over
+// (Adopt).
 type Restored struct {
-	record  *sandboxRecord
-	pending map[string]RecordContainer // by guest id
-	mu      sync.Mutex
-}
-
-// NewRestored holds the guest containers of a restored sandbox whose own
-// container (the one that made it) had guest id sandboxID; finished names
-// the source pod's containers that had run and ended (init containers).
-func NewRestored(sandboxID string, containers []RecordContainer, finished ...string) *Restored {
-	r := &Restored{record: &sandboxRecord{SandboxID: sandboxID, Containers: containers, Finished: finished}, pending: map[string]RecordContainer{}}
-	for _, rc := range containers {
-		r.pending[rc.GuestID] = rc
-	}
-	return r
-}
-
-// SandboxID is the id the checkpointed sandbox had: the guest id of its
-// own container.
-func (r *Restored) SandboxID() string { return r.record.SandboxID }
-
-// Claim returns the guest container that a new task takes over: the one
-// with the same CRI container name, else the sandbox's own container for
-// the sandbox's first task. As KEP-5823's RestorePod matches containers, a
-// restored pod's containers are the checkpointed pod's, by name: a CRI
-// container whose name the snapshot does not hold is refused, for it would
-// run its own program beside the checkpointed one. A name claimed before is
-// the kubelet restarting that container, and a finished one an init
-// container running again: they start afresh (ok is false).
-func (r *Restored) Claim(specAnnotations map[string]string, first bool) (_ RecordContainer, ok bool, _ error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	name := specAnnotations[annotations.CRIContainerName]
-	for id, rc := range r.pending {
-		if name != "" && rc.Name == name || first && id == r.record.SandboxID {
-			delete(r.pending, id)
-			return rc, true, nil
-		}
-	}
-	if first && len(r.pending) == 1 {
-		for id, rc := range r.pending {
-			delete(r.pending, id)
-			return rc, true, nil
-		}
-	}
-	if name != "" && !slices.Contains(r.names(), name) && !slices.Contains(r.record.Finished, name) {
-		return RecordContainer{}, false, fmt.Errorf("restore: container %q is not in the snapshot, whose containers are %s: a restored pod's containers must have the checkpointed pod's names: %w",
-			name, r.nameList(), errdefs.ErrInvalidArgument)
-	}
-	return RecordContainer{}, false, nil
-}
-
-// Unclaimed hands back, once, the guest containers that no task took over.
-func (r *Restored) Unclaimed() []RecordContainer {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	var left []RecordContainer
-	for id, rc := range r.pending {
-		left = append(left, rc)
-		delete(r.pending, id)
-	}
-	slices.SortFunc(left, func(a, b RecordContainer) int { return strings.Compare(a.GuestID, b.GuestID) })
-	return left
-}
-
-// names are the CRI names of the snapshot's containers.
-func (r *Restored) names() []string {
-	var names []string
-	for _, rc := range r.record.Containers {
-		if rc.Name != "" {
-			names = append(names, rc.Name)
-		}
-	}
-	slices.Sort(names)
-	return names
-}
-
-func (r *Restored) nameList() string {
-	names := r.names()
-	if len(names) == 0 {
-		return "none with a name (it was not made from a pod's container)"
-	}
-	return fmt.Sprintf("%q", names)
+	// SandboxID is the id the checkpointed sandbox had: the guest id of
+	// its own container.
+	SandboxID  string
+	Containers []RecordContainer
+	// Finished are the CRI names of the source pod's containers that had
+	// run and ended (init containers).
+	Finished []string
 }
 
 // restoring is what a restore's own steps made.
@@ -145,9 +69,9 @@ func Restore(ctx context.Context, spec Spec, src Source) (*Sandbox, *Restored, e
 		return nil, nil, err
 	}
 	r := st.restore
-	sb := st.finish(&Sandbox{spec: spec, rootfs: newRootfsBuilder(spec.Config), restoredFrom: src.URL, releaseSnapshot: r.release})
-	rs := NewRestored(r.rec.SandboxID, r.rec.Containers, r.rec.Finished...)
-	memFields := st.mem.restored(ctx, spec.Config.Restore.PrefetchWorkers)
+	sb := st.finish(ctx, &Sandbox{spec: spec, rootfs: newRootfsBuilder(spec.Node.RootFS), restoredFrom: src.URL, releaseSnapshot: r.release})
+	rs := &Restored{SandboxID: r.rec.SandboxID, Containers: r.rec.Containers, Finished: r.rec.Finished}
+	memFields := st.mem.restored(ctx, spec.Node.Lazy.PrefetchWorkers)
 	log.G(ctx).WithFields(log.Fields{"boot_id": st.info.BootID, "digest": r.snap.Descriptor.Digest, "qemu_pid": st.vm.Pid()}).WithFields(memFields).Info("sandbox restored")
 	return sb, rs, nil
 }
@@ -168,13 +92,33 @@ func (st *start) restoreSteps() []step {
 			// network.
 			{"guest network", st.guestNetwork},
 			{"release network", func(ctx context.Context, _ *undo) error { return st.pn.releaseGuest(ctx) }},
+			{"post-restore hook", st.postRestore},
 		})
 }
+
+// postRestore runs the pod's post-restore hook in the checkpointed
+// sandbox's own container (in a pod, the one that booted the VM), before
+// any task takes a container over. Its failure is a HookError: the
+// snapshot restored, and the pod's own hook refused it.
+func (st *start) postRestore(ctx context.Context, _ *undo) error {
+	if err := runHook(ctx, st.agent, st.restore.rec.SandboxID, st.PostRestore, "post-restore"); err != nil {
+		return &HookError{Err: err}
+	}
+	return nil
+}
+
+// HookError is a Restore that failed in the pod's post-restore hook: a
+// cold boot instead (restore-fallback) would run the pod without the
+// hook's say.
+type HookError struct{ Err error }
+
+func (e *HookError) Error() string { return e.Err.Error() }
+func (e *HookError) Unwrap() error { return e.Err }
 
 // fetchSteps find the snapshot, check it against this host and fetch it.
 func (st *start) fetchSteps() []step {
 	fetch := step{"fetch+materialize", st.materialize}
-	if st.Request.RestoreMode == configs.RestoreLazy {
+	if st.RestoreMode == RestoreLazy {
 		fetch = step{"fetch+serve", st.serve}
 	}
 	return []step{{"resolve", st.resolve}, {"check host", st.checkHost}, fetch}
@@ -205,43 +149,45 @@ func (st *start) resumeSteps() []step {
 // resolve opens the snapshot through the node cache and decodes every field
 // of its record, before anything is created.
 func (st *start) resolve(ctx context.Context, _ *undo) error {
-	cfg, src := st.Config, st.src
+	n, src := st.Node, st.src
 	if !src.Trusted {
-		if err := cfg.Stores.Allows(src.URL, st.Tenant); err != nil {
+		if err := n.Stores.Allows(src.URL, st.Tenant); err != nil {
 			return err
 		}
 	}
-	store, ref, err := stores.Open(ctx, src.URL, storeOptions(cfg, st.Tenant, src.URL, src.Trusted))
+	store, ref, err := stores.Open(ctx, src.URL, storeOptions(n.Stores, st.Tenant, src.URL, src.Trusted))
 	if err != nil {
 		return fmt.Errorf("open store: %w", err)
 	}
 	if ref, err = pinRef(ref, src.Digest); err != nil {
 		return err
 	}
-	node, err := cfg.Snapshot.NodeCache()
+	node, err := n.Cache, errNoNodeCache
 	var cached *nodecache.CachingStore
-	if err == nil {
-		cached, err = node.Store(store, cfg.Stores.CachingOptions(src.URL))
+	if node != nil {
+		cached, err = node.Store(store, n.Stores.CachingOptions(src.URL))
 	}
 	if err != nil {
 		return fmt.Errorf("node cache: %w", err)
 	}
-	ropts, err := cfg.Snapshot.ReadOptions(st.Tenant)
+	ropts, err := n.Keys.ReadOptions(st.Tenant)
 	if err != nil {
 		return err
 	}
 	ropts.RefuseExpired = true
-	nodeReadLimits(&ropts, cfg)
+	nodeReadLimits(&ropts, n.Limits)
 	snap, err := snapshot.Open(ctx, cached, ref, ropts)
 	if err != nil {
 		return fmt.Errorf("%s: %w", redact.URL(src.URL), err)
 	}
-	rec, err := readRecord(ctx, snap, cfg)
+	rec, err := readRecord(ctx, snap, n.Limits)
 	if err != nil {
 		return err
 	}
-	if err := annotations.CheckRestoredSize(st.Pod.Annotations, cfg, rec.VCPUs, rec.MemoryMiB); err != nil {
-		return err
+	if st.FitsPod != nil {
+		if err := st.FitsPod(rec.VCPUs, rec.MemoryMiB); err != nil {
+			return err
+		}
 	}
 	st.restore.node, st.restore.snap, st.restore.rec = node, snap, rec
 	return nil
@@ -251,13 +197,13 @@ func (st *start) resolve(ctx context.Context, _ *undo) error {
 // before the snapshot is downloaded (the fingerprint step checks the VM
 // built from it again, its devices included).
 func (st *start) checkHost(ctx context.Context, _ *undo) error {
-	h := st.Config.Hypervisor
-	digests, err := hostGuestDigests(st.Config)
+	t := st.Node.VM
+	digests, err := hostGuestDigests(st.Node)
 	if err == nil {
-		digests.qemu, err = st.restore.node.Facts().QEMUVersion(h.Path)
+		digests.qemu, err = st.restore.node.Facts().QEMUVersion(t.QEMUPath)
 	}
 	if err == nil {
-		host := vmm.Config{QEMUPath: h.Path, Kernel: h.Kernel, Initrd: h.Initrd, MachineType: h.MachineType, CPUModel: h.CPUModel, Accel: h.Accel}
+		host := vmm.Config{QEMUPath: t.QEMUPath, Kernel: t.Kernel, Initrd: t.Initrd, MachineType: t.MachineType, CPUModel: t.CPUModel, Accel: t.Accel}
 		err = vmm.CheckHost(digests.apply(host), st.restore.snap.Metadata.Fingerprint)
 	}
 	if err != nil {
@@ -319,8 +265,8 @@ func (st *start) serve(ctx context.Context, u *undo) error {
 		disks = append(disks, d.Name)
 	}
 	ram, err := servedram.Serve(ctx, r.snap, servedram.Options{
-		StoreURL: st.src.URL, StateDir: st.StateDir, Layer: layerPath(st.Config.Hypervisor.MemoryDir, st.StateDir), Disks: disks,
-		PageTimeout: st.Config.Restore.PageTimeout.Duration, StuckGrace: stuckGrace, PrefetchDelay: prefetchDelay,
+		StoreURL: st.src.URL, StateDir: st.StateDir, Layer: layerPath(st.Node.VM.MemoryDir, st.StateDir), Disks: disks,
+		PageTimeout: st.Node.Lazy.PageTimeout, StuckGrace: stuckGrace, PrefetchDelay: prefetchDelay,
 	})
 	if err != nil {
 		return fmt.Errorf("serve ram and disks: %w", err)
@@ -346,11 +292,11 @@ func (st *start) serve(ctx context.Context, u *undo) error {
 // (x-ignore-shared): some MiB of device registers and queues, at most
 // [restore] max_device_state. On error nothing is left.
 func (st *start) fetchDevState(ctx context.Context, u *undo) (string, error) {
-	limit := st.Config.Restore.MaxDeviceStateMiB << 20
+	limit := st.Node.Limits.MaxDeviceState
 	for _, f := range st.restore.snap.Metadata.Files {
 		if f.Name == snapshot.FileDevState && f.Size > limit {
 			return "", fmt.Errorf("device state of %d bytes, this node allows at most %d MiB (restore.max_device_state): %w",
-				f.Size, st.Config.Restore.MaxDeviceStateMiB, errdefs.ErrInvalidArgument)
+				f.Size, limit>>20, errdefs.ErrInvalidArgument)
 		}
 	}
 	path := filepath.Join(st.StateDir, "devstate.in")
@@ -385,12 +331,12 @@ func (st *start) restoreConfig(ctx context.Context, u *undo) error {
 			os.RemoveAll(filepath.Join(st.DiskDir, d.ID))
 		}
 	})
-	c, err := restoredVMConfig(ctx, st.ID, st.Config, r.rec, r.mat, st.mem, st.StateDir, st.DiskDir)
+	c, err := restoredVMConfig(ctx, st.ID, st.Node.VM, r.rec, r.mat, st.mem, st.StateDir, st.DiskDir)
 	if err != nil {
 		return err
 	}
 	c.NICs = st.pn.nics()
-	st.vmcfg = confined(r.digests.apply(c), st.Config)
+	st.vmcfg = confined(r.digests.apply(c), st.Node.VM)
 	return nil
 }
 
@@ -472,14 +418,9 @@ const emptyRAMName = "ram.empty"
 // and device layout from the record, this host's QEMU and guest files, RAM
 // as mem maps it, and a new qcow2 overlay per disk on the materialized or
 // served (read-only, shared) base.
-func restoredVMConfig(ctx context.Context, id string, cfg configs.Config, rec *sandboxRecord, m *snapshot.Materialized, mem guestMemory, stateDir, diskDir string) (vmm.Config, error) {
-	h := cfg.Hypervisor
-	c := vmm.Config{
-		ID: id, StateDir: stateDir, QEMUPath: h.Path, Kernel: h.Kernel, Initrd: h.Initrd, KernelArgs: h.KernelArgs,
-		MachineType: h.MachineType, CPUModel: h.CPUModel, Accel: h.Accel,
-		VCPUs: rec.VCPUs, MemoryMiB: rec.MemoryMiB, HotplugPorts: rec.HotplugPort,
-		VMGenID: true,
-	}
+func restoredVMConfig(ctx context.Context, id string, t VMTemplate, rec *sandboxRecord, m *snapshot.Materialized, mem guestMemory, stateDir, diskDir string) (vmm.Config, error) {
+	c := t.config(id, stateDir)
+	c.VCPUs, c.MemoryMiB, c.HotplugPorts = rec.VCPUs, rec.MemoryMiB, rec.HotplugPort
 	mem.configure(&c)
 	if rec.RAMInStream || m.RAM == "" {
 		// RAM comes in the device state: map an empty sparse file.
@@ -516,12 +457,11 @@ func restoredVMConfig(ctx context.Context, id string, cfg configs.Config, rec *s
 // them. A restore adds QEMU's version (the VM's fingerprint before Start).
 type guestDigests struct{ kernel, initrd, qemu string }
 
-func hostGuestDigests(cfg configs.Config) (guestDigests, error) {
-	node, err := cfg.Snapshot.NodeCache()
-	if err != nil {
-		return guestDigests{}, err
+func hostGuestDigests(n Node) (guestDigests, error) {
+	if n.Cache == nil {
+		return guestDigests{}, errNoNodeCache
 	}
-	g, err := node.Facts().GuestDigests(cfg.Hypervisor.Kernel, cfg.Hypervisor.Initrd)
+	g, err := n.Cache.Facts().GuestDigests(n.VM.Kernel, n.VM.Initrd)
 	return guestDigests{kernel: g.Kernel, initrd: g.Initrd}, err
 }
 

@@ -16,8 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	agentapi "github.com/cryo-runtime/cryo/agent/api/v1"
-	"github.com/cryo-runtime/cryo/annotations"
-	"github.com/cryo-runtime/cryo/configs"
+	"github.com/cryo-runtime/cryo/sandbox/servedram"
 	"github.com/cryo-runtime/cryo/vmm"
 )
 
@@ -83,18 +82,32 @@ type GuestFile struct {
 
 // Spec is what a sandbox is made from, booted or restored.
 type Spec struct {
-	ID     string
-	Config configs.Config
+	ID string
+	// Node is what the sandbox takes of its node.
+	Node Node
 	// StateDir holds the VM's sockets and state (tmpfs); DiskDir its
 	// writable disks (qcow2 overlays), on disk.
 	StateDir, DiskDir string
 	// Pod is the OCI spec of the container that creates the sandbox: its
 	// annotations and the network namespace the VM's NIC is bridged to.
 	Pod *specs.Spec
-	// Request is what Pod's annotations ask for.
-	Request annotations.Request
+	// VCPUs and MemoryMiB size a booted VM (a restored one has its
+	// snapshot's size).
+	VCPUs, MemoryMiB int
+	// RestoreMode is how a restore gets the snapshot's RAM: RestoreLazy
+	// serves it page by page, RestoreEager fetches it whole first.
+	RestoreMode string
+	// CheckpointTo is where a checkpoint goes when its request names no
+	// store; PreCheckpoint the hook (sh -c) run in the sandbox's own
+	// container before one, PostRestore the one run there after a restore,
+	// before any task takes a container over.
+	CheckpointTo, PreCheckpoint, PostRestore string
 	// Tenant is the namespace whose stores and keys the sandbox may use.
 	Tenant string
+	// FitsPod says whether a snapshot's VM of this size is what the pod
+	// asks for (nil: any size the node allows): a restore checks it before
+	// it fetches anything.
+	FitsPod func(vcpus, memoryMiB int) error
 }
 
 // Info describes a running sandbox.
@@ -103,6 +116,16 @@ type Info struct {
 	QEMUPid      int
 	BootID       string
 	RestoredFrom string
+	// RootDisk is the root disk the VM booted with (zero for a restored
+	// VM, whose disks are in its record).
+	RootDisk Disk
+}
+
+// Disk is a container's root disk as the guest and the task service name
+// it: its device id (what RemoveRootDisk takes) and the virtio-blk serial
+// the guest finds it by.
+type Disk struct {
+	ID, Serial string
 }
 
 // Sandbox is one VM and the agent connection into it.
@@ -131,22 +154,28 @@ func (s *Sandbox) Guest() Guest { return s.agent }
 
 // Info describes the sandbox.
 func (s *Sandbox) Info() Info {
-	return Info{ID: s.spec.ID, QEMUPid: s.vm.Pid(), BootID: s.info.BootID, RestoredFrom: s.restoredFrom}
+	return Info{ID: s.spec.ID, QEMUPid: s.vm.Pid(), BootID: s.info.BootID, RestoredFrom: s.restoredFrom,
+		RootDisk: Disk{ID: s.root.ID, Serial: s.root.Serial}}
 }
 
-// RootDisk is the root disk the VM booted with (zero for a restored VM).
-func (s *Sandbox) RootDisk() vmm.Disk { return s.root }
+// Done is closed when the VM has exited (QEMU killed, crashed or shut
+// down); Err then says why, when the sandbox knows.
+func (s *Sandbox) Done() <-chan struct{} { return s.vm.Exited() }
 
-// Exited is closed when QEMU has exited.
-func (s *Sandbox) Exited() <-chan struct{} { return s.vm.Exited() }
+// Err is why the VM had to stop, when the sandbox knows: the first page of
+// a lazily restored sandbox that could not be fetched or verified (it names
+// the chunk and the store). It is nil otherwise, and before Done.
+func (s *Sandbox) Err() error { return s.mem.failure() }
 
-// Stderr is what QEMU wrote to its stderr.
-func (s *Sandbox) Stderr() string { return s.vm.Stderr() }
-
-// Failure is why the VM had to stop, when the sandbox knows: the first
-// page of a lazily restored sandbox that could not be fetched or verified
-// (it names the chunk and the store). It is nil otherwise.
-func (s *Sandbox) Failure() error { return s.mem.failure() }
+// logExit logs what QEMU wrote to its stderr once it exits: the task
+// service learns of the exit through Done, the reason a person reads here.
+func (s *Sandbox) logExit(ctx context.Context) {
+	l := log.G(ctx)
+	go func() {
+		<-s.vm.Exited()
+		l.WithField("stderr", s.vm.Stderr()).Info("qemu exited")
+	}()
+}
 
 // RootSpec names a container's root filesystem: containerd's mounts, made
 // into a disk in WorkDir.
@@ -156,26 +185,20 @@ type RootSpec struct {
 }
 
 // AddRootDisk makes a container's root disk and hot-plugs it.
-func (s *Sandbox) AddRootDisk(ctx context.Context, r RootSpec) (vmm.Disk, error) {
+func (s *Sandbox) AddRootDisk(ctx context.Context, r RootSpec) (Disk, error) {
 	d, err := s.rootfs.disk(ctx, r.ContainerID, r.Bundle, r.WorkDir, r.Mounts)
 	if err != nil {
-		return d, err
+		return Disk{ID: d.ID, Serial: d.Serial}, err
 	}
 	if err := s.vm.HotplugDisk(ctx, d); err != nil {
-		return d, fmt.Errorf("hot-plug root disk of %s: %w", r.ContainerID, err)
+		return Disk{ID: d.ID, Serial: d.Serial}, fmt.Errorf("hot-plug root disk of %s: %w", r.ContainerID, err)
 	}
-	return d, nil
+	return Disk{ID: d.ID, Serial: d.Serial}, nil
 }
 
 // RemoveRootDisk unplugs a hot-plugged root disk.
 func (s *Sandbox) RemoveRootDisk(ctx context.Context, id string) error {
 	return s.vm.UnplugDisk(ctx, id)
-}
-
-// RunHook runs a hook command (sh -c) inside a guest container; a failure
-// returns the hook's output.
-func (s *Sandbox) RunHook(ctx context.Context, guestID, cmd, name string) error {
-	return runHook(ctx, s.agent, guestID, cmd, name)
 }
 
 // Stop kills the VM within a few seconds; its processes end with it.
@@ -206,19 +229,16 @@ func (s *Sandbox) Resume(ctx context.Context) error {
 	return nil
 }
 
-// Paused reports whether the VM was paused through Pause.
-func (s *Sandbox) Paused() bool { return s.run.get() == vmPaused }
-
-func newRootfsBuilder(cfg configs.Config) *rootfsBuilder {
-	return &rootfsBuilder{cacheDir: cfg.Runtime.ImageCache, writableMiB: cfg.Runtime.WritableDiskMiB}
+func newRootfsBuilder(o RootFSOptions) *rootfsBuilder {
+	return &rootfsBuilder{cacheDir: o.ImageCache, writableMiB: o.WritableDiskMiB}
 }
 
 // connectAgent dials the agent's virtio-serial port and waits for it to
 // answer, within ac's dial timeout; the client's short calls then get ac's
 // request timeout. A VM that dies meanwhile ends the wait at once with
 // QEMU's own stderr and the tail of the guest console.
-func connectAgent(ctx context.Context, vm machine, ac configs.Agent) (agentConn, guestInfo, error) {
-	timeout := ac.DialTimeout.Duration
+func connectAgent(ctx context.Context, vm machine, ac AgentTimeouts) (agentConn, guestInfo, error) {
+	timeout := ac.Dial
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	go func() {
@@ -236,7 +256,7 @@ func connectAgent(ctx context.Context, vm machine, ac configs.Agent) (agentConn,
 			lastErr = err
 			break
 		}
-		ag := newAgentClient(conn, ac.RequestTimeout.Duration)
+		ag := newAgentClient(conn, ac.Request)
 		pctx, pcancel := context.WithTimeout(ctx, agentPingTimeout)
 		info, err := ag.ping(pctx)
 		pcancel()
@@ -270,16 +290,10 @@ func consoleTail(path string) string {
 }
 
 // confined applies the node's QEMU confinement and console cap to c.
-func confined(c vmm.Config, cfg configs.Config) vmm.Config {
-	h := cfg.Hypervisor
-	c.Confine = vmm.Confinement{
-		Disabled: !h.ConfineQEMU,
-		UIDBase:  h.QEMUUIDBase, UIDCount: h.QEMUUIDCount,
-		// LockDir stays vmm's host-wide default, whatever state_root says:
-		// two installations on one host must not hand out the same uid.
-	}
-	c.PrivateMemoryDir = h.MemoryDir
-	c.ConsoleMaxBytes = int64(h.ConsoleLogKiB) << 10
+func confined(c vmm.Config, t VMTemplate) vmm.Config {
+	c.Confine = t.Confine
+	c.PrivateMemoryDir = t.MemoryDir
+	c.ConsoleMaxBytes = t.ConsoleMaxBytes
 	return c
 }
 
@@ -311,6 +325,24 @@ func (s *Sandbox) Shutdown(ctx context.Context) error {
 	return err
 }
 
+// Cleanup ends what a sandbox whose shim died left running in stateDir and
+// removes it, for `shim delete`: its QEMU killed (vmm.Cleanup), then its
+// served RAM unmounted (servedram.Cleanup: QEMU mapped it until it was
+// gone), then the directory. A step that fails does not stop the next.
+func Cleanup(stateDir string) error {
+	var errs []error
+	if err := vmm.Cleanup(stateDir); err != nil {
+		errs = append(errs, fmt.Errorf("clean up vm: %w", err))
+	}
+	if err := servedram.Cleanup(stateDir); err != nil {
+		errs = append(errs, fmt.Errorf("clean up served ram: %w", err))
+	}
+	if err := os.RemoveAll(stateDir); err != nil {
+		errs = append(errs, fmt.Errorf("remove sandbox state %s: %w", stateDir, err))
+	}
+	return errors.Join(errs...)
+}
+
 // ramPath names the guest RAM file of the sandbox whose state is in
 // stateDir. The name hashes the whole state dir path: sandboxes of
 // different containerd instances (and state roots) on one host must never
@@ -327,15 +359,6 @@ func memoryFile(memoryDir, stateDir, ext string) string {
 	sum := sha256.Sum256([]byte(stateDir))
 	return filepath.Join(memoryDir, "cryo-"+hex.EncodeToString(sum[:8])+ext)
 }
-
-// StateDir is the sandbox's state directory.
-func (s *Sandbox) StateDir() string { return s.spec.StateDir }
-
-// Request is what the sandbox's annotations asked for.
-func (s *Sandbox) Request() annotations.Request { return s.spec.Request }
-
-// Annotations are the annotations of the container that made the sandbox.
-func (s *Sandbox) Annotations() map[string]string { return s.spec.Pod.Annotations }
 
 // Interacted tells a lazily restored sandbox that it answered its first
 // request (the task service's first exec): its background prefetch may

@@ -36,7 +36,7 @@ func TestStoreID(t *testing.T) {
 func TestQEMUUIDLocksHostWide(t *testing.T) {
 	a, b := configs.Default(), configs.Default()
 	a.Runtime.StateRoot, b.Runtime.StateRoot = "/run/cryo-a", "/run/cryo-b"
-	da, db := confined(vmm.Config{}, a).Confine.LockDir, confined(vmm.Config{}, b).Confine.LockDir
+	da, db := confined(vmm.Config{}, testNode(t, a).VM).Confine.LockDir, confined(vmm.Config{}, testNode(t, b).VM).Confine.LockDir
 	if da != db || (da != "" && da != vmm.DefaultUIDLockDir) {
 		t.Fatalf("uid lock dirs %q and %q: want both vmm's host-wide %q", da, db, vmm.DefaultUIDLockDir)
 	}

@@ -190,7 +190,7 @@ func (sc *servedChain) serve(ref string) {
 	var cfg configs.Config
 	cfg.Snapshot.CacheDir = filepath.Join(sc.dir, "cache")
 	ram := servedram.FromFile(f, filepath.Join(t.TempDir(), "ram.layer"), servedram.NewParent(sc.url(0), s, fr))
-	sc.sb = &Sandbox{spec: Spec{ID: "sb", Pod: &specs.Spec{}, Config: cfg}, mem: &servedMemory{ram: ram}}
+	sc.sb = &Sandbox{spec: Spec{ID: "sb", Pod: &specs.Spec{}, Node: testNode(t, cfg)}, mem: &servedMemory{ram: ram}}
 	sc.file = f
 }
 

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/containerd/containerd/api/types"
+	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/cryo-runtime/cryo/configs"
@@ -78,12 +79,17 @@ func (m *fakeMachine) ConsolePath() string     { return "" }
 type fakeAgent struct {
 	agentConn
 	closed bool
+	// hookStatus is every hook's exit status; hooks the containers they
+	// ran in.
+	hookStatus int
+	hooks      []string
 }
 
 func (a *fakeAgent) fixUpRestored(context.Context) error { return nil }
 func (a *fakeAgent) close() error                        { a.closed = true; return nil }
-func (a *fakeAgent) runHook(context.Context, string, []string, time.Duration) (string, int, error) {
-	return "", 0, nil
+func (a *fakeAgent) runHook(_ context.Context, containerID string, _ []string, _ time.Duration) (string, int, error) {
+	a.hooks = append(a.hooks, containerID)
+	return "", a.hookStatus, nil
 }
 
 // fakeVMs makes fake machines and agents and checks that none is left:
@@ -100,7 +106,7 @@ func (f *fakeVMs) factory() vmFactory {
 			f.machines = append(f.machines, m)
 			return m, nil
 		},
-		connect: func(_ context.Context, m machine, _ configs.Agent) (agentConn, guestInfo, error) {
+		connect: func(_ context.Context, m machine, _ AgentTimeouts) (agentConn, guestInfo, error) {
 			if fm := m.(*fakeMachine); !fm.started || fm.stopped {
 				return nil, guestInfo{}, errors.New("agent of a vm that does not run")
 			}
@@ -223,13 +229,13 @@ func TestBootSteps(t *testing.T) {
 			cfg := configs.Default()
 			cfg.Snapshot.CacheDir = filepath.Join(dir, "cache")
 			// The shim makes the sandbox's dirs before Boot.
-			spec = Spec{ID: "sb", Config: cfg, StateDir: filepath.Join(dir, "state"), DiskDir: filepath.Join(dir, "disks"), Pod: &specs.Spec{}}
+			spec = Spec{ID: "sb", Node: testNode(t, cfg), StateDir: filepath.Join(dir, "state"), DiskDir: filepath.Join(dir, "disks"), Pod: &specs.Spec{}}
 			root := RootSpec{ContainerID: "c1", Mounts: []*types.Mount{{Type: "ext4", Source: image}}}
 			st = &start{Spec: spec, root: root, vms: vms}
-			return st.bootSteps(&Sandbox{spec: spec, rootfs: newRootfsBuilder(cfg)})
+			return st.bootSteps(&Sandbox{spec: spec, rootfs: newRootfsBuilder(spec.Node.RootFS)})
 		},
 		done: func(t *testing.T) {
-			checkMemory(t, st, vmm.MemoryOwned, ramPath(spec.Config.Hypervisor.MemoryDir, spec.StateDir))
+			checkMemory(t, st, vmm.MemoryOwned, ramPath(spec.Node.VM.MemoryDir, spec.StateDir))
 		},
 		left: func(t *testing.T) []string {
 			return append(dirEntries(t, spec.StateDir), dirEntries(t, spec.DiskDir)...)
@@ -310,9 +316,9 @@ func newRestoreFixture(t *testing.T) *restoreFixture {
 // dir; made: with its dirs made, as the shim makes them before a restore.
 func (f *restoreFixture) spec(t *testing.T, made bool) Spec {
 	dir := t.TempDir()
-	spec := Spec{ID: "sb", Config: f.cfg, StateDir: filepath.Join(dir, "state"), DiskDir: filepath.Join(dir, "disks"), Pod: &specs.Spec{},
+	spec := Spec{ID: "sb", Node: testNode(t, f.cfg), StateDir: filepath.Join(dir, "state"), DiskDir: filepath.Join(dir, "disks"), Pod: &specs.Spec{},
 		Tenant: "default"}
-	spec.Request.RestoreMode = configs.RestoreEager
+	spec.RestoreMode = RestoreEager
 	for _, d := range []string{spec.StateDir, spec.DiskDir} {
 		if !made {
 			break
@@ -383,7 +389,7 @@ func TestLazyRestoreSteps(t *testing.T) {
 		op: "restore",
 		steps: func(t *testing.T, vms vmFactory) []step {
 			spec = f.spec(t, true)
-			spec.Request.RestoreMode = configs.RestoreLazy
+			spec.RestoreMode = RestoreLazy
 			st = &start{Spec: spec, src: Source{URL: f.url}, restore: &restoring{}, vms: vms}
 			return st.restoreSteps()
 		},
@@ -460,5 +466,28 @@ func checkMemory(t *testing.T, st *start, mode vmm.MemoryMode, path string) {
 	t.Helper()
 	if got := st.vmcfg.Memory; got.Mode != mode || got.Path != path || path == "" {
 		t.Errorf("vm memory %v %q, want %v %q", got.Mode, got.Path, mode, path)
+	}
+}
+
+// TestPostRestoreHook: the post-restore hook runs in the checkpointed
+// sandbox's own container; its failure is a HookError (the shim does not
+// fall back to a cold boot for it), still a failed precondition.
+func TestPostRestoreHook(t *testing.T) {
+	for _, status := range []int{0, 1} {
+		ag := &fakeAgent{hookStatus: status}
+		st := &start{Spec: Spec{PostRestore: "test -e /ready"}, agent: ag, restore: &restoring{rec: &sandboxRecord{SandboxID: "old-pod"}}}
+		err := st.postRestore(t.Context(), &undo{})
+		if !slices.Equal(ag.hooks, []string{"old-pod"}) {
+			t.Fatalf("hook ran in %v, want the sandbox's own container old-pod", ag.hooks)
+		}
+		var he *HookError
+		if (status != 0) != (err != nil) || err != nil && (!errors.As(err, &he) || !errdefs.IsFailedPrecondition(err)) {
+			t.Fatalf("hook exiting %d: %v, want a HookError that is a failed precondition only on failure", status, err)
+		}
+	}
+	ag := &fakeAgent{}
+	st := &start{agent: ag, restore: &restoring{rec: &sandboxRecord{SandboxID: "old-pod"}}}
+	if err := st.postRestore(t.Context(), &undo{}); err != nil || len(ag.hooks) != 0 {
+		t.Fatalf("no hook: %v, ran %v", err, ag.hooks)
 	}
 }

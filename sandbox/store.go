@@ -3,7 +3,6 @@ package sandbox
 import (
 	"net/url"
 
-	"github.com/cryo-runtime/cryo/configs"
 	"github.com/cryo-runtime/cryo/stores"
 )
 
@@ -12,8 +11,8 @@ import (
 // would let the sandbox go itself, or within the registry an oci:// store
 // names (its blob paths are not store URLs). Stores the shim chose itself
 // (trusted) are local and never redirect.
-func storeOptions(cfg configs.Config, tenant, storeURL string, trusted bool) stores.Options {
-	o := cfg.Stores.FetchOptions()
+func storeOptions(policy StorePolicy, tenant, storeURL string, trusted bool) stores.Options {
+	o := policy.FetchOptions()
 	if trusted {
 		return o
 	}
@@ -25,7 +24,7 @@ func storeOptions(cfg configs.Config, tenant, storeURL string, trusted bool) sto
 		if registry != "" && u.Host == registry {
 			return nil
 		}
-		return cfg.Stores.Allows(u.String(), tenant)
+		return policy.Allows(u.String(), tenant)
 	}
 	return o
 }

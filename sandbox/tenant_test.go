@@ -27,7 +27,7 @@ func TestStoreRedirectPolicy(t *testing.T) {
 		{"oci://reg.example:5000/team-a/x:v1", "https://reg.example:5000/v2/team-a/x/blobs/sha256:ab", true},
 		{"oci://reg.example:5000/team-a/x:v1", "https://cdn.example/blob", false},
 	} {
-		o := storeOptions(cfg, "team-a", tc.store, false)
+		o := storeOptions(cfg.Stores, "team-a", tc.store, false)
 		u, _ := url.Parse(tc.to)
 		err := o.Redirect(u)
 		if tc.ok != (err == nil) {
@@ -40,7 +40,7 @@ func TestStoreRedirectPolicy(t *testing.T) {
 			t.Errorf("cross-namespace redirect: %v, want both namespaces named", err)
 		}
 	}
-	if o := storeOptions(cfg, "team-a", "file:///ckpt/snapshot/cryo:checkpoint", true); o.Redirect != nil {
+	if o := storeOptions(cfg.Stores, "team-a", "file:///ckpt/snapshot/cryo:checkpoint", true); o.Redirect != nil {
 		t.Error("a store the shim chose itself got a redirect policy")
 	}
 }
@@ -61,7 +61,7 @@ func TestCheckpointRefusalLeavesNoStore(t *testing.T) {
 		{keyless, "file://" + root + "/team-a/agent:v1", "encryption_key_dir"},
 		{cfg, "file://" + root + "/team-a/agent", "names no reference"},
 	} {
-		sb := &Sandbox{spec: Spec{ID: "sb1", Config: tc.cfg, Tenant: "team-a"}}
+		sb := &Sandbox{spec: Spec{ID: "sb1", Node: testNode(t, tc.cfg), Tenant: "team-a"}}
 		c := &checkpointing{sb: sb, req: CheckpointRequest{To: tc.to}}
 		err := c.target(t.Context(), &undo{})
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

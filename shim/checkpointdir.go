@@ -41,8 +41,9 @@ func refuseCRILocalCheckpoint(a map[string]string) error {
 }
 
 // taskCheckpointRequest reads containerd's checkpoint request: runc's
-// CheckpointOptions (Exit) when present, and where the snapshot goes.
-func taskCheckpointRequest(r *taskAPI.CheckpointTaskRequest, sb vmSandbox) (sandbox.CheckpointRequest, error) {
+// CheckpointOptions (Exit) when present, and where the snapshot goes; made
+// is what the sandbox was made from (nil: no sandbox).
+func taskCheckpointRequest(r *taskAPI.CheckpointTaskRequest, made *sandbox.Spec) (sandbox.CheckpointRequest, error) {
 	var req sandbox.CheckpointRequest
 	if r.Options != nil {
 		v, err := typeurl.UnmarshalAny(r.Options)
@@ -52,8 +53,8 @@ func taskCheckpointRequest(r *taskAPI.CheckpointTaskRequest, sb vmSandbox) (sand
 			}
 		}
 	}
-	if sb != nil && sb.Request().CheckpointTo == "" {
-		if err := refuseCRILocalCheckpoint(sb.Annotations()); err != nil {
+	if made != nil && made.CheckpointTo == "" {
+		if err := refuseCRILocalCheckpoint(made.Pod.Annotations); err != nil {
 			return req, err
 		}
 		if r.Path == "" {

@@ -32,8 +32,8 @@ func TestTaskCheckpointRequestNoStore(t *testing.T) {
 		{name: "cri pod with a store", ann: map[string]string{annotations.CRIContainerType: "sandbox"}, store: "file:///s/x:1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			sb := &fakeSandbox{spec: sandbox.Spec{Pod: &specs.Spec{Annotations: tc.ann}, Request: annotations.Request{CheckpointTo: tc.store}}}
-			req, err := taskCheckpointRequest(r, sb)
+			made := &sandbox.Spec{Pod: &specs.Spec{Annotations: tc.ann}, CheckpointTo: tc.store}
+			req, err := taskCheckpointRequest(r, made)
 			if tc.wantErr {
 				if err == nil || !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), annotations.CheckpointTo) ||
 					!strings.Contains(err.Error(), "default_checkpoint_to") || !strings.Contains(err.Error(), "default/web") {

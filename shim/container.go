@@ -18,7 +18,6 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/cryo-runtime/cryo/sandbox"
-	"github.com/cryo-runtime/cryo/vmm"
 )
 
 // container is one OCI container inside the sandbox VM.
@@ -29,7 +28,7 @@ type container struct {
 	guestID string
 	bundle  string
 	spec    *specs.Spec
-	disk    vmm.Disk
+	disk    sandbox.Disk
 	// hotplugged disks are removed from the VM when the container is deleted;
 	// the sandbox's first disk goes away with the VM.
 	hotplugged bool

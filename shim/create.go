@@ -2,6 +2,7 @@ package shim
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -18,6 +19,7 @@ import (
 	"github.com/cryo-runtime/cryo/annotations"
 	"github.com/cryo-runtime/cryo/configs"
 	"github.com/cryo-runtime/cryo/internal/atomicfile"
+	"github.com/cryo-runtime/cryo/nodeopts"
 	"github.com/cryo-runtime/cryo/sandbox"
 )
 
@@ -57,7 +59,7 @@ func (s *service) createContainer(ctx context.Context, r *taskAPI.CreateTaskRequ
 		}()
 	}
 	if s.restored != nil {
-		rc, ok, err := s.restored.Claim(spec.Annotations, first)
+		rc, ok, err := s.restored.claim(spec.Annotations, first)
 		if err != nil {
 			return nil, err
 		}
@@ -144,16 +146,16 @@ var claimWindow = 5 * time.Minute
 
 // reapUnclaimed kills, once claimWindow has passed, the restored guest
 // containers that no task took over.
-func (s *service) reapUnclaimed(sb vmSandbox, rs *sandbox.Restored) {
+func (s *service) reapUnclaimed(sb vmSandbox, rs *restoredPod) {
 	t := time.NewTimer(claimWindow)
 	defer t.Stop()
 	select {
 	case <-t.C:
-	case <-sb.Exited():
+	case <-sb.Done():
 		return
 	}
 	ctx := context.WithoutCancel(s.ctx)
-	for _, rc := range rs.Unclaimed() {
+	for _, rc := range rs.unclaimed() {
 		log.G(ctx).WithFields(log.Fields{"guest_id": rc.GuestID, "name": rc.Name}).
 			Warnf("no container of the restored pod took this checkpointed container over within %s: killing its processes", claimWindow)
 		if err := sb.Guest().Signal(ctx, rc.GuestID, "", uint32(unix.SIGKILL), true); err != nil && !errdefs.IsNotFound(err) {
@@ -183,7 +185,7 @@ func (s *service) addContainer(c *container) {
 // to a cold boot when the policy says so), and boots it otherwise, with c's
 // root disk attached at boot.
 func (s *service) newSandbox(ctx context.Context, r *taskAPI.CreateTaskRequest, c *container) (_ vmSandbox, retErr error) {
-	spec, src, err := s.sandboxSpec(ctx, r, c)
+	spec, req, src, err := s.sandboxSpec(ctx, r, c)
 	if err != nil {
 		return nil, err
 	}
@@ -197,58 +199,63 @@ func (s *service) newSandbox(ctx context.Context, r *taskAPI.CreateTaskRequest, 
 		return nil, err
 	}
 	s.diskDir, s.bundle = spec.DiskDir, r.Bundle
-	sb, rs, err := s.restoreOrBoot(ctx, r, c, spec, src)
+	sb, rs, err := s.restoreOrBoot(ctx, r, c, spec, req.RestoreFallback, src)
 	if err != nil {
 		cleanup()
 		return nil, err
 	}
-	if rs != nil {
-		// The hook runs in the sandbox's own container (in a pod, the one
-		// that booted the VM) before any task is handed over.
-		if err := sb.RunHook(ctx, rs.SandboxID(), spec.Request.PostRestore, "post-restore"); err != nil {
-			_ = sb.Shutdown(ctx)
-			cleanup()
-			return nil, err
-		}
-	}
 	s.mu.Lock()
-	s.sb, s.restored = sb, rs
+	s.sb, s.spec = sb, spec
+	if rs != nil {
+		s.restored = newRestored(rs)
+	}
+	restored := s.restored
 	s.mu.Unlock()
-	if err := s.serveExtension(sb); err != nil {
+	if err := s.serveExtension(spec.StateDir); err != nil {
 		log.G(ctx).WithError(err).Warn("serve cryo api: cryoctl cannot reach this sandbox")
 	}
 	go s.monitor(sb)
-	if rs != nil {
-		go s.reapUnclaimed(sb, rs)
+	if restored != nil {
+		go s.reapUnclaimed(sb, restored)
 	}
 	return sb, nil
 }
 
 // sandboxSpec is the sandbox of the first container c: the node config,
-// what c's annotations ask for, its directories, and where a restore comes
-// from (none: Source.URL is empty).
-func (s *service) sandboxSpec(ctx context.Context, r *taskAPI.CreateTaskRequest, c *container) (sandbox.Spec, sandbox.Source, error) {
+// what c's annotations ask for (req, of which the sandbox takes its part),
+// its directories, and where a restore comes from (none: Source.URL is
+// empty).
+func (s *service) sandboxSpec(ctx context.Context, r *taskAPI.CreateTaskRequest, c *container) (_ sandbox.Spec, req annotations.Request, _ sandbox.Source, _ error) {
 	cfg, err := loadConfig(r)
 	if err != nil {
-		return sandbox.Spec{}, sandbox.Source{}, err
+		return sandbox.Spec{}, req, sandbox.Source{}, err
 	}
-	req, err := annotations.Parse(c.spec.Annotations, cfg)
+	req, err = annotations.Parse(c.spec.Annotations, cfg)
 	if err != nil {
-		return sandbox.Spec{}, sandbox.Source{}, err
+		return sandbox.Spec{}, req, sandbox.Source{}, err
 	}
 	src := sandbox.Source{URL: req.RestoreFrom, Digest: req.RestoreDigest}
 	if r.Checkpoint != "" {
 		if src, err = readCheckpointRef(r.Checkpoint); err != nil {
-			return sandbox.Spec{}, sandbox.Source{}, err
+			return sandbox.Spec{}, req, sandbox.Source{}, err
 		}
+	}
+	node, err := nodeopts.Sandbox(cfg)
+	if err != nil {
+		return sandbox.Spec{}, req, sandbox.Source{}, err
 	}
 	ns, _ := namespaces.Namespace(ctx)
 	stateDir := sandboxStateDir(cfg.Runtime.StateRoot, ns, r.ID)
 	spec := sandbox.Spec{
-		ID: r.ID, Config: cfg, StateDir: stateDir, DiskDir: filepath.Join(cfg.Runtime.DiskRoot, filepath.Base(stateDir)),
-		Pod: c.spec, Request: req, Tenant: s.tenant(c.spec.Annotations),
+		ID: r.ID, Node: node, StateDir: stateDir, DiskDir: filepath.Join(cfg.Runtime.DiskRoot, filepath.Base(stateDir)),
+		Pod: c.spec, Tenant: s.tenant(c.spec.Annotations),
+		VCPUs: req.VCPUs, MemoryMiB: req.MemoryMiB, RestoreMode: req.RestoreMode,
+		CheckpointTo: req.CheckpointTo, PreCheckpoint: req.PreCheckpoint, PostRestore: req.PostRestore,
+		FitsPod: func(vcpus, memoryMiB int) error {
+			return annotations.CheckRestoredSize(c.spec.Annotations, cfg, vcpus, memoryMiB)
+		},
 	}
-	return spec, src, nil
+	return spec, req, src, nil
 }
 
 // writePointers makes the sandbox's directories and the files that lead
@@ -266,8 +273,9 @@ func writePointers(bundle, stateDir, diskDir string) error {
 }
 
 // restoreOrBoot restores the sandbox when src names a snapshot, and boots
-// it otherwise or, when the restore fails and the policy says so, instead.
-func (s *service) restoreOrBoot(ctx context.Context, r *taskAPI.CreateTaskRequest, c *container, spec sandbox.Spec, src sandbox.Source) (vmSandbox, *sandbox.Restored, error) {
+// it otherwise or, when the restore fails and the pod's fallback policy
+// says so ("cold"), instead.
+func (s *service) restoreOrBoot(ctx context.Context, r *taskAPI.CreateTaskRequest, c *container, spec sandbox.Spec, fallback string, src sandbox.Source) (vmSandbox, *sandbox.Restored, error) {
 	if src.URL != "" {
 		rctx, cancel := context.WithTimeout(ctx, restoreTimeout)
 		sb, rs, err := s.vms.Restore(rctx, spec, src)
@@ -275,7 +283,7 @@ func (s *service) restoreOrBoot(ctx context.Context, r *taskAPI.CreateTaskReques
 		switch {
 		case err == nil:
 			return sb, rs, nil
-		case spec.Request.RestoreFallback == "cold" && r.Checkpoint == "":
+		case fallback == "cold" && r.Checkpoint == "" && !errors.As(err, new(*sandbox.HookError)):
 			log.G(ctx).WithError(err).Warn("restore failed; booting cold (restore-fallback: cold)")
 			// Drop the restore's overlays; the boot makes the disk dirs anew.
 			os.RemoveAll(spec.DiskDir)
@@ -291,7 +299,7 @@ func (s *service) restoreOrBoot(ctx context.Context, r *taskAPI.CreateTaskReques
 	if err != nil {
 		return nil, nil, err
 	}
-	c.disk = sb.RootDisk()
+	c.disk = sb.Info().RootDisk
 	return sb, nil, nil
 }
 
@@ -302,7 +310,7 @@ func (s *service) removeSandbox(ctx context.Context, sb vmSandbox) {
 	_ = os.RemoveAll(s.diskDir)
 	_ = os.Remove(statePointerPath(s.bundle))
 	s.mu.Lock()
-	s.sb, s.restored = nil, nil
+	s.sb, s.spec, s.restored = nil, sandbox.Spec{}, nil
 	s.mu.Unlock()
 }
 

@@ -38,7 +38,7 @@ const guestCleanupTimeout = 20 * time.Second
 
 func removeFromGuest(ctx context.Context, sb vmSandbox, c *container) {
 	select {
-	case <-sb.Exited():
+	case <-sb.Done():
 		return
 	default:
 	}

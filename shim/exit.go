@@ -92,9 +92,10 @@ func processEventID(c *container, p *process) string {
 // Each process it ends gets a last line of output saying why (see
 // vmStoppedLine): containerd's TaskExit has no field for a reason.
 func (s *service) monitor(sb vmSandbox) {
-	<-sb.Exited()
-	failure := sb.Failure()
-	l := log.G(s.ctx).WithField("stderr", sb.Stderr())
+	<-sb.Done()
+	s.setVMPaused(false)
+	failure := sb.Err()
+	l := log.G(s.ctx)
 	if failure != nil {
 		l = l.WithError(failure)
 	}
@@ -147,8 +148,8 @@ func (s *service) vmStopped(wait time.Duration) (failure error, gone bool) {
 		return nil, false
 	}
 	select {
-	case <-sb.Exited():
-		return sb.Failure(), true
+	case <-sb.Done():
+		return sb.Err(), true
 	default:
 	}
 	if wait <= 0 {
@@ -157,8 +158,8 @@ func (s *service) vmStopped(wait time.Duration) (failure error, gone bool) {
 	t := time.NewTimer(wait)
 	defer t.Stop()
 	select {
-	case <-sb.Exited():
-		return sb.Failure(), true
+	case <-sb.Done():
+		return sb.Err(), true
 	case <-t.C:
 		return nil, false
 	}

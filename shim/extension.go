@@ -59,8 +59,8 @@ func (x *sandboxAPI) Info(ctx context.Context, r *shimapi.InfoRequest) (*shimapi
 }
 
 // serveExtension serves the shim's own API on the sandbox's state dir.
-func (s *service) serveExtension(sb vmSandbox) error {
-	path := filepath.Join(sb.StateDir(), shimapi.ExtensionSocket)
+func (s *service) serveExtension(stateDir string) error {
+	path := filepath.Join(stateDir, shimapi.ExtensionSocket)
 	_ = os.Remove(path)
 	l, err := net.Listen("unix", path)
 	if err != nil {
@@ -95,7 +95,7 @@ func (s *service) closeExtension() {
 func (s *service) writeContainerIndex() {
 	ns, _ := namespaces.Namespace(s.ctx)
 	s.mu.Lock()
-	sb := s.sb
+	sb, stateDir := s.sb, s.spec.StateDir
 	var lines []string
 	for id := range s.containers {
 		lines = append(lines, ns+"/"+id)
@@ -104,7 +104,7 @@ func (s *service) writeContainerIndex() {
 	if sb == nil {
 		return
 	}
-	if err := atomicfile.Write(filepath.Join(sb.StateDir(), shimapi.ContainersFile), []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
+	if err := atomicfile.Write(filepath.Join(stateDir, shimapi.ContainersFile), []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
 		log.G(s.ctx).WithError(err).Warn("write container index")
 	}
 }

@@ -10,9 +10,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/protobuf/types/known/anypb"
 
-	"github.com/cryo-runtime/cryo/annotations"
 	"github.com/cryo-runtime/cryo/sandbox"
-	"github.com/cryo-runtime/cryo/vmm"
 )
 
 // fakeQEMUPid is the fake VM's pid; the fake guest's processes have pid 7,
@@ -23,19 +21,24 @@ const fakeQEMUPid = 4242
 type fakeMaker struct {
 	sb       *fakeSandbox
 	restored *sandbox.Restored
-	boots    int
-	restores []sandbox.Source
+	// restoreErr fails every Restore.
+	restoreErr error
+	boots      int
+	restores   []sandbox.Source
 }
 
 func (m *fakeMaker) Boot(ctx context.Context, spec sandbox.Spec, root sandbox.RootSpec) (vmSandbox, error) {
 	m.boots++
 	m.sb.spec = spec
-	m.sb.root = vmm.Disk{ID: sandbox.DiskID(root.ContainerID), Serial: "s1"}
+	m.sb.root = sandbox.Disk{ID: sandbox.DiskID(root.ContainerID), Serial: "s1"}
 	return m.sb, nil
 }
 
 func (m *fakeMaker) Restore(ctx context.Context, spec sandbox.Spec, src sandbox.Source) (vmSandbox, *sandbox.Restored, error) {
 	m.restores = append(m.restores, src)
+	if m.restoreErr != nil {
+		return nil, nil, m.restoreErr
+	}
 	m.sb.spec = spec
 	return m.sb, m.restored, nil
 }
@@ -44,7 +47,7 @@ func (m *fakeMaker) Restore(ctx context.Context, spec sandbox.Spec, src sandbox.
 type fakeSandbox struct {
 	mu          sync.Mutex
 	spec        sandbox.Spec
-	root        vmm.Disk
+	root        sandbox.Disk
 	guest       *fakeGuest
 	paused      bool
 	calls       []string
@@ -54,7 +57,7 @@ type fakeSandbox struct {
 	qemuPid  int
 	exited   chan struct{}
 	stopOnce sync.Once
-	// failure is what Failure reports once the VM has stopped.
+	// failure is what Err reports once the VM has stopped.
 	failure error
 }
 
@@ -72,12 +75,12 @@ func (f *fakeSandbox) call(c string) {
 }
 
 func (f *fakeSandbox) Guest() sandbox.Guest { return f.guest }
-func (f *fakeSandbox) Info() sandbox.Info   { return sandbox.Info{ID: f.spec.ID, QEMUPid: f.qemuPid} }
-func (f *fakeSandbox) StateDir() string     { return f.spec.StateDir }
-func (f *fakeSandbox) RootDisk() vmm.Disk   { return f.root }
-func (f *fakeSandbox) AddRootDisk(ctx context.Context, r sandbox.RootSpec) (vmm.Disk, error) {
+func (f *fakeSandbox) Info() sandbox.Info {
+	return sandbox.Info{ID: f.spec.ID, QEMUPid: f.qemuPid, RootDisk: f.root}
+}
+func (f *fakeSandbox) AddRootDisk(ctx context.Context, r sandbox.RootSpec) (sandbox.Disk, error) {
 	f.call("add-root " + r.ContainerID)
-	return vmm.Disk{ID: sandbox.DiskID(r.ContainerID)}, nil
+	return sandbox.Disk{ID: sandbox.DiskID(r.ContainerID)}, nil
 }
 func (f *fakeSandbox) RemoveRootDisk(ctx context.Context, id string) error {
 	f.call("remove-root " + id)
@@ -86,12 +89,6 @@ func (f *fakeSandbox) RemoveRootDisk(ctx context.Context, id string) error {
 func (f *fakeSandbox) Adopt(ctx context.Context, rc sandbox.RecordContainer, hostname string) (uint32, error) {
 	f.call("adopt " + rc.GuestID + " " + hostname)
 	return f.adoptPid, nil
-}
-func (f *fakeSandbox) RunHook(ctx context.Context, guestID, cmd, name string) error {
-	if cmd != "" {
-		f.call("hook " + name + " " + guestID)
-	}
-	return nil
 }
 func (f *fakeSandbox) Pause(ctx context.Context) error {
 	f.mu.Lock()
@@ -118,7 +115,7 @@ func (f *fakeSandbox) Checkpoint(ctx context.Context, r sandbox.CheckpointReques
 	f.checkpoints = append(f.checkpoints, r)
 	to := r.To
 	if to == "" {
-		to = f.spec.Request.CheckpointTo
+		to = f.spec.CheckpointTo
 	}
 	return sandbox.CheckpointResult{Ref: to, Digest: "sha256:2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881"}, nil
 }
@@ -132,15 +129,12 @@ func (f *fakeSandbox) Shutdown(ctx context.Context) error {
 	f.stopOnce.Do(func() { close(f.exited) })
 	return nil
 }
-func (f *fakeSandbox) Exited() <-chan struct{} { return f.exited }
-func (f *fakeSandbox) Stderr() string          { return "" }
-func (f *fakeSandbox) Failure() error {
+func (f *fakeSandbox) Done() <-chan struct{} { return f.exited }
+func (f *fakeSandbox) Err() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.failure
 }
-func (f *fakeSandbox) Request() annotations.Request   { return f.spec.Request }
-func (f *fakeSandbox) Annotations() map[string]string { return f.spec.Pod.Annotations }
 
 // fakeGuest is a guest agent whose processes run until signalled.
 type fakeGuest struct {

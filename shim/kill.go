@@ -18,7 +18,7 @@ func (s *service) kill(ctx context.Context, c *container, p *process, sig uint32
 		return err
 	}
 	sb := s.sb
-	if sb.Paused() {
+	if s.isVMPaused() {
 		// A paused VM's agent cannot answer. SIGKILL resumes it, as runc
 		// thaws a frozen container it kills; other signals would wait for
 		// ever.
@@ -72,6 +72,7 @@ func (s *service) resumeAll(ctx context.Context) error {
 		return err
 	}
 	s.mu.Lock()
+	s.vmPaused = false
 	var resumed []string
 	for id, c := range s.containers {
 		if c.init.current() == statePaused && c.init.transition(stateRunning) == nil {
@@ -99,7 +100,7 @@ func backstopKill(ctx context.Context, sb vmSandbox, c *container, p *process, g
 	defer t.Stop()
 	select {
 	case <-p.exited:
-	case <-sb.Exited():
+	case <-sb.Done():
 	case <-t.C:
 		log.G(ctx).WithField("id", c.id).Warnf("no exit from the guest %s after SIGKILL: stopping the sandbox vm", grace)
 		sb.Stop(ctx)

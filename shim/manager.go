@@ -25,7 +25,6 @@ import (
 
 	"github.com/cryo-runtime/cryo/configs"
 	"github.com/cryo-runtime/cryo/sandbox"
-	"github.com/cryo-runtime/cryo/vmm"
 )
 
 // RuntimeName is the containerd runtime type served by this shim.
@@ -168,14 +167,12 @@ func (m *manager) Stop(ctx context.Context, id string) (shim.StopStatus, error) 
 			log.G(ctx).WithError(err).WithField("disks", diskDir).Warn("remove sandbox disks")
 		}
 	}
-	if err := vmm.Cleanup(stateDir); err != nil {
-		log.G(ctx).WithError(err).WithField("state", stateDir).Warn("clean up vm")
-	}
-	if err := sandbox.CleanupServed(stateDir); err != nil {
-		log.G(ctx).WithError(err).WithField("state", stateDir).Warn("clean up served ram")
-	}
-	if err := os.RemoveAll(stateDir); err != nil {
-		return st, fmt.Errorf("remove sandbox state %s: %w", stateDir, err)
+	if err := sandbox.Cleanup(stateDir); err != nil {
+		log.G(ctx).WithError(err).WithField("state", stateDir).Warn("clean up sandbox")
+		// Only a state dir left behind fails the delete, as before.
+		if _, serr := os.Stat(stateDir); serr == nil {
+			return st, err
+		}
 	}
 	_ = os.Remove(filepath.Join(bundle, statePointerFile))
 	return st, nil

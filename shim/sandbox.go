@@ -3,25 +3,22 @@ package shim
 import (
 	"context"
 
-	"github.com/cryo-runtime/cryo/annotations"
 	"github.com/cryo-runtime/cryo/sandbox"
-	"github.com/cryo-runtime/cryo/vmm"
 )
 
 // vmSandbox is what the task service needs of its sandbox, as nerdbox's
 // shim holds its VM: *sandbox.Sandbox, or a fake in unit tests.
 type vmSandbox interface {
 	Guest() sandbox.Guest
+	// Info describes the running sandbox, its boot's root disk included.
 	Info() sandbox.Info
-	StateDir() string
-	RootDisk() vmm.Disk
-	AddRootDisk(ctx context.Context, r sandbox.RootSpec) (vmm.Disk, error)
+	AddRootDisk(ctx context.Context, r sandbox.RootSpec) (sandbox.Disk, error)
 	RemoveRootDisk(ctx context.Context, id string) error
 	Adopt(ctx context.Context, rc sandbox.RecordContainer, hostname string) (uint32, error)
-	RunHook(ctx context.Context, guestID, cmd, name string) error
+	// Pause and Resume stop and continue the VM's vCPUs; the task
+	// service keeps whether it paused it.
 	Pause(ctx context.Context) error
 	Resume(ctx context.Context) error
-	Paused() bool
 	Checkpoint(ctx context.Context, r sandbox.CheckpointRequest) (sandbox.CheckpointResult, error)
 	// Interacted says the sandbox answered its first exec.
 	Interacted()
@@ -29,14 +26,11 @@ type vmSandbox interface {
 	// sandbox's files.
 	Stop(ctx context.Context)
 	Shutdown(ctx context.Context) error
-	Exited() <-chan struct{}
-	Stderr() string
-	// Failure is why the VM had to stop, when the sandbox knows (a page
-	// of a lazy restore that could not be served), nil otherwise.
-	Failure() error
-	// Request and Annotations are what the sandbox was made for.
-	Request() annotations.Request
-	Annotations() map[string]string
+	// Done is closed when the VM has exited; Err is then why it had to
+	// stop, when the sandbox knows (a page of a lazy restore that could
+	// not be served), nil otherwise.
+	Done() <-chan struct{}
+	Err() error
 }
 
 // sandboxMaker boots and restores sandboxes: package sandbox, or a fake.

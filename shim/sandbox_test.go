@@ -3,6 +3,7 @@ package shim
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -126,7 +127,7 @@ func (ts *testService) status(t *testing.T, id string) (task.Status, uint32) {
 // one; its kill and delete end the sandbox.
 func TestRestoreAdoptsGuestContainer(t *testing.T) {
 	ts := newTestService(t)
-	ts.maker.restored = sandbox.NewRestored("old-pod", []sandbox.RecordContainer{{GuestID: "old-pod", Disk: "root-abc", Spec: &specs.Spec{Hostname: "old"}}})
+	ts.maker.restored = &sandbox.Restored{SandboxID: "old-pod", Containers: []sandbox.RecordContainer{{GuestID: "old-pod", Disk: "root-abc", Spec: &specs.Spec{Hostname: "old"}}}}
 	resp := ts.create(t, "pod", map[string]string{annotations.RestoreFrom: "file:///store/agent:v1"})
 
 	if ts.maker.boots != 0 || len(ts.maker.restores) != 1 || ts.maker.restores[0].URL != "file:///store/agent:v1" {
@@ -303,11 +304,11 @@ func TestRestoredContainersMatchByName(t *testing.T) {
 	defer func(w time.Duration) { claimWindow = w }(claimWindow)
 	claimWindow = 300 * time.Millisecond
 	ts := newTestService(t)
-	ts.maker.restored = sandbox.NewRestored("old-pod", []sandbox.RecordContainer{
+	ts.maker.restored = &sandbox.Restored{SandboxID: "old-pod", Containers: []sandbox.RecordContainer{
 		{GuestID: "old-pod", Disk: "root-abc", Spec: &specs.Spec{Hostname: "old"}},
 		{GuestID: "old-app", Name: "app", Disk: "root-app", Spec: &specs.Spec{Hostname: "old"}},
 		{GuestID: "old-side", Name: "side", Disk: "root-side", Spec: &specs.Spec{Hostname: "old"}},
-	})
+	}}
 	ts.create(t, "pod", map[string]string{annotations.RestoreFrom: "file:///store/agent:v1", annotations.CRIContainerType: "sandbox"})
 
 	opts, err := typeurl.MarshalAnyToProto(ts.opts)
@@ -368,5 +369,34 @@ func TestCheckpointRecordsFinishedContainers(t *testing.T) {
 	cps := ts.maker.sb.checkpoints
 	if len(cps) != 1 || !slices.Equal(cps[0].Finished, []string{"init"}) {
 		t.Fatalf("checkpoint requests %+v, want one naming init as finished", cps)
+	}
+}
+
+// TestRestoreFallbackNotForHook: with restore-fallback cold, a restore that
+// fails boots the pod cold instead, but one whose post-restore hook refused
+// the restored sandbox does not: a cold boot would run the pod without the
+// hook's say.
+func TestRestoreFallbackNotForHook(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		err   error
+		boots int
+	}{
+		{"restore failed", errors.New("restore: fetch+materialize: store down"), 1},
+		{"post-restore hook failed", &sandbox.HookError{Err: errors.New(`post-restore hook "false" exited 1`)}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ts := newTestService(t)
+			ts.maker.restoreErr = tc.err
+			opts, err := typeurl.MarshalAnyToProto(ts.opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			a := map[string]string{annotations.RestoreFrom: "file:///store/agent:v1", annotations.RestoreFallback: "cold"}
+			_, err = ts.Create(ts.ctx, &taskAPI.CreateTaskRequest{ID: "pod", Bundle: ts.bundle(t, "pod", a), Options: opts})
+			if ts.maker.boots != tc.boots || (tc.boots == 0) != (err != nil) {
+				t.Fatalf("create: %v, %d boots; want %d", err, ts.maker.boots, tc.boots)
+			}
+		})
 	}
 }

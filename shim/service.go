@@ -45,9 +45,15 @@ type service struct {
 	vms      sandboxMaker
 	mu       sync.Mutex
 	sb       vmSandbox
+	// spec is what sb was made from: the shim's own copy of its
+	// directories, annotations and request.
+	spec sandbox.Spec
+	// vmPaused is set while the task API holds the VM paused: the shim
+	// paused it, and neither resumed it nor saw it stop since.
+	vmPaused bool
 	// restored holds the guest containers of a restored sandbox that no
 	// task has taken over yet.
-	restored   *sandbox.Restored
+	restored   *restoredPod
 	containers map[string]*container
 	// ran are the CRI names of every container the sandbox ran: those no
 	// longer among containers are the finished ones a checkpoint records.
@@ -209,6 +215,7 @@ func (s *service) Pause(ctx context.Context, r *taskAPI.PauseRequest) (*ptypes.E
 		_ = p.transition(stateRunning)
 		return nil, err
 	}
+	s.setVMPaused(true)
 	s.send(&eventstypes.TaskPaused{ContainerID: r.ID})
 	return empty, nil
 }
@@ -224,6 +231,7 @@ func (s *service) Resume(ctx context.Context, r *taskAPI.ResumeRequest) (*ptypes
 	if err := s.sb.Resume(ctx); err != nil {
 		return nil, err
 	}
+	s.setVMPaused(false)
 	_ = p.transition(stateRunning)
 	s.send(&eventstypes.TaskResumed{ContainerID: r.ID})
 	return empty, nil
@@ -275,7 +283,14 @@ func (s *service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	if _, err := s.container(r.ID); err != nil {
 		return nil, err
 	}
-	req, err := taskCheckpointRequest(r, s.sb)
+	s.mu.Lock()
+	var made *sandbox.Spec
+	if s.sb != nil {
+		spec := s.spec
+		made = &spec
+	}
+	s.mu.Unlock()
+	req, err := taskCheckpointRequest(r, made)
 	if err != nil {
 		return nil, err
 	}
@@ -402,7 +417,8 @@ func (s *service) checkpoint(ctx context.Context, req sandbox.CheckpointRequest)
 	s.mu.Lock()
 	sb := s.sb
 	for id, c := range s.containers {
-		ct := sandbox.Container{GuestID: c.guestID, Spec: c.spec, Disk: c.disk.ID}
+		a := c.spec.Annotations
+		ct := sandbox.Container{GuestID: c.guestID, Spec: c.spec, Disk: c.disk.ID, Name: a[annotations.CRIContainerName], Image: a[annotations.CRIImageName]}
 		if sb != nil && id == sb.Info().ID {
 			req.Containers = append([]sandbox.Container{ct}, req.Containers...)
 		} else {
@@ -410,11 +426,30 @@ func (s *service) checkpoint(ctx context.Context, req sandbox.CheckpointRequest)
 		}
 	}
 	req.Finished = s.finishedLocked()
+	if s.spec.Pod != nil {
+		req.Pod = podRef(s.spec.Pod.Annotations)
+	}
 	s.mu.Unlock()
 	if sb == nil {
 		return sandbox.CheckpointResult{}, fmt.Errorf("checkpoint: no sandbox: %w", errdefs.ErrFailedPrecondition)
 	}
-	return sb.Checkpoint(ctx, req)
+	res, err := sb.Checkpoint(ctx, req)
+	if err == nil && req.Exit {
+		s.setVMPaused(false) // the VM is gone
+	}
+	return res, err
+}
+
+func (s *service) setVMPaused(paused bool) {
+	s.mu.Lock()
+	s.vmPaused = paused
+	s.mu.Unlock()
+}
+
+func (s *service) isVMPaused() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.vmPaused
 }
 
 // finishedLocked are the CRI names of the containers the sandbox ran that
@@ -432,4 +467,10 @@ func (s *service) finishedLocked() []string {
 	}
 	slices.Sort(names)
 	return names
+}
+
+// podRef names the pod whose CRI annotations a are, for a snapshot's
+// source info.
+func podRef(a map[string]string) sandbox.PodRef {
+	return sandbox.PodRef{Name: a[annotations.CRISandboxName], Namespace: a[annotations.CRISandboxNamespace], UID: a[annotations.CRISandboxUID]}
 }

@@ -38,6 +38,8 @@ var order = [][]string{
 	{"annotations"},
 	// one pod's VM; the cluster's controller (a wing of its own)
 	{"sandbox", "controller"},
+	// the node's TOML mapped onto a sandbox's node options
+	{"nodeopts"},
 	// containerd's side
 	{"shim"},
 	{"shim/plugin", "stack"},

@@ -119,7 +119,7 @@ func Serve(ctx context.Context, snap *snapshot.Snapshot, o Options) (_ *RAM, ret
 	if err := os.Remove(r.layer); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, err
 	}
-	// Recorded first: a shim that dies leaves it for CleanupServed.
+	// Recorded first: a shim that dies leaves it for sandbox.Cleanup.
 	if err := os.WriteFile(filepath.Join(o.StateDir, servedRecord), []byte(r.layer), 0o600); err != nil {
 		return nil, fmt.Errorf("ram layer: %w", err)
 	}
