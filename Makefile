@@ -12,7 +12,7 @@ CRYO_TOOLS ?= /var/cache/cryo/tools
 export CRYO_TOOLS
 GOFLAGS_BUILD := -trimpath -ldflags "-s -w"
 
-.PHONY: all build binaries controller-image guest deps deps-demo tools test unit integration critest crisuite demo demo-k8s clean
+.PHONY: all build binaries controller-image guest deps deps-demo tools test unit integration critest crisuite bench-k8s demo demo-k8s clean
 
 all: build
 
@@ -80,6 +80,13 @@ critest: deps build
 crisuite: deps build
 	CRYO_BIN=$(BIN) CRYO_GUEST_DIR=$(GUEST) PATH=$(CRYO_TOOLS)/bin:$$PATH \
 		$(GO) test -tags integration -count=1 -timeout 100m -run TestContainerdCRISuite -v ./integration/
+
+# The hibernation loop at the cluster level (BenchmarkK8sHibernateResume):
+# hibernate and resume through the Checkpoint resource, p50 and p95 over
+# 20 cycles (docs/performance.md).
+bench-k8s: deps build controller-image
+	CRYO_BIN=$(BIN) CRYO_GUEST_DIR=$(GUEST) PATH=$(CRYO_TOOLS)/bin:$$PATH \
+		$(GO) test -tags integration -count=1 -timeout 60m -run '^$$' -bench BenchmarkK8sHibernateResume -benchtime 20x -v ./integration/
 
 demo: deps-demo build
 	CRYO_BIN=$(BIN) CRYO_GUEST_DIR=$(GUEST) PATH=$(CRYO_TOOLS)/bin:$$PATH hack/demo.sh
