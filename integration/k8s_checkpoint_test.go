@@ -401,3 +401,55 @@ func cleanupPod(t testing.TB, k *harness.K8s, name string) {
 		_, _, _ = k.Cluster.Kubectl(context.Background(), "delete", "pod", name, "--ignore-not-found", "--wait=true", "--timeout=120s")
 	})
 }
+
+// BenchmarkK8sHibernateResume measures the hibernation loop as a platform
+// team drives it, through the Kubernetes API only: hibernate (a Checkpoint
+// with keepRunning: false applied -> Succeeded and the pod gone) and resume
+// (a pod restoring it by name created -> Ready -> its first exec answers).
+// Each iteration is one cycle of the same agent; run with -benchtime 20x
+// (make bench-k8s) for p50 and p95 over 20 cycles.
+func BenchmarkK8sHibernateResume(b *testing.B) {
+	k := harness.StartK8s(b)
+	k.StartController(b)
+	k.Apply(harness.Pod("agent", nil, harness.Container("agent", agentWorkload)))
+	k.WaitReady("agent", time.Now(), 3*time.Minute)
+	var hibernate, resume []time.Duration
+	for i := 0; b.Loop(); i++ {
+		name := fmt.Sprintf("cycle-%d", i)
+		start := time.Now()
+		applyCheckpoint(b, k, "default", name, "agent", map[string]any{"keepRunning": false})
+		waitCheckpoint(b, k, "default", name, "Succeeded", 5*time.Minute)
+		waitPodGone(b, k, "default", "agent", 2*time.Minute)
+		hibernate = append(hibernate, time.Since(start))
+
+		start = time.Now()
+		k.Apply(harness.Pod("agent", map[string]string{"cryo.dev/restore-checkpoint": name}, harness.Container("agent", "sleep inf")))
+		k.WaitReady("agent", start, 3*time.Minute)
+		k.Exec("agent", "agent", "true")
+		resume = append(resume, time.Since(start))
+		// The previous cycle's Checkpoint is not needed once this one
+		// resumed: keep the store to the cycles in flight.
+		if i > 0 {
+			k.MustKubectl("delete", "checkpoint", fmt.Sprintf("cycle-%d", i-1), "--wait=false")
+		}
+	}
+	for _, m := range []struct {
+		name string
+		d    []time.Duration
+	}{{"hibernate", hibernate}, {"resume", resume}} {
+		p50, p95 := percentile(m.d, 50), percentile(m.d, 95)
+		b.ReportMetric(p50.Seconds(), m.name+"-p50-s")
+		b.ReportMetric(p95.Seconds(), m.name+"-p95-s")
+		b.Logf("%s over %d cycles: p50 %s, p95 %s; all %v", m.name, len(m.d), p50, p95, m.d)
+	}
+}
+
+// percentile is the nearest-rank percentile p of ds.
+func percentile(ds []time.Duration, p int) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[max((p*len(s)+99)/100-1, 0)]
+}
