@@ -100,6 +100,9 @@ func (r *Reconciler) checkPod(ctx context.Context, cp *cryov1.Checkpoint) (*core
 	if err != nil {
 		return nil, "", "", refuse(cryov1.ReasonNoCheckpointTarget, "%v", err)
 	}
+	if !inNamespaceStore(r.StoreBase, cp.Namespace, repo) {
+		return nil, "", "", refuse(cryov1.ReasonStoreNotAllowed, "the pod's %s %s is outside namespace %s's store %s: the controller reads and tags only there", AnnotationCheckpointTo, repo, cp.Namespace, namespaceStore(r.StoreBase, cp.Namespace))
+	}
 	if s := strings.TrimSuffix(cp.Spec.Store, "/"); s != "" && s != repo {
 		return nil, "", "", refuse(cryov1.ReasonStoreNotAllowed, "spec.store %s is not the pod's checkpoint store %s (its %s, fixed when the pod was created)", s, repo, AnnotationCheckpointTo)
 	}

@@ -54,6 +54,12 @@ type Reconciler struct {
 	Open     OpenStore
 	// RuntimeClasses are the cryo RuntimeClass names.
 	RuntimeClasses []string
+	// StoreBase is the --default-store. A pod's checkpoint target is a
+	// pod's own annotation, which its creator may set to any URL; the
+	// controller opens, reads and tags it with its own credentials, so it
+	// accepts only targets in the namespace's directory, <StoreBase>/<ns>
+	// (empty: none).
+	StoreBase string
 	// Deadline of a Checkpoint from its start (DefaultDeadline).
 	Deadline time.Duration
 	// ClockSkew (DefaultClockSkew).

@@ -234,6 +234,7 @@ func (cl *cluster) start(k Kubelet, o clusterOpts) {
 		Kubelet:            k,
 		Open:               StoreOpener(stores.Options{}),
 		RuntimeClasses:     []string{"cryo"},
+		StoreBase:          "file://" + cl.storeDir,
 		Deadline:           o.deadline,
 		RetryBase:          100 * time.Millisecond,
 		skipNameValidation: true,
@@ -455,6 +456,14 @@ func TestCheckpointRefusals(t *testing.T) {
 	cl.pod("pending-pod", func(p *corev1.Pod) { p.Status.Phase = corev1.PodPending })
 	cl.pod("no-target", func(p *corev1.Pod) { p.Annotations = nil })
 	cl.pod("ok", nil)
+	// A creator may set any target on its pod: another namespace's
+	// directory, or a URL elsewhere the controller's credentials reach.
+	cl.pod("foreign", func(p *corev1.Pod) {
+		p.Annotations[AnnotationCheckpointTo] = "file://" + filepath.Join(cl.storeDir, "other-ns") + ":pod-foreign"
+	})
+	cl.pod("escape", func(p *corev1.Pod) {
+		p.Annotations[AnnotationCheckpointTo] = "file://" + filepath.Join(cl.storeDir, cl.ns) + "/../other-ns:pod-x"
+	})
 	for _, tc := range []struct {
 		name, pod, reason, msg string
 		mutate                 func(*cryov1.Checkpoint)
@@ -465,6 +474,8 @@ func TestCheckpointRefusals(t *testing.T) {
 		{name: "no-target", pod: "no-target", reason: cryov1.ReasonNoCheckpointTarget, msg: "no cryo.dev/checkpoint-to"},
 		{name: "store", pod: "ok", reason: cryov1.ReasonStoreNotAllowed, msg: "spec.store s3://elsewhere/x is not the pod's checkpoint store",
 			mutate: func(c *cryov1.Checkpoint) { c.Spec.Store = "s3://elsewhere/x" }},
+		{name: "foreign-store", pod: "foreign", reason: cryov1.ReasonStoreNotAllowed, msg: "outside namespace " + cl.ns + "'s store"},
+		{name: "escape-store", pod: "escape", reason: cryov1.ReasonStoreNotAllowed, msg: "outside namespace " + cl.ns + "'s store"},
 		{name: "container", pod: "ok", reason: cryov1.ReasonInvalidSpec, msg: `spec.containerName "db"`,
 			mutate: func(c *cryov1.Checkpoint) { c.Spec.ContainerName = "db" }},
 	} {

@@ -137,6 +137,24 @@ func DefaultTarget(base, namespace, podName string) string {
 	return strings.TrimSuffix(base, "/") + "/" + namespace + "/pods:" + podTag(podName)
 }
 
+// namespaceStore is namespace ns's directory under the store base.
+func namespaceStore(base, ns string) string {
+	if base == "" {
+		return "(none: the controller has no --default-store)"
+	}
+	return strings.TrimSuffix(base, "/") + "/" + ns
+}
+
+// inNamespaceStore says whether repo is namespace ns's directory under
+// base, or inside it (at a path boundary, with no ".." segment).
+func inNamespaceStore(base, ns, repo string) bool {
+	if base == "" || ns == "" || strings.Contains(repo+"/", "/../") {
+		return false
+	}
+	dir := strings.TrimSuffix(base, "/") + "/" + ns
+	return repo == dir || strings.HasPrefix(repo, dir+"/")
+}
+
 func podTag(name string) string {
 	tag := "pod-" + name
 	if len(tag) <= maxTag {

@@ -83,3 +83,22 @@ func TestTargets(t *testing.T) {
 		t.Errorf("podTarget of a target without a tag: %v", err)
 	}
 }
+
+func TestInNamespaceStore(t *testing.T) {
+	for _, tc := range []struct {
+		base, ns, repo string
+		want           bool
+	}{
+		{"s3://b/cryo", "team-a", "s3://b/cryo/team-a/pods", true},
+		{"s3://b/cryo/", "team-a", "s3://b/cryo/team-a", true},
+		{"s3://b/cryo", "team-a", "s3://b/cryo/team-ab/pods", false},
+		{"s3://b/cryo", "team-a", "s3://b/cryo/team-b/pods", false},
+		{"s3://b/cryo", "team-a", "s3://b/cryo/team-a/../team-b/pods", false},
+		{"s3://b/cryo", "team-a", "https://metadata.internal/team-a/pods", false},
+		{"", "team-a", "s3://b/cryo/team-a/pods", false},
+	} {
+		if got := inNamespaceStore(tc.base, tc.ns, tc.repo); got != tc.want {
+			t.Errorf("inNamespaceStore(%q, %q, %q) = %v, want %v", tc.base, tc.ns, tc.repo, got, tc.want)
+		}
+	}
+}

@@ -139,6 +139,7 @@ func run(ctx context.Context, cfg *rest.Config, f flags) error {
 		Kubelet:        controller.NodeProxyKubelet{REST: cs.CoreV1().RESTClient()},
 		Open:           controller.StoreOpener(stores.Options{}),
 		RuntimeClasses: classes,
+		StoreBase:      f.defaultStore,
 		Deadline:       f.deadline,
 	}
 	if err := r.SetupWithManager(mgr); err != nil {
