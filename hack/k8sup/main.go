@@ -89,4 +89,3 @@ func run(ctx context.Context, o stack.K8sOptions, s3Addr, overlay, base, default
 	<-ctx.Done()
 	return nil
 }
-
