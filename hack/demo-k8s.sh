@@ -68,7 +68,7 @@ run() {
 	printf '\033[36m$ kubectl %s\033[0m\n' "$*"
 	k "$@"
 }
-# apply NAME: print the manifest on stdin and kubectl apply it.
+# apply: print the manifest on stdin as a heredoc and kubectl apply it.
 apply() {
 	local m
 	m=$(cat)
@@ -224,7 +224,7 @@ run get ckpt -o wide
 
 say "delete a Checkpoint: its finalizer removes its store tag"
 ls_tags() { nsenter --net="/run/netns/$CRI_NETNS" "$CRI_BIN/cryoctl" --config "$CRI_DIR/cryo.toml" ls "$BASE_STORE/default/pods"; }
-echo "the node's view of the store (cryoctl ls $BASE_STORE/default/pods), before:"
+echo "the node's view of the store (cryoctl ls $BASE_STORE/default/pods), before; nap's tag is cp-$(k get ckpt nap -o 'jsonpath={.metadata.uid}'):"
 ls_tags | sed 's/^/  /'
 run delete ckpt nap --timeout=120s
 echo "after:"
