@@ -150,7 +150,8 @@ TOML
 ctr -a "$CRI_DIR/containerd.sock" -n k8s.io image import --snapshotter overlayfs "$CONTROLLER_TAR" >/dev/null
 k apply -f "$CRI_ROOT/packaging/kubernetes/runtimeclass.yaml" >/dev/null
 printf 'apiVersion: node.k8s.io/v1\nkind: RuntimeClass\nmetadata:\n  name: runc\nhandler: runc\n' | k apply -f - >/dev/null
-k create namespace cryo-system >/dev/null
+# Applied, not created: the overlay applies it again.
+printf 'apiVersion: v1\nkind: Namespace\nmetadata:\n  name: cryo-system\n' | k apply -f - >/dev/null
 k -n cryo-system create secret generic cryo-store-credentials \
 	--from-literal=STORAGE_S3_ENDPOINT="http://$S3_ENDPOINT" \
 	--from-literal=STORAGE_S3_ACCESS_KEY_ID="$S3_ACCESS_KEY" \
@@ -158,6 +159,7 @@ k -n cryo-system create secret generic cryo-store-credentials \
 	--from-literal=STORAGE_S3_REGION=us-east-1 >/dev/null
 echo "overlay over packaging/kubernetes/controller ($CONTROLLER_OVERLAY):"
 sed 's/^/  /' "$CONTROLLER_OVERLAY/deployment-patch.json"
+echo
 k apply -k "$CONTROLLER_OVERLAY" >/dev/null
 k -n cryo-system rollout status deployment/cryo-controller --timeout=300s >/dev/null ||
 	{ k -n cryo-system describe pods >&2; die "the controller is not Available"; }
@@ -185,6 +187,7 @@ sleep 3
 echo "agent: $(state agent)"
 
 say "hibernate: a Checkpoint with keepRunning: false"
+echo "agent: $(state agent)"
 t0=$(now)
 checkpoint nap false | apply
 wait_phase nap
@@ -204,7 +207,7 @@ s=$(state agent)
 t_exec=$(since "$t0")
 run get pod agent -o 'jsonpath={.metadata.annotations.cryo\.dev/restore-from}{"\n"}'
 echo "agent: $s"
-echo "(the counter went on from where it was: the same guest, boot id and all, resumed from its RAM)"
+echo "(the counter goes on from where it was at the Checkpoint: the same guest, boot id and all, resumed from its RAM)"
 echo "resumed: Ready after $t_ready, first exec after $t_exec (cold boot was $t_cold)"
 
 say "fork: a Checkpoint with keepRunning: true, then three pods from it"
