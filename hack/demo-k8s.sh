@@ -60,6 +60,8 @@ k8s_down() {
 	done
 }
 trap k8s_down EXIT
+# A signal ends the script through exit, so that the EXIT trap cleans up.
+trap "exit 130" INT TERM
 
 # k: kubectl as the cluster's admin, in the node's network namespace.
 k() { nsenter --net="/run/netns/$CRI_NETNS" "$CRI_TOOLS/bin/kubectl" --kubeconfig "$KUBECONFIG_FILE" "$@"; }
