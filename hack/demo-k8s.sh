@@ -42,14 +42,27 @@ since() { printf '%.1fs' "$(echo "$(now) - $1" | bc)"; }
 die() { echo "demo-k8s: $*" >&2; exit 1; }
 
 K8SUP_PID=
+# kill_leftovers: the processes that name this demo's directories (shims,
+# QEMU, runc's shim), and only those.
+kill_leftovers() {
+	[ -n "${CRI_DIR:-}" ] || return 0
+	pgrep -f -- "$CRI_DIR/|$CRI_STATE_ROOT/" | xargs -r kill -9 2>/dev/null
+	sleep 0.5
+}
 k8s_down() {
 	set +e
 	if [ -n "$K8SUP_PID" ]; then
 		kill "$K8SUP_PID" 2>/dev/null
 		wait "$K8SUP_PID" 2>/dev/null
 	fi
+	# Ctrl-C reaches containerd too: then crictl cannot remove the pods,
+	# and their shims and VMs (which containerd started) are ended here.
+	kill -0 "${CRI_CONTAINERD_PID:-0}" 2>/dev/null || kill_leftovers
 	cri_down
 	set +e
+	kill_leftovers
+	grep " $CRI_STATE_ROOT/" /proc/self/mountinfo | awk '{print $5}' | sort -r | xargs -r -n1 umount -l 2>/dev/null
+	rm -rf "$CRI_STATE_ROOT"
 	# The kubelet's cgroups (runc's pods live below CGROUP_ROOT), deepest
 	# first, after anything still in them is killed.
 	local d
