@@ -43,11 +43,13 @@ die() { echo "demo-k8s: $*" >&2; exit 1; }
 
 K8SUP_PID=
 # kill_leftovers: the processes that name this demo's directories (shims,
-# QEMU, runc's shim), and only those.
+# QEMU, runc's shim), and only those, then the mounts the shims left under
+# the state root.
 kill_leftovers() {
 	[ -n "${CRI_DIR:-}" ] || return 0
 	pgrep -f -- "$CRI_DIR/|$CRI_STATE_ROOT/" | xargs -r kill -9 2>/dev/null
 	sleep 0.5
+	grep " $CRI_STATE_ROOT/" /proc/self/mountinfo | awk '{print $5}' | sort -r | xargs -r -n1 umount -l 2>/dev/null
 }
 k8s_down() {
 	set +e
@@ -61,7 +63,6 @@ k8s_down() {
 	cri_down
 	set +e
 	kill_leftovers
-	grep " $CRI_STATE_ROOT/" /proc/self/mountinfo | awk '{print $5}' | sort -r | xargs -r -n1 umount -l 2>/dev/null
 	rm -rf "$CRI_STATE_ROOT"
 	# The kubelet's cgroups (runc's pods live below CGROUP_ROOT), deepest
 	# first, after anything still in them is killed.
