@@ -92,10 +92,10 @@ demo: deps-demo build
 	CRYO_BIN=$(BIN) CRYO_GUEST_DIR=$(GUEST) PATH=$(CRYO_TOOLS)/bin:$$PATH hack/demo.sh
 	CRYO_BIN=$(BIN) CRYO_GUEST_DIR=$(GUEST) PATH=$(CRYO_TOOLS)/bin:$$PATH hack/demo-cri.sh
 
-# A one-node Kubernetes (etcd, kube-apiserver, kubelet from `make deps`) on
-# the CRI demo's containerd: a pod with runtimeClassName cryo, kubectl logs
-# and exec, a checkpoint through the kubelet's API, a pod restored from it.
-demo-k8s: deps build
+# A one-node Kubernetes (`make deps`) on the CRI demo's containerd, with
+# versitygw and the cryo controller (`make controller-image`) as a
+# Deployment: hibernate, resume and fork a pod with kubectl only.
+demo-k8s: deps build controller-image
 	CRYO_BIN=$(BIN) CRYO_GUEST_DIR=$(GUEST) PATH=$(CRYO_TOOLS)/bin:$$PATH hack/demo-k8s.sh
 
 clean:

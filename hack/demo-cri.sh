@@ -6,6 +6,9 @@
 #   hack/demo-cri.sh           run a pod, print its IP and output, clean up
 #   . hack/demo-cri.sh         (sourced) only define the functions:
 #     cri_up                     start containerd with CRI; sets CRI_DIR
+#                                (CRI_RUNC=1: also the handler runc;
+#                                CRI_ALLOWED: more [stores] allowed entries,
+#                                TOML strings separated by commas)
 #     cri_run_pod NAME 'SCRIPT' [KEY=VALUE...]
 #                                runp + create + start a busybox container
 #                                running sh -c SCRIPT, with pod annotations;
@@ -59,7 +62,7 @@ disk_root = "$CRI_DIR/disks"
 cache_dir = "$CRI_DIR/cache"
 
 [stores]
-allowed = ["file://$CRI_DIR/store/"]
+allowed = ["file://$CRI_DIR/store/"${CRI_ALLOWED:+, $CRI_ALLOWED}]
 TOML
 	mkdir -p "$CRI_DIR/net.d"
 	cat > "$CRI_DIR/net.d/10-cryo.conflist" <<JSON
@@ -85,7 +88,7 @@ state = "$CRI_DIR/state"
     socket_dir = "$CRI_DIR/s"
 TOML
 	  (cd "$CRI_ROOT" && go run ./hack/criconfig -pause "$CRI_PAUSE" -cryo-config "$CRI_DIR/cryo.toml" \
-		-cni-bin "$CRI_TOOLS/bin" -cni-conf "$CRI_DIR/net.d"); } > "$CRI_DIR/containerd.toml"
+		-cni-bin "$CRI_TOOLS/bin" -cni-conf "$CRI_DIR/net.d" ${CRI_RUNC:+-runc-root "$CRI_DIR/runc"}); } > "$CRI_DIR/containerd.toml"
 	printf 'runtime-endpoint: unix://%s/containerd.sock\nimage-endpoint: unix://%s/containerd.sock\ntimeout: 120\n' "$CRI_DIR" "$CRI_DIR" > "$CRI_DIR/crictl.yaml"
 	nsenter --net="/run/netns/$CRI_NETNS" containerd --config "$CRI_DIR/containerd.toml" > "$CRI_DIR/containerd.log" 2>&1 &
 	CRI_CONTAINERD_PID=$!

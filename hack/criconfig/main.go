@@ -2,7 +2,7 @@
 // with cryo as the default handler (stack.CRIConfig), for hack/demo-cri.sh:
 // the integration tests write the same sections.
 //
-//	criconfig -pause IMAGE -cryo-config FILE -cni-bin DIR -cni-conf DIR
+//	criconfig -pause IMAGE -cryo-config FILE -cni-bin DIR -cni-conf DIR [-runc-root DIR]
 package main
 
 import (
@@ -20,6 +20,7 @@ func main() {
 	flag.StringVar(&c.CryoConfig, "cryo-config", "", "cryo config file of the handler")
 	flag.StringVar(&c.CNIBinDir, "cni-bin", "", "directory of the CNI plugins")
 	flag.StringVar(&c.CNIConfDir, "cni-conf", "", "directory of the CNI network list")
+	flag.StringVar(&c.RuncRoot, "runc-root", "", "add the handler runc, with runc's state in this directory (optional)")
 	flag.Parse()
 	if c.PauseImage == "" || c.CryoConfig == "" || c.CNIBinDir == "" || c.CNIConfDir == "" || flag.NArg() > 0 {
 		flag.Usage()

@@ -10,19 +10,21 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cryo-runtime/cryo/stack"
 )
 
 // The controller's deployment, as packaging/kubernetes/controller names it.
 const (
-	ControllerNamespace  = "cryo-system"
-	ControllerDeployment = "cryo-controller"
-	ControllerImage      = "cryo.dev/cryo-controller:dev"
+	ControllerNamespace  = stack.ControllerNamespace
+	ControllerDeployment = stack.ControllerDeployment
+	ControllerImage      = stack.ControllerImage
 	// ControllerImageFile is the OCI archive `make controller-image`
 	// writes, under _output/images (or $CRYO_BIN/../images).
-	ControllerImageFile = "cryo-controller.tar"
+	ControllerImageFile = stack.ControllerImageFile
 	// StoreCredentials is the Secret the Deployment takes its
 	// STORAGE_S3_* environment from.
-	StoreCredentials = "cryo-store-credentials"
+	StoreCredentials = stack.StoreCredentials
 	// DefaultStore is the controller's --default-store in the K8s Env: a
 	// namespace's repository is DefaultStore/<namespace> on the Env's S3.
 	DefaultStore = "s3://" + S3Bucket + "/cryo"
@@ -129,94 +131,17 @@ func (k *K8s) importControllerImage(t testing.TB) {
 	}
 }
 
-// writeControllerOverlay writes a kustomization over the packaged one that
-// fits the Deployment to this cluster, and returns its directory. The
-// patch names the container the base has (read from the rendered base),
-// so that the base may name it as it likes.
+// writeControllerOverlay writes the kustomization over the packaged one
+// that fits the Deployment to this cluster (stack.WriteControllerOverlay),
+// and returns its directory.
 func (k *K8s) writeControllerOverlay(t testing.TB, cfg *controllerConfig) string {
 	t.Helper()
-	base := filepath.Join(RepoRoot(t), "packaging", "kubernetes", "controller")
-	ctr := k.baseControllerContainer(t, base)
-	env := []map[string]any{}
-	names := make([]string, 0, len(cfg.env))
-	for n := range cfg.env {
-		names = append(names, n)
-	}
-	slices.Sort(names)
-	for _, n := range names {
-		env = append(env, map[string]any{"name": n, "value": cfg.env[n]})
-	}
-	container := map[string]any{"name": ctr.Name, "imagePullPolicy": "Never", "image": ControllerImage, "env": env}
-	if len(cfg.args) > 0 {
-		// A strategic merge patch replaces a list of strings: give all.
-		container["args"] = append(slices.Clone(ctr.Args), cfg.args...)
-	}
-	patch := map[string]any{
-		"apiVersion": "apps/v1", "kind": "Deployment",
-		"metadata": map[string]any{"name": ControllerDeployment, "namespace": ControllerNamespace},
-		"spec": map[string]any{"template": map[string]any{"spec": map[string]any{
-			"runtimeClassName": RuncHandler,
-			"containers":       []any{container},
-		}}},
-	}
 	dir := t.TempDir()
-	pb, _ := json.MarshalIndent(patch, "", "  ")
-	rel, err := filepath.Rel(dir, base)
-	if err != nil {
+	base := filepath.Join(RepoRoot(t), "packaging", "kubernetes", "controller")
+	if err := k.Cluster.WriteControllerOverlay(t.Context(), dir, base, stack.ControllerOverlay{Env: cfg.env, Args: cfg.args}); err != nil {
 		t.Fatal(err)
 	}
-	kust := fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- %s\npatches:\n- path: deployment-patch.json\n", rel)
-	for name, b := range map[string][]byte{"kustomization.yaml": []byte(kust), "deployment-patch.json": pb} {
-		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
 	return dir
-}
-
-type baseContainer struct {
-	Name string   `json:"name"`
-	Args []string `json:"args"`
-}
-
-// baseControllerContainer renders the packaged kustomization and returns
-// the Deployment's first container.
-func (k *K8s) baseControllerContainer(t testing.TB, base string) baseContainer {
-	t.Helper()
-	out := k.MustKubectl("create", "--dry-run=client", "-o", "json", "-k", base)
-	// One JSON object after the other.
-	var items []json.RawMessage
-	dec := json.NewDecoder(strings.NewReader(out))
-	for dec.More() {
-		var it json.RawMessage
-		if err := dec.Decode(&it); err != nil {
-			t.Fatalf("render %s: %v", base, err)
-		}
-		items = append(items, it)
-	}
-	for _, it := range items {
-		var d struct {
-			Kind     string `json:"kind"`
-			Metadata struct {
-				Name string `json:"name"`
-			} `json:"metadata"`
-			Spec struct {
-				Template struct {
-					Spec struct {
-						Containers []baseContainer `json:"containers"`
-					} `json:"spec"`
-				} `json:"template"`
-			} `json:"spec"`
-		}
-		if err := json.Unmarshal(it, &d); err != nil {
-			t.Fatal(err)
-		}
-		if d.Kind == "Deployment" && d.Metadata.Name == ControllerDeployment && len(d.Spec.Template.Spec.Containers) > 0 {
-			return d.Spec.Template.Spec.Containers[0]
-		}
-	}
-	t.Fatalf("%s has no Deployment %s with a container", base, ControllerDeployment)
-	return baseContainer{}
 }
 
 // waitAvailable waits until the Deployment is Available with no pod of an

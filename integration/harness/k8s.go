@@ -82,7 +82,7 @@ func StartK8s(t testing.TB, opts ...Option) *K8s {
 
 // RuncHandler is the runtime handler and RuntimeClass of pods that run
 // under runc, without a VM.
-const RuncHandler = "runc"
+const RuncHandler = stack.RuncHandler
 
 // The K8s Env's S3 credentials and bucket (stack.S3Server's).
 const (
