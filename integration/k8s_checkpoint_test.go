@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -155,6 +156,7 @@ func TestK8sCheckpoints(t *testing.T) {
 		if first.UploadedBytes == 0 {
 			t.Fatal("no first checkpoint")
 		}
+		disks := vmDisks(t, k, "agent")
 		for g := 1; g <= 5; g++ {
 			name := fmt.Sprintf("gen-%d", g)
 			applyCheckpoint(t, k, "default", name, "agent", map[string]any{"keepRunning": false})
@@ -169,6 +171,12 @@ func TestK8sCheckpoints(t *testing.T) {
 			k.WaitReady("agent", time.Now(), 3*time.Minute)
 			if s := k.Exec("agent", "agent", "cat", "/dev/shm/secret"); s != secret {
 				t.Fatalf("generation %d lost the secret: %q", g, s)
+			}
+			// Each generation's pod takes the checkpointed containers
+			// over, its pause container too: no disk is added (the VM
+			// has 8 hot-plug ports).
+			if n := vmDisks(t, k, "agent"); n != disks {
+				t.Fatalf("generation %d's VM has %d disks, the first restored one %d", g, n, disks)
 			}
 		}
 	})
@@ -452,4 +460,24 @@ func percentile(ds []time.Duration, p int) time.Duration {
 	s := slices.Clone(ds)
 	slices.Sort(s)
 	return s[max((p*len(s)+99)/100-1, 0)]
+}
+
+// vmDisks counts the virtio-blk devices of a pod's VM (QEMU's command line).
+func vmDisks(t testing.TB, k *harness.K8s, pod string) int {
+	t.Helper()
+	q := sandboxQEMU(k.MustCrictl("pods", "-q", "--name", "^"+pod+"$", "--state", "ready"))
+	if len(q) != 1 {
+		t.Fatalf("QEMU of pod %s: %v", pod, q)
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", q[0]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, a := range strings.Split(string(b), "\x00") {
+		if strings.HasPrefix(a, "virtio-blk-pci,") {
+			ids = append(ids, a)
+		}
+	}
+	return len(ids)
 }

@@ -36,7 +36,7 @@ type start struct {
 // connects to its agent. On failure nothing is left running.
 func Boot(ctx context.Context, spec Spec, root RootSpec) (*Sandbox, error) {
 	st := &start{Spec: spec, root: root, vms: qemuFactory}
-	sb := &Sandbox{spec: spec, rootfs: newRootfsBuilder(spec.Node.RootFS)}
+	sb := &Sandbox{spec: spec, rootfs: newRootfsBuilder(spec.Node.RootFS), guestID: spec.ID}
 	if err := runSteps(ctx, "boot", st.bootSteps(sb)); err != nil {
 		return nil, err
 	}

@@ -186,7 +186,7 @@ func (c *checkpointing) record() *sandboxRecord {
 	sb := c.sb
 	cfg := sb.vm.Config()
 	r := &sandboxRecord{
-		Version: recordVersion, SandboxID: sb.spec.ID, VCPUs: cfg.VCPUs, MemoryMiB: cfg.MemoryMiB, HotplugPort: cfg.HotplugPorts,
+		Version: recordVersion, SandboxID: sb.guestID, VCPUs: cfg.VCPUs, MemoryMiB: cfg.MemoryMiB, HotplugPort: cfg.HotplugPorts,
 		Finished: c.req.Finished,
 	}
 	if sb.net != nil {

@@ -69,7 +69,8 @@ func Restore(ctx context.Context, spec Spec, src Source) (*Sandbox, *Restored, e
 		return nil, nil, err
 	}
 	r := st.restore
-	sb := st.finish(ctx, &Sandbox{spec: spec, rootfs: newRootfsBuilder(spec.Node.RootFS), restoredFrom: src.URL, releaseSnapshot: r.release})
+	sb := st.finish(ctx, &Sandbox{spec: spec, rootfs: newRootfsBuilder(spec.Node.RootFS), restoredFrom: src.URL, releaseSnapshot: r.release,
+		guestID: r.rec.SandboxID})
 	rs := &Restored{SandboxID: r.rec.SandboxID, Containers: r.rec.Containers, Finished: r.rec.Finished}
 	memFields := st.mem.restored(ctx, spec.Node.Lazy.PrefetchWorkers)
 	log.G(ctx).WithFields(log.Fields{"boot_id": st.info.BootID, "digest": r.snap.Descriptor.Digest, "qemu_pid": st.vm.Pid()}).WithFields(memFields).Info("sandbox restored")

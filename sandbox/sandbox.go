@@ -142,6 +142,12 @@ type Sandbox struct {
 	// releaseSnapshot ends the sandbox's use of its materialized files.
 	restoredFrom    string
 	releaseSnapshot func()
+	// guestID is the guest id of the sandbox's own container (the pod's
+	// pause container, a lone container's task): the sandbox's id when it
+	// booted, the checkpointed one's when it was restored, whose container
+	// it took over under that id. A record names it so that every later
+	// generation's first task finds its twin.
+	guestID string
 	// mem is the guest RAM: owned, private or served (guestmem.go).
 	mem guestMemory
 	// net is the pod network bridged to the VM's NIC; nil without one.
