@@ -304,13 +304,20 @@ func (r *Reconciler) record(ctx context.Context, cp *cryov1.Checkpoint, target s
 	return r.finish(ctx, cp)
 }
 
+// hibernateGrace is the grace period of a hibernated pod's deletion. The
+// snapshot is the pod's state from then on: what it does after the pause
+// is lost at resume, so a long goodbye (SIGTERM handlers, preStop hooks)
+// would only act on a world the resumed pod does not know of. One second,
+// not zero: zero force-deletes the object before the kubelet stops the VM.
+const hibernateGrace = 1
+
 // finish deletes the pod when it is not kept running, then marks the
 // Checkpoint Succeeded.
 func (r *Reconciler) finish(ctx context.Context, cp *cryov1.Checkpoint) (reconcile.Result, error) {
 	if !keepRunning(cp.Spec) {
 		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: cp.Namespace, Name: cp.Spec.PodName}}
 		uid := types.UID(cp.Status.PodUID)
-		err := r.Client.Delete(ctx, pod, client.Preconditions{UID: &uid})
+		err := r.Client.Delete(ctx, pod, client.Preconditions{UID: &uid}, client.GracePeriodSeconds(hibernateGrace))
 		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 			return reconcile.Result{}, fmt.Errorf("delete pod %s: %w", cp.Spec.PodName, err)
 		}

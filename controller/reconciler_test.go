@@ -444,6 +444,9 @@ func TestCheckpointHibernateDeletesPod(t *testing.T) {
 	if err == nil && p.DeletionTimestamp.IsZero() {
 		t.Fatal("pod not deleted after a keepRunning=false Checkpoint")
 	}
+	if err == nil && (p.DeletionGracePeriodSeconds == nil || *p.DeletionGracePeriodSeconds != hibernateGrace) {
+		t.Fatalf("hibernated pod deleted with grace period %v, want %ds", p.DeletionGracePeriodSeconds, hibernateGrace)
+	}
 	if err != nil && !apierrors.IsNotFound(err) {
 		t.Fatal(err)
 	}
