@@ -684,6 +684,10 @@ func (s *Server) checkpoint(ctx context.Context, sb *sandbox) error {
 			return fmt.Errorf("pause of sandbox %s: %w", sb.id, err)
 		}
 		if cur.Status.Phase == cryov1.PhaseFailed {
+			// Gone, so that the next pause can try again under its name.
+			if err := s.Client.Delete(ctx, &cur); err != nil && !apierrors.IsNotFound(err) {
+				s.Log.Error(err, "delete failed Checkpoint", "checkpoint", cp.Name)
+			}
 			return fmt.Errorf("pause of sandbox %s: Checkpoint %s failed: %s: %s", sb.id, cp.Name, cur.Status.Reason, cur.Status.Message)
 		}
 		if cur.Status.Phase == cryov1.PhaseSucceeded {
