@@ -86,6 +86,11 @@ func run(ctx context.Context, cfg *rest.Config, f flags) error {
 	if len(classes) == 0 {
 		return errors.New("--runtime-classes names no RuntimeClass")
 	}
+	if f.e2bAddr != "" {
+		if _, err := parseTemplates(f.e2bTemplates); err != nil {
+			return fmt.Errorf("--e2b-templates: %w", err)
+		}
+	}
 	if f.defaultStore != "" {
 		if err := controller.CheckStoreBase(f.defaultStore); err != nil {
 			return fmt.Errorf("--default-store: %w", err)
@@ -217,6 +222,9 @@ func parseTemplates(s string) (map[string]e2bapi.Template, error) {
 			return nil, fmt.Errorf("%q is not name=image", p)
 		}
 		out[name] = e2bapi.Template{Image: image, Command: []string{"sleep", "inf"}}
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no template")
 	}
 	return out, nil
 }
