@@ -338,4 +338,13 @@ func TestPauseFailed(t *testing.T) {
 	if code := f.do("key-a", "POST", "/sandboxes/"+id+"/pause", `{}`, &e); code != 500 || !strings.Contains(e.Message, "KubeletFailed: boom") {
 		t.Errorf("failed pause: %d %+v", code, e)
 	}
+	// The sandbox runs on, and no failed Checkpoint blocks the next pause.
+	var d listedBody
+	if code := f.do("key-a", "GET", "/sandboxes/"+id, "", &d); code != 200 || d.State != "running" {
+		t.Errorf("after a failed pause: %d %+v", code, d)
+	}
+	var cps cryov1.CheckpointList
+	if err := f.cl.List(context.Background(), &cps, client.InNamespace("team-a")); err != nil || len(cps.Items) != 0 {
+		t.Errorf("Checkpoints after a failed pause: %v %d", err, len(cps.Items))
+	}
 }
