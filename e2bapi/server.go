@@ -41,13 +41,16 @@ const (
 	// LabelSandbox carries the sandbox id on its pods and Checkpoints.
 	LabelSandbox = "cryo.dev/e2b-sandbox"
 
-	annTemplate  = "cryo.dev/e2b-template"
-	annMetadata  = "cryo.dev/e2b-metadata"
-	annEnv       = "cryo.dev/e2b-env"
-	annStartedAt = "cryo.dev/e2b-started-at"
-	annEndAt     = "cryo.dev/e2b-end-at"
-	annAutoPause = "cryo.dev/e2b-auto-pause"
-	annGen       = "cryo.dev/e2b-generation"
+	// The sandbox's E2B fields. Not under cryo.dev/: the shim refuses a
+	// pod with an annotation of its own prefix that it does not know.
+	e2bAnnotationPrefix = "e2b.cryo.dev/"
+	annTemplate         = "e2b.cryo.dev/template"
+	annMetadata         = "e2b.cryo.dev/metadata"
+	annEnv              = "e2b.cryo.dev/env"
+	annStartedAt        = "e2b.cryo.dev/started-at"
+	annEndAt            = "e2b.cryo.dev/end-at"
+	annAutoPause        = "e2b.cryo.dev/auto-pause"
+	annGen              = "e2b.cryo.dev/generation"
 
 	// envdVersion is what the SDK is told the sandbox runs: it refuses
 	// anything below 0.1.0. envd itself is not built yet (docs/e2b.md).
@@ -762,7 +765,7 @@ func (s *Server) resume(ctx context.Context, sb *sandbox, timeoutSec *int64) err
 	gen := generation(cp.Annotations) + 1
 	ann := map[string]string{}
 	for k, v := range cp.Annotations {
-		if strings.HasPrefix(k, "cryo.dev/e2b-") {
+		if strings.HasPrefix(k, e2bAnnotationPrefix) {
 			ann[k] = v
 		}
 	}

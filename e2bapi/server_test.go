@@ -154,6 +154,7 @@ func TestCreateGetListKill(t *testing.T) {
 	if *p.Spec.RuntimeClassName != "cryo" || p.Labels[LabelSandbox] != id || p.Spec.Containers[0].Image != "busybox:1" {
 		t.Errorf("pod %+v", p)
 	}
+	noShimAnnotations(t, p)
 	if e := p.Spec.Containers[0].Env; len(e) != 1 || e[0].Name != "FOO" || e[0].Value != "bar" {
 		t.Errorf("env %v", e)
 	}
@@ -294,6 +295,7 @@ func TestPauseConnect(t *testing.T) {
 		t.Fatalf("connect to a paused sandbox: %d %+v", code, sb)
 	}
 	p := f.pod("team-a", podName(id, 1))
+	noShimAnnotations(t, p)
 	if p.Annotations[controller.AnnotationRestoreCheckpoint] != podName(id, 0) || p.Labels[LabelSandbox] != id ||
 		p.Spec.Containers[0].Env[0].Value != "bar" {
 		t.Errorf("resumed pod %+v", p.ObjectMeta)
@@ -346,5 +348,17 @@ func TestPauseFailed(t *testing.T) {
 	var cps cryov1.CheckpointList
 	if err := f.cl.List(context.Background(), &cps, client.InNamespace("team-a")); err != nil || len(cps.Items) != 0 {
 		t.Errorf("Checkpoints after a failed pause: %v %d", err, len(cps.Items))
+	}
+}
+
+// noShimAnnotations fails when the API put an annotation under cryo.dev/
+// on a pod other than the restore by name: the shim refuses a pod with a
+// cryo.dev/ annotation it does not know (annotations.Parse).
+func noShimAnnotations(t *testing.T, p *corev1.Pod) {
+	t.Helper()
+	for k := range p.Annotations {
+		if strings.HasPrefix(k, "cryo.dev/") && k != controller.AnnotationRestoreCheckpoint {
+			t.Errorf("pod %s: annotation %s is under the shim's prefix cryo.dev/", p.Name, k)
+		}
 	}
 }
