@@ -18,8 +18,8 @@ import (
 // (npm e2b, harness.E2BSDKVersion) on the test cluster: create, getInfo,
 // list by state and metadata, setTimeout, pause (the pod gone, the
 // Checkpoint Succeeded), connect (a new pod restoring it under the same
-// sandbox id, its RAM carried over), kill, and the refusals (unknown id,
-// bad key, another namespace's key). Node runs in the cluster's network
+// sandbox id, its RAM carried over), kill, the refusals (unknown id, bad
+// key, another namespace's key), and a timeout with onTimeout 'pause'. Node runs in the cluster's network
 // namespace, where the controller's pod address is reachable.
 func TestE2BControlPlane(t *testing.T) {
 	sdk := harness.E2BSDK(t)
@@ -102,6 +102,10 @@ func TestE2BControlPlane(t *testing.T) {
 		out, _, _ := k.Kubectl("get", "pod,checkpoint", "-l", "cryo.dev/e2b-sandbox="+id)
 		t.Errorf("after kill the sandbox still has:\n%s", out)
 	}
+
+	auto := run("autopause", "")
+	autoID, _ := auto["id"].(string)
+	t.Cleanup(func() { k.Kubectl("delete", "pod,checkpoint", "-l", "cryo.dev/e2b-sandbox="+autoID, "--wait=false") })
 }
 
 // apiKey creates an E2B API key Secret bound to namespace ns.

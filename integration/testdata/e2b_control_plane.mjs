@@ -100,6 +100,22 @@ const steps = {
     }
     return {}
   },
+  // A sandbox created with onTimeout 'pause' is paused by the controller
+  // when its timeout passes, and connect brings it back.
+  async autopause() {
+    const sbx = await Sandbox.create('base', { timeoutMs: 10_000, lifecycle: { onTimeout: 'pause' }, metadata: { run: process.env.RUN } })
+    const info = await sbx.getInfo()
+    expect(info.lifecycle?.onTimeout === 'pause', `lifecycle ${JSON.stringify(info.lifecycle)}`)
+    const deadline = Date.now() + 240_000
+    let state = info.state
+    while (state !== 'paused' && Date.now() < deadline) {
+      await new Promise((r) => setTimeout(r, 1000))
+      state = (await Sandbox.getInfo(sbx.sandboxId)).state
+    }
+    expect(state === 'paused', `state ${state} 4 minutes after a 10 s timeout with onTimeout pause`)
+    expect((await Sandbox.kill(sbx.sandboxId)) === true, 'kill of the auto-paused sandbox')
+    return { id: sbx.sandboxId }
+  },
   async kill() {
     expect((await Sandbox.kill(id)) === true, 'kill returns true')
     await notFound(() => Sandbox.getInfo(id), 'getInfo after kill')
