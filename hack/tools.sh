@@ -2,7 +2,7 @@
 # Builds the test and demo tools from the Go module proxy into a version-keyed cache
 # that survives fresh clones on the same machine:
 #   $CRYO_TOOLS/<name>@<version>/bin/...   and symlinks in $CRYO_TOOLS/bin
-# usage: hack/tools.sh [containerd|crictl|critest|crisuite|cni|versitygw|registry|k8s|etcd|all]...
+# usage: hack/tools.sh [containerd|crictl|critest|crisuite|cni|versitygw|registry|k8s|etcd|e2b-sdk|all]...
 set -euo pipefail
 HACK=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 CRYO_TOOLS=${CRYO_TOOLS:-/var/cache/cryo/tools}
@@ -12,6 +12,8 @@ CRITEST_VERSION=${CRITEST_VERSION:-$CRICTL_VERSION}
 CNI_VERSION=${CNI_VERSION:-v1.9.1}
 VERSITYGW_VERSION=${VERSITYGW_VERSION:-v1.8.0}
 REGISTRY_VERSION=${REGISTRY_VERSION:-v3.1.2}
+# The official E2B SDK the E2B API's tests drive (integration/harness/e2b.go).
+E2B_SDK_VERSION=${E2B_SDK_VERSION:-2.51.0}
 export GOFLAGS=${GOFLAGS:-} CGO_ENABLED=${CGO_ENABLED:-0}
 mkdir -p "$CRYO_TOOLS/bin"
 
@@ -122,6 +124,19 @@ install_etcd() {
 		etcd=go.etcd.io/etcd/server/v3
 }
 
+# The E2B SDK from npm (Node.js): in $CRYO_TOOLS/e2b-sdk@<version>/node_modules.
+install_e2b_sdk() {
+	local dir="$CRYO_TOOLS/e2b-sdk@$E2B_SDK_VERSION"
+	[ ! -f "$dir/.done" ] || return 0
+	if ! command -v npm >/dev/null; then
+		echo "tools: npm not found: install Node.js (18 or later) and npm for the E2B SDK tests" >&2
+		return 0
+	fi
+	echo "tools: installing e2b $E2B_SDK_VERSION from npm (cached in $dir)" >&2
+	npm install --prefix "$dir" --no-audit --no-fund "e2b@$E2B_SDK_VERSION" >/dev/null
+	touch "$dir/.done"
+}
+
 want=("$@"); [ ${#want[@]} -gt 0 ] || want=(all)
 for w in "${want[@]}"; do
 	case $w in
@@ -147,7 +162,8 @@ for w in "${want[@]}"; do
 	registry|all) install registry "$REGISTRY_VERSION" "" github.com/distribution/distribution/v3/cmd/registry ;;&
 	k8s|all) install_k8s ;;&
 	etcd|all) install_etcd ;;&
-	containerd|crictl|critest|crisuite|cni|versitygw|registry|k8s|etcd|all) ;;
+	e2b-sdk|all) install_e2b_sdk ;;&
+	containerd|crictl|critest|crisuite|cni|versitygw|registry|k8s|etcd|e2b-sdk|all) ;;
 	*) echo "tools: unknown tool $w" >&2; exit 2 ;;
 	esac
 done

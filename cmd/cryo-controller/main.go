@@ -27,6 +27,7 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -34,6 +35,7 @@ import (
 
 	cryov1 "github.com/cryo-runtime/cryo/api/v1alpha1"
 	"github.com/cryo-runtime/cryo/controller"
+	"github.com/cryo-runtime/cryo/e2bapi"
 	"github.com/cryo-runtime/cryo/stores"
 )
 
@@ -47,6 +49,8 @@ type flags struct {
 	leaderElect    bool
 	deadline       time.Duration
 	certDir        string
+	e2bAddr        string
+	e2bTemplates   string
 }
 
 func main() {
@@ -60,6 +64,8 @@ func main() {
 	flag.BoolVar(&f.leaderElect, "leader-elect", false, "elect a leader among replicas (a Lease in --namespace) before reconciling")
 	flag.DurationVar(&f.deadline, "checkpoint-deadline", controller.DefaultDeadline, "a Checkpoint not done this long after it started fails with reason Timeout")
 	flag.StringVar(&f.certDir, "cert-dir", filepath.Join(os.TempDir(), "cryo-controller-certs"), "where the webhook's certificate is written")
+	flag.StringVar(&f.e2bAddr, "e2b-api-bind-address", "", "address of E2B's control-plane REST API (docs/e2b.md), e.g. :3000; empty: not served")
+	flag.StringVar(&f.e2bTemplates, "e2b-templates", "base=busybox:1", "E2B templates, comma-separated name=image; each runs `sleep inf` under --runtime-classes' first class")
 	zopts := zap.Options{}
 	zopts.BindFlags(flag.CommandLine)
 	flag.Parse()
@@ -79,6 +85,11 @@ func run(ctx context.Context, cfg *rest.Config, f flags) error {
 	classes := splitList(f.runtimeClasses)
 	if len(classes) == 0 {
 		return errors.New("--runtime-classes names no RuntimeClass")
+	}
+	if f.e2bAddr != "" {
+		if _, err := parseTemplates(f.e2bTemplates); err != nil {
+			return fmt.Errorf("--e2b-templates: %w", err)
+		}
 	}
 	if f.defaultStore != "" {
 		if err := controller.CheckStoreBase(f.defaultStore); err != nil {
@@ -150,6 +161,11 @@ func run(ctx context.Context, cfg *rest.Config, f flags) error {
 		DefaultStore:   f.defaultStore,
 		RuntimeClasses: classes,
 	}})
+	if f.e2bAddr != "" {
+		if err := addE2BAPI(mgr, f, classes[0]); err != nil {
+			return fmt.Errorf("e2b API: %w", err)
+		}
+	}
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return err
 	}
@@ -170,6 +186,48 @@ func run(ctx context.Context, cfg *rest.Config, f flags) error {
 	}
 	ctrl.Log.Info("starting", "defaultStore", f.defaultStore, "runtimeClasses", classes, "namespace", f.namespace, "deadline", f.deadline)
 	return mgr.Start(ctx)
+}
+
+// addE2BAPI serves E2B's API from this binary: it is a thin layer over
+// the Checkpoint resource that this binary reconciles, with the same
+// RBAC, image and Deployment; a second binary would only add a rollout.
+func addE2BAPI(mgr ctrl.Manager, f flags, runtimeClass string) error {
+	templates, err := parseTemplates(f.e2bTemplates)
+	if err != nil {
+		return fmt.Errorf("--e2b-templates: %w", err)
+	}
+	// Uncached: a cache would watch every Secret and pod of the cluster.
+	cl, err := client.New(mgr.GetConfig(), client.Options{Scheme: mgr.GetScheme()})
+	if err != nil {
+		return err
+	}
+	srv := &e2bapi.Server{
+		Client:       cl,
+		Namespace:    f.namespace,
+		RuntimeClass: runtimeClass,
+		Templates:    templates,
+		Log:          ctrl.Log.WithName("e2b"),
+	}
+	if err := mgr.Add(&e2bapi.Listener{Server: srv, Addr: f.e2bAddr}); err != nil {
+		return err
+	}
+	return mgr.Add(&e2bapi.Reaper{Server: srv})
+}
+
+// parseTemplates reads name=image pairs.
+func parseTemplates(s string) (map[string]e2bapi.Template, error) {
+	out := map[string]e2bapi.Template{}
+	for _, p := range splitList(s) {
+		name, image, ok := strings.Cut(p, "=")
+		if !ok || name == "" || image == "" {
+			return nil, fmt.Errorf("%q is not name=image", p)
+		}
+		out[name] = e2bapi.Template{Image: image, Command: []string{"sleep", "inf"}}
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no template")
+	}
+	return out, nil
 }
 
 func splitList(s string) []string {

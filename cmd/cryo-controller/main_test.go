@@ -19,6 +19,8 @@ func TestRunRefusesBadFlags(t *testing.T) {
 		{"no runtime class", func(f *flags) { f.runtimeClasses = " , " }, "--runtime-classes"},
 		{"store with a tag", func(f *flags) { f.defaultStore = "s3://snapshots/cryo:v1" }, "--default-store"},
 		{"store not a url", func(f *flags) { f.defaultStore = "/var/lib/cryo" }, "--default-store"},
+		{"e2b template without image", func(f *flags) { f.e2bAddr, f.e2bTemplates = ":3000", "base" }, "--e2b-templates"},
+		{"e2b no templates", func(f *flags) { f.e2bAddr, f.e2bTemplates = ":3000", "" }, "--e2b-templates"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := good
@@ -27,6 +29,9 @@ func TestRunRefusesBadFlags(t *testing.T) {
 				t.Fatalf("run = %v, want an error naming %s", err, tc.wantErr)
 			}
 		})
+	}
+	if tpl, err := parseTemplates("base=busybox:1, py=python:3"); err != nil || len(tpl) != 2 || tpl["py"].Image != "python:3" || tpl["base"].Command[0] != "sleep" {
+		t.Errorf("parseTemplates = %v, %v", tpl, err)
 	}
 	if got := splitList(" cryo, cryo-gpu ,,"); len(got) != 2 || got[0] != "cryo" || got[1] != "cryo-gpu" {
 		t.Errorf("splitList = %q", got)

@@ -38,6 +38,8 @@ var order = [][]string{
 	{"annotations"},
 	// one pod's VM; the cluster's controller (a wing of its own)
 	{"sandbox", "controller"},
+	// E2B's API over the Checkpoint resource (the cluster wing)
+	{"e2bapi"},
 	// the node's TOML mapped onto a sandbox's node options
 	{"nodeopts"},
 	// containerd's side
@@ -61,8 +63,8 @@ var apart = [][2][]string{
 // only clusterMay of cryo's packages: what it needs to read and tag
 // snapshots in a store, never the VM or the shim.
 var (
-	clusterSide = []string{"api/...", "controller/...", "cmd/cryo-controller"}
-	clusterMay  = []string{"api/...", "controller/...", "stores", "snapshot", "annotations", "internal/..."}
+	clusterSide = []string{"api/...", "controller/...", "e2bapi/...", "cmd/cryo-controller"}
+	clusterMay  = []string{"api/...", "controller/...", "e2bapi/...", "stores", "snapshot", "annotations", "internal/..."}
 )
 
 // kubernetesAllowed are the packages that may import Kubernetes client

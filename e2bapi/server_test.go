@@ -1,0 +1,364 @@
+package e2bapi
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	cryov1 "github.com/cryo-runtime/cryo/api/v1alpha1"
+	"github.com/cryo-runtime/cryo/controller"
+)
+
+type fixture struct {
+	t   *testing.T
+	cl  client.Client
+	srv *Server
+	url string
+	ids int
+	now time.Time
+}
+
+func newFixture(t *testing.T) *fixture {
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	if err := cryov1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	key := func(name, ns, k string) *corev1.Secret {
+		return &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "cryo-system", Name: name, Labels: map[string]string{LabelAPIKey: ""},
+				Annotations: map[string]string{AnnotationKeyNamespace: ns}},
+			Data: map[string][]byte{SecretKeyField: []byte(k)},
+		}
+	}
+	f := &fixture{t: t, now: time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC)}
+	f.cl = fake.NewClientBuilder().WithScheme(scheme).WithObjects(
+		key("team-a", "team-a", "key-a"), key("team-b", "team-b", "key-b"),
+		// a Secret without the label is no key
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "cryo-system", Name: "other"}, Data: map[string][]byte{SecretKeyField: []byte("key-x")}},
+	).Build()
+	f.srv = &Server{
+		Client: f.cl, Namespace: "cryo-system", RuntimeClass: "cryo",
+		Templates:    map[string]Template{"base": {Image: "busybox:1", Command: []string{"sleep", "inf"}}},
+		Log:          logr.Discard(),
+		Now:          func() time.Time { return f.now },
+		NewID:        func() string { f.ids++; return fmt.Sprintf("sbx%d", f.ids) },
+		PollInterval: time.Millisecond,
+		PauseWait:    5 * time.Second,
+	}
+	ts := httptest.NewServer(f.srv.Handler())
+	t.Cleanup(ts.Close)
+	f.url = ts.URL
+	return f
+}
+
+// do sends a request as the SDK does and decodes the answer into out.
+func (f *fixture) do(key, method, path, body string, out any) int {
+	f.t.Helper()
+	req, err := http.NewRequest(method, f.url+path, strings.NewReader(body))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	req.Header.Set("X-API-KEY", key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if out != nil {
+		if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+			f.t.Fatalf("%s %s: decode the answer (%d): %v", method, path, resp.StatusCode, err)
+		}
+	}
+	return resp.StatusCode
+}
+
+func (f *fixture) create(key, body string) string {
+	f.t.Helper()
+	var sb sandboxBody
+	if code := f.do(key, "POST", "/v2/sandboxes", body, &sb); code != http.StatusCreated {
+		f.t.Fatalf("create: %d", code)
+	}
+	if sb.SandboxID == "" || sb.EnvdVersion < "0.1.0" {
+		f.t.Fatalf("create answered %+v", sb)
+	}
+	return sb.SandboxID
+}
+
+func (f *fixture) pod(ns, name string) *corev1.Pod {
+	f.t.Helper()
+	var p corev1.Pod
+	if err := f.cl.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, &p); err != nil {
+		f.t.Fatal(err)
+	}
+	return &p
+}
+
+// controllerPauses plays the Checkpoint controller: it completes the
+// Checkpoint of pod ns/name and deletes the pod, as keepRunning false does.
+func (f *fixture) controllerPauses(ns, name string) {
+	go func() {
+		ctx := context.Background()
+		for {
+			var cp cryov1.Checkpoint
+			if err := f.cl.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &cp); err == nil {
+				cp.Status.Phase = cryov1.PhaseSucceeded
+				if err := f.cl.Update(ctx, &cp); err == nil {
+					_ = f.cl.Delete(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}})
+					return
+				}
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}()
+}
+
+func TestAuthentication(t *testing.T) {
+	f := newFixture(t)
+	for _, key := range []string{"", "nope", "key-x"} {
+		var e apiError
+		if code := f.do(key, "GET", "/v2/sandboxes", "", &e); code != http.StatusUnauthorized || e.Code != 401 || e.Message == "" {
+			t.Errorf("key %q: %d %+v, want 401 in E2B's error shape", key, code, e)
+		}
+	}
+	var list []listedBody
+	if code := f.do("key-a", "GET", "/v2/sandboxes", "", &list); code != http.StatusOK || len(list) != 0 {
+		t.Errorf("good key: %d %v", code, list)
+	}
+}
+
+func TestCreateGetListKill(t *testing.T) {
+	f := newFixture(t)
+	id := f.create("key-a", `{"templateID":"base","timeout":60,"metadata":{"user":"ann","k y":"v=1"},"envVars":{"FOO":"bar"},"autoPause":true}`)
+	p := f.pod("team-a", podName(id, 0))
+	if *p.Spec.RuntimeClassName != "cryo" || p.Labels[LabelSandbox] != id || p.Spec.Containers[0].Image != "busybox:1" {
+		t.Errorf("pod %+v", p)
+	}
+	noShimAnnotations(t, p)
+	if e := p.Spec.Containers[0].Env; len(e) != 1 || e[0].Name != "FOO" || e[0].Value != "bar" {
+		t.Errorf("env %v", e)
+	}
+	var d listedBody
+	if code := f.do("key-a", "GET", "/sandboxes/"+id, "", &d); code != http.StatusOK {
+		t.Fatalf("get: %d", code)
+	}
+	if d.SandboxID != id || d.TemplateID != "base" || d.State != "running" || d.Metadata["user"] != "ann" ||
+		d.EndAt != "2026-12-05T12:01:00Z" || d.Lifecycle.OnTimeout != "pause" {
+		t.Errorf("get: %+v", d)
+	}
+	other := f.create("key-a", `{"templateID":"base","metadata":{"user":"bob"}}`)
+
+	// The SDK's metadata filter: URLSearchParams of encoded pairs.
+	filter := url.Values{url.QueryEscape("k y"): {url.QueryEscape("v=1")}}.Encode()
+	var list []listedBody
+	if code := f.do("key-a", "GET", "/v2/sandboxes?state=running,paused&metadata="+url.QueryEscape(filter), "", &list); code != 200 || len(list) != 1 || list[0].SandboxID != id {
+		t.Errorf("list by metadata: %d %+v", code, list)
+	}
+	if code := f.do("key-a", "GET", "/v2/sandboxes?state=paused", "", &list); code != 200 || len(list) != 0 {
+		t.Errorf("list paused: %d %+v", code, list)
+	}
+
+	// Another namespace's key sees nothing of team-a.
+	var e apiError
+	for _, req := range [][2]string{{"GET", "/sandboxes/" + id}, {"DELETE", "/sandboxes/" + id}, {"POST", "/sandboxes/" + id + "/pause"}} {
+		if code := f.do("key-b", req[0], req[1], "", &e); code != http.StatusNotFound || e.Code != 404 {
+			t.Errorf("key-b %s %s: %d %+v", req[0], req[1], code, e)
+		}
+	}
+	if code := f.do("key-b", "GET", "/v2/sandboxes", "", &list); code != 200 || len(list) != 0 {
+		t.Errorf("key-b list: %+v", list)
+	}
+
+	if code := f.do("key-a", "DELETE", "/sandboxes/"+id, "", nil); code != http.StatusNoContent {
+		t.Errorf("kill: %d", code)
+	}
+	if code := f.do("key-a", "GET", "/sandboxes/"+id, "", &e); code != http.StatusNotFound {
+		t.Errorf("get after kill: %d", code)
+	}
+	if code := f.do("key-a", "DELETE", "/sandboxes/"+id, "", &e); code != http.StatusNotFound {
+		t.Errorf("second kill: %d", code)
+	}
+	if code := f.do("key-a", "GET", "/v2/sandboxes", "", &list); code != 200 || len(list) != 1 || list[0].SandboxID != other {
+		t.Errorf("list after kill: %+v", list)
+	}
+}
+
+func TestRefusals(t *testing.T) {
+	f := newFixture(t)
+	id := f.create("key-a", `{}`) // the SDK's default template is base
+	for _, c := range []struct{ method, path, body string }{
+		{"POST", "/v2/sandboxes", `{"templateID":"nope"}`},
+		{"POST", "/v2/sandboxes", `{"templateID":"base","volumeMounts":[{"name":"v","path":"/v"}]}`},
+		{"POST", "/v2/sandboxes", `{"templateID":"base","autoPause":true,"autoResume":{"enabled":true}}`},
+		{"POST", "/v2/sandboxes", `{"templateID":"base","timeout":-1}`},
+		{"POST", "/v2/sandboxes", `{"templateID":`},
+		{"POST", "/sandboxes/" + id + "/snapshots", `{}`},
+		{"POST", "/sandboxes/" + id + "/fork", `{"count":2}`},
+		{"GET", "/sandboxes/" + id + "/metrics", ""},
+		{"POST", "/v3/templates", `{}`},
+		{"GET", "/volumes", ""},
+		{"GET", "/v2/sandboxes?state=dead", ""},
+	} {
+		var e apiError
+		code := f.do("key-a", c.method, c.path, c.body, &e)
+		if code < 400 || e.Code != code || e.Message == "" {
+			t.Errorf("%s %s %s: %d %+v, want an E2B error", c.method, c.path, c.body, code, e)
+		}
+	}
+}
+
+func TestTimeoutAndReap(t *testing.T) {
+	f := newFixture(t)
+	kill := f.create("key-a", `{"templateID":"base","timeout":10}`)
+	pause := f.create("key-a", `{"templateID":"base","timeout":10,"autoPause":true}`)
+	keep := f.create("key-a", `{"templateID":"base","timeout":10}`)
+	if code := f.do("key-a", "POST", "/sandboxes/"+keep+"/timeout", `{"timeout":3600}`, nil); code != http.StatusNoContent {
+		t.Fatalf("timeout: %d", code)
+	}
+	if code := f.do("key-b", "POST", "/sandboxes/"+keep+"/timeout", `{"timeout":1}`, nil); code != http.StatusNotFound {
+		t.Fatalf("timeout with another namespace's key: %d", code)
+	}
+	f.now = f.now.Add(time.Minute)
+	f.controllerPauses("team-a", podName(pause, 0))
+	(&Reaper{Server: f.srv}).Reap(context.Background())
+	var e apiError
+	if code := f.do("key-a", "GET", "/sandboxes/"+kill, "", &e); code != http.StatusNotFound {
+		t.Errorf("expired sandbox: %d, want killed", code)
+	}
+	var d listedBody
+	if code := f.do("key-a", "GET", "/sandboxes/"+keep, "", &d); code != 200 || d.State != "running" {
+		t.Errorf("extended sandbox: %d %+v", code, d)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		f.do("key-a", "GET", "/sandboxes/"+pause, "", &d)
+		if d.State == "paused" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("autoPause sandbox: %+v, want paused", d)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestPauseConnect(t *testing.T) {
+	f := newFixture(t)
+	id := f.create("key-a", `{"templateID":"base","metadata":{"turn":"1"},"envVars":{"FOO":"bar"}}`)
+	var sb sandboxBody
+	if code := f.do("key-a", "POST", "/v2/sandboxes/"+id+"/connect", `{"timeout":60}`, &sb); code != http.StatusOK || sb.SandboxID != id {
+		t.Fatalf("connect to a running sandbox: %d %+v", code, sb)
+	}
+	f.controllerPauses("team-a", podName(id, 0))
+	if code := f.do("key-a", "POST", "/sandboxes/"+id+"/pause", `{}`, nil); code != http.StatusNoContent {
+		t.Fatalf("pause: %d", code)
+	}
+	var cp cryov1.Checkpoint
+	if err := f.cl.Get(context.Background(), client.ObjectKey{Namespace: "team-a", Name: podName(id, 0)}, &cp); err != nil {
+		t.Fatal(err)
+	}
+	if cp.Spec.PodName != podName(id, 0) || cp.Spec.KeepRunning == nil || *cp.Spec.KeepRunning || cp.Labels[LabelSandbox] != id {
+		t.Errorf("Checkpoint %+v", cp)
+	}
+	var e apiError
+	if code := f.do("key-a", "POST", "/sandboxes/"+id+"/pause", `{}`, &e); code != http.StatusConflict {
+		t.Errorf("second pause: %d, want 409 (the SDK's 'already paused')", code)
+	}
+	var list []listedBody
+	if code := f.do("key-a", "GET", "/v2/sandboxes?state=paused", "", &list); code != 200 || len(list) != 1 || list[0].State != "paused" || list[0].Metadata["turn"] != "1" {
+		t.Errorf("list paused: %+v", list)
+	}
+	if code := f.do("key-b", "POST", "/v2/sandboxes/"+id+"/connect", `{}`, &e); code != http.StatusNotFound {
+		t.Errorf("connect with another namespace's key: %d", code)
+	}
+	if code := f.do("key-a", "POST", "/v2/sandboxes/"+id+"/connect", `{"timeout":60}`, &sb); code != http.StatusCreated || sb.SandboxID != id {
+		t.Fatalf("connect to a paused sandbox: %d %+v", code, sb)
+	}
+	p := f.pod("team-a", podName(id, 1))
+	noShimAnnotations(t, p)
+	if p.Annotations[controller.AnnotationRestoreCheckpoint] != podName(id, 0) || p.Labels[LabelSandbox] != id ||
+		p.Spec.Containers[0].Env[0].Value != "bar" {
+		t.Errorf("resumed pod %+v", p.ObjectMeta)
+	}
+	var d listedBody
+	if code := f.do("key-a", "GET", "/sandboxes/"+id, "", &d); code != 200 || d.State != "running" || d.Metadata["turn"] != "1" {
+		t.Errorf("after connect: %d %+v", code, d)
+	}
+	// A second pause checkpoints the new pod under the next name.
+	f.controllerPauses("team-a", podName(id, 1))
+	if code := f.do("key-a", "POST", "/sandboxes/"+id+"/pause", ``, nil); code != http.StatusNoContent {
+		t.Fatalf("second pause: %d", code)
+	}
+	if code := f.do("key-a", "DELETE", "/sandboxes/"+id, "", nil); code != http.StatusNoContent {
+		t.Fatalf("kill paused: %d", code)
+	}
+	var cps cryov1.CheckpointList
+	if err := f.cl.List(context.Background(), &cps, client.InNamespace("team-a")); err != nil || len(cps.Items) != 0 {
+		t.Errorf("Checkpoints after kill: %v %d", err, len(cps.Items))
+	}
+}
+
+func TestPauseFailed(t *testing.T) {
+	f := newFixture(t)
+	id := f.create("key-a", `{}`)
+	go func() {
+		ctx := context.Background()
+		for {
+			var cp cryov1.Checkpoint
+			if err := f.cl.Get(ctx, client.ObjectKey{Namespace: "team-a", Name: podName(id, 0)}, &cp); err == nil {
+				cp.Status.Phase, cp.Status.Reason, cp.Status.Message = cryov1.PhaseFailed, cryov1.ReasonKubeletFailed, "boom"
+				if f.cl.Update(ctx, &cp) == nil {
+					return
+				}
+			} else if !apierrors.IsNotFound(err) {
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	var e apiError
+	if code := f.do("key-a", "POST", "/sandboxes/"+id+"/pause", `{}`, &e); code != 500 || !strings.Contains(e.Message, "KubeletFailed: boom") {
+		t.Errorf("failed pause: %d %+v", code, e)
+	}
+	// The sandbox runs on, and no failed Checkpoint blocks the next pause.
+	var d listedBody
+	if code := f.do("key-a", "GET", "/sandboxes/"+id, "", &d); code != 200 || d.State != "running" {
+		t.Errorf("after a failed pause: %d %+v", code, d)
+	}
+	var cps cryov1.CheckpointList
+	if err := f.cl.List(context.Background(), &cps, client.InNamespace("team-a")); err != nil || len(cps.Items) != 0 {
+		t.Errorf("Checkpoints after a failed pause: %v %d", err, len(cps.Items))
+	}
+}
+
+// noShimAnnotations fails when the API put an annotation under cryo.dev/
+// on a pod other than the restore by name: the shim refuses a pod with a
+// cryo.dev/ annotation it does not know (annotations.Parse).
+func noShimAnnotations(t *testing.T, p *corev1.Pod) {
+	t.Helper()
+	for k := range p.Annotations {
+		if strings.HasPrefix(k, "cryo.dev/") && k != controller.AnnotationRestoreCheckpoint {
+			t.Errorf("pod %s: annotation %s is under the shim's prefix cryo.dev/", p.Name, k)
+		}
+	}
+}

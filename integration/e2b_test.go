@@ -1,0 +1,117 @@
+//go:build integration
+
+package integration
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cryo-runtime/cryo/integration/harness"
+)
+
+// TestE2BControlPlane drives the controller's E2B API with the official SDK
+// (npm e2b, harness.E2BSDKVersion) on the test cluster: create, getInfo,
+// list by state and metadata, setTimeout, pause (the pod gone, the
+// Checkpoint Succeeded), connect (a new pod restoring it under the same
+// sandbox id, its RAM carried over), kill, the refusals (unknown id, bad
+// key, another namespace's key), and a timeout with onTimeout 'pause'. Node runs in the cluster's network
+// namespace, where the controller's pod address is reachable.
+func TestE2BControlPlane(t *testing.T) {
+	sdk := harness.E2BSDK(t)
+	k := harness.StartK8s(t)
+	k.StartController(t, harness.ControllerArgs("--e2b-templates=base="+harness.Image))
+	const keyA, keyB = "e2b-key-team-default", "e2b-key-team-other"
+	apiKey(t, k, "team-default", "default", keyA)
+	apiKey(t, k, "team-other", "other", keyB)
+	ip := strings.TrimSpace(k.MustKubectl("-n", harness.ControllerNamespace, "get", "pods",
+		"-l", "app.kubernetes.io/name=cryo-controller", "-o", "jsonpath={.items[0].status.podIP}"))
+	if ip == "" {
+		t.Fatal("the controller's pod has no address")
+	}
+	script, err := filepath.Abs(filepath.Join("testdata", "e2b_control_plane.mjs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := func(step, id string) map[string]any {
+		t.Helper()
+		cmd := exec.CommandContext(t.Context(), "nsenter", "--net="+k.NetNS, "node", script, step, id)
+		cmd.Env = append(os.Environ(), "E2B_API_URL=http://"+ip+":3000", "E2B_API_KEY="+keyA,
+			"OTHER_KEY="+keyB, "RUN=it", "E2B_SDK_DIR="+sdk)
+		out, err := cmd.Output()
+		if err != nil {
+			stderr := ""
+			if ee, ok := err.(*exec.ExitError); ok {
+				stderr = string(ee.Stderr)
+			}
+			t.Fatalf("SDK step %s: %v\n%s%s", step, err, out, stderr)
+		}
+		var res map[string]any
+		if err := json.Unmarshal(out, &res); err != nil {
+			t.Fatalf("SDK step %s printed %q: %v", step, out, err)
+		}
+		return res
+	}
+
+	created := run("create", "")
+	id, _ := created["id"].(string)
+	if id == "" {
+		t.Fatalf("create printed %v", created)
+	}
+	pod0, pod1 := "e2b-"+id+"-0", "e2b-"+id+"-1"
+	t.Cleanup(func() { k.Kubectl("delete", "pod,checkpoint", "-l", "cryo.dev/e2b-sandbox="+id, "--wait=false") })
+	k.WaitReady(pod0, time.Now(), 3*time.Minute)
+	if rc := k.MustKubectl("get", "pod", pod0, "-o", "jsonpath={.spec.runtimeClassName} {.metadata.labels.cryo\\.dev/e2b-sandbox}"); rc != "cryo "+id {
+		t.Fatalf("sandbox pod: runtime class and label %q, want cryo %s", rc, id)
+	}
+	if env := k.Exec(pod0, "sandbox", "sh", "-c", "echo $GREETING"); strings.TrimSpace(env) != "hi" {
+		t.Errorf("envVars: GREETING=%q in the sandbox", env)
+	}
+	// RAM state the resumed pod must carry: a tmpfs file and a process.
+	secret := strings.TrimSpace(k.Exec(pod0, "sandbox", "sh", "-c",
+		"head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \\n' > /dev/shm/secret; cat /dev/shm/secret"))
+	run("running", id)
+
+	run("pause", id)
+	if out, _, err := k.Kubectl("get", "pod", pod0, "-o", "name"); err == nil {
+		t.Errorf("pod %s still there after pause: %s", pod0, out)
+	}
+	if ph := k.MustKubectl("get", "checkpoint", pod0, "-o", "jsonpath={.status.phase} {.spec.keepRunning}"); ph != "Succeeded false" {
+		t.Errorf("Checkpoint %s after pause: phase and keepRunning %q, want Succeeded false", pod0, ph)
+	}
+
+	run("connect", id)
+	k.WaitReady(pod1, time.Now(), 3*time.Minute)
+	if got := k.MustKubectl("get", "pod", pod1, "-o", "jsonpath={.metadata.labels.cryo\\.dev/e2b-sandbox} {.metadata.annotations.cryo\\.dev/restore-checkpoint}"); got != id+" "+pod0 {
+		t.Errorf("resumed pod: sandbox label and restore-checkpoint %q, want %s %s", got, id, pod0)
+	}
+	if got := strings.TrimSpace(k.Exec(pod1, "sandbox", "cat", "/dev/shm/secret")); got != secret {
+		t.Errorf("the resumed sandbox's /dev/shm/secret is %q, want %q (RAM lost)", got, secret)
+	}
+
+	run("refusals", id)
+	run("kill", id)
+	if !harness.WaitFor(time.Minute, func() bool {
+		out, _, err := k.Kubectl("get", "pod,checkpoint", "-l", "cryo.dev/e2b-sandbox="+id, "-o", "name")
+		return err == nil && strings.TrimSpace(out) == ""
+	}) {
+		out, _, _ := k.Kubectl("get", "pod,checkpoint", "-l", "cryo.dev/e2b-sandbox="+id)
+		t.Errorf("after kill the sandbox still has:\n%s", out)
+	}
+
+	auto := run("autopause", "")
+	autoID, _ := auto["id"].(string)
+	t.Cleanup(func() { k.Kubectl("delete", "pod,checkpoint", "-l", "cryo.dev/e2b-sandbox="+autoID, "--wait=false") })
+}
+
+// apiKey creates an E2B API key Secret bound to namespace ns.
+func apiKey(t *testing.T, k *harness.K8s, name, ns, key string) {
+	t.Helper()
+	k.MustKubectl("-n", harness.ControllerNamespace, "create", "secret", "generic", name, "--from-literal=apiKey="+key)
+	k.MustKubectl("-n", harness.ControllerNamespace, "label", "secret", name, "cryo.dev/e2b-api-key=")
+	k.MustKubectl("-n", harness.ControllerNamespace, "annotate", "secret", name, "cryo.dev/e2b-namespace="+ns)
+}
