@@ -93,7 +93,7 @@ func processEventID(c *container, p *process) string {
 // vmStoppedLine): containerd's TaskExit has no field for a reason.
 func (s *service) monitor(sb vmSandbox) {
 	<-sb.Done()
-	s.setVMPaused(false)
+	s.vmPaused.Store(false)
 	failure := sb.Err()
 	l := log.G(s.ctx)
 	if failure != nil {

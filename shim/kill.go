@@ -18,7 +18,7 @@ func (s *service) kill(ctx context.Context, c *container, p *process, sig uint32
 		return err
 	}
 	sb := s.sb
-	if s.isVMPaused() {
+	if s.vmPaused.Load() {
 		// A paused VM's agent cannot answer. SIGKILL resumes it, as runc
 		// thaws a frozen container it kills; other signals would wait for
 		// ever.
@@ -72,7 +72,7 @@ func (s *service) resumeAll(ctx context.Context) error {
 		return err
 	}
 	s.mu.Lock()
-	s.vmPaused = false
+	s.vmPaused.Store(false)
 	var resumed []string
 	for id, c := range s.containers {
 		if c.init.current() == statePaused && c.init.transition(stateRunning) == nil {

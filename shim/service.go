@@ -6,6 +6,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	eventstypes "github.com/containerd/containerd/api/events"
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
@@ -50,7 +51,7 @@ type service struct {
 	spec sandbox.Spec
 	// vmPaused is set while the task API holds the VM paused: the shim
 	// paused it, and neither resumed it nor saw it stop since.
-	vmPaused bool
+	vmPaused atomic.Bool
 	// restored holds the guest containers of a restored sandbox that no
 	// task has taken over yet.
 	restored   *restoredPod
@@ -215,7 +216,7 @@ func (s *service) Pause(ctx context.Context, r *taskAPI.PauseRequest) (*ptypes.E
 		_ = p.transition(stateRunning)
 		return nil, err
 	}
-	s.setVMPaused(true)
+	s.vmPaused.Store(true)
 	s.send(&eventstypes.TaskPaused{ContainerID: r.ID})
 	return empty, nil
 }
@@ -231,7 +232,7 @@ func (s *service) Resume(ctx context.Context, r *taskAPI.ResumeRequest) (*ptypes
 	if err := s.sb.Resume(ctx); err != nil {
 		return nil, err
 	}
-	s.setVMPaused(false)
+	s.vmPaused.Store(false)
 	_ = p.transition(stateRunning)
 	s.send(&eventstypes.TaskResumed{ContainerID: r.ID})
 	return empty, nil
@@ -435,21 +436,9 @@ func (s *service) checkpoint(ctx context.Context, req sandbox.CheckpointRequest)
 	}
 	res, err := sb.Checkpoint(ctx, req)
 	if err == nil && req.Exit {
-		s.setVMPaused(false) // the VM is gone
+		s.vmPaused.Store(false) // the VM is gone
 	}
 	return res, err
-}
-
-func (s *service) setVMPaused(paused bool) {
-	s.mu.Lock()
-	s.vmPaused = paused
-	s.mu.Unlock()
-}
-
-func (s *service) isVMPaused() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.vmPaused
 }
 
 // finishedLocked are the CRI names of the containers the sandbox ran that
