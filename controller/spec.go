@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	cryov1 "github.com/cryo-runtime/cryo/api/v1alpha1"
+	"github.com/cryo-runtime/cryo/stores"
 )
 
 // Pod annotations the controller and its webhook read and write. They are
@@ -146,13 +147,14 @@ func namespaceStore(base, ns string) string {
 }
 
 // inNamespaceStore says whether repo is namespace ns's directory under
-// base, or inside it (at a path boundary, with no ".." segment).
+// base, or inside it: the node's allowlist check with the one namespaced
+// entry <base>/{namespace} (the URL parsed, at a path boundary, no "..",
+// query or user info).
 func inNamespaceStore(base, ns, repo string) bool {
-	if base == "" || ns == "" || strings.Contains(repo+"/", "/../") {
+	if base == "" {
 		return false
 	}
-	dir := strings.TrimSuffix(base, "/") + "/" + ns
-	return repo == dir || strings.HasPrefix(repo, dir+"/")
+	return stores.Allows([]string{strings.TrimSuffix(base, "/") + "/" + stores.NamespacePlaceholder}, repo, ns) == nil
 }
 
 func podTag(name string) string {

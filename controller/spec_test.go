@@ -94,6 +94,8 @@ func TestInNamespaceStore(t *testing.T) {
 		{"s3://b/cryo", "team-a", "s3://b/cryo/team-ab/pods", false},
 		{"s3://b/cryo", "team-a", "s3://b/cryo/team-b/pods", false},
 		{"s3://b/cryo", "team-a", "s3://b/cryo/team-a/../team-b/pods", false},
+		{"s3://b/cryo", "team-a", "s3://b/cryo/team-a/%2e%2e/team-b/pods", false},
+		{"s3://b/cryo", "team-a", "s3://user@b/cryo/team-a/pods", false},
 		{"s3://b/cryo", "team-a", "https://metadata.internal/team-a/pods", false},
 		{"", "team-a", "s3://b/cryo/team-a/pods", false},
 	} {
