@@ -256,8 +256,6 @@ func (s *Server) create(ctx context.Context, ns string, r *http.Request) (int, a
 	switch {
 	case len(b.VolumeMounts) > 0:
 		return 0, nil, errf(http.StatusBadRequest, "volumeMounts: volumes are not supported by cryo's E2B API")
-	case b.AutoResume != nil && b.AutoResume.Enabled:
-		return 0, nil, errf(http.StatusBadRequest, "autoResume: not supported yet (it needs the sandbox gateway); resume with Sandbox.connect")
 	case len(b.MCP) > 0 && string(b.MCP) != "null":
 		return 0, nil, errf(http.StatusBadRequest, "mcp: not supported by cryo's E2B API")
 	}
@@ -284,6 +282,9 @@ func (s *Server) create(ctx context.Context, ns string, r *http.Request) (int, a
 		annEndAt:     now.Add(timeout).UTC().Format(time.RFC3339Nano),
 		annAutoPause: strconv.FormatBool(b.AutoPause != nil && *b.AutoPause),
 		annGen:       "0",
+	}
+	if b.AutoResume != nil && b.AutoResume.Enabled {
+		ann[annAutoResume] = "true" // the gateway resumes it on its first request
 	}
 	pod := s.pod(ns, id, 0, tpl, b.EnvVars, ann)
 	if err := s.Client.Create(ctx, pod); err != nil {
@@ -451,6 +452,7 @@ func (s *Server) detail(sb *sandbox) listedBody {
 	if ann[annAutoPause] == "true" {
 		lc.OnTimeout = "pause"
 	}
+	lc.AutoResume = ann[annAutoResume] == "true"
 	d := listedBody{
 		SandboxID:   sb.id,
 		TemplateID:  ann[annTemplate],
@@ -659,7 +661,7 @@ func (s *Server) pause(ctx context.Context, ns string, r *http.Request) (int, an
 // sandbox paused.
 func (s *Server) checkpoint(ctx context.Context, sb *sandbox) error {
 	ann := map[string]string{}
-	for _, k := range []string{annTemplate, annMetadata, annEnv, annStartedAt, annEndAt, annAutoPause, annGen} {
+	for _, k := range []string{annTemplate, annMetadata, annEnv, annStartedAt, annEndAt, annAutoPause, annGen, annAutoResume} {
 		ann[k] = sb.pod.Annotations[k]
 	}
 	cp := &cryov1.Checkpoint{

@@ -209,7 +209,6 @@ func TestRefusals(t *testing.T) {
 	for _, c := range []struct{ method, path, body string }{
 		{"POST", "/v2/sandboxes", `{"templateID":"nope"}`},
 		{"POST", "/v2/sandboxes", `{"templateID":"base","volumeMounts":[{"name":"v","path":"/v"}]}`},
-		{"POST", "/v2/sandboxes", `{"templateID":"base","autoPause":true,"autoResume":{"enabled":true}}`},
 		{"POST", "/v2/sandboxes", `{"templateID":"base","timeout":-1}`},
 		{"POST", "/v2/sandboxes", `{"templateID":`},
 		{"POST", "/sandboxes/" + id + "/snapshots", `{}`},

@@ -1,0 +1,343 @@
+package e2bapi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sync/singleflight"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	cryov1 "github.com/cryo-runtime/cryo/api/v1alpha1"
+)
+
+const (
+	// EnvdPort is where envd listens in every sandbox (the pod's address).
+	EnvdPort = 49983
+
+	// The SDK names the sandbox and the port in these headers on every
+	// request to E2B_SANDBOX_URL.
+	headerSandboxID   = "E2b-Sandbox-Id"
+	headerSandboxPort = "E2b-Sandbox-Port"
+
+	annAutoResume = "e2b.cryo.dev/auto-resume"
+)
+
+// Gateway is what E2B_SANDBOX_URL points at: it routes each request by its
+// E2b-Sandbox-Id header (or, for E2B_DOMAIN's <port>-<id>.<domain> hosts,
+// by its Host) to envd at <podIP>:EnvdPort of the sandbox's running pod, in
+// whatever namespace it is. It takes no API key: the SDK sends none to
+// envd, whose access token guards every call. A paused sandbox created
+// with autoResume is resumed by its first request, which waits for it.
+//
+// Refusals are E2B's proxy's: 502 with {"sandboxId","message","code"},
+// which the SDK maps to "not running" (isRunning() false, a TimeoutError
+// or SandboxNotFoundError on calls).
+type Gateway struct {
+	Server *Server
+	// Port is envd's port in the pod; 0 means EnvdPort (tests point it
+	// elsewhere).
+	Port int
+	// ReadyWait bounds how long a request waits for a starting, pausing
+	// or resuming sandbox to take traffic; 0 means 3 minutes.
+	ReadyWait time.Duration
+	// Transport reaches the pods; nil means one with a dial timeout.
+	Transport http.RoundTripper
+
+	resumes singleflight.Group
+}
+
+// gatewayError is E2B's proxy's refusal body.
+type gatewayError struct {
+	SandboxID string `json:"sandboxId"`
+	Message   string `json:"message"`
+	Code      int    `json:"code"`
+}
+
+func (e *gatewayError) Error() string { return e.Message }
+
+func refuse(code int, id, format string, args ...any) *gatewayError {
+	return &gatewayError{SandboxID: id, Message: fmt.Sprintf(format, args...), Code: code}
+}
+
+func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	id, err := g.target(r)
+	if err == nil {
+		var addr string
+		if addr, err = g.route(r.Context(), id); err == nil {
+			g.proxy(id, addr).ServeHTTP(w, r)
+			return
+		}
+	}
+	var ge *gatewayError
+	if !errors.As(err, &ge) {
+		g.Server.Log.Error(err, "e2b gateway", "sandbox", id, "path", r.URL.Path)
+		ge = refuse(http.StatusBadGateway, id, "sandbox %s: %v", id, err)
+	}
+	writeJSON(w, ge.Code, ge)
+}
+
+func writeJSON(w http.ResponseWriter, code int, body any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(body)
+}
+
+func (g *Gateway) port() int {
+	if g.Port != 0 {
+		return g.Port
+	}
+	return EnvdPort
+}
+
+// target is the sandbox id a request is for: the SDK's header, else the
+// first label of a <port>-<id>.<domain> Host. Only envd's port is served:
+// other ports of a sandbox (Sandbox.getHost) would expose whatever the
+// sandbox listens on to anyone who can reach the gateway, with no token.
+func (g *Gateway) target(r *http.Request) (string, error) {
+	id, port := r.Header.Get(headerSandboxID), r.Header.Get(headerSandboxPort)
+	if id == "" {
+		host, _, err := net.SplitHostPort(r.Host)
+		if err != nil {
+			host = r.Host
+		}
+		label, _, _ := strings.Cut(host, ".")
+		if p, rest, ok := strings.Cut(label, "-"); ok {
+			if _, err := strconv.Atoi(p); err == nil {
+				port, id = p, rest
+			}
+		}
+	}
+	if id == "" {
+		return "", refuse(http.StatusBadRequest, "", "header %s: required (the sandbox to reach)", headerSandboxID)
+	}
+	if errs := validation.IsValidLabelValue(id); len(errs) > 0 {
+		return "", refuse(http.StatusBadRequest, "", "header %s: %q is no sandbox id: %s", headerSandboxID, id, strings.Join(errs, "; "))
+	}
+	if port != "" && port != strconv.Itoa(EnvdPort) {
+		return "", refuse(http.StatusBadGateway, id, "port %s of sandbox %s is not served: cryo's gateway reaches envd (%d) only", port, id, EnvdPort)
+	}
+	return id, nil
+}
+
+// route answers the address of the sandbox's envd, resuming the sandbox
+// and waiting for its pod when it has to.
+func (g *Gateway) route(ctx context.Context, id string) (string, error) {
+	wait := g.ReadyWait
+	if wait == 0 {
+		wait = 3 * time.Minute
+	}
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	waited := false
+	for {
+		ip, sb, err := g.find(ctx, id)
+		if err != nil {
+			return "", err
+		}
+		switch {
+		case ip != "" && !waited:
+			return g.addr(ip), nil
+		case ip != "":
+			// A pod that has just started: its envd may not listen yet.
+			if g.listening(ctx, g.addr(ip)) {
+				return g.addr(ip), nil
+			}
+		case sb == nil:
+			return "", refuse(http.StatusBadGateway, id, "The sandbox was not found")
+		case sb.pod == nil && sb.annotations()[annAutoResume] != "true":
+			return "", refuse(http.StatusBadGateway, id, "sandbox %s is paused and was not created with autoResume: resume it with Sandbox.connect", id)
+		case sb.pod == nil:
+			if err := g.resume(ctx, sb); err != nil {
+				return "", err
+			}
+		case pausing(sb) && sb.pod.Annotations[annAutoResume] != "true":
+			return "", refuse(http.StatusBadGateway, id, "sandbox %s is being paused", id)
+		}
+		// Starting, pausing (to be resumed next) or resuming: wait.
+		waited = true
+		select {
+		case <-ctx.Done():
+			return "", refuse(http.StatusBadGateway, id, "sandbox %s did not take traffic within %s", id, wait)
+		case <-time.After(g.Server.poll()):
+		}
+	}
+}
+
+func (g *Gateway) addr(ip string) string { return net.JoinHostPort(ip, strconv.Itoa(g.port())) }
+
+// find looks the sandbox up in every namespace. The common case, a
+// running pod, costs one list; ip is its address. Otherwise sb is what the
+// sandbox's namespace holds of it (the API's own lookup), nil when it is
+// unknown there too.
+func (g *Gateway) find(ctx context.Context, id string) (ip string, sb *sandbox, err error) {
+	s := g.Server
+	var pods corev1.PodList
+	if err := s.Client.List(ctx, &pods, client.MatchingLabels{LabelSandbox: id}); err != nil {
+		return "", nil, fmt.Errorf("list pods: %w", err)
+	}
+	ns := ""
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		ns = p.Namespace
+		if p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodRunning && p.Status.PodIP != "" && !sandboxPausing(ctx, s, p) {
+			return p.Status.PodIP, nil, nil
+		}
+	}
+	if ns == "" {
+		var cps cryov1.CheckpointList
+		if err := s.Client.List(ctx, &cps, client.MatchingLabels{LabelSandbox: id}); err != nil {
+			return "", nil, fmt.Errorf("list Checkpoints: %w", err)
+		}
+		if len(cps.Items) == 0 {
+			return "", nil, nil
+		}
+		ns = cps.Items[0].Namespace
+	}
+	sb, found, err := s.lookup(ctx, ns, id)
+	if err != nil || !found && !pausingSandbox(sb) {
+		return "", nil, err
+	}
+	return "", sb, nil
+}
+
+// sandboxPausing reports whether a running pod is being checkpointed
+// away: a Checkpoint of its own name (a pause: Checkpoint names are pod
+// names) with keepRunning false that has not failed. Until the controller
+// deletes the pod it still runs, but the VM is frozen for the snapshot and
+// the pod goes away after it. A pod's own fields cannot say so; the
+// Checkpoint can, at the cost of one Get per request.
+func sandboxPausing(ctx context.Context, s *Server, p *corev1.Pod) bool {
+	var cp cryov1.Checkpoint
+	if err := s.Client.Get(ctx, client.ObjectKeyFromObject(p), &cp); err != nil {
+		return false
+	}
+	return checkpointsAway(&cp, p)
+}
+
+func checkpointsAway(cp *cryov1.Checkpoint, p *corev1.Pod) bool {
+	return cp.Name == p.Name && cp.Spec.KeepRunning != nil && !*cp.Spec.KeepRunning && cp.Status.Phase != cryov1.PhaseFailed
+}
+
+// pausing is a sandbox whose live pod is being checkpointed away.
+func pausing(sb *sandbox) bool {
+	return sb.pod != nil && sb.last != nil && checkpointsAway(sb.last, sb.pod)
+}
+
+// pausingSandbox: lookup finds no sandbox between a pause's Checkpoint
+// being created and its Succeeded, once the pod is gone or going; the
+// gateway waits for it rather than answering "not found".
+func pausingSandbox(sb *sandbox) bool {
+	return sb != nil && sb.last != nil && sb.last.Status.Phase != cryov1.PhaseSucceeded && sb.last.Status.Phase != cryov1.PhaseFailed
+}
+
+// resume starts the paused sandbox's next pod once, however many requests
+// ask at the same time. Across replicas the next pod's name is the same
+// for all, so the losers' create fails with AlreadyExists: resumed too.
+// The resumed sandbox gets the default timeout, as a connect without one.
+func (g *Gateway) resume(ctx context.Context, sb *sandbox) error {
+	ns := sb.last.Namespace
+	_, err, _ := g.resumes.Do(ns+"/"+sb.id, func() (any, error) {
+		// Not the first request's context: its cancellation must not fail
+		// the others waiting on the same resume.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		cur, found, err := g.Server.lookup(ctx, ns, sb.id)
+		if err != nil || !found || cur.pod != nil {
+			return nil, err // gone, or already resumed
+		}
+		err = g.Server.resume(ctx, cur, nil)
+		if apierrors.IsAlreadyExists(err) {
+			return nil, nil
+		}
+		if err == nil {
+			g.Server.Log.Info("sandbox auto-resumed", "namespace", ns, "sandbox", sb.id)
+		}
+		return nil, err
+	})
+	return err
+}
+
+// listening reports whether envd accepts connections at addr.
+func (g *Gateway) listening(ctx context.Context, addr string) bool {
+	d := net.Dialer{Timeout: time.Second}
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return false
+	}
+	_ = c.Close()
+	return true
+}
+
+// proxy forwards to envd at addr. Streams (process output, watches) are
+// flushed as they come: FlushInterval -1.
+func (g *Gateway) proxy(id, addr string) *httputil.ReverseProxy {
+	target := &url.URL{Scheme: "http", Host: addr}
+	return &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(target)
+			pr.Out.Host = addr
+		},
+		Transport:     g.transport(),
+		FlushInterval: -1,
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			g.Server.Log.Info("e2b gateway: envd unreachable", "sandbox", id, "address", addr, "error", err.Error())
+			writeJSON(w, http.StatusBadGateway, refuse(http.StatusBadGateway, id, "sandbox %s is not reachable: %v", id, err))
+		},
+	}
+}
+
+func (g *Gateway) transport() http.RoundTripper {
+	if g.Transport != nil {
+		return g.Transport
+	}
+	return defaultTransport
+}
+
+// defaultTransport: no response-header or overall timeout, since a
+// process's output stream lasts as long as the process.
+var defaultTransport = &http.Transport{
+	DialContext:         (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+	MaxIdleConnsPerHost: 16,
+	IdleConnTimeout:     90 * time.Second,
+}
+
+// GatewayListener serves a Gateway on Addr on every replica: like the
+// API, it keeps no state but the in-flight resumes.
+type GatewayListener struct {
+	Gateway *Gateway
+	Addr    string
+}
+
+func (l *GatewayListener) NeedLeaderElection() bool { return false }
+
+func (l *GatewayListener) Start(ctx context.Context) error {
+	// No write timeout: a process's output stream lasts as long as it.
+	srv := &http.Server{Handler: l.Gateway, ReadHeaderTimeout: 10 * time.Second}
+	ln, err := net.Listen("tcp", l.Addr)
+	if err != nil {
+		return err
+	}
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	l.Gateway.Server.Log.Info("e2b sandbox gateway serving", "address", ln.Addr().String())
+	if err := srv.Serve(ln); err != nil && err != http.ErrServerClosed {
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,317 @@
+package e2bapi
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	cryov1 "github.com/cryo-runtime/cryo/api/v1alpha1"
+	"github.com/cryo-runtime/cryo/controller"
+)
+
+// envdStub plays envd: it echoes what reached it, and streams on /stream
+// (a first line, then a second once release is closed).
+type envdStub struct {
+	release chan struct{}
+	port    int
+}
+
+func newEnvdStub(t *testing.T) *envdStub {
+	e := &envdStub{release: make(chan struct{})}
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/stream" {
+			_, _ = io.WriteString(w, "first\n")
+			w.(http.Flusher).Flush()
+			<-e.release
+			_, _ = io.WriteString(w, "second\n")
+			return
+		}
+		body, _ := io.ReadAll(r.Body)
+		w.Header().Set("X-Envd", "stub")
+		_, _ = io.WriteString(w, r.Method+" "+r.URL.RequestURI()+" token="+r.Header.Get("X-Access-Token")+" body="+string(body))
+	}))
+	t.Cleanup(func() {
+		select {
+		case <-e.release:
+		default:
+			close(e.release)
+		}
+		ts.Close()
+	})
+	_, port, _ := net.SplitHostPort(ts.Listener.Addr().String())
+	e.port, _ = strconv.Atoi(port)
+	return e
+}
+
+// countingClient counts the pods created through it: the resumes. Each
+// takes a while, as on an API server, so that concurrent requests that
+// all saw the sandbox paused would all try.
+type countingClient struct {
+	client.Client
+	pods atomic.Int32
+}
+
+func (c *countingClient) Create(ctx context.Context, obj client.Object, opts ...client.CreateOption) error {
+	if _, ok := obj.(*corev1.Pod); ok {
+		c.pods.Add(1)
+		time.Sleep(20 * time.Millisecond)
+	}
+	return c.Client.Create(ctx, obj, opts...)
+}
+
+type gatewayFixture struct {
+	*fixture
+	gw     *Gateway
+	cc     *countingClient
+	url    string
+	envd   *envdStub
+	client *http.Client
+}
+
+func newGatewayFixture(t *testing.T) *gatewayFixture {
+	f := newFixture(t)
+	e := newEnvdStub(t)
+	cc := &countingClient{Client: f.cl}
+	srv := *f.srv
+	srv.Client = cc
+	gw := &Gateway{Server: &srv, Port: e.port, ReadyWait: 5 * time.Second}
+	ts := httptest.NewServer(gw)
+	t.Cleanup(ts.Close)
+	return &gatewayFixture{fixture: f, gw: gw, cc: cc, url: ts.URL, envd: e, client: ts.Client()}
+}
+
+// running plays the kubelet: pod ns/name runs at 127.0.0.1, where the stub
+// envd listens.
+func (f *gatewayFixture) running(ns, name string) {
+	f.t.Helper()
+	p := f.pod(ns, name)
+	p.Status.Phase, p.Status.PodIP = corev1.PodRunning, "127.0.0.1"
+	if err := f.cl.Status().Update(context.Background(), p); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// runningOnceCreated plays the kubelet for a pod that does not exist yet.
+func (f *gatewayFixture) runningOnceCreated(ns, name string) {
+	go func() {
+		ctx := context.Background()
+		for i := 0; i < 5000; i++ {
+			var p corev1.Pod
+			if err := f.cl.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &p); err == nil {
+				p.Status.Phase, p.Status.PodIP = corev1.PodRunning, "127.0.0.1"
+				if f.cl.Status().Update(ctx, &p) == nil {
+					return
+				}
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}()
+}
+
+// send is the SDK's request to E2B_SANDBOX_URL for sandbox id ("" sends
+// no header).
+func (f *gatewayFixture) send(id, method, path, body string, header map[string]string) (int, http.Header, string) {
+	f.t.Helper()
+	req, err := http.NewRequest(method, f.url+path, strings.NewReader(body))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if id != "" {
+		req.Header.Set("E2b-Sandbox-Id", id)
+		req.Header.Set("E2b-Sandbox-Port", "49983")
+	}
+	for k, v := range header {
+		if k == "Host" {
+			req.Host = v
+			continue
+		}
+		req.Header.Set(k, v)
+	}
+	resp, err := f.client.Do(req)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header, string(b)
+}
+
+// refusal decodes E2B's proxy error body, failing unless it is one.
+func (f *gatewayFixture) refusal(code int, body string, wantCode int, wantID, wantMsg string) {
+	f.t.Helper()
+	var e gatewayError
+	if err := json.Unmarshal([]byte(body), &e); err != nil || code != wantCode || e.Code != wantCode || e.SandboxID != wantID || !strings.Contains(e.Message, wantMsg) {
+		f.t.Errorf("answer %d %s, want %d {sandboxId %q, message with %q} (err %v)", code, body, wantCode, wantID, wantMsg, err)
+	}
+}
+
+func TestGatewayProxies(t *testing.T) {
+	f := newGatewayFixture(t)
+	id := f.create("key-a", `{"templateID":"base"}`)
+	other := f.create("key-b", `{"templateID":"base"}`)
+	f.running("team-a", podName(id, 0))
+	f.running("team-b", podName(other, 0))
+
+	code, hdr, body := f.send(id, "POST", "/process.Process/Start?x=1", "payload", map[string]string{"X-Access-Token": "tok"})
+	if code != 200 || hdr.Get("X-Envd") != "stub" || body != "POST /process.Process/Start?x=1 token=tok body=payload" {
+		t.Errorf("proxied request: %d %q", code, body)
+	}
+	// Any namespace: the id is the route, envd's token the lock.
+	if code, _, body := f.send(other, "GET", "/health", "", nil); code != 200 || !strings.HasPrefix(body, "GET /health") {
+		t.Errorf("another namespace's sandbox: %d %q", code, body)
+	}
+	// E2B_DOMAIN's hosts, <port>-<id>.<domain>, without the header.
+	if code, _, body := f.send("", "GET", "/files?path=/a", "", map[string]string{"Host": "49983-" + id + ".sandbox.example"}); code != 200 || !strings.HasPrefix(body, "GET /files?path=/a") {
+		t.Errorf("routed by host: %d %q", code, body)
+	}
+
+	// A stream reaches the client as it comes, not when it ends.
+	req, _ := http.NewRequest("GET", f.url+"/stream", nil)
+	req.Header.Set("E2b-Sandbox-Id", id)
+	resp, err := f.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	line, err := bufio.NewReader(resp.Body).ReadString('\n')
+	if err != nil || line != "first\n" {
+		t.Errorf("first line of a stream: %q %v, want it before the stream ends", line, err)
+	}
+	close(f.envd.release)
+
+	code, _, body = f.send("", "GET", "/health", "", map[string]string{"Host": "cryo-e2b-sandbox.cryo-system.svc"})
+	f.refusal(code, body, 400, "", "E2b-Sandbox-Id")
+	code, _, body = f.send("Not_A/Label", "GET", "/health", "", nil)
+	f.refusal(code, body, 400, "", "E2b-Sandbox-Id")
+	code, _, body = f.send(id, "GET", "/", "", map[string]string{"E2b-Sandbox-Port": "22"})
+	f.refusal(code, body, 502, id, "port 22")
+	code, _, body = f.send("nosuchsandbox", "GET", "/health", "", nil)
+	f.refusal(code, body, 502, "nosuchsandbox", "The sandbox was not found")
+}
+
+// A sandbox whose pod is not running yet (just created) is waited for.
+func TestGatewayWaitsForStart(t *testing.T) {
+	f := newGatewayFixture(t)
+	id := f.create("key-a", `{"templateID":"base"}`)
+	go func() {
+		time.Sleep(50 * time.Millisecond)
+		f.runningOnceCreated("team-a", podName(id, 0))
+	}()
+	if code, _, body := f.send(id, "GET", "/health", "", nil); code != 200 || !strings.HasPrefix(body, "GET /health") {
+		t.Errorf("request to a starting sandbox: %d %q", code, body)
+	}
+}
+
+func TestGatewayPausedWithoutAutoResume(t *testing.T) {
+	f := newGatewayFixture(t)
+	id := f.create("key-a", `{"templateID":"base","autoPause":true}`)
+	f.controllerPauses("team-a", podName(id, 0))
+	if code := f.do("key-a", "POST", "/sandboxes/"+id+"/pause", `{}`, nil); code != http.StatusNoContent {
+		t.Fatalf("pause: %d", code)
+	}
+	code, _, body := f.send(id, "GET", "/health", "", nil)
+	f.refusal(code, body, 502, id, "paused")
+	if n := f.cc.pods.Load(); n != 0 {
+		t.Errorf("the gateway created %d pods for a sandbox without autoResume", n)
+	}
+}
+
+// TestGatewayAutoResume: requests to an autoResume sandbox while it is
+// being paused wait for the pause, resume it once however many they are,
+// and reach the resumed pod; a later pause and request resume it again.
+func TestGatewayAutoResume(t *testing.T) {
+	f := newGatewayFixture(t)
+	id := f.create("key-a", `{"templateID":"base","autoPause":true,"autoResume":{"enabled":true}}`)
+	if a := f.pod("team-a", podName(id, 0)).Annotations[annAutoResume]; a != "true" {
+		t.Fatalf("pod annotation %s = %q, want true", annAutoResume, a)
+	}
+	var d listedBody
+	if code := f.do("key-a", "GET", "/sandboxes/"+id, "", &d); code != 200 || d.Lifecycle == nil || !d.Lifecycle.AutoResume || d.Lifecycle.OnTimeout != "pause" {
+		t.Fatalf("getInfo: %d %+v", code, d.Lifecycle)
+	}
+	f.running("team-a", podName(id, 0))
+
+	// A pause under way: the Checkpoint exists, not yet Succeeded.
+	paused := make(chan int, 1)
+	go func() { paused <- f.do("key-a", "POST", "/sandboxes/"+id+"/pause", `{}`, nil) }()
+	if !waitFor(func() bool {
+		var cp cryov1.Checkpoint
+		return f.cl.Get(context.Background(), client.ObjectKey{Namespace: "team-a", Name: podName(id, 0)}, &cp) == nil
+	}) {
+		t.Fatal("no Checkpoint for the pause")
+	}
+	f.runningOnceCreated("team-a", podName(id, 1))
+	var wg sync.WaitGroup
+	answers := make([]string, 8)
+	for i := range answers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			code, _, body := f.send(id, "GET", "/health", "", nil)
+			answers[i] = strconv.Itoa(code) + " " + body
+		}()
+	}
+	time.Sleep(20 * time.Millisecond)
+	if n := f.cc.pods.Load(); n != 0 {
+		t.Errorf("resumed (%d pods) before the pause finished", n)
+	}
+	f.controllerPauses("team-a", podName(id, 0))
+	wg.Wait()
+	if code := <-paused; code != http.StatusNoContent {
+		t.Errorf("pause: %d", code)
+	}
+	for i, a := range answers {
+		if !strings.HasPrefix(a, "200 GET /health") {
+			t.Errorf("request %d during the pause: %q, want it proxied once resumed", i, a)
+		}
+	}
+	if n := f.cc.pods.Load(); n != 1 {
+		t.Errorf("%d concurrent first requests created %d pods, want 1", len(answers), n)
+	}
+	p := f.pod("team-a", podName(id, 1))
+	noShimAnnotations(t, p)
+	if p.Annotations[controller.AnnotationRestoreCheckpoint] != podName(id, 0) || p.Annotations[annAutoResume] != "true" {
+		t.Errorf("auto-resumed pod: %v", p.Annotations)
+	}
+
+	// Paused again (now fully), the next request resumes generation 2.
+	f.controllerPauses("team-a", podName(id, 1))
+	if code := f.do("key-a", "POST", "/sandboxes/"+id+"/pause", `{}`, nil); code != http.StatusNoContent {
+		t.Fatalf("second pause: %d", code)
+	}
+	f.runningOnceCreated("team-a", podName(id, 2))
+	if code, _, body := f.send(id, "GET", "/health", "", nil); code != 200 {
+		t.Errorf("request to the paused sandbox: %d %q", code, body)
+	}
+	if n := f.cc.pods.Load(); n != 2 {
+		t.Errorf("pods created after the second resume: %d, want 2", n)
+	}
+	// Killed: not found, and no resume.
+	if code := f.do("key-a", "DELETE", "/sandboxes/"+id, "", nil); code != http.StatusNoContent {
+		t.Fatalf("kill: %d", code)
+	}
+	code, _, body := f.send(id, "GET", "/health", "", nil)
+	f.refusal(code, body, 502, id, "not found")
+}
+
+func waitFor(cond func() bool) bool {
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		if cond() {
+			return true
+		}
+	}
+	return false
+}
