@@ -109,7 +109,7 @@ func TestE2BControlPlane(t *testing.T) {
 }
 
 // apiKey creates an E2B API key Secret bound to namespace ns.
-func apiKey(t *testing.T, k *harness.K8s, name, ns, key string) {
+func apiKey(t testing.TB, k *harness.K8s, name, ns, key string) {
 	t.Helper()
 	k.MustKubectl("-n", harness.ControllerNamespace, "create", "secret", "generic", name, "--from-literal=apiKey="+key)
 	k.MustKubectl("-n", harness.ControllerNamespace, "label", "secret", name, "cryo.dev/e2b-api-key=")

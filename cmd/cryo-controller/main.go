@@ -51,6 +51,7 @@ type flags struct {
 	certDir        string
 	e2bAddr        string
 	e2bTemplates   string
+	e2bSandboxAddr string
 }
 
 func main() {
@@ -65,6 +66,7 @@ func main() {
 	flag.DurationVar(&f.deadline, "checkpoint-deadline", controller.DefaultDeadline, "a Checkpoint not done this long after it started fails with reason Timeout")
 	flag.StringVar(&f.certDir, "cert-dir", filepath.Join(os.TempDir(), "cryo-controller-certs"), "where the webhook's certificate is written")
 	flag.StringVar(&f.e2bAddr, "e2b-api-bind-address", "", "address of E2B's control-plane REST API (docs/e2b.md), e.g. :3000; empty: not served")
+	flag.StringVar(&f.e2bSandboxAddr, "e2b-sandbox-bind-address", "", "address of the sandbox gateway that E2B_SANDBOX_URL points at (envd of each sandbox, docs/e2b.md), e.g. :3001; empty: not served; needs --e2b-api-bind-address")
 	flag.StringVar(&f.e2bTemplates, "e2b-templates", "base=busybox:1", "E2B templates, comma-separated name=image; each runs `sleep inf` under --runtime-classes' first class")
 	zopts := zap.Options{}
 	zopts.BindFlags(flag.CommandLine)
@@ -85,6 +87,9 @@ func run(ctx context.Context, cfg *rest.Config, f flags) error {
 	classes := splitList(f.runtimeClasses)
 	if len(classes) == 0 {
 		return errors.New("--runtime-classes names no RuntimeClass")
+	}
+	if f.e2bSandboxAddr != "" && f.e2bAddr == "" {
+		return errors.New("--e2b-sandbox-bind-address needs --e2b-api-bind-address: the gateway reaches the sandboxes the API creates")
 	}
 	if f.e2bAddr != "" {
 		if _, err := parseTemplates(f.e2bTemplates); err != nil {
@@ -210,6 +215,11 @@ func addE2BAPI(mgr ctrl.Manager, f flags, runtimeClass string) error {
 	}
 	if err := mgr.Add(&e2bapi.Listener{Server: srv, Addr: f.e2bAddr}); err != nil {
 		return err
+	}
+	if f.e2bSandboxAddr != "" {
+		if err := mgr.Add(&e2bapi.GatewayListener{Gateway: &e2bapi.Gateway{Server: srv}, Addr: f.e2bSandboxAddr}); err != nil {
+			return err
+		}
 	}
 	return mgr.Add(&e2bapi.Reaper{Server: srv})
 }

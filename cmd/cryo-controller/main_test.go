@@ -20,6 +20,7 @@ func TestRunRefusesBadFlags(t *testing.T) {
 		{"store with a tag", func(f *flags) { f.defaultStore = "s3://snapshots/cryo:v1" }, "--default-store"},
 		{"store not a url", func(f *flags) { f.defaultStore = "/var/lib/cryo" }, "--default-store"},
 		{"e2b template without image", func(f *flags) { f.e2bAddr, f.e2bTemplates = ":3000", "base" }, "--e2b-templates"},
+		{"e2b gateway without the API", func(f *flags) { f.e2bSandboxAddr = ":3001" }, "--e2b-api-bind-address"},
 		{"e2b no templates", func(f *flags) { f.e2bAddr, f.e2bTemplates = ":3000", "" }, "--e2b-templates"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
