@@ -1,9 +1,11 @@
 // Command mkimage writes an OCI layout tar that `ctr image import` accepts,
-// with no Docker and no registry: the small busybox test image, or (-bin)
-// the image of one static Go program such as cryo-controller.
+// with no Docker and no registry: the small busybox test image, (-bin)
+// the image of one static Go program such as cryo-controller, or
+// (-e2b-template) an E2B template on busybox (busybox.E2BTemplate).
 //
 //	go run ./hack/mkimage OUT.tar NAME [CMD...]
 //	go run ./hack/mkimage -bin FILE OUT.tar NAME [ARG...]
+//	go run ./hack/mkimage -e2b-template OUT.tar NAME [CMD...]
 package main
 
 import (
@@ -21,8 +23,9 @@ const nonRoot = "65532:65532"
 
 func main() {
 	bin := flag.String("bin", "", "a static binary: write an image of it alone (entrypoint /NAME, user "+nonRoot+") instead of busybox")
+	e2b := flag.Bool("e2b-template", false, "an E2B template: busybox with every applet, E2B's user \"user\" and a /bin/bash")
 	flag.Usage = func() {
-		fmt.Fprintln(os.Stderr, "usage: mkimage [-bin FILE] OUT.tar NAME [CMD or ARG...]")
+		fmt.Fprintln(os.Stderr, "usage: mkimage [-bin FILE | -e2b-template] OUT.tar NAME [CMD or ARG...]")
 		flag.PrintDefaults()
 	}
 	flag.Parse()
@@ -34,6 +37,9 @@ func main() {
 	spec := busybox.Spec{Name: name, Cmd: args}
 	if *bin == "" && len(args) == 0 {
 		spec.Cmd = []string{"/bin/sh"}
+	}
+	if *e2b {
+		spec = busybox.E2BTemplate(name, spec.Cmd)
 	}
 	if *bin != "" {
 		var err error

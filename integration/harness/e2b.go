@@ -37,10 +37,8 @@ func E2BSDK(t testing.TB) string {
 	return dir
 }
 
-// E2BTemplateImage is the image of the E2B tests' template: busybox with
-// every applet, a user "user" with home /home/user (E2B's templates'),
-// and a /bin/bash, since the SDK runs every command as `/bin/bash -l -c`
-// and every PTY as `/bin/bash -i -l`: here busybox's sh under that name.
+// E2BTemplateImage is the image of the E2B tests' template "base"
+// (busybox.E2BTemplate: busybox with E2B's user and a /bin/bash).
 const E2BTemplateImage = "cryo.local/e2b-base:1"
 
 // ImportE2BTemplate imports E2BTemplateImage into the cluster's
@@ -49,16 +47,7 @@ const E2BTemplateImage = "cryo.local/e2b-base:1"
 func (k *K8s) ImportE2BTemplate(t testing.TB) string {
 	t.Helper()
 	img := filepath.Join(t.TempDir(), "e2b-base.tar")
-	spec := busybox.Spec{
-		Name: E2BTemplateImage, Cmd: []string{"sleep", "inf"}, AllApplets: true,
-		Files: []busybox.File{
-			{Path: "bin/bash", Mode: 0o755, Content: "#!/bin/sh\nexec /bin/sh \"$@\"\n"},
-			{Path: "etc/passwd", Mode: 0o644, Content: "root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000:user:/home/user:/bin/bash\nnobody:x:65534:65534:nobody:/:/bin/sh\n"},
-			{Path: "etc/group", Mode: 0o644, Content: "root:x:0:\nuser:x:1000:\nnogroup:x:65534:\n"},
-			{Path: "home/user", Dir: true, Mode: 0o755, UID: 1000, GID: 1000},
-			{Path: "root", Dir: true, Mode: 0o700},
-		},
-	}
+	spec := busybox.E2BTemplate(E2BTemplateImage, []string{"sleep", "inf"})
 	if err := busybox.WriteSpecFile(img, spec); err != nil {
 		t.Fatal(err)
 	}

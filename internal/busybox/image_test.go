@@ -147,3 +147,28 @@ func TestWriteSpecEntrypointUser(t *testing.T) {
 		t.Fatalf("config = %+v, want entrypoint /prog, cmd --flag, user 65532:65532", cfg.Config)
 	}
 }
+
+// TestE2BTemplate: the SDK's /bin/bash is a shell (a script that execs
+// busybox's sh), and E2B's user "user" exists with its home.
+func TestE2BTemplate(t *testing.T) {
+	if _, err := os.Stat(Busybox); err != nil {
+		t.Skipf("%s: %v", Busybox, err)
+	}
+	var b bytes.Buffer
+	if err := WriteSpec(&b, E2BTemplate("x.local/e2b:1", []string{"sleep", "inf"})); err != nil {
+		t.Fatal(err)
+	}
+	headers, contents, cfg := readImage(t, b.Bytes())
+	if h := headers["bin/bash"]; h == nil || h.Mode&0o111 == 0 || !strings.HasPrefix(string(contents["bin/bash"]), "#!/bin/sh\n") {
+		t.Errorf("bin/bash = %+v %q, want an executable script run by /bin/sh", h, contents["bin/bash"])
+	}
+	if !strings.Contains(string(contents["etc/passwd"]), "\nuser:x:1000:1000:user:/home/user:") {
+		t.Errorf("etc/passwd = %q, want E2B's user", contents["etc/passwd"])
+	}
+	if h := headers["home/user/"]; h == nil || h.Uid != 1000 {
+		t.Errorf("home/user/ = %+v, want a directory owned by user", h)
+	}
+	if strings.Join(cfg.Config.Cmd, " ") != "sleep inf" || headers["bin/sh"] == nil {
+		t.Errorf("cmd %v, bin/sh %v", cfg.Config.Cmd, headers["bin/sh"])
+	}
+}
