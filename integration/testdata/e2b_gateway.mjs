@@ -2,7 +2,7 @@
 // (npm e2b) without envd: the test serves /health on the sandbox's envd
 // port with busybox httpd, which is all that Sandbox.isRunning asks of
 // envd. One step per run:
-//   node e2b_gateway.mjs STEP [SANDBOX_IDS_JSON]
+//   node e2b_gateway.mjs STEP "" [SANDBOX_IDS_JSON]
 // It prints one JSON line and exits 1 on a failed expectation, naming it.
 import { createRequire } from 'node:module'
 import { join } from 'node:path'
@@ -10,7 +10,7 @@ import { join } from 'node:path'
 const require = createRequire(join(process.env.E2B_SDK_DIR, 'node_modules', 'x.js'))
 const { Sandbox } = require('e2b')
 
-const [step, idsJSON] = process.argv.slice(2)
+const [step, , idsJSON] = process.argv.slice(2)
 const ids = idsJSON ? JSON.parse(idsJSON) : {}
 const long = { requestTimeoutMs: 300_000 }
 
