@@ -27,9 +27,7 @@ API_KEY=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
 
 say "the E2B side: a template image, the controller's template base, an API key"
 (cd "$CRI_ROOT" && go run ./hack/mkimage -e2b-template "$CRI_DIR/e2b-base.tar" "$TEMPLATE_IMAGE" sleep inf)
-for sn in overlayfs blockfile; do
-	ctr -a "$CRI_DIR/containerd.sock" -n k8s.io image import --snapshotter "$sn" "$CRI_DIR/e2b-base.tar" >/dev/null
-done
+ctr -a "$CRI_DIR/containerd.sock" -n k8s.io image import "$CRI_DIR/e2b-base.tar" >/dev/null
 run -n cryo-system patch deployment cryo-controller --type=json \
 	-p "[{\"op\":\"add\",\"path\":\"/spec/template/spec/containers/0/args/-\",\"value\":\"--e2b-templates=base=$TEMPLATE_IMAGE\"}]"
 k -n cryo-system rollout status deployment/cryo-controller --timeout=300s >/dev/null ||
