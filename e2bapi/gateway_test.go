@@ -202,6 +202,21 @@ func TestGatewayProxies(t *testing.T) {
 	f.refusal(code, body, 502, "nosuchsandbox", "The sandbox was not found")
 }
 
+// A running pod whose envd does not answer: E2B's 502, naming the sandbox.
+func TestGatewayEnvdUnreachable(t *testing.T) {
+	f := newGatewayFixture(t)
+	id := f.create("key-a", `{"templateID":"base"}`)
+	f.running("team-a", podName(id, 0))
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.gw.Port = l.Addr().(*net.TCPAddr).Port
+	l.Close() // nothing listens there now
+	code, _, body := f.send(id, "GET", "/health", "", nil)
+	f.refusal(code, body, 502, id, "not reachable")
+}
+
 // A sandbox whose pod is not running yet (just created) is waited for.
 func TestGatewayWaitsForStart(t *testing.T) {
 	f := newGatewayFixture(t)
