@@ -30,13 +30,6 @@ import (
 )
 
 const (
-	// maxWatchers bounds the polled watchers (CreateWatcher) alive at once:
-	// each holds an inotify instance and its queue until RemoveWatcher.
-	maxWatchers = 64
-	// maxQueuedEvents bounds a polled watcher's queue between two
-	// GetWatcherEvents; past it the watcher stops with ResourceExhausted
-	// rather than lose events silently.
-	maxQueuedEvents = 10000
 	// keepaliveHeader is the SDK's interval, in seconds, between keepalive
 	// messages of a stream with no event.
 	keepaliveHeader = "Keepalive-Ping-Interval"
@@ -46,6 +39,16 @@ const (
 	watchMask = unix.IN_CREATE | unix.IN_MODIFY | unix.IN_DELETE | unix.IN_MOVED_FROM |
 		unix.IN_MOVED_TO | unix.IN_ATTRIB | unix.IN_DELETE_SELF | unix.IN_MOVE_SELF | unix.IN_ONLYDIR
 )
+
+// maxWatchers bounds the polled watchers (CreateWatcher) alive at once:
+// each holds an inotify instance and its queue until RemoveWatcher. A
+// variable for tests.
+var maxWatchers = 64
+
+// maxQueuedEvents bounds a polled watcher's queue between two
+// GetWatcherEvents; past it the watcher stops with ResourceExhausted rather
+// than lose events silently. A variable for tests.
+var maxQueuedEvents = 10000
 
 // errOverflow ends a watch whose events the kernel or the queue dropped.
 var errOverflow = errors.New("too many filesystem events: some were dropped")
