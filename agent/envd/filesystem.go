@@ -45,6 +45,9 @@ const maxSymlinks = 40
 type filesystemService struct {
 	s *Server
 
+	// Bounds of the polled watchers, from maxWatchers and maxQueuedEvents.
+	maxWatchers, maxQueued int
+
 	mu       sync.Mutex
 	watchers map[string]*polledWatch
 }
@@ -52,7 +55,12 @@ type filesystemService struct {
 var _ filesystemconnect.FilesystemHandler = (*filesystemService)(nil)
 
 func newFilesystemService(s *Server) *filesystemService {
-	return &filesystemService{s: s, watchers: map[string]*polledWatch{}}
+	return &filesystemService{
+		s:           s,
+		maxWatchers: maxWatchers,
+		maxQueued:   maxQueuedEvents,
+		watchers:    map[string]*polledWatch{},
+	}
 }
 
 // fsRequest is what every files operation starts from: the container's

@@ -295,7 +295,8 @@ func watchError(err error) error {
 // polledWatch is a watch whose events wait in a bounded queue for
 // GetWatcherEvents.
 type polledWatch struct {
-	w *dirWatch
+	w   *dirWatch
+	max int // events queued at most
 
 	mu     sync.Mutex
 	events []*rpc.FilesystemEvent
@@ -306,7 +307,7 @@ func (pw *polledWatch) run() {
 	err := pw.w.run(func(e *rpc.FilesystemEvent) bool {
 		pw.mu.Lock()
 		defer pw.mu.Unlock()
-		if len(pw.events) >= maxQueuedEvents {
+		if len(pw.events) >= pw.max {
 			return false
 		}
 		pw.events = append(pw.events, e)
@@ -314,8 +315,8 @@ func (pw *polledWatch) run() {
 	})
 	pw.mu.Lock()
 	defer pw.mu.Unlock()
-	if err == nil && len(pw.events) >= maxQueuedEvents {
-		err = fmt.Errorf("%w: more than %d events since the last GetWatcherEvents", errOverflow, maxQueuedEvents)
+	if err == nil && len(pw.events) >= pw.max {
+		err = fmt.Errorf("%w: more than %d events since the last GetWatcherEvents", errOverflow, pw.max)
 	}
 	pw.err = err
 	pw.w.Close()
@@ -339,8 +340,8 @@ func (fs *filesystemService) CreateWatcher(ctx context.Context, req *connect.Req
 	fs.mu.Lock()
 	n := len(fs.watchers)
 	fs.mu.Unlock()
-	if n >= maxWatchers {
-		return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("%d watchers already: remove one first", maxWatchers))
+	if n >= fs.maxWatchers {
+		return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("%d watchers already: remove one first", fs.maxWatchers))
 	}
 	w, err := fs.watch(req.Header(), req.Msg.GetPath(), req.Msg.GetRecursive(), req.Msg.GetIncludeEntry())
 	if err != nil {
@@ -348,12 +349,12 @@ func (fs *filesystemService) CreateWatcher(ctx context.Context, req *connect.Req
 	}
 	id := make([]byte, 16)
 	_, _ = rand.Read(id)
-	pw := &polledWatch{w: w}
+	pw := &polledWatch{w: w, max: fs.maxQueued}
 	fs.mu.Lock()
-	if len(fs.watchers) >= maxWatchers {
+	if len(fs.watchers) >= fs.maxWatchers {
 		fs.mu.Unlock()
 		w.Close()
-		return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("%d watchers already: remove one first", maxWatchers))
+		return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("%d watchers already: remove one first", fs.maxWatchers))
 	}
 	fs.watchers[hex.EncodeToString(id)] = pw
 	fs.mu.Unlock()

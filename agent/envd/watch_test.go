@@ -168,13 +168,18 @@ func TestPolledWatcher(t *testing.T) {
 // Watchers and their queues are bounded: a watcher past its queue stops
 // with ResourceExhausted once drained, and no more than maxWatchers live.
 func TestPolledWatcherBounds(t *testing.T) {
-	e := newFSEnv(t)
-	mkdir(t, e.host("/w"), 0, 0)
 	defer func(n, q int) { maxWatchers, maxQueuedEvents = n, q }(maxWatchers, maxQueuedEvents)
 	maxWatchers, maxQueuedEvents = 2, 5
+	e := newFSEnv(t)
+	mkdir(t, e.host("/w"), 0, 0)
 	c := filesystemconnect.NewFilesystemClient(http.DefaultClient, e.ts.URL)
 	ctx := context.Background()
 	var ids []string
+	t.Cleanup(func() {
+		for _, id := range ids {
+			c.RemoveWatcher(ctx, req(&rpc.RemoveWatcherRequest{WatcherId: id}, ""))
+		}
+	})
 	for i := 0; i < 2; i++ {
 		resp, err := c.CreateWatcher(ctx, req(&rpc.CreateWatcherRequest{Path: "/w"}, ""))
 		if err != nil {
@@ -188,6 +193,7 @@ func TestPolledWatcherBounds(t *testing.T) {
 	for i := 0; i < 10; i++ {
 		writeFile(t, e.host(fmt.Sprintf("/w/f%d", i)), "")
 	}
+	time.Sleep(time.Second) // for the watch to read all 10 events, past its queue
 	var total int
 	deadline := time.Now().Add(10 * time.Second)
 	for ; time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
@@ -206,7 +212,9 @@ func TestPolledWatcherBounds(t *testing.T) {
 	if _, err := c.RemoveWatcher(ctx, req(&rpc.RemoveWatcherRequest{WatcherId: ids[0]}, "")); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.CreateWatcher(ctx, req(&rpc.CreateWatcherRequest{Path: "/w"}, "")); err != nil {
+	resp, err := c.CreateWatcher(ctx, req(&rpc.CreateWatcherRequest{Path: "/w"}, ""))
+	if err != nil {
 		t.Fatalf("a watcher after one was removed: %v", err)
 	}
+	ids = append(ids, resp.Msg.GetWatcherId())
 }
