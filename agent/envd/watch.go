@@ -174,9 +174,14 @@ func (w *dirWatch) events(wd int, mask uint32, name string) []*rpc.FilesystemEve
 	if rel == "" {
 		rel = "."
 	}
-	if w.recursive && mask&unix.IN_ISDIR != 0 && mask&(unix.IN_CREATE|unix.IN_MOVED_TO) != 0 {
-		if err := w.add(rel); err != nil && !errors.Is(err, unix.ENOENT) {
-			log.L.WithError(err).Warn("envd: watch a new directory")
+	if w.recursive && mask&unix.IN_ISDIR != 0 {
+		switch {
+		case mask&(unix.IN_CREATE|unix.IN_MOVED_TO) != 0:
+			if err := w.add(rel); err != nil && !errors.Is(err, unix.ENOENT) {
+				log.L.WithError(err).Warn("envd: watch a new directory")
+			}
+		case mask&unix.IN_MOVED_FROM != 0:
+			w.forget(rel)
 		}
 	}
 	var types []rpc.EventType
@@ -204,6 +209,20 @@ func (w *dirWatch) events(wd int, mask uint32, name string) []*rpc.FilesystemEve
 		out = append(out, e)
 	}
 	return out
+}
+
+// forget stops watching a directory moved away and those under it: their
+// events would carry names it no longer has (or is moved out of the tree);
+// moved back in, it is watched again under its new name.
+func (w *dirWatch) forget(rel string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for wd, r := range w.wds {
+		if r == rel || strings.HasPrefix(r, rel+"/") {
+			_, _ = unix.InotifyRmWatch(w.fd, uint32(wd))
+			delete(w.wds, wd)
+		}
+	}
 }
 
 // watch starts a watch of the directory a request names.

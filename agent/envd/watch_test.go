@@ -218,3 +218,40 @@ func TestPolledWatcherBounds(t *testing.T) {
 	}
 	ids = append(ids, resp.Msg.GetWatcherId())
 }
+
+// A directory renamed inside the watched tree is reported under its new
+// name; one moved out of it is no longer reported.
+func TestWatchDirMovedDirs(t *testing.T) {
+	e := newFSEnv(t)
+	mkdir(t, e.host("/w/in"), 0, 0)
+	mkdir(t, e.host("/w/away"), 0, 0)
+	c := filesystemconnect.NewFilesystemClient(http.DefaultClient, e.ts.URL)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	stream, err := c.WatchDir(ctx, req(&rpc.WatchDirRequest{Path: "/w", Recursive: true}, ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stream.Close()
+	stream.Receive() // start
+	os.Rename(e.host("/w/in"), e.host("/w/renamed"))
+	os.Rename(e.host("/w/away"), e.host("/gone"))
+	time.Sleep(300 * time.Millisecond)
+	writeFile(t, e.host("/gone/outside"), "x")
+	writeFile(t, e.host("/w/renamed/inside"), "x")
+	writeFile(t, e.host("/w/last"), "x")
+	got := map[string]bool{}
+	for !got["CREATE last"] && stream.Receive() {
+		if fe := stream.Msg().GetFilesystem(); fe != nil {
+			got[eventString(fe)] = true
+		}
+	}
+	if !got["CREATE renamed/inside"] || !got["RENAME away"] {
+		t.Errorf("events %v: want CREATE renamed/inside and RENAME away", got)
+	}
+	for ev := range got {
+		if strings.Contains(ev, "outside") || strings.Contains(ev, "in/inside") {
+			t.Errorf("event %q of a directory no longer watched under that name", ev)
+		}
+	}
+}
