@@ -111,8 +111,11 @@ func TestWatchDirKeepalive(t *testing.T) {
 func TestWatchDirErrors(t *testing.T) {
 	e := newFSEnv(t)
 	writeFile(t, e.host("/file"), "x")
+	// A symlink to a directory of the host leads inside the root, where
+	// there is none.
+	symlink(t, t.TempDir(), e.host("/out"))
 	c := filesystemconnect.NewFilesystemClient(http.DefaultClient, e.ts.URL)
-	for path, code := range map[string]connect.Code{"/nope": connect.CodeNotFound, "/file": connect.CodeInvalidArgument} {
+	for path, code := range map[string]connect.Code{"/nope": connect.CodeNotFound, "/file": connect.CodeInvalidArgument, "/out": connect.CodeNotFound} {
 		stream, err := c.WatchDir(context.Background(), req(&rpc.WatchDirRequest{Path: path}, ""))
 		if err == nil {
 			for stream.Receive() {
