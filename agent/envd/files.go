@@ -106,7 +106,7 @@ func (s *Server) filesRequest(w http.ResponseWriter, r *http.Request, op string)
 	q := r.URL.Query()
 	fr, err := s.fsRequestFor(q.Get("username"))
 	if err != nil {
-		writeError(w, httpStatus(err), err.Error())
+		writeError(w, filesStatus(err), err.Error())
 		return nil, ""
 	}
 	p, err := fr.path(q.Get("path"))
@@ -118,7 +118,7 @@ func (s *Server) filesRequest(w http.ResponseWriter, r *http.Request, op string)
 }
 
 // httpStatus is the HTTP status of a files error.
-func httpStatus(err error) int {
+func filesStatus(err error) int {
 	var ce *connect.Error
 	if !errors.As(fsError(err), &ce) {
 		return http.StatusInternalServerError
@@ -154,7 +154,7 @@ func (s *Server) download(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusNotFound, fmt.Sprintf("path '%s' does not exist", p))
 			return
 		}
-		writeError(w, httpStatus(err), err.Error())
+		writeError(w, filesStatus(err), err.Error())
 		return
 	}
 	defer f.Close()
@@ -227,7 +227,7 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		if err := fr.writeFile(p, body); err != nil {
-			writeError(w, httpStatus(err), err.Error())
+			writeError(w, filesStatus(err), err.Error())
 			return
 		}
 		written = []writtenEntry{{Name: path.Base(p), Type: "file", Path: p}}
@@ -295,7 +295,7 @@ func (fr *fsRequest) writeParts(mr *multipart.Reader, q url.Values) ([]writtenEn
 		err = fr.writeFile(p, part)
 		part.Close()
 		if err != nil {
-			return nil, httpStatus(err), err
+			return nil, filesStatus(err), err
 		}
 		written = append(written, writtenEntry{Name: path.Base(p), Type: "file", Path: p})
 	}

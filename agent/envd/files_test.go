@@ -34,7 +34,7 @@ func (e *fsEnv) filesURL(path, user string) string {
 // sign adds the signature the SDK's downloadUrl and uploadUrl compute
 // (src/sandbox/signature.ts): "v1_" and the unpadded base64 of the SHA-256
 // of path:operation:user:token[:expiration].
-func sign(u, path, op, user, token string, expires int64) string {
+func signURL(u, path, op, user, token string, expires int64) string {
 	raw := path + ":" + op + ":" + user + ":" + token
 	if expires != 0 {
 		raw += ":" + strconv.FormatInt(expires, 10)
@@ -49,7 +49,7 @@ func sign(u, path, op, user, token string, expires int64) string {
 
 // do sends a request with the token header when token is set, and returns
 // the status and body.
-func do(t *testing.T, method, u, token, contentType string, body io.Reader, hdr ...string) (int, []byte, http.Header) {
+func filesDo(t *testing.T, method, u, token, contentType string, body io.Reader, hdr ...string) (int, []byte, http.Header) {
 	t.Helper()
 	r, err := http.NewRequest(method, u, body)
 	if err != nil {
@@ -93,7 +93,7 @@ func multipartBody(t *testing.T, files ...string) (string, *bytes.Buffer) {
 	return mw.FormDataContentType(), &buf
 }
 
-func written(t *testing.T, b []byte) []writtenEntry {
+func writtenEntries(t *testing.T, b []byte) []writtenEntry {
 	t.Helper()
 	var out []writtenEntry
 	if err := json.Unmarshal(b, &out); err != nil {
@@ -106,17 +106,17 @@ func TestUploadMultipart(t *testing.T) {
 	e := newFSEnv(t)
 	// files.write(path, data): ?path and the part named by it.
 	ct, body := multipartBody(t, "dir/one.txt", "one")
-	code, b, _ := do(t, "POST", e.filesURL("dir/one.txt", "user"), testToken, ct, body)
+	code, b, _ := filesDo(t, "POST", e.filesURL("dir/one.txt", "user"), fsToken, ct, body)
 	if code != http.StatusOK {
 		t.Fatalf("upload: %d %s", code, b)
 	}
-	if w := written(t, b); len(w) != 1 || w[0] != (writtenEntry{Name: "one.txt", Type: "file", Path: "/home/user/dir/one.txt"}) {
+	if w := writtenEntries(t, b); len(w) != 1 || w[0] != (writtenEntry{Name: "one.txt", Type: "file", Path: "/home/user/dir/one.txt"}) {
 		t.Fatalf("upload answered %+v", w)
 	}
 	// files.write([...]): no ?path, each part to its own path.
 	ct, body = multipartBody(t, "/abs/a", "A", "rel/b", "B")
-	code, b, _ = do(t, "POST", e.filesURL("", "user"), testToken, ct, body)
-	if code != http.StatusOK || len(written(t, b)) != 2 {
+	code, b, _ = filesDo(t, "POST", e.filesURL("", "user"), fsToken, ct, body)
+	if code != http.StatusOK || len(writtenEntries(t, b)) != 2 {
 		t.Fatalf("writeFiles: %d %s", code, b)
 	}
 	for p, want := range map[string]string{"/home/user/dir/one.txt": "one", "/abs/a": "A", "/home/user/rel/b": "B"} {
@@ -124,19 +124,19 @@ func TestUploadMultipart(t *testing.T) {
 			t.Errorf("%s = %q, %v; want %q", p, got, err, want)
 		}
 		for _, q := range []string{p, filepath.Dir(p)} {
-			if uid, gid := owner(t, e.host(q)); uid != 1000 || gid != 1000 {
+			if uid, gid := ownerOf(t, e.host(q)); uid != 1000 || gid != 1000 {
 				t.Errorf("%s owned by %d:%d, want the user's", q, uid, gid)
 			}
 		}
 	}
 	// Two parts to one path is refused, as E2B's envd.
 	ct, body = multipartBody(t, "x", "1", "x", "2")
-	if code, b, _ := do(t, "POST", e.filesURL("", "user"), testToken, ct, body); code != http.StatusBadRequest {
+	if code, b, _ := filesDo(t, "POST", e.filesURL("", "user"), fsToken, ct, body); code != http.StatusBadRequest {
 		t.Fatalf("two parts to one path: %d %s", code, b)
 	}
 	// A directory is not overwritten.
 	ct, body = multipartBody(t, "dir", "x")
-	if code, b, _ := do(t, "POST", e.filesURL("dir", "user"), testToken, ct, body); code != http.StatusBadRequest {
+	if code, b, _ := filesDo(t, "POST", e.filesURL("dir", "user"), fsToken, ct, body); code != http.StatusBadRequest {
 		t.Fatalf("upload onto a directory: %d %s", code, b)
 	}
 }
@@ -144,8 +144,8 @@ func TestUploadMultipart(t *testing.T) {
 func TestUploadOctetStream(t *testing.T) {
 	e := newFSEnv(t)
 	big := strings.Repeat("0123456789", 100000)
-	code, b, _ := do(t, "POST", e.filesURL("/data/big", ""), testToken, "application/octet-stream", strings.NewReader(big))
-	if code != http.StatusOK || written(t, b)[0].Path != "/data/big" {
+	code, b, _ := filesDo(t, "POST", e.filesURL("/data/big", ""), fsToken, "application/octet-stream", strings.NewReader(big))
+	if code != http.StatusOK || writtenEntries(t, b)[0].Path != "/data/big" {
 		t.Fatalf("octet-stream upload: %d %s", code, b)
 	}
 	if got, _ := os.ReadFile(e.host("/data/big")); string(got) != big {
@@ -156,20 +156,20 @@ func TestUploadOctetStream(t *testing.T) {
 	zw := gzip.NewWriter(&gz)
 	zw.Write([]byte("zipped"))
 	zw.Close()
-	code, b, _ = do(t, "POST", e.filesURL("z", "user"), testToken, "application/octet-stream", &gz, "Content-Encoding", "gzip")
+	code, b, _ = filesDo(t, "POST", e.filesURL("z", "user"), fsToken, "application/octet-stream", &gz, "Content-Encoding", "gzip")
 	if code != http.StatusOK {
 		t.Fatalf("gzip upload: %d %s", code, b)
 	}
 	if got, _ := os.ReadFile(e.host("/home/user/z")); string(got) != "zipped" {
 		t.Fatalf("gzip upload wrote %q", got)
 	}
-	if uid, _ := owner(t, e.host("/home/user/z")); uid != 1000 {
+	if uid, _ := ownerOf(t, e.host("/home/user/z")); uid != 1000 {
 		t.Fatalf("gzip upload owned by %d", uid)
 	}
-	if code, _, _ := do(t, "POST", e.filesURL("", ""), testToken, "application/octet-stream", strings.NewReader("x")); code != http.StatusBadRequest {
+	if code, _, _ := filesDo(t, "POST", e.filesURL("", ""), fsToken, "application/octet-stream", strings.NewReader("x")); code != http.StatusBadRequest {
 		t.Fatalf("octet-stream without a path: %d", code)
 	}
-	if code, _, _ := do(t, "POST", e.filesURL("x", ""), testToken, "text/plain", strings.NewReader("x")); code != http.StatusBadRequest {
+	if code, _, _ := filesDo(t, "POST", e.filesURL("x", ""), fsToken, "text/plain", strings.NewReader("x")); code != http.StatusBadRequest {
 		t.Fatalf("text/plain upload: %d", code)
 	}
 }
@@ -178,10 +178,10 @@ func TestUploadOctetStream(t *testing.T) {
 func TestUploadStaysInRoot(t *testing.T) {
 	e := newFSEnv(t)
 	outside := t.TempDir()
-	writeFile(t, filepath.Join(outside, "target"), "host")
-	symlink(t, filepath.Join(outside, "target"), e.host("/home/user/link"))
-	mkdir(t, e.host(outside), 0, 0)
-	code, b, _ := do(t, "POST", e.filesURL("link", "user"), testToken, "application/octet-stream", strings.NewReader("guest"))
+	writeHostFile(t, filepath.Join(outside, "target"), "host")
+	symlinkHost(t, filepath.Join(outside, "target"), e.host("/home/user/link"))
+	mkdirOwned(t, e.host(outside), 0, 0)
+	code, b, _ := filesDo(t, "POST", e.filesURL("link", "user"), fsToken, "application/octet-stream", strings.NewReader("guest"))
 	if code != http.StatusOK {
 		t.Fatalf("upload: %d %s", code, b)
 	}
@@ -195,18 +195,18 @@ func TestUploadStaysInRoot(t *testing.T) {
 
 func TestDownload(t *testing.T) {
 	e := newFSEnv(t)
-	writeFile(t, e.host("/home/user/f"), "content")
+	writeHostFile(t, e.host("/home/user/f"), "content")
 	// The container's /etc/passwd, not the host's, through a symlink.
-	symlink(t, "/etc/passwd", e.host("/home/user/pw"))
-	code, b, h := do(t, "GET", e.filesURL("f", "user"), testToken, "", nil)
+	symlinkHost(t, "/etc/passwd", e.host("/home/user/pw"))
+	code, b, h := filesDo(t, "GET", e.filesURL("f", "user"), fsToken, "", nil)
 	if code != http.StatusOK || string(b) != "content" || h.Get("Content-Type") != "application/octet-stream" {
 		t.Fatalf("download: %d %q %v", code, b, h)
 	}
-	code, b, _ = do(t, "GET", e.filesURL("/home/user/pw", ""), testToken, "", nil)
+	code, b, _ = filesDo(t, "GET", e.filesURL("/home/user/pw", ""), fsToken, "", nil)
 	if want, _ := os.ReadFile(e.host("/etc/passwd")); code != http.StatusOK || string(b) != string(want) {
 		t.Fatalf("download through a symlink to /etc/passwd: %d %q", code, b)
 	}
-	code, b, h = do(t, "GET", e.filesURL("f", "user"), testToken, "", nil, "Accept-Encoding", "gzip")
+	code, b, h = filesDo(t, "GET", e.filesURL("f", "user"), fsToken, "", nil, "Accept-Encoding", "gzip")
 	if code != http.StatusOK || h.Get("Content-Encoding") != "gzip" {
 		t.Fatalf("gzip download: %d %v", code, h)
 	}
@@ -215,12 +215,12 @@ func TestDownload(t *testing.T) {
 	} else if got, _ := io.ReadAll(zr); string(got) != "content" {
 		t.Fatalf("gzip download: %q", got)
 	}
-	code, b, _ = do(t, "GET", e.filesURL("f", "user"), testToken, "", nil, "Range", "bytes=1-3")
+	code, b, _ = filesDo(t, "GET", e.filesURL("f", "user"), fsToken, "", nil, "Range", "bytes=1-3")
 	if code != http.StatusPartialContent || string(b) != "ont" {
 		t.Fatalf("range download: %d %q", code, b)
 	}
 
-	code, b, _ = do(t, "GET", e.filesURL("/nope", ""), testToken, "", nil)
+	code, b, _ = filesDo(t, "GET", e.filesURL("/nope", ""), fsToken, "", nil)
 	var msg struct {
 		Code    int    `json:"code"`
 		Message string `json:"message"`
@@ -228,19 +228,19 @@ func TestDownload(t *testing.T) {
 	if err := json.Unmarshal(b, &msg); code != http.StatusNotFound || err != nil || msg.Code != 404 || !strings.Contains(msg.Message, "/nope") {
 		t.Fatalf("download of a missing file: %d %s", code, b)
 	}
-	if code, b, _ := do(t, "GET", e.filesURL("/home", ""), testToken, "", nil); code != http.StatusBadRequest {
+	if code, b, _ := filesDo(t, "GET", e.filesURL("/home", ""), fsToken, "", nil); code != http.StatusBadRequest {
 		t.Fatalf("download of a directory: %d %s", code, b)
 	}
-	if code, b, _ := do(t, "GET", e.filesURL("f", "nobody"), testToken, "", nil); code != http.StatusUnauthorized || !strings.Contains(string(b), "nobody") {
+	if code, b, _ := filesDo(t, "GET", e.filesURL("f", "nobody"), fsToken, "", nil); code != http.StatusUnauthorized || !strings.Contains(string(b), "nobody") {
 		t.Fatalf("download as an unknown user: %d %s", code, b)
 	}
 }
 
 func TestFilesAuth(t *testing.T) {
 	e := newFSEnv(t)
-	writeFile(t, e.host("/home/user/f"), "content")
+	writeHostFile(t, e.host("/home/user/f"), "content")
 	get := func(u string, token string) int {
-		code, _, _ := do(t, "GET", u, token, "", nil)
+		code, _, _ := filesDo(t, "GET", u, token, "", nil)
 		return code
 	}
 	read := e.filesURL("f", "user")
@@ -250,24 +250,24 @@ func TestFilesAuth(t *testing.T) {
 	if code := get(read, "wrong"); code != http.StatusUnauthorized {
 		t.Fatalf("a wrong token: %d", code)
 	}
-	if code := get(sign(read, "f", "read", "user", testToken, 0), ""); code != http.StatusUnauthorized {
+	if code := get(signURL(read, "f", "read", "user", fsToken, 0), ""); code != http.StatusUnauthorized {
 		t.Fatalf("a signature before /init: %d", code)
 	}
-	post(t, e.ts.URL+"/init", `{"accessToken":"secret"}`)
+	initEnvd(t, e.ts.URL+"/init", `{"accessToken":"secret"}`)
 
 	future, past := time.Now().Add(time.Hour).Unix(), time.Now().Add(-time.Minute).Unix()
 	for name, tc := range map[string]struct {
 		url  string
 		want int
 	}{
-		"signed":                    {sign(read, "f", "read", "user", testToken, 0), http.StatusOK},
-		"signed, unexpired":         {sign(read, "f", "read", "user", testToken, future), http.StatusOK},
-		"signed, expired":           {sign(read, "f", "read", "user", testToken, past), http.StatusUnauthorized},
-		"signed with a wrong token": {sign(read, "f", "read", "user", "wrong", 0), http.StatusUnauthorized},
-		"signed for writing":        {sign(read, "f", "write", "user", testToken, 0), http.StatusUnauthorized},
-		"signed for another path":   {sign(read, "g", "read", "user", testToken, 0), http.StatusUnauthorized},
-		"signed for another user":   {sign(read, "f", "read", "", testToken, 0), http.StatusUnauthorized},
-		"expiration moved":          {strings.Replace(sign(read, "f", "read", "user", testToken, past), strconv.FormatInt(past, 10), strconv.FormatInt(future, 10), 1), http.StatusUnauthorized},
+		"signed":                    {signURL(read, "f", "read", "user", fsToken, 0), http.StatusOK},
+		"signed, unexpired":         {signURL(read, "f", "read", "user", fsToken, future), http.StatusOK},
+		"signed, expired":           {signURL(read, "f", "read", "user", fsToken, past), http.StatusUnauthorized},
+		"signed with a wrong token": {signURL(read, "f", "read", "user", "wrong", 0), http.StatusUnauthorized},
+		"signed for writing":        {signURL(read, "f", "write", "user", fsToken, 0), http.StatusUnauthorized},
+		"signed for another path":   {signURL(read, "g", "read", "user", fsToken, 0), http.StatusUnauthorized},
+		"signed for another user":   {signURL(read, "f", "read", "", fsToken, 0), http.StatusUnauthorized},
+		"expiration moved":          {strings.Replace(signURL(read, "f", "read", "user", fsToken, past), strconv.FormatInt(past, 10), strconv.FormatInt(future, 10), 1), http.StatusUnauthorized},
 		"no signature":              {read + "&signature=", http.StatusUnauthorized},
 	} {
 		if code := get(tc.url, ""); code != tc.want {
@@ -275,13 +275,13 @@ func TestFilesAuth(t *testing.T) {
 		}
 	}
 	// A signed upload (the SDK's uploadUrl, multipart).
-	up := sign(e.filesURL("up", ""), "up", "write", "", testToken, future)
+	up := signURL(e.filesURL("up", ""), "up", "write", "", fsToken, future)
 	ct, body := multipartBody(t, "up", "signed")
-	if code, b, _ := do(t, "POST", up, "", ct, body); code != http.StatusOK {
+	if code, b, _ := filesDo(t, "POST", up, "", ct, body); code != http.StatusOK {
 		t.Fatalf("signed upload: %d %s", code, b)
 	}
 	// A signature opens /files only.
-	if code, _, _ := do(t, "POST", sign(e.ts.URL+"/filesystem.Filesystem/Stat?path=", "", "read", "", testToken, 0), "", "application/json", strings.NewReader("{}")); code != http.StatusUnauthorized {
+	if code, _, _ := filesDo(t, "POST", signURL(e.ts.URL+"/filesystem.Filesystem/Stat?path=", "", "read", "", fsToken, 0), "", "application/json", strings.NewReader("{}")); code != http.StatusUnauthorized {
 		t.Fatalf("a signature on an RPC: %d", code)
 	}
 }

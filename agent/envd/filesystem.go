@@ -227,7 +227,7 @@ func (a *accountNames) group(gid uint32) string {
 
 // fileMode converts a stat mode as os.Lstat does, so that Permissions reads
 // as Go's (and so E2B's envd's) FileMode.String: "-rw-r--r--", "drwxr-xr-x".
-func fileMode(m uint32) os.FileMode {
+func statMode(m uint32) os.FileMode {
 	mode := os.FileMode(m & 0o777)
 	switch m & unix.S_IFMT {
 	case unix.S_IFBLK:
@@ -255,7 +255,7 @@ func fileMode(m uint32) os.FileMode {
 	return mode
 }
 
-func fileType(m os.FileMode) rpc.FileType {
+func entryType(m os.FileMode) rpc.FileType {
 	switch {
 	case m.IsRegular():
 		return rpc.FileType_FILE_TYPE_FILE
@@ -275,10 +275,10 @@ func (r *fsRequest) entryAt(dirfd int, name, p string) (*rpc.EntryInfo, os.FileM
 	if err := unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		return nil, 0, &os.PathError{Op: "stat", Path: p, Err: err}
 	}
-	mode := fileMode(st.Mode)
+	mode := statMode(st.Mode)
 	e := &rpc.EntryInfo{
 		Name:         path.Base(p),
-		Type:         fileType(mode),
+		Type:         entryType(mode),
 		Path:         p,
 		Size:         st.Size,
 		Mode:         uint32(mode.Perm()),
@@ -294,8 +294,8 @@ func (r *fsRequest) entryAt(dirfd int, name, p string) (*rpc.EntryInfo, os.FileM
 		if f, err := r.open(p, unix.O_PATH, 0); err == nil {
 			var tst unix.Stat_t
 			if unix.Fstat(int(f.Fd()), &tst) == nil {
-				tm := fileMode(tst.Mode)
-				e.Type, e.Mode = fileType(tm), uint32(tm.Perm())
+				tm := statMode(tst.Mode)
+				e.Type, e.Mode = entryType(tm), uint32(tm.Perm())
 			}
 			f.Close()
 		}

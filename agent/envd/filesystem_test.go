@@ -18,7 +18,7 @@ import (
 	"github.com/cryo-runtime/cryo/agent/envd/spec/filesystem/filesystemconnect"
 )
 
-const testToken = "secret"
+const fsToken = "secret"
 
 // fsEnv is a Server over a temp dir made to look like a container's root:
 // /etc/passwd with root and user (1000, home /home/user), /home/user.
@@ -31,11 +31,11 @@ type fsEnv struct {
 func newFSEnv(t *testing.T) *fsEnv {
 	t.Helper()
 	root := t.TempDir()
-	mkdir(t, filepath.Join(root, "etc"), 0, 0)
-	mkdir(t, filepath.Join(root, "home/user"), 1000, 1000)
-	writeFile(t, filepath.Join(root, "etc/passwd"), "root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000::/home/user:/bin/sh\n")
-	writeFile(t, filepath.Join(root, "etc/group"), "root:x:0:\nuser:x:1000:\n")
-	s := New(dirContainer(root), sha256.Sum256([]byte(testToken)))
+	mkdirOwned(t, filepath.Join(root, "etc"), 0, 0)
+	mkdirOwned(t, filepath.Join(root, "home/user"), 1000, 1000)
+	writeHostFile(t, filepath.Join(root, "etc/passwd"), "root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000::/home/user:/bin/sh\n")
+	writeHostFile(t, filepath.Join(root, "etc/group"), "root:x:0:\nuser:x:1000:\n")
+	s := New(dirContainer(root), sha256.Sum256([]byte(fsToken)))
 	ts := httptest.NewServer(s.Handler())
 	t.Cleanup(ts.Close)
 	return &fsEnv{root: root, s: s, ts: ts}
@@ -44,7 +44,7 @@ func newFSEnv(t *testing.T) *fsEnv {
 // host is the agent's view of a container path.
 func (e *fsEnv) host(p string) string { return filepath.Join(e.root, p) }
 
-func mkdir(t *testing.T, p string, uid, gid int) {
+func mkdirOwned(t *testing.T, p string, uid, gid int) {
 	t.Helper()
 	if err := os.MkdirAll(p, 0o755); err != nil {
 		t.Fatal(err)
@@ -54,7 +54,7 @@ func mkdir(t *testing.T, p string, uid, gid int) {
 	}
 }
 
-func writeFile(t *testing.T, p, content string) {
+func writeHostFile(t *testing.T, p, content string) {
 	t.Helper()
 	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 		t.Fatal(err)
@@ -64,7 +64,7 @@ func writeFile(t *testing.T, p, content string) {
 	}
 }
 
-func symlink(t *testing.T, target, p string) {
+func symlinkHost(t *testing.T, target, p string) {
 	t.Helper()
 	if err := os.Symlink(target, p); err != nil {
 		t.Fatal(err)
@@ -84,9 +84,9 @@ func (e *fsEnv) codecs(t *testing.T, fn func(t *testing.T, c filesystemconnect.F
 
 // req is a request as the SDK sends it: the token, and the user as Basic
 // auth ("" for none).
-func req[T any](msg *T, user string) *connect.Request[T] {
+func fsReq[T any](msg *T, user string) *connect.Request[T] {
 	r := connect.NewRequest(msg)
-	r.Header().Set("X-Access-Token", testToken)
+	r.Header().Set("X-Access-Token", fsToken)
 	if user != "" {
 		hr := &http.Request{Header: r.Header()}
 		hr.SetBasicAuth(user, "")
@@ -94,14 +94,14 @@ func req[T any](msg *T, user string) *connect.Request[T] {
 	return r
 }
 
-func wantCode(t *testing.T, err error, code connect.Code) {
+func wantFSCode(t *testing.T, err error, code connect.Code) {
 	t.Helper()
 	if connect.CodeOf(err) != code {
 		t.Fatalf("got error %v, want code %v", err, code)
 	}
 }
 
-func owner(t *testing.T, p string) (uint32, uint32) {
+func ownerOf(t *testing.T, p string) (uint32, uint32) {
 	t.Helper()
 	var st syscall.Stat_t
 	if err := syscall.Lstat(p, &st); err != nil {
@@ -112,12 +112,12 @@ func owner(t *testing.T, p string) (uint32, uint32) {
 
 func TestStat(t *testing.T) {
 	e := newFSEnv(t)
-	writeFile(t, e.host("/home/user/f.txt"), "hello")
+	writeHostFile(t, e.host("/home/user/f.txt"), "hello")
 	os.Chmod(e.host("/home/user/f.txt"), 0o640)
 	os.Chown(e.host("/home/user/f.txt"), 1000, 1000)
-	symlink(t, "f.txt", e.host("/home/user/link"))
+	symlinkHost(t, "f.txt", e.host("/home/user/link"))
 	e.codecs(t, func(t *testing.T, c filesystemconnect.FilesystemClient) {
-		resp, err := c.Stat(context.Background(), req(&rpc.StatRequest{Path: "f.txt"}, "user"))
+		resp, err := c.Stat(context.Background(), fsReq(&rpc.StatRequest{Path: "f.txt"}, "user"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -128,7 +128,7 @@ func TestStat(t *testing.T) {
 			t.Fatalf("Stat(f.txt) = %v", got)
 		}
 
-		resp, err = c.Stat(context.Background(), req(&rpc.StatRequest{Path: "/home/user/link"}, ""))
+		resp, err = c.Stat(context.Background(), fsReq(&rpc.StatRequest{Path: "/home/user/link"}, ""))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -138,17 +138,17 @@ func TestStat(t *testing.T) {
 			t.Fatalf("Stat(link) = %v", got)
 		}
 
-		resp, err = c.Stat(context.Background(), req(&rpc.StatRequest{Path: "/"}, ""))
+		resp, err = c.Stat(context.Background(), fsReq(&rpc.StatRequest{Path: "/"}, ""))
 		if err != nil || resp.Msg.GetEntry().GetType() != rpc.FileType_FILE_TYPE_DIRECTORY {
 			t.Fatalf("Stat(/) = %v, %v", resp, err)
 		}
 
-		_, err = c.Stat(context.Background(), req(&rpc.StatRequest{Path: "/nope"}, ""))
-		wantCode(t, err, connect.CodeNotFound)
-		_, err = c.Stat(context.Background(), req(&rpc.StatRequest{Path: "~other/x"}, ""))
-		wantCode(t, err, connect.CodeInvalidArgument)
-		_, err = c.Stat(context.Background(), req(&rpc.StatRequest{Path: "f.txt"}, "nobody"))
-		wantCode(t, err, connect.CodeUnauthenticated)
+		_, err = c.Stat(context.Background(), fsReq(&rpc.StatRequest{Path: "/nope"}, ""))
+		wantFSCode(t, err, connect.CodeNotFound)
+		_, err = c.Stat(context.Background(), fsReq(&rpc.StatRequest{Path: "~other/x"}, ""))
+		wantFSCode(t, err, connect.CodeInvalidArgument)
+		_, err = c.Stat(context.Background(), fsReq(&rpc.StatRequest{Path: "f.txt"}, "nobody"))
+		wantFSCode(t, err, connect.CodeUnauthenticated)
 		if err == nil || !strings.Contains(err.Error(), "nobody") {
 			t.Fatalf("an unknown user's error does not name it: %v", err)
 		}
@@ -161,25 +161,25 @@ func TestStat(t *testing.T) {
 func TestSymlinksStayInRoot(t *testing.T) {
 	e := newFSEnv(t)
 	outside := t.TempDir()
-	writeFile(t, filepath.Join(outside, "secret"), "host")
-	symlink(t, "/etc/passwd", e.host("/home/user/passwd"))
-	symlink(t, "../../../../../../etc/passwd", e.host("/home/user/rel"))
-	symlink(t, outside, e.host("/home/user/out"))
+	writeHostFile(t, filepath.Join(outside, "secret"), "host")
+	symlinkHost(t, "/etc/passwd", e.host("/home/user/passwd"))
+	symlinkHost(t, "../../../../../../etc/passwd", e.host("/home/user/rel"))
+	symlinkHost(t, outside, e.host("/home/user/out"))
 	e.codecs(t, func(t *testing.T, c filesystemconnect.FilesystemClient) {
-		resp, err := c.Stat(context.Background(), req(&rpc.StatRequest{Path: "/home/user/rel"}, ""))
+		resp, err := c.Stat(context.Background(), fsReq(&rpc.StatRequest{Path: "/home/user/rel"}, ""))
 		if err != nil || resp.Msg.GetEntry().GetSymlinkTarget() != "/etc/passwd" || resp.Msg.GetEntry().GetSize() != int64(len("../../../../../../etc/passwd")) {
 			t.Fatalf("Stat(rel) = %v, %v", resp, err)
 		}
 		// The host's directory is not there inside the root.
-		_, err = c.ListDir(context.Background(), req(&rpc.ListDirRequest{Path: "/home/user/out"}, ""))
-		wantCode(t, err, connect.CodeNotFound)
-		_, err = c.Stat(context.Background(), req(&rpc.StatRequest{Path: "/home/user/out/secret"}, ""))
-		wantCode(t, err, connect.CodeNotFound)
+		_, err = c.ListDir(context.Background(), fsReq(&rpc.ListDirRequest{Path: "/home/user/out"}, ""))
+		wantFSCode(t, err, connect.CodeNotFound)
+		_, err = c.Stat(context.Background(), fsReq(&rpc.StatRequest{Path: "/home/user/out/secret"}, ""))
+		wantFSCode(t, err, connect.CodeNotFound)
 		// The link dangles inside the root: nothing is made, anywhere.
-		_, err = c.MakeDir(context.Background(), req(&rpc.MakeDirRequest{Path: "/home/user/out/made"}, ""))
-		wantCode(t, err, connect.CodeNotFound)
-		mkdir(t, e.host(outside), 0, 0)
-		if _, err := c.MakeDir(context.Background(), req(&rpc.MakeDirRequest{Path: "/home/user/out/made"}, "")); err != nil {
+		_, err = c.MakeDir(context.Background(), fsReq(&rpc.MakeDirRequest{Path: "/home/user/out/made"}, ""))
+		wantFSCode(t, err, connect.CodeNotFound)
+		mkdirOwned(t, e.host(outside), 0, 0)
+		if _, err := c.MakeDir(context.Background(), fsReq(&rpc.MakeDirRequest{Path: "/home/user/out/made"}, "")); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := os.Stat(filepath.Join(outside, "made")); err == nil {
@@ -189,29 +189,29 @@ func TestSymlinksStayInRoot(t *testing.T) {
 			t.Fatalf("MakeDir through a symlink: not inside the root: %v", err)
 		}
 		os.RemoveAll(e.host(outside))
-		if _, err := c.Move(context.Background(), req(&rpc.MoveRequest{Source: "/home/user/out/secret", Destination: "/x"}, "")); connect.CodeOf(err) != connect.CodeNotFound {
+		if _, err := c.Move(context.Background(), fsReq(&rpc.MoveRequest{Source: "/home/user/out/secret", Destination: "/x"}, "")); connect.CodeOf(err) != connect.CodeNotFound {
 			t.Fatalf("Move from outside the root: %v", err)
 		}
 		// Remove of a symlink removes the link, not what it points to.
-		if _, err := c.Remove(context.Background(), req(&rpc.RemoveRequest{Path: "/home/user/out"}, "")); err != nil {
+		if _, err := c.Remove(context.Background(), fsReq(&rpc.RemoveRequest{Path: "/home/user/out"}, "")); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := os.Stat(filepath.Join(outside, "secret")); err != nil {
 			t.Fatalf("Remove of a symlink removed its target: %v", err)
 		}
-		symlink(t, outside, e.host("/home/user/out"))
+		symlinkHost(t, outside, e.host("/home/user/out"))
 	})
 }
 
 func TestListDir(t *testing.T) {
 	e := newFSEnv(t)
 	outside := t.TempDir()
-	writeFile(t, filepath.Join(outside, "hostfile"), "host")
-	writeFile(t, e.host("/w/a/b/c/deep"), "x")
-	writeFile(t, e.host("/w/a/f"), "x")
-	writeFile(t, e.host("/w/z"), "x")
-	symlink(t, "/w/a", e.host("/w/linkdir"))
-	symlink(t, outside, e.host("/w/a/out"))
+	writeHostFile(t, filepath.Join(outside, "hostfile"), "host")
+	writeHostFile(t, e.host("/w/a/b/c/deep"), "x")
+	writeHostFile(t, e.host("/w/a/f"), "x")
+	writeHostFile(t, e.host("/w/z"), "x")
+	symlinkHost(t, "/w/a", e.host("/w/linkdir"))
+	symlinkHost(t, outside, e.host("/w/a/out"))
 	e.codecs(t, func(t *testing.T, c filesystemconnect.FilesystemClient) {
 		for _, tc := range []struct {
 			depth uint32
@@ -222,7 +222,7 @@ func TestListDir(t *testing.T) {
 			{2, "/w/a /w/a/b /w/a/f /w/a/out /w/linkdir /w/z"},
 			{9, "/w/a /w/a/b /w/a/b/c /w/a/b/c/deep /w/a/f /w/a/out /w/linkdir /w/z"},
 		} {
-			resp, err := c.ListDir(context.Background(), req(&rpc.ListDirRequest{Path: "/w", Depth: tc.depth}, ""))
+			resp, err := c.ListDir(context.Background(), fsReq(&rpc.ListDirRequest{Path: "/w", Depth: tc.depth}, ""))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -235,24 +235,24 @@ func TestListDir(t *testing.T) {
 			}
 		}
 		// A symlinked directory is listed through the requested path.
-		resp, err := c.ListDir(context.Background(), req(&rpc.ListDirRequest{Path: "/w/linkdir"}, ""))
+		resp, err := c.ListDir(context.Background(), fsReq(&rpc.ListDirRequest{Path: "/w/linkdir"}, ""))
 		if err != nil || len(resp.Msg.GetEntries()) != 3 || resp.Msg.GetEntries()[0].GetPath() != "/w/linkdir/b" ||
 			resp.Msg.GetEntries()[0].GetType() != rpc.FileType_FILE_TYPE_DIRECTORY {
 			t.Fatalf("ListDir(/w/linkdir) = %v, %v", resp, err)
 		}
-		_, err = c.ListDir(context.Background(), req(&rpc.ListDirRequest{Path: "/w/z"}, ""))
-		wantCode(t, err, connect.CodeInvalidArgument)
-		_, err = c.ListDir(context.Background(), req(&rpc.ListDirRequest{Path: "/nope"}, ""))
-		wantCode(t, err, connect.CodeNotFound)
+		_, err = c.ListDir(context.Background(), fsReq(&rpc.ListDirRequest{Path: "/w/z"}, ""))
+		wantFSCode(t, err, connect.CodeInvalidArgument)
+		_, err = c.ListDir(context.Background(), fsReq(&rpc.ListDirRequest{Path: "/nope"}, ""))
+		wantFSCode(t, err, connect.CodeNotFound)
 	})
 }
 
 func TestMakeDir(t *testing.T) {
 	e := newFSEnv(t)
-	writeFile(t, e.host("/home/user/file"), "x")
+	writeHostFile(t, e.host("/home/user/file"), "x")
 	e.codecs(t, func(t *testing.T, c filesystemconnect.FilesystemClient) {
 		os.RemoveAll(e.host("/home/user/a"))
-		resp, err := c.MakeDir(context.Background(), req(&rpc.MakeDirRequest{Path: "a/b/c"}, "user"))
+		resp, err := c.MakeDir(context.Background(), fsReq(&rpc.MakeDirRequest{Path: "a/b/c"}, "user"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -260,28 +260,28 @@ func TestMakeDir(t *testing.T) {
 			t.Fatalf("MakeDir = %v", en)
 		}
 		for _, p := range []string{"/home/user/a", "/home/user/a/b", "/home/user/a/b/c"} {
-			if uid, gid := owner(t, e.host(p)); uid != 1000 || gid != 1000 {
+			if uid, gid := ownerOf(t, e.host(p)); uid != 1000 || gid != 1000 {
 				t.Errorf("%s owned by %d:%d, want the user's 1000:1000", p, uid, gid)
 			}
 		}
-		if uid, _ := owner(t, e.host("/home")); uid != 0 {
+		if uid, _ := ownerOf(t, e.host("/home")); uid != 0 {
 			t.Errorf("MakeDir chowned an existing parent")
 		}
-		_, err = c.MakeDir(context.Background(), req(&rpc.MakeDirRequest{Path: "a/b/c"}, "user"))
-		wantCode(t, err, connect.CodeAlreadyExists)
-		_, err = c.MakeDir(context.Background(), req(&rpc.MakeDirRequest{Path: "file"}, "user"))
-		wantCode(t, err, connect.CodeInvalidArgument)
-		_, err = c.MakeDir(context.Background(), req(&rpc.MakeDirRequest{Path: "file/sub"}, "user"))
-		wantCode(t, err, connect.CodeInvalidArgument)
+		_, err = c.MakeDir(context.Background(), fsReq(&rpc.MakeDirRequest{Path: "a/b/c"}, "user"))
+		wantFSCode(t, err, connect.CodeAlreadyExists)
+		_, err = c.MakeDir(context.Background(), fsReq(&rpc.MakeDirRequest{Path: "file"}, "user"))
+		wantFSCode(t, err, connect.CodeInvalidArgument)
+		_, err = c.MakeDir(context.Background(), fsReq(&rpc.MakeDirRequest{Path: "file/sub"}, "user"))
+		wantFSCode(t, err, connect.CodeInvalidArgument)
 	})
 }
 
 func TestMove(t *testing.T) {
 	e := newFSEnv(t)
 	e.codecs(t, func(t *testing.T, c filesystemconnect.FilesystemClient) {
-		writeFile(t, e.host("/src"), "moved")
+		writeHostFile(t, e.host("/src"), "moved")
 		os.RemoveAll(e.host("/home/user/new"))
-		resp, err := c.Move(context.Background(), req(&rpc.MoveRequest{Source: "/src", Destination: "new/dir/dst"}, "user"))
+		resp, err := c.Move(context.Background(), fsReq(&rpc.MoveRequest{Source: "/src", Destination: "new/dir/dst"}, "user"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -291,23 +291,23 @@ func TestMove(t *testing.T) {
 		if b, err := os.ReadFile(e.host("/home/user/new/dir/dst")); err != nil || string(b) != "moved" {
 			t.Fatalf("moved file: %q %v", b, err)
 		}
-		if uid, _ := owner(t, e.host("/home/user/new/dir")); uid != 1000 {
+		if uid, _ := ownerOf(t, e.host("/home/user/new/dir")); uid != 1000 {
 			t.Errorf("Move's new parent owned by %d, want 1000", uid)
 		}
-		_, err = c.Move(context.Background(), req(&rpc.MoveRequest{Source: "/src", Destination: "/elsewhere"}, ""))
-		wantCode(t, err, connect.CodeNotFound)
+		_, err = c.Move(context.Background(), fsReq(&rpc.MoveRequest{Source: "/src", Destination: "/elsewhere"}, ""))
+		wantFSCode(t, err, connect.CodeNotFound)
 	})
 }
 
 func TestRemove(t *testing.T) {
 	e := newFSEnv(t)
 	outside := t.TempDir()
-	writeFile(t, filepath.Join(outside, "keep"), "host")
+	writeHostFile(t, filepath.Join(outside, "keep"), "host")
 	e.codecs(t, func(t *testing.T, c filesystemconnect.FilesystemClient) {
-		writeFile(t, e.host("/tree/a/b/file"), "x")
-		writeFile(t, e.host("/tree/top"), "x")
-		symlink(t, outside, e.host("/tree/a/out"))
-		if _, err := c.Remove(context.Background(), req(&rpc.RemoveRequest{Path: "/tree"}, "")); err != nil {
+		writeHostFile(t, e.host("/tree/a/b/file"), "x")
+		writeHostFile(t, e.host("/tree/top"), "x")
+		symlinkHost(t, outside, e.host("/tree/a/out"))
+		if _, err := c.Remove(context.Background(), fsReq(&rpc.RemoveRequest{Path: "/tree"}, "")); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := os.Lstat(e.host("/tree")); !errors.Is(err, os.ErrNotExist) {
@@ -316,30 +316,30 @@ func TestRemove(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(outside, "keep")); err != nil {
 			t.Fatalf("Remove followed a symlink out: %v", err)
 		}
-		if _, err := c.Remove(context.Background(), req(&rpc.RemoveRequest{Path: "/tree"}, "")); err != nil {
+		if _, err := c.Remove(context.Background(), fsReq(&rpc.RemoveRequest{Path: "/tree"}, "")); err != nil {
 			t.Fatalf("Remove of a missing path: %v", err)
 		}
-		_, err := c.Remove(context.Background(), req(&rpc.RemoveRequest{Path: "/"}, ""))
-		wantCode(t, err, connect.CodeInvalidArgument)
+		_, err := c.Remove(context.Background(), fsReq(&rpc.RemoveRequest{Path: "/"}, ""))
+		wantFSCode(t, err, connect.CodeInvalidArgument)
 	})
 }
 
 // The default user is /init's defaultUser, else the container's own.
-func TestDefaultUser(t *testing.T) {
+func TestFilesDefaultUser(t *testing.T) {
 	e := newFSEnv(t)
 	c := filesystemconnect.NewFilesystemClient(http.DefaultClient, e.ts.URL)
-	resp, err := c.MakeDir(context.Background(), req(&rpc.MakeDirRequest{Path: "d0"}, ""))
+	resp, err := c.MakeDir(context.Background(), fsReq(&rpc.MakeDirRequest{Path: "d0"}, ""))
 	if err != nil || resp.Msg.GetEntry().GetPath() != "/root/d0" || resp.Msg.GetEntry().GetOwner() != "root" {
 		t.Fatalf("MakeDir as the container's user: %v %v", resp, err)
 	}
-	post(t, e.ts.URL+"/init", `{"accessToken":"secret","defaultUser":"user"}`)
-	resp, err = c.MakeDir(context.Background(), req(&rpc.MakeDirRequest{Path: "d1"}, ""))
+	initEnvd(t, e.ts.URL+"/init", `{"accessToken":"secret","defaultUser":"user"}`)
+	resp, err = c.MakeDir(context.Background(), fsReq(&rpc.MakeDirRequest{Path: "d1"}, ""))
 	if err != nil || resp.Msg.GetEntry().GetPath() != "/home/user/d1" || resp.Msg.GetEntry().GetOwner() != "user" {
 		t.Fatalf("MakeDir as /init's default user: %v %v", resp, err)
 	}
 }
 
-func post(t *testing.T, url, body string) {
+func initEnvd(t *testing.T, url, body string) {
 	t.Helper()
 	resp, err := http.Post(url, "application/json", strings.NewReader(body))
 	if err != nil {

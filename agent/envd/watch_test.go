@@ -19,7 +19,7 @@ import (
 // returns the events it must see.
 func changeTree(t *testing.T, e *fsEnv) []string {
 	t.Helper()
-	writeFile(t, e.host("/w/new"), "")
+	writeHostFile(t, e.host("/w/new"), "")
 	f, err := os.OpenFile(e.host("/w/new"), os.O_WRONLY, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -34,20 +34,20 @@ func changeTree(t *testing.T, e *fsEnv) []string {
 	// A directory made after the watch started is watched too.
 	os.Mkdir(e.host("/w/later"), 0o755)
 	time.Sleep(300 * time.Millisecond)
-	writeFile(t, e.host("/w/later/inner"), "x")
-	writeFile(t, e.host("/w/sub/nested"), "x")
+	writeHostFile(t, e.host("/w/later/inner"), "x")
+	writeHostFile(t, e.host("/w/sub/nested"), "x")
 	return []string{
 		"CREATE new", "WRITE new", "CHMOD new", "RENAME new", "CREATE renamed", "REMOVE renamed",
 		"CREATE later", "CREATE later/inner", "CREATE sub/nested", "WRITE sub/nested",
 	}
 }
 
-func eventString(e *rpc.FilesystemEvent) string {
+func fsEventString(e *rpc.FilesystemEvent) string {
 	return strings.TrimPrefix(e.GetType().String(), "EVENT_TYPE_") + " " + e.GetName()
 }
 
 // wantEvents fails unless every wanted event is among got.
-func wantEvents(t *testing.T, got map[string]bool, want []string) bool {
+func hasEvents(t *testing.T, got map[string]bool, want []string) bool {
 	for _, w := range want {
 		if !got[w] {
 			return false
@@ -58,13 +58,13 @@ func wantEvents(t *testing.T, got map[string]bool, want []string) bool {
 
 func TestWatchDir(t *testing.T) {
 	e := newFSEnv(t)
-	mkdir(t, e.host("/w/sub"), 0, 0)
+	mkdirOwned(t, e.host("/w/sub"), 0, 0)
 	e.codecs(t, func(t *testing.T, c filesystemconnect.FilesystemClient) {
 		os.RemoveAll(e.host("/w/later"))
 		os.Remove(e.host("/w/sub/nested"))
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
-		stream, err := c.WatchDir(ctx, req(&rpc.WatchDirRequest{Path: "/w", Recursive: true}, ""))
+		stream, err := c.WatchDir(ctx, fsReq(&rpc.WatchDirRequest{Path: "/w", Recursive: true}, ""))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -74,12 +74,12 @@ func TestWatchDir(t *testing.T) {
 		}
 		want := changeTree(t, e)
 		got := map[string]bool{}
-		for !wantEvents(t, got, want) && stream.Receive() {
+		for !hasEvents(t, got, want) && stream.Receive() {
 			if fe := stream.Msg().GetFilesystem(); fe != nil {
-				got[eventString(fe)] = true
+				got[fsEventString(fe)] = true
 			}
 		}
-		if !wantEvents(t, got, want) {
+		if !hasEvents(t, got, want) {
 			t.Fatalf("events %v (%v), want %v", got, stream.Err(), want)
 		}
 	})
@@ -87,11 +87,11 @@ func TestWatchDir(t *testing.T) {
 
 func TestWatchDirKeepalive(t *testing.T) {
 	e := newFSEnv(t)
-	mkdir(t, e.host("/w"), 0, 0)
+	mkdirOwned(t, e.host("/w"), 0, 0)
 	c := filesystemconnect.NewFilesystemClient(http.DefaultClient, e.ts.URL)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	r := req(&rpc.WatchDirRequest{Path: "/w"}, "")
+	r := fsReq(&rpc.WatchDirRequest{Path: "/w"}, "")
 	r.Header().Set("Keepalive-Ping-Interval", "1")
 	stream, err := c.WatchDir(ctx, r)
 	if err != nil {
@@ -110,13 +110,13 @@ func TestWatchDirKeepalive(t *testing.T) {
 
 func TestWatchDirErrors(t *testing.T) {
 	e := newFSEnv(t)
-	writeFile(t, e.host("/file"), "x")
+	writeHostFile(t, e.host("/file"), "x")
 	// A symlink to a directory of the host leads inside the root, where
 	// there is none.
-	symlink(t, t.TempDir(), e.host("/out"))
+	symlinkHost(t, t.TempDir(), e.host("/out"))
 	c := filesystemconnect.NewFilesystemClient(http.DefaultClient, e.ts.URL)
 	for path, code := range map[string]connect.Code{"/nope": connect.CodeNotFound, "/file": connect.CodeInvalidArgument, "/out": connect.CodeNotFound} {
-		stream, err := c.WatchDir(context.Background(), req(&rpc.WatchDirRequest{Path: path}, ""))
+		stream, err := c.WatchDir(context.Background(), fsReq(&rpc.WatchDirRequest{Path: path}, ""))
 		if err == nil {
 			for stream.Receive() {
 			}
@@ -127,44 +127,44 @@ func TestWatchDirErrors(t *testing.T) {
 			t.Errorf("WatchDir(%s): %v, want %v", path, err, code)
 		}
 	}
-	_, err := c.CreateWatcher(context.Background(), req(&rpc.CreateWatcherRequest{Path: "/nope"}, ""))
-	wantCode(t, err, connect.CodeNotFound)
+	_, err := c.CreateWatcher(context.Background(), fsReq(&rpc.CreateWatcherRequest{Path: "/nope"}, ""))
+	wantFSCode(t, err, connect.CodeNotFound)
 }
 
 func TestPolledWatcher(t *testing.T) {
 	e := newFSEnv(t)
-	mkdir(t, e.host("/w/sub"), 0, 0)
+	mkdirOwned(t, e.host("/w/sub"), 0, 0)
 	e.codecs(t, func(t *testing.T, c filesystemconnect.FilesystemClient) {
 		os.RemoveAll(e.host("/w/later"))
 		os.Remove(e.host("/w/sub/nested"))
 		ctx := context.Background()
-		resp, err := c.CreateWatcher(ctx, req(&rpc.CreateWatcherRequest{Path: "/w", Recursive: true}, ""))
+		resp, err := c.CreateWatcher(ctx, fsReq(&rpc.CreateWatcherRequest{Path: "/w", Recursive: true}, ""))
 		if err != nil {
 			t.Fatal(err)
 		}
 		id := resp.Msg.GetWatcherId()
 		want := changeTree(t, e)
 		got := map[string]bool{}
-		for deadline := time.Now().Add(10 * time.Second); !wantEvents(t, got, want) && time.Now().Before(deadline); {
-			ev, err := c.GetWatcherEvents(ctx, req(&rpc.GetWatcherEventsRequest{WatcherId: id}, ""))
+		for deadline := time.Now().Add(10 * time.Second); !hasEvents(t, got, want) && time.Now().Before(deadline); {
+			ev, err := c.GetWatcherEvents(ctx, fsReq(&rpc.GetWatcherEventsRequest{WatcherId: id}, ""))
 			if err != nil {
 				t.Fatal(err)
 			}
 			for _, fe := range ev.Msg.GetEvents() {
-				got[eventString(fe)] = true
+				got[fsEventString(fe)] = true
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
-		if !wantEvents(t, got, want) {
+		if !hasEvents(t, got, want) {
 			t.Fatalf("events %v, want %v", got, want)
 		}
-		if _, err := c.RemoveWatcher(ctx, req(&rpc.RemoveWatcherRequest{WatcherId: id}, "")); err != nil {
+		if _, err := c.RemoveWatcher(ctx, fsReq(&rpc.RemoveWatcherRequest{WatcherId: id}, "")); err != nil {
 			t.Fatal(err)
 		}
-		_, err = c.GetWatcherEvents(ctx, req(&rpc.GetWatcherEventsRequest{WatcherId: id}, ""))
-		wantCode(t, err, connect.CodeNotFound)
-		_, err = c.RemoveWatcher(ctx, req(&rpc.RemoveWatcherRequest{WatcherId: id}, ""))
-		wantCode(t, err, connect.CodeNotFound)
+		_, err = c.GetWatcherEvents(ctx, fsReq(&rpc.GetWatcherEventsRequest{WatcherId: id}, ""))
+		wantFSCode(t, err, connect.CodeNotFound)
+		_, err = c.RemoveWatcher(ctx, fsReq(&rpc.RemoveWatcherRequest{WatcherId: id}, ""))
+		wantFSCode(t, err, connect.CodeNotFound)
 	})
 }
 
@@ -174,33 +174,33 @@ func TestPolledWatcherBounds(t *testing.T) {
 	defer func(n, q int) { maxWatchers, maxQueuedEvents = n, q }(maxWatchers, maxQueuedEvents)
 	maxWatchers, maxQueuedEvents = 2, 5
 	e := newFSEnv(t)
-	mkdir(t, e.host("/w"), 0, 0)
+	mkdirOwned(t, e.host("/w"), 0, 0)
 	c := filesystemconnect.NewFilesystemClient(http.DefaultClient, e.ts.URL)
 	ctx := context.Background()
 	var ids []string
 	t.Cleanup(func() {
 		for _, id := range ids {
-			c.RemoveWatcher(ctx, req(&rpc.RemoveWatcherRequest{WatcherId: id}, ""))
+			c.RemoveWatcher(ctx, fsReq(&rpc.RemoveWatcherRequest{WatcherId: id}, ""))
 		}
 	})
 	for i := 0; i < 2; i++ {
-		resp, err := c.CreateWatcher(ctx, req(&rpc.CreateWatcherRequest{Path: "/w"}, ""))
+		resp, err := c.CreateWatcher(ctx, fsReq(&rpc.CreateWatcherRequest{Path: "/w"}, ""))
 		if err != nil {
 			t.Fatal(err)
 		}
 		ids = append(ids, resp.Msg.GetWatcherId())
 	}
-	_, err := c.CreateWatcher(ctx, req(&rpc.CreateWatcherRequest{Path: "/w"}, ""))
-	wantCode(t, err, connect.CodeResourceExhausted)
+	_, err := c.CreateWatcher(ctx, fsReq(&rpc.CreateWatcherRequest{Path: "/w"}, ""))
+	wantFSCode(t, err, connect.CodeResourceExhausted)
 
 	for i := 0; i < 10; i++ {
-		writeFile(t, e.host(fmt.Sprintf("/w/f%d", i)), "")
+		writeHostFile(t, e.host(fmt.Sprintf("/w/f%d", i)), "")
 	}
 	time.Sleep(time.Second) // for the watch to read all 10 events, past its queue
 	var total int
 	deadline := time.Now().Add(10 * time.Second)
 	for ; time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		ev, err := c.GetWatcherEvents(ctx, req(&rpc.GetWatcherEventsRequest{WatcherId: ids[0]}, ""))
+		ev, err := c.GetWatcherEvents(ctx, fsReq(&rpc.GetWatcherEventsRequest{WatcherId: ids[0]}, ""))
 		if connect.CodeOf(err) == connect.CodeResourceExhausted {
 			break
 		}
@@ -212,10 +212,10 @@ func TestPolledWatcherBounds(t *testing.T) {
 	if total != 5 || time.Now().After(deadline) {
 		t.Fatalf("got %d events before ResourceExhausted, want the queue's 5", total)
 	}
-	if _, err := c.RemoveWatcher(ctx, req(&rpc.RemoveWatcherRequest{WatcherId: ids[0]}, "")); err != nil {
+	if _, err := c.RemoveWatcher(ctx, fsReq(&rpc.RemoveWatcherRequest{WatcherId: ids[0]}, "")); err != nil {
 		t.Fatal(err)
 	}
-	resp, err := c.CreateWatcher(ctx, req(&rpc.CreateWatcherRequest{Path: "/w"}, ""))
+	resp, err := c.CreateWatcher(ctx, fsReq(&rpc.CreateWatcherRequest{Path: "/w"}, ""))
 	if err != nil {
 		t.Fatalf("a watcher after one was removed: %v", err)
 	}
@@ -226,12 +226,12 @@ func TestPolledWatcherBounds(t *testing.T) {
 // name; one moved out of it is no longer reported.
 func TestWatchDirMovedDirs(t *testing.T) {
 	e := newFSEnv(t)
-	mkdir(t, e.host("/w/in"), 0, 0)
-	mkdir(t, e.host("/w/away"), 0, 0)
+	mkdirOwned(t, e.host("/w/in"), 0, 0)
+	mkdirOwned(t, e.host("/w/away"), 0, 0)
 	c := filesystemconnect.NewFilesystemClient(http.DefaultClient, e.ts.URL)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	stream, err := c.WatchDir(ctx, req(&rpc.WatchDirRequest{Path: "/w", Recursive: true}, ""))
+	stream, err := c.WatchDir(ctx, fsReq(&rpc.WatchDirRequest{Path: "/w", Recursive: true}, ""))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -240,13 +240,13 @@ func TestWatchDirMovedDirs(t *testing.T) {
 	os.Rename(e.host("/w/in"), e.host("/w/renamed"))
 	os.Rename(e.host("/w/away"), e.host("/gone"))
 	time.Sleep(300 * time.Millisecond)
-	writeFile(t, e.host("/gone/outside"), "x")
-	writeFile(t, e.host("/w/renamed/inside"), "x")
-	writeFile(t, e.host("/w/last"), "x")
+	writeHostFile(t, e.host("/gone/outside"), "x")
+	writeHostFile(t, e.host("/w/renamed/inside"), "x")
+	writeHostFile(t, e.host("/w/last"), "x")
 	got := map[string]bool{}
 	for !got["CREATE last"] && stream.Receive() {
 		if fe := stream.Msg().GetFilesystem(); fe != nil {
-			got[eventString(fe)] = true
+			got[fsEventString(fe)] = true
 		}
 	}
 	if !got["CREATE renamed/inside"] || !got["RENAME away"] {
