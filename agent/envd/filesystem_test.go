@@ -337,6 +337,18 @@ func TestFilesDefaultUser(t *testing.T) {
 	if err != nil || resp.Msg.GetEntry().GetPath() != "/home/user/d1" || resp.Msg.GetEntry().GetOwner() != "user" {
 		t.Fatalf("MakeDir as /init's default user: %v %v", resp, err)
 	}
+	// An empty path is /init's default workdir; a relative one stays
+	// under the home, as E2B's envd resolves them.
+	writeHostFile(t, e.host("/work/in-workdir"), "x")
+	initEnvd(t, e.ts.URL+"/init", `{"accessToken":"secret","defaultUser":"user","defaultWorkdir":"/work"}`)
+	list, err := c.ListDir(context.Background(), fsReq(&rpc.ListDirRequest{}, ""))
+	if err != nil || len(list.Msg.GetEntries()) != 1 || list.Msg.GetEntries()[0].GetPath() != "/work/in-workdir" {
+		t.Fatalf("ListDir of the default workdir: %v %v", list, err)
+	}
+	st, err := c.Stat(context.Background(), fsReq(&rpc.StatRequest{Path: "d1"}, ""))
+	if err != nil || st.Msg.GetEntry().GetPath() != "/home/user/d1" {
+		t.Fatalf("Stat(d1) with a default workdir: %v %v", st, err)
+	}
 }
 
 func initEnvd(t *testing.T, url, body string) {
