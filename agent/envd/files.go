@@ -35,6 +35,11 @@ const (
 	signWrite = "write"
 )
 
+// maxPartHeader bounds a multipart part's header, well below
+// mime/multipart's own 10 MiB: the SDK sends a Content-Disposition with a
+// path and a Content-Type.
+const maxPartHeader = 64 << 10
+
 // filesPath is the only path reachable with a signed URL instead of the
 // access token header.
 const filesPath = "/files"
@@ -233,7 +238,8 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 		written = []writtenEntry{{Name: path.Base(p), Type: "file", Path: p}}
 	case strings.HasPrefix(mediaType, "multipart/") && params["boundary"] != "":
 		var status int
-		written, status, err = fr.writeParts(multipart.NewReader(body, params["boundary"]), r.URL.Query())
+		budget := &headerBudget{r: body}
+		written, status, err = fr.writeParts(multipart.NewReader(budget, params["boundary"]), budget, r.URL.Query())
 		if err != nil {
 			writeError(w, status, err.Error())
 			return
@@ -263,13 +269,44 @@ func decodedBody(r *http.Request) (io.Reader, error) {
 	}
 }
 
-// writeParts writes each "file" part. mime/multipart bounds a part's
-// header (10 MiB, 10000 headers), and a part's body streams to its file.
-func (fr *fsRequest) writeParts(mr *multipart.Reader, q url.Values) ([]writtenEntry, int, error) {
+// headerBudget limits what a multipart reader reads while it looks for the
+// next part's header (the reader's read-ahead, a few KiB, is well within).
+type headerBudget struct {
+	r       io.Reader
+	limited bool
+	left    int
+}
+
+var errPartHeader = fmt.Errorf("a part's header is over %d bytes", maxPartHeader)
+
+func (b *headerBudget) Read(p []byte) (int, error) {
+	if !b.limited {
+		return b.r.Read(p)
+	}
+	if b.left <= 0 {
+		return 0, errPartHeader
+	}
+	if len(p) > b.left {
+		p = p[:b.left]
+	}
+	n, err := b.r.Read(p)
+	b.left -= n
+	return n, err
+}
+
+// nextPart is mr.NextPart with the header bounded by budget.
+func nextPart(mr *multipart.Reader, budget *headerBudget) (*multipart.Part, error) {
+	budget.limited, budget.left = true, maxPartHeader
+	defer func() { budget.limited = false }()
+	return mr.NextPart()
+}
+
+// writeParts writes each "file" part, its body streamed to its file.
+func (fr *fsRequest) writeParts(mr *multipart.Reader, budget *headerBudget, q url.Values) ([]writtenEntry, int, error) {
 	written := []writtenEntry{}
 	seen := map[string]bool{}
 	for {
-		part, err := mr.NextPart()
+		part, err := nextPart(mr, budget)
 		if err == io.EOF {
 			return written, http.StatusOK, nil
 		}

@@ -134,6 +134,14 @@ func TestUploadMultipart(t *testing.T) {
 	if code, b, _ := filesDo(t, "POST", e.filesURL("", "user"), fsToken, ct, body); code != http.StatusBadRequest {
 		t.Fatalf("two parts to one path: %d %s", code, b)
 	}
+	// A part's header is bounded.
+	huge := "--b\r\nContent-Disposition: form-data; name=\"file\"; filename=\"h\"\r\nX-Pad: " + strings.Repeat("p", 100<<10) + "\r\n\r\ndata\r\n--b--\r\n"
+	if code, b, _ := filesDo(t, "POST", e.filesURL("", "user"), fsToken, "multipart/form-data; boundary=b", strings.NewReader(huge)); code != http.StatusBadRequest || !strings.Contains(string(b), "header") {
+		t.Fatalf("a 100 KiB part header: %d %s", code, b)
+	}
+	if _, err := os.Stat(e.host("/home/user/h")); err == nil {
+		t.Fatal("a part with a 100 KiB header was written")
+	}
 	// A directory is not overwritten.
 	ct, body = multipartBody(t, "dir", "x")
 	if code, b, _ := filesDo(t, "POST", e.filesURL("dir", "user"), fsToken, ct, body); code != http.StatusBadRequest {
