@@ -21,6 +21,10 @@ import (
 	"fmt"
 	"net/http"
 	"sync"
+
+	"connectrpc.com/connect"
+
+	"github.com/cryo-runtime/cryo/agent/envd/spec/filesystem/filesystemconnect"
 )
 
 // Port is where E2B's SDK expects envd.
@@ -30,12 +34,19 @@ const Port = 49983
 // the sandbox's env vars.
 const maxInitBody = 1 << 20
 
+// maxRPCMessage bounds a Connect request message: paths and ids.
+const maxRPCMessage = 1 << 20
+
 // Container is the one container whose processes and files envd serves.
 type Container interface {
 	// Root is the container's root directory as the agent reaches it
 	// (/proc/<init pid>/root): paths under it resolve in the container's
 	// own mount namespace.
 	Root() (string, error)
+	// DefaultUser is the user the container's process runs as, a name or
+	// a uid ("" for root): the files' user when neither the request nor
+	// /init names one.
+	DefaultUser() string
 }
 
 // Server serves envd for one container.
@@ -86,6 +97,9 @@ func (s *Server) Handler() http.Handler {
 // register here.
 func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
+	mux.Handle(filesystemconnect.NewFilesystemHandler(newFilesystemService(s), connect.WithReadMaxBytes(maxRPCMessage)))
+	mux.HandleFunc("GET "+filesPath, s.download)
+	mux.HandleFunc("POST "+filesPath, s.upload)
 	return mux
 }
 
@@ -98,7 +112,9 @@ func (s *Server) tokenMatches(token string) bool {
 
 func (s *Server) authorized(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !s.tokenMatches(r.Header.Get("X-Access-Token")) {
+		// A signed /files URL carries no token: its handler checks the
+		// signature, which needs the plain token from /init.
+		if !s.tokenMatches(r.Header.Get("X-Access-Token")) && !signedFilesRequest(r) {
 			writeError(w, http.StatusUnauthorized, "invalid access token")
 			return
 		}
