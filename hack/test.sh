@@ -88,7 +88,7 @@ duration() {
 }
 
 report() {
-	local i
+	local i where="the whole output: ${dir#"$PWD"/}/test.log; the test events: ${dir#"$PWD"/}/<phase>.json"
 	echo
 	if [ ${#jsons[@]} -gt 0 ]; then
 		echo "==== the 15 slowest tests"
@@ -100,7 +100,11 @@ report() {
 		printf '%-12s %9s\n' "${names[$i]}" "$(duration "${secs[$i]}")"
 	done
 	printf '%-12s %9s\n' total "$(duration "$SECONDS")"
-	echo "==== failed (the whole output: $dir/test.log; the test events: $dir/<phase>.json)"
+	if [ "$rc" -eq 0 ]; then
+		echo "==== passed ($where)"
+	else
+		echo "==== failed ($where)"
+	fi
 	for i in "${!names[@]}"; do
 		[ "${codes[$i]}" -eq 0 ] || echo "FAIL phase ${names[$i]} (exit ${codes[$i]})"
 	done
