@@ -31,6 +31,7 @@ if [ -z "${CRYO_TEST_TEED:-}" ]; then
 	CRYO_TEST_TEED=1 "$self" "$@" 2>&1 | tee "$dir/test.log"
 	exit "${PIPESTATUS[0]}"
 fi
+unset CRYO_TEST_TEED
 
 MAKE=${MAKE:-make}
 TESTPKGS=${TESTPKGS:-./...}
@@ -88,12 +89,14 @@ duration() {
 }
 
 report() {
-	local i where="the whole output: ${dir#"$PWD"/}/test.log; the test events: ${dir#"$PWD"/}/<phase>.json"
+	local i f written=() where="the whole output: ${dir#"$PWD"/}/test.log; the test events: ${dir#"$PWD"/}/<phase>.json"
+	# A phase whose gotestsum did not start wrote none.
+	for f in "${jsons[@]}"; do [ ! -f "$f" ] || written+=("$f"); done
 	echo
-	if [ ${#jsons[@]} -gt 0 ]; then
+	if [ ${#written[@]} -gt 0 ]; then
 		echo "==== the 15 slowest tests"
 		# --num would list tests under the threshold too.
-		gotestsum tool slowest --threshold 1s --jsonfile <(cat "${jsons[@]}") | head -n 15
+		gotestsum tool slowest --threshold 1s --jsonfile <(cat "${written[@]}") | head -n 15
 	fi
 	echo "==== wall time per phase"
 	for i in "${!names[@]}"; do
@@ -108,7 +111,7 @@ report() {
 	for i in "${!names[@]}"; do
 		[ "${codes[$i]}" -eq 0 ] || echo "FAIL phase ${names[$i]} (exit ${codes[$i]})"
 	done
-	[ ${#jsons[@]} -eq 0 ] || go run ./hack/testsummary "${jsons[@]}"
+	[ ${#written[@]} -eq 0 ] || go run ./hack/testsummary "${written[@]}"
 }
 
 run() {
