@@ -7,7 +7,10 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -29,8 +32,13 @@ type fixture struct {
 	cl  client.Client
 	srv *Server
 	url string
-	ids int
+	ids atomic.Int32
 	now time.Time
+
+	// envd: what /init was sent, and what it answers.
+	mu       sync.Mutex
+	inits    []initBody
+	initCode atomic.Int32
 }
 
 func newFixture(t *testing.T) *fixture {
@@ -59,14 +67,84 @@ func newFixture(t *testing.T) *fixture {
 		Templates:    map[string]Template{"base": {Image: "busybox:1", Command: []string{"sleep", "inf"}}},
 		Log:          logr.Discard(),
 		Now:          func() time.Time { return f.now },
-		NewID:        func() string { f.ids++; return fmt.Sprintf("sbx%d", f.ids) },
+		NewID:        func() string { return fmt.Sprintf("sbx%d", f.ids.Add(1)) },
 		PollInterval: time.Millisecond,
 		PauseWait:    5 * time.Second,
+		StartWait:    5 * time.Second,
 	}
+	f.initCode.Store(http.StatusNoContent)
+	envd := httptest.NewServer(http.HandlerFunc(f.envd))
+	t.Cleanup(envd.Close)
+	u, _ := url.Parse(envd.URL)
+	f.srv.EnvdPort, _ = strconv.Atoi(u.Port())
 	ts := httptest.NewServer(f.srv.Handler())
 	t.Cleanup(ts.Close)
 	f.url = ts.URL
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	t.Cleanup(func() { cancel(); <-done })
+	go f.cluster(ctx, done)
 	return f
+}
+
+// envd plays the guest's envd: it records /init.
+func (f *fixture) envd(w http.ResponseWriter, r *http.Request) {
+	var b initBody
+	if r.Method != "POST" || r.URL.Path != "/init" || json.NewDecoder(r.Body).Decode(&b) != nil {
+		w.WriteHeader(http.StatusBadRequest)
+		return
+	}
+	f.mu.Lock()
+	f.inits = append(f.inits, b)
+	f.mu.Unlock()
+	w.WriteHeader(int(f.initCode.Load()))
+}
+
+func (f *fixture) lastInit() initBody {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.inits) == 0 {
+		f.t.Fatal("envd got no /init")
+	}
+	return f.inits[len(f.inits)-1]
+}
+
+// cluster plays the kubelet (every new pod runs at 127.0.0.1, where the
+// fake envd listens) and the Checkpoint controller for keepRunning true
+// (Succeeded at once) until ctx ends. Pods named "...-fail" fail.
+func (f *fixture) cluster(ctx context.Context, done chan struct{}) {
+	defer close(done)
+	for ctx.Err() == nil {
+		var pods corev1.PodList
+		if f.cl.List(ctx, &pods) == nil {
+			for i := range pods.Items {
+				p := &pods.Items[i]
+				if p.Status.Phase != "" {
+					continue
+				}
+				p.Status.Phase, p.Status.PodIP = corev1.PodRunning, "127.0.0.1"
+				if f.failing(p) {
+					p.Status.Phase, p.Status.Reason = corev1.PodFailed, "Boom"
+				}
+				_ = f.cl.Status().Update(ctx, p)
+			}
+		}
+		var cps cryov1.CheckpointList
+		if f.cl.List(ctx, &cps) == nil {
+			for i := range cps.Items {
+				c := &cps.Items[i]
+				if c.Status.Phase == "" && c.Spec.KeepRunning != nil && *c.Spec.KeepRunning {
+					c.Status.Phase = cryov1.PhaseSucceeded
+					_ = f.cl.Update(ctx, c)
+				}
+			}
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func (f *fixture) failing(p *corev1.Pod) bool {
+	return p.Annotations[annMetadata] == `{"fail":"yes"}`
 }
 
 // do sends a request as the SDK does and decodes the answer into out.
@@ -95,14 +173,19 @@ func (f *fixture) do(key, method, path, body string, out any) int {
 
 func (f *fixture) create(key, body string) string {
 	f.t.Helper()
+	return f.createSandbox(key, body).SandboxID
+}
+
+func (f *fixture) createSandbox(key, body string) sandboxBody {
+	f.t.Helper()
 	var sb sandboxBody
 	if code := f.do(key, "POST", "/v2/sandboxes", body, &sb); code != http.StatusCreated {
-		f.t.Fatalf("create: %d", code)
+		f.t.Fatalf("create %s: %d", body, code)
 	}
-	if sb.SandboxID == "" || sb.EnvdVersion < "0.1.0" {
+	if sb.SandboxID == "" || sb.EnvdVersion != "0.5.7" || sb.EnvdAccessToken == nil || len(*sb.EnvdAccessToken) != 64 {
 		f.t.Fatalf("create answered %+v", sb)
 	}
-	return sb.SandboxID
+	return sb
 }
 
 func (f *fixture) pod(ns, name string) *corev1.Pod {
@@ -212,9 +295,6 @@ func TestRefusals(t *testing.T) {
 		{"POST", "/v2/sandboxes", `{"templateID":"base","autoPause":true,"autoResume":{"enabled":true}}`},
 		{"POST", "/v2/sandboxes", `{"templateID":"base","timeout":-1}`},
 		{"POST", "/v2/sandboxes", `{"templateID":`},
-		{"POST", "/sandboxes/" + id + "/snapshots", `{}`},
-		{"POST", "/sandboxes/" + id + "/fork", `{"count":2}`},
-		{"GET", "/sandboxes/" + id + "/metrics", ""},
 		{"POST", "/v3/templates", `{}`},
 		{"GET", "/volumes", ""},
 		{"GET", "/v2/sandboxes?state=dead", ""},
@@ -357,7 +437,7 @@ func TestPauseFailed(t *testing.T) {
 func noShimAnnotations(t *testing.T, p *corev1.Pod) {
 	t.Helper()
 	for k := range p.Annotations {
-		if strings.HasPrefix(k, "cryo.dev/") && k != controller.AnnotationRestoreCheckpoint {
+		if strings.HasPrefix(k, "cryo.dev/") && k != controller.AnnotationRestoreCheckpoint && k != AnnotationEnvdTokenSHA256 {
 			t.Errorf("pod %s: annotation %s is under the shim's prefix cryo.dev/", p.Name, k)
 		}
 	}
