@@ -295,6 +295,7 @@ func TestRefusals(t *testing.T) {
 		{"POST", "/v2/sandboxes", `{"templateID":"base","autoPause":true,"autoResume":{"enabled":true}}`},
 		{"POST", "/v2/sandboxes", `{"templateID":"base","timeout":-1}`},
 		{"POST", "/v2/sandboxes", `{"templateID":`},
+		{"PUT", "/sandboxes/" + id + "/network", `{}`},
 		{"POST", "/v3/templates", `{}`},
 		{"GET", "/volumes", ""},
 		{"GET", "/v2/sandboxes?state=dead", ""},
