@@ -138,3 +138,30 @@ func TestMetrics(t *testing.T) {
 		t.Errorf("metrics of a paused sandbox: %d %+v", code, ms)
 	}
 }
+
+// TestForkPaused: a paused sandbox forks from its pause Checkpoint, with
+// no new Checkpoint, and stays paused.
+func TestForkPaused(t *testing.T) {
+	f := newFixture(t)
+	src := f.createSandbox("key-a", `{}`)
+	f.controllerPauses("team-a", podName(src.SandboxID, 0))
+	if code := f.do("key-a", "POST", "/sandboxes/"+src.SandboxID+"/pause", `{}`, nil); code != http.StatusNoContent {
+		t.Fatalf("pause: %d", code)
+	}
+	var res []forkResult
+	if code := f.do("key-a", "POST", "/sandboxes/"+src.SandboxID+"/fork", `{}`, &res); code != http.StatusCreated || len(res) != 1 || res[0].Sandbox == nil ||
+		*res[0].Sandbox.EnvdAccessToken != *src.EnvdAccessToken {
+		t.Fatalf("fork of a paused sandbox: %d %+v", code, res)
+	}
+	if p := f.pod("team-a", podName(res[0].Sandbox.SandboxID, 0)); p.Annotations[controller.AnnotationRestoreCheckpoint] != podName(src.SandboxID, 0) {
+		t.Errorf("fork pod %v", p.Annotations)
+	}
+	var cps cryov1.CheckpointList
+	if err := f.cl.List(context.Background(), &cps, client.InNamespace("team-a")); err != nil || len(cps.Items) != 1 {
+		t.Errorf("Checkpoints: %v %d, want the pause only", err, len(cps.Items))
+	}
+	var d listedBody
+	if f.do("key-a", "GET", "/sandboxes/"+src.SandboxID, "", &d); d.State != "paused" {
+		t.Errorf("source after fork: %+v", d)
+	}
+}

@@ -10,7 +10,6 @@ package e2bapi
 import (
 	"context"
 	"crypto/rand"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -188,30 +187,6 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, h func(ctx contex
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
 	_ = json.NewEncoder(w).Encode(body)
-}
-
-// authenticate maps an API key to its namespace.
-func (s *Server) authenticate(ctx context.Context, key string) (string, error) {
-	bad := errf(http.StatusUnauthorized, "Invalid API key")
-	if key == "" {
-		return "", bad
-	}
-	var secrets corev1.SecretList
-	if err := s.Client.List(ctx, &secrets, client.InNamespace(s.Namespace), client.HasLabels{LabelAPIKey}); err != nil {
-		return "", fmt.Errorf("list API key Secrets: %w", err)
-	}
-	for _, sec := range secrets.Items {
-		want := sec.Data[SecretKeyField]
-		if len(want) == 0 || subtle.ConstantTimeCompare(want, []byte(key)) != 1 {
-			continue
-		}
-		ns := sec.Annotations[AnnotationKeyNamespace]
-		if ns == "" {
-			return "", errf(http.StatusUnauthorized, "API key Secret %s has no annotation %s", sec.Name, AnnotationKeyNamespace)
-		}
-		return ns, nil
-	}
-	return "", bad
 }
 
 // createBody is the SDK's NewSandbox.
@@ -605,11 +580,25 @@ func (s *Server) list(ctx context.Context, ns string, r *http.Request) (int, any
 	if err != nil {
 		return 0, nil, err
 	}
+	limit, err := pageLimit(q.Get("limit"))
+	if err != nil {
+		return 0, nil, err
+	}
+	var after time.Time
+	if v := q.Get("startedAfter"); v != "" {
+		if after, err = time.Parse(time.RFC3339Nano, v); err != nil {
+			return 0, nil, errf(http.StatusBadRequest, "startedAfter: %q is not an RFC 3339 time", v)
+		}
+	}
+	order := q.Get("order")
+	if order != "" && order != "asc" && order != "desc" {
+		return 0, nil, errf(http.StatusBadRequest, "order: %q is neither asc nor desc", order)
+	}
 	ids, err := s.ids(ctx, ns)
 	if err != nil {
 		return 0, nil, err
 	}
-	out := []listedBody{}
+	var all []listedBody
 	for _, id := range ids {
 		sb, ok, err := s.lookup(ctx, ns, id)
 		if err != nil {
@@ -619,11 +608,61 @@ func (s *Server) list(ctx context.Context, ns string, r *http.Request) (int, any
 			continue
 		}
 		d := s.detail(sb)
-		if matches(d.Metadata, want) {
-			out = append(out, d)
+		if matches(d.Metadata, want) && (q.Get("template") == "" || q.Get("template") == d.TemplateID) &&
+			(after.IsZero() || !startedAt(d).Before(after)) {
+			all = append(all, d)
 		}
 	}
-	return http.StatusOK, out, nil
+	return http.StatusOK, pageOfSandboxes(all, order == "asc", q.Get("nextToken"), limit), nil
+}
+
+func startedAt(d listedBody) time.Time {
+	t, _ := time.Parse(time.RFC3339Nano, d.StartedAt)
+	return t
+}
+
+// sandboxCursor orders sandboxes by start time, then id; it is also the
+// page token, so that a page starts right after the last one shown even
+// when that sandbox is gone since.
+func sandboxCursor(d listedBody) string {
+	return fmt.Sprintf("%020d.%s", startedAt(d).UnixNano(), d.SandboxID)
+}
+
+// pageOfSandboxes is E2B's order (newest first unless asc) from the
+// cursor on, limit long.
+func pageOfSandboxes(all []listedBody, asc bool, from string, limit int) paged {
+	before := func(a, b string) bool { return a < b }
+	if !asc {
+		before = func(a, b string) bool { return a > b }
+	}
+	sort.Slice(all, func(i, j int) bool { return before(sandboxCursor(all[i]), sandboxCursor(all[j])) })
+	var page paged
+	out := []listedBody{}
+	for _, d := range all {
+		if from != "" && !before(from, sandboxCursor(d)) {
+			continue
+		}
+		if len(out) == limit {
+			page.next = sandboxCursor(out[limit-1])
+			break
+		}
+		out = append(out, d)
+	}
+	page.items = out
+	return page
+}
+
+// pageLimit is a list's page size: the query's limit, at most
+// maxPageSize, else defaultPageSize.
+func pageLimit(v string) (int, error) {
+	if v == "" {
+		return defaultPageSize, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		return 0, errf(http.StatusBadRequest, "limit: %q is not a positive number", v)
+	}
+	return min(n, maxPageSize), nil
 }
 
 // metadataFilter decodes the SDK's metadata query: a URL-encoded query
@@ -868,6 +907,12 @@ func (s *Server) connect(ctx context.Context, ns string, r *http.Request) (int, 
 	}
 	tid := templateID(ann)
 	if sb.pod != nil {
+		// A pod another call is starting: the SDK talks to envd next.
+		if sb.pod.Status.Phase != corev1.PodRunning || sb.pod.Status.PodIP == "" {
+			if _, err := s.waitRunning(ctx, ns, sb.pod.Name); err != nil {
+				return 0, nil, err
+			}
+		}
 		if b.Timeout != nil {
 			timeout, err := timeoutOf(b.Timeout)
 			if err != nil {

@@ -443,3 +443,44 @@ func noShimAnnotations(t *testing.T, p *corev1.Pod) {
 		}
 	}
 }
+
+// TestListPaging: the SDK's limit and nextToken (X-Next-Token), newest
+// first unless order asc, and its template and startedAfter filters.
+func TestListPaging(t *testing.T) {
+	f := newFixture(t)
+	var ids []string
+	for range 3 {
+		ids = append(ids, f.create("key-a", `{}`))
+		f.now = f.now.Add(time.Second)
+	}
+	got := func(l []listedBody) (out []string) {
+		for _, d := range l {
+			out = append(out, d.SandboxID)
+		}
+		return out
+	}
+	var p1, p2 []listedBody
+	next := f.page("key-a", "/v2/sandboxes?limit=2", &p1)
+	last := f.page("key-a", "/v2/sandboxes?limit=2&nextToken="+url.QueryEscape(next), &p2)
+	if fmt.Sprint(got(p1), got(p2)) != fmt.Sprint([]string{ids[2], ids[1]}, []string{ids[0]}) || next == "" || last != "" {
+		t.Errorf("pages %v %q, %v %q, want newest first", got(p1), next, got(p2), last)
+	}
+	f.page("key-a", "/v2/sandboxes?order=asc&limit=1", &p1)
+	if fmt.Sprint(got(p1)) != fmt.Sprint([]string{ids[0]}) {
+		t.Errorf("asc: %v", got(p1))
+	}
+	f.page("key-a", "/v2/sandboxes?startedAfter=2026-12-05T12:00:01Z", &p1)
+	if len(p1) != 2 {
+		t.Errorf("startedAfter: %v", got(p1))
+	}
+	f.page("key-a", "/v2/sandboxes?template=other", &p1)
+	if len(p1) != 0 {
+		t.Errorf("template filter: %v", got(p1))
+	}
+	var e apiError
+	for _, q := range []string{"limit=0", "limit=x", "order=up", "startedAfter=today"} {
+		if code := f.do("key-a", "GET", "/v2/sandboxes?"+q, "", &e); code != http.StatusBadRequest {
+			t.Errorf("%s: %d", q, code)
+		}
+	}
+}

@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"regexp"
 	"sort"
-	"strconv"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -124,16 +123,11 @@ func snapshotInfo(cp *cryov1.Checkpoint) snapshotBody {
 // name, limit at a time; nextToken is the last name of the page before.
 func (s *Server) listSnapshots(ctx context.Context, ns string, r *http.Request) (int, any, error) {
 	q := r.URL.Query()
-	limit := defaultPageSize
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			return 0, nil, errf(http.StatusBadRequest, "limit: %q is not a positive number", v)
-		}
-		limit = min(n, maxPageSize)
+	limit, err := pageLimit(q.Get("limit"))
+	if err != nil {
+		return 0, nil, err
 	}
-	sel := client.HasLabels{LabelSnapshot}
-	opts := []client.ListOption{client.InNamespace(ns), sel}
+	opts := []client.ListOption{client.InNamespace(ns), client.HasLabels{LabelSnapshot}}
 	if id := q.Get("sandboxID"); id != "" {
 		opts = []client.ListOption{client.InNamespace(ns), client.MatchingLabels{LabelSnapshot: id}}
 	}
@@ -143,26 +137,28 @@ func (s *Server) listSnapshots(ctx context.Context, ns string, r *http.Request) 
 	}
 	sort.Slice(cps.Items, func(i, j int) bool { return cps.Items[i].Name < cps.Items[j].Name })
 	name, after := q.Get("name"), q.Get("nextToken")
-	page := paged{items: []snapshotBody{}}
+	var page paged
+	out := []snapshotBody{}
 	for i := range cps.Items {
 		cp := &cps.Items[i]
 		if cp.Status.Phase != cryov1.PhaseSucceeded || cp.Name <= after ||
 			(name != "" && name != cp.Name && name != cp.Labels[LabelSnapshotName]) {
 			continue
 		}
-		if len(page.items) == limit {
-			page.next = page.items[limit-1].SnapshotID
+		if len(out) == limit {
+			page.next = out[limit-1].SnapshotID
 			break
 		}
-		page.items = append(page.items, snapshotInfo(cp))
+		out = append(out, snapshotInfo(cp))
 	}
+	page.items = out
 	return http.StatusOK, page, nil
 }
 
 // paged is a page of a list and the token of the next one, which the
 // SDK's paginator reads from the X-Next-Token header.
 type paged struct {
-	items []snapshotBody
+	items any
 	next  string
 }
 

@@ -27,18 +27,24 @@ func (f *fixture) checkpoint(ns, name string) *cryov1.Checkpoint {
 
 func (f *fixture) snapshots(key, query string) ([]snapshotBody, string) {
 	f.t.Helper()
-	req, _ := http.NewRequest("GET", f.url+"/snapshots"+query, nil)
+	var out []snapshotBody
+	return out, f.page(key, "/snapshots"+query, &out)
+}
+
+// page GETs a list and answers its X-Next-Token.
+func (f *fixture) page(key, path string, out any) string {
+	f.t.Helper()
+	req, _ := http.NewRequest("GET", f.url+path, nil)
 	req.Header.Set("X-API-KEY", key)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		f.t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	var out []snapshotBody
-	if resp.StatusCode != 200 || json.NewDecoder(resp.Body).Decode(&out) != nil {
-		f.t.Fatalf("GET /snapshots%s: %d", query, resp.StatusCode)
+	if resp.StatusCode != 200 || json.NewDecoder(resp.Body).Decode(out) != nil {
+		f.t.Fatalf("GET %s: %d", path, resp.StatusCode)
 	}
-	return out, resp.Header.Get("X-Next-Token")
+	return resp.Header.Get("X-Next-Token")
 }
 
 // TestSnapshots: createSnapshot is a keepRunning Checkpoint labelled as a

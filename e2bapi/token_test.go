@@ -152,3 +152,49 @@ func TestResumeKeepsToken(t *testing.T) {
 		t.Errorf("/init after resume: %+v", in)
 	}
 }
+
+// TestConnectWaitsForPod: connect to a sandbox whose pod does not run yet
+// (another call is starting it) answers once it runs.
+func TestConnectWaitsForPod(t *testing.T) {
+	f := newFixture(t)
+	id := f.create("key-a", `{}`)
+	p := f.pod("team-a", podName(id, 0))
+	p.Status.Phase = corev1.PodPending
+	if err := f.cl.Status().Update(context.Background(), p); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		time.Sleep(100 * time.Millisecond)
+		p.Status.Phase = corev1.PodRunning
+		_ = f.cl.Status().Update(context.Background(), p)
+	}()
+	if code := f.do("key-a", "POST", "/v2/sandboxes/"+id+"/connect", `{}`, nil); code != http.StatusOK {
+		t.Fatalf("connect: %d", code)
+	}
+	if ph := f.pod("team-a", podName(id, 0)).Status.Phase; ph != corev1.PodRunning {
+		t.Errorf("connect answered while the pod was %s", ph)
+	}
+}
+
+// TestResumeFails: a resume whose envd refuses /init is a 502, and the
+// sandbox is paused as before (its new pod gone, its Checkpoint kept).
+func TestResumeFails(t *testing.T) {
+	f := newFixture(t)
+	id := f.create("key-a", `{}`)
+	f.controllerPauses("team-a", podName(id, 0))
+	if code := f.do("key-a", "POST", "/sandboxes/"+id+"/pause", `{}`, nil); code != http.StatusNoContent {
+		t.Fatalf("pause: %d", code)
+	}
+	f.initCode.Store(http.StatusUnauthorized)
+	var e apiError
+	if code := f.do("key-a", "POST", "/v2/sandboxes/"+id+"/connect", `{}`, &e); code != http.StatusBadGateway {
+		t.Errorf("connect: %d %+v", code, e)
+	}
+	var d listedBody
+	if code := f.do("key-a", "GET", "/sandboxes/"+id, "", &d); code != 200 || d.State != "paused" {
+		t.Errorf("after a failed resume: %d %+v", code, d)
+	}
+	if _, err := f.secret("team-a", "e2b-"+id); err != nil {
+		t.Errorf("token Secret after a failed resume: %v", err)
+	}
+}
