@@ -11,6 +11,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	cryov1 "github.com/cryo-runtime/cryo/api/v1alpha1"
@@ -222,7 +223,12 @@ func (s *Server) fromCheckpoint(ctx context.Context, l *launch, template string,
 func (s *Server) templateCheckpoint(ctx context.Context, ns, template string) (*cryov1.Checkpoint, error) {
 	notFound := errf(http.StatusNotFound, "template %q not found (neither a configured template nor a Checkpoint or snapshot of this namespace)", template)
 	var cp cryov1.Checkpoint
-	err := s.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: template}, &cp)
+	// Only a valid object name is asked for: another ("team/x:v1") would
+	// be read as a different path by the API server.
+	var err error = apierrors.NewNotFound(cryov1.GroupVersion.WithResource("checkpoints").GroupResource(), template)
+	if len(validation.IsDNS1123Subdomain(template)) == 0 {
+		err = s.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: template}, &cp)
+	}
 	if err != nil && !apierrors.IsNotFound(err) {
 		return nil, fmt.Errorf("get Checkpoint %s: %w", template, err)
 	}

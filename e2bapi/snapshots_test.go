@@ -170,6 +170,11 @@ func TestSnapshotRefusals(t *testing.T) {
 	if err := f.cl.Update(context.Background(), foreign); err != nil {
 		t.Fatal(err)
 	}
+	for _, tpl := range []string{"team/x:v1", "../pods/x", "nope"} {
+		if code := f.do("key-a", "POST", "/v2/sandboxes", `{"templateID":"`+tpl+`"}`, &e); code != http.StatusNotFound {
+			t.Errorf("create from template %q: %d %+v, want 404", tpl, code, e)
+		}
+	}
 	if code := f.do("key-a", "POST", "/v2/sandboxes", `{"templateID":"by-hand"}`, &e); code != http.StatusBadRequest || !strings.Contains(e.Message, "not made through the E2B API") {
 		t.Errorf("create from a foreign Checkpoint: %d %+v", code, e)
 	}
