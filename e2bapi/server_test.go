@@ -111,7 +111,8 @@ func (f *fixture) lastInit() initBody {
 
 // cluster plays the kubelet (every new pod runs at 127.0.0.1, where the
 // fake envd listens) and the Checkpoint controller for keepRunning true
-// (Succeeded at once) until ctx ends. Pods named "...-fail" fail.
+// (Succeeded at once) until ctx ends. A sandbox with metadata fail=yes
+// fails, one with refuse=yes has its container refused.
 func (f *fixture) cluster(ctx context.Context, done chan struct{}) {
 	defer close(done)
 	for ctx.Err() == nil {
@@ -123,8 +124,13 @@ func (f *fixture) cluster(ctx context.Context, done chan struct{}) {
 					continue
 				}
 				p.Status.Phase, p.Status.PodIP = corev1.PodRunning, "127.0.0.1"
-				if f.failing(p) {
+				switch p.Annotations[annMetadata] {
+				case `{"fail":"yes"}`:
 					p.Status.Phase, p.Status.Reason = corev1.PodFailed, "Boom"
+				case `{"refuse":"yes"}`: // as cryo refuses a bad annotation
+					p.Status.Phase, p.Status.PodIP = corev1.PodPending, ""
+					p.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "sandbox", State: corev1.ContainerState{
+						Waiting: &corev1.ContainerStateWaiting{Reason: "CreateContainerError", Message: "unknown cryo annotation"}}}}
 				}
 				_ = f.cl.Status().Update(ctx, p)
 			}
@@ -141,10 +147,6 @@ func (f *fixture) cluster(ctx context.Context, done chan struct{}) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-}
-
-func (f *fixture) failing(p *corev1.Pod) bool {
-	return p.Annotations[annMetadata] == `{"fail":"yes"}`
 }
 
 // do sends a request as the SDK does and decodes the answer into out.

@@ -117,6 +117,8 @@ func (s *Server) waitRunning(ctx context.Context, ns, name string) (*corev1.Pod,
 			return &p, nil
 		case p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded:
 			return nil, errf(http.StatusBadGateway, "pod %s ended before envd answered (phase %s): %s %s", name, p.Status.Phase, p.Status.Reason, p.Status.Message)
+		case refused(&p) != "":
+			return nil, errf(http.StatusBadGateway, "pod %s will not start: %s", name, refused(&p))
 		}
 		select {
 		case <-ctx.Done():
@@ -124,6 +126,21 @@ func (s *Server) waitRunning(ctx context.Context, ns, name string) (*corev1.Pod,
 		case <-time.After(s.poll()):
 		}
 	}
+}
+
+// refused names why the runtime refuses to create a container of pod p,
+// which the kubelet would retry for ever: the image name, or the
+// container's own configuration (cryo refuses bad cryo.dev/ annotations so).
+func refused(p *corev1.Pod) string {
+	for _, c := range p.Status.ContainerStatuses {
+		if w := c.State.Waiting; w != nil {
+			switch w.Reason {
+			case "CreateContainerError", "CreateContainerConfigError", "InvalidImageName", "ErrImageNeverPull":
+				return fmt.Sprintf("container %s: %s: %s", c.Name, w.Reason, w.Message)
+			}
+		}
+	}
+	return ""
 }
 
 // waitingReason names why a pending pod's container waits (an image pull,

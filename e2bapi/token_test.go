@@ -87,6 +87,22 @@ func TestCreateFailsWithoutEnvd(t *testing.T) {
 	f.noneLeft("team-a")
 }
 
+// TestCreateRefusedContainer: a container the runtime refuses to create
+// (the kubelet would retry for ever) fails the create at once, naming it.
+func TestCreateRefusedContainer(t *testing.T) {
+	f := newFixture(t)
+	f.srv.StartWait = time.Minute
+	start := time.Now()
+	var e apiError
+	if code := f.do("key-a", "POST", "/v2/sandboxes", `{"metadata":{"refuse":"yes"}}`, &e); code != http.StatusBadGateway || !strings.Contains(e.Message, "CreateContainerError: unknown cryo annotation") {
+		t.Errorf("create: %d %+v", code, e)
+	}
+	if d := time.Since(start); d > 30*time.Second {
+		t.Errorf("create took %s, want at once", d)
+	}
+	f.noneLeft("team-a")
+}
+
 // TestCreateInitRetries: envd not yet listening (a 503) is tried again.
 func TestCreateInitRetries(t *testing.T) {
 	f := newFixture(t)
