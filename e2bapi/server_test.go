@@ -61,7 +61,9 @@ func newFixture(t *testing.T) *fixture {
 		key("team-a", "team-a", "key-a"), key("team-b", "team-b", "key-b"),
 		// a Secret without the label is no key
 		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "cryo-system", Name: "other"}, Data: map[string][]byte{SecretKeyField: []byte("key-x")}},
-	).Build()
+	).WithIndex(&corev1.Event{}, "involvedObject.name", func(o client.Object) []string {
+		return []string{o.(*corev1.Event).InvolvedObject.Name}
+	}).Build()
 	f.srv = &Server{
 		Client: f.cl, Namespace: "cryo-system", RuntimeClass: "cryo",
 		Templates:    map[string]Template{"base": {Image: "busybox:1", Command: []string{"sleep", "inf"}}},
@@ -127,10 +129,20 @@ func (f *fixture) cluster(ctx context.Context, done chan struct{}) {
 				switch p.Annotations[annMetadata] {
 				case `{"fail":"yes"}`:
 					p.Status.Phase, p.Status.Reason = corev1.PodFailed, "Boom"
-				case `{"refuse":"yes"}`: // as cryo refuses a bad annotation
+				case `{"refuse":"yes"}`: // the runtime refuses the container
 					p.Status.Phase, p.Status.PodIP = corev1.PodPending, ""
 					p.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "sandbox", State: corev1.ContainerState{
 						Waiting: &corev1.ContainerStateWaiting{Reason: "CreateContainerError", Message: "unknown cryo annotation"}}}}
+				case `{"refuse":"sandbox"}`: // as cryo refuses a bad pod annotation: only an Event
+					p.Status.Phase, p.Status.PodIP = corev1.PodPending, ""
+					p.Spec.NodeName = "node-1"
+					_ = f.cl.Update(ctx, p)
+					_ = f.cl.Create(ctx, &corev1.Event{
+						ObjectMeta:     metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name + ".1"},
+						InvolvedObject: corev1.ObjectReference{Kind: "Pod", Namespace: p.Namespace, Name: p.Name, UID: p.UID},
+						Reason:         "FailedCreatePodSandBox", Type: "Warning",
+						Message: `Failed to create pod sandbox: rpc error: code = InvalidArgument desc = failed to create shim task: annotation cryo.dev/x="y": unknown cryo annotation`,
+					})
 				}
 				_ = f.cl.Status().Update(ctx, p)
 			}

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -34,6 +35,7 @@ const (
 	initAttempts = 5
 	initTimeout  = 5 * time.Second
 	initBackoff  = time.Second
+	eventsEvery  = 2 * time.Second
 )
 
 // newToken is a sandbox's envd access token: 32 random bytes, hex.
@@ -102,6 +104,8 @@ func (s *Server) startWait() time.Duration {
 func (s *Server) waitRunning(ctx context.Context, ns, name string) (*corev1.Pod, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.startWait())
 	defer cancel()
+	var sandboxErr string
+	nextEvents := time.Now()
 	for {
 		var p corev1.Pod
 		if err := s.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &p); err != nil {
@@ -120,12 +124,57 @@ func (s *Server) waitRunning(ctx context.Context, ns, name string) (*corev1.Pod,
 		case refused(&p) != "":
 			return nil, errf(http.StatusBadGateway, "pod %s will not start: %s", name, refused(&p))
 		}
+		// The runtime's refusal of the pod itself (cryo's of a bad
+		// annotation) is only an Event, retried by the kubelet for ever.
+		if p.Status.PodIP == "" && p.Spec.NodeName != "" && time.Now().After(nextEvents) {
+			nextEvents = time.Now().Add(eventsEvery)
+			if sandboxErr = s.sandboxFailure(ctx, &p); strings.Contains(sandboxErr, "code = InvalidArgument") {
+				return nil, errf(http.StatusBadGateway, "pod %s will not start: %s", name, sandboxErr)
+			}
+		}
 		select {
 		case <-ctx.Done():
-			return nil, errf(http.StatusGatewayTimeout, "pod %s not running after %s (phase %q%s)", name, s.startWait(), p.Status.Phase, waitingReason(&p))
+			if sandboxErr != "" {
+				sandboxErr = ", " + sandboxErr
+			}
+			return nil, errf(http.StatusGatewayTimeout, "pod %s not running after %s (phase %q%s%s)", name, s.startWait(), p.Status.Phase, waitingReason(&p), sandboxErr)
 		case <-time.After(s.poll()):
 		}
 	}
+}
+
+// sandboxFailure is the newest FailedCreatePodSandBox Event of pod p
+// ("" if none, or if Events cannot be read: it only refines a diagnosis).
+func (s *Server) sandboxFailure(ctx context.Context, p *corev1.Pod) string {
+	var evs corev1.EventList
+	if err := s.Client.List(ctx, &evs, client.InNamespace(p.Namespace), client.MatchingFields{"involvedObject.name": p.Name}); err != nil {
+		s.Log.V(1).Info("list the pod's Events", "pod", p.Name, "error", err.Error())
+		return ""
+	}
+	var newest *corev1.Event
+	for i := range evs.Items {
+		e := &evs.Items[i]
+		if e.Reason != "FailedCreatePodSandBox" || e.InvolvedObject.UID != p.UID {
+			continue
+		}
+		if newest == nil || eventTime(newest).Before(eventTime(e)) {
+			newest = e
+		}
+	}
+	if newest == nil {
+		return ""
+	}
+	return newest.Reason + ": " + newest.Message
+}
+
+func eventTime(e *corev1.Event) time.Time {
+	if !e.LastTimestamp.IsZero() {
+		return e.LastTimestamp.Time
+	}
+	if !e.EventTime.IsZero() {
+		return e.EventTime.Time
+	}
+	return e.CreationTimestamp.Time
 }
 
 // refused names why the runtime refuses to create a container of pod p,

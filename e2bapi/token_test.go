@@ -100,6 +100,15 @@ func TestCreateRefusedContainer(t *testing.T) {
 	if d := time.Since(start); d > 30*time.Second {
 		t.Errorf("create took %s, want at once", d)
 	}
+	// The runtime refusing the pod itself is only an Event.
+	start = time.Now()
+	if code := f.do("key-a", "POST", "/v2/sandboxes", `{"metadata":{"refuse":"sandbox"}}`, &e); code != http.StatusBadGateway ||
+		!strings.Contains(e.Message, "FailedCreatePodSandBox") || !strings.Contains(e.Message, "unknown cryo annotation") {
+		t.Errorf("create of a refused pod: %d %+v", code, e)
+	}
+	if d := time.Since(start); d > 30*time.Second {
+		t.Errorf("create took %s, want at once", d)
+	}
 	f.noneLeft("team-a")
 }
 
