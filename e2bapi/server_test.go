@@ -133,6 +133,8 @@ func (f *fixture) cluster(ctx context.Context, done chan struct{}) {
 					p.Status.Phase, p.Status.PodIP = corev1.PodPending, ""
 					p.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "sandbox", State: corev1.ContainerState{
 						Waiting: &corev1.ContainerStateWaiting{Reason: "CreateContainerError", Message: "unknown cryo annotation"}}}}
+				case `{"hang":"yes"}`: // never scheduled
+					p.Status.Phase = corev1.PodPending
 				case `{"refuse":"sandbox"}`: // as cryo refuses a bad pod annotation: only an Event
 					p.Status.Phase, p.Status.PodIP = corev1.PodPending, ""
 					p.Spec.NodeName = "node-1"

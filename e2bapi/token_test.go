@@ -153,6 +153,7 @@ func (f *fixture) noneLeft(ns string) {
 		if deadline++; deadline > 1000 {
 			f.t.Fatalf("left behind: %d pods, %d Secrets", len(pods.Items), len(secs.Items))
 		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 
@@ -222,4 +223,18 @@ func TestResumeFails(t *testing.T) {
 	if _, err := f.secret("team-a", "e2b-"+id); err != nil {
 		t.Errorf("token Secret after a failed resume: %v", err)
 	}
+}
+
+// TestCreateAbandoned: when the SDK gives up (its request timeout) while
+// the pod is still pending, the API removes the pod and the Secret.
+func TestCreateAbandoned(t *testing.T) {
+	f := newFixture(t)
+	req, _ := http.NewRequest("POST", f.url+"/v2/sandboxes", strings.NewReader(`{"metadata":{"hang":"yes"}}`))
+	req.Header.Set("X-API-KEY", "key-a")
+	hc := &http.Client{Timeout: 300 * time.Millisecond}
+	if resp, err := hc.Do(req); err == nil {
+		resp.Body.Close()
+		t.Fatalf("create answered %d, want it still waiting", resp.StatusCode)
+	}
+	f.noneLeft("team-a")
 }
