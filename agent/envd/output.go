@@ -35,7 +35,7 @@ type output struct {
 }
 
 type subscription struct {
-	o    *output
+	o      *output
 	cursor uint64 // sequence number of the next event to read
 }
 

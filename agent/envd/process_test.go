@@ -571,10 +571,22 @@ func TestProcessNotFound(t *testing.T) {
 	ctx := context.Background()
 	sel := &rpc.ProcessSelector{Selector: &rpc.ProcessSelector_Pid{Pid: 999999}}
 	for name, call := range map[string]func() error{
-		"input":  func() error { _, err := client.SendInput(ctx, withToken(&rpc.SendInputRequest{Process: sel}, "")); return err },
-		"signal": func() error { _, err := client.SendSignal(ctx, withToken(&rpc.SendSignalRequest{Process: sel}, "")); return err },
-		"close":  func() error { _, err := client.CloseStdin(ctx, withToken(&rpc.CloseStdinRequest{Process: sel}, "")); return err },
-		"update": func() error { _, err := client.Update(ctx, withToken(&rpc.UpdateRequest{Process: sel}, "")); return err },
+		"input": func() error {
+			_, err := client.SendInput(ctx, withToken(&rpc.SendInputRequest{Process: sel}, ""))
+			return err
+		},
+		"signal": func() error {
+			_, err := client.SendSignal(ctx, withToken(&rpc.SendSignalRequest{Process: sel}, ""))
+			return err
+		},
+		"close": func() error {
+			_, err := client.CloseStdin(ctx, withToken(&rpc.CloseStdinRequest{Process: sel}, ""))
+			return err
+		},
+		"update": func() error {
+			_, err := client.Update(ctx, withToken(&rpc.UpdateRequest{Process: sel}, ""))
+			return err
+		},
 	} {
 		if err := call(); codeOf(err) != connect.CodeNotFound {
 			t.Errorf("%s to an unknown pid: %v, want not found", name, err)
