@@ -12,19 +12,18 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
-	"github.com/vishvananda/netns"
 
 	"github.com/cryo-runtime/cryo/agent/envd"
 	rpc "github.com/cryo-runtime/cryo/agent/envd/spec/process"
 	"github.com/cryo-runtime/cryo/agent/envd/spec/process/processconnect"
 	"github.com/cryo-runtime/cryo/integration/harness"
+	"github.com/cryo-runtime/cryo/stack"
 )
 
 // envdCounter counts in a shell loop, one number a line, the last one also
@@ -165,37 +164,9 @@ func hasProcess(ps string, pid uint32, want string) bool {
 	return false
 }
 
-// netnsHTTPClient dials from the network namespace at path: the host end
-// of the pod network. A socket stays in the namespace it was made in, so
-// only the dial runs there, on a thread that is thrown away afterwards.
+// netnsHTTPClient reaches the pod network from the host end of it.
 func netnsHTTPClient(t *testing.T, path string) *http.Client {
-	t.Helper()
-	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
-		type result struct {
-			conn net.Conn
-			err  error
-		}
-		ch := make(chan result, 1)
-		go func() {
-			runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
-			ns, err := netns.GetFromPath(path)
-			if err != nil {
-				ch <- result{nil, err}
-				return
-			}
-			defer ns.Close()
-			if err := netns.Set(ns); err != nil {
-				ch <- result{nil, err}
-				return
-			}
-			var d net.Dialer
-			conn, err := d.DialContext(ctx, network, addr)
-			ch <- result{conn, err}
-		}()
-		r := <-ch
-		return r.conn, r.err
-	}
-	tr := &http.Transport{DialContext: dial}
+	tr := &http.Transport{DialContext: stack.DialInNetNS(path)}
 	t.Cleanup(tr.CloseIdleConnections)
 	return &http.Client{Transport: tr}
 }
