@@ -95,6 +95,8 @@ func TestEnvdProcess(t *testing.T) {
 		t.Fatalf("an unknown user: %v, want unauthenticated naming it", st.Err())
 	}
 
+	envdStdinPtySignal(t, client, token)
+
 	// a background counter, left by its Start stream
 	ctx, cancel := context.WithCancel(context.Background())
 	req := withToken(&rpc.StartRequest{Process: &rpc.ProcessConfig{Cmd: "sh", Args: []string{"-c", envdCounter}}, Tag: new("counter")}, token, "")
@@ -162,6 +164,78 @@ func hasProcess(ps string, pid uint32, want string) bool {
 		}
 	}
 	return false
+}
+
+// envdStdinPtySignal: stdin to EOF, a terminal of the asked size resized,
+// and SIGKILL, through the guest's exec machinery.
+func envdStdinPtySignal(t *testing.T, client processconnect.ProcessClient, token string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	startIt := func(req *rpc.StartRequest) (*connect.ServerStreamForClient[rpc.StartResponse], *rpc.ProcessSelector) {
+		t.Helper()
+		st, err := client.Start(ctx, withToken(req, token, ""))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st.Close() })
+		if !st.Receive() {
+			t.Fatalf("%v: %v", req.GetProcess(), st.Err())
+		}
+		return st, &rpc.ProcessSelector{Selector: &rpc.ProcessSelector_Pid{Pid: st.Msg().GetEvent().GetStart().GetPid()}}
+	}
+	rest := func(st *connect.ServerStreamForClient[rpc.StartResponse]) (out string, end *rpc.ProcessEvent_EndEvent) {
+		for st.Receive() {
+			ev := st.Msg().GetEvent()
+			out += string(ev.GetData().GetStdout()) + string(ev.GetData().GetPty())
+			if e := ev.GetEnd(); e != nil {
+				end = e
+			}
+		}
+		if err := st.Err(); err != nil {
+			t.Fatal(err)
+		}
+		return out, end
+	}
+	input := func(sel *rpc.ProcessSelector, in *rpc.ProcessInput) {
+		t.Helper()
+		if _, err := client.SendInput(ctx, withToken(&rpc.SendInputRequest{Process: sel, Input: in}, token, "")); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	st, sel := startIt(&rpc.StartRequest{Process: &rpc.ProcessConfig{Cmd: "cat"}, Stdin: new(true)})
+	input(sel, &rpc.ProcessInput{Input: &rpc.ProcessInput_Stdin{Stdin: []byte("to-cat\n")}})
+	if _, err := client.CloseStdin(ctx, withToken(&rpc.CloseStdinRequest{Process: sel}, token, "")); err != nil {
+		t.Fatal(err)
+	}
+	if out, end := rest(st); out != "to-cat\n" || end.GetExitCode() != 0 {
+		t.Fatalf("cat: %q %v", out, end)
+	}
+
+	st, sel = startIt(&rpc.StartRequest{
+		Process: &rpc.ProcessConfig{Cmd: "sh", Args: []string{"-c", `tty; stty size; read l; stty size; echo "got-$l"`}},
+		Pty:     &rpc.PTY{Size: &rpc.PTY_Size{Cols: 80, Rows: 24}},
+	})
+	var first string
+	for !strings.Contains(first, "24 80") && st.Receive() {
+		first += string(st.Msg().GetEvent().GetData().GetPty())
+	}
+	if _, err := client.Update(ctx, withToken(&rpc.UpdateRequest{Process: sel, Pty: &rpc.PTY{Size: &rpc.PTY_Size{Cols: 100, Rows: 30}}}, token, "")); err != nil {
+		t.Fatal(err)
+	}
+	input(sel, &rpc.ProcessInput{Input: &rpc.ProcessInput_Pty{Pty: []byte("x\n")}})
+	if out, end := rest(st); !strings.Contains(first, "/dev/pts/") || !strings.Contains(out, "30 100") || !strings.Contains(out, "got-x") || end.GetExitCode() != 0 {
+		t.Fatalf("pty: %q then %q, %v", first, out, end)
+	}
+
+	st, sel = startIt(&rpc.StartRequest{Process: &rpc.ProcessConfig{Cmd: "sleep", Args: []string{"100"}}})
+	if _, err := client.SendSignal(ctx, withToken(&rpc.SendSignalRequest{Process: sel, Signal: rpc.Signal_SIGNAL_SIGKILL}, token, "")); err != nil {
+		t.Fatal(err)
+	}
+	if _, end := rest(st); end.GetExitCode() != -1 || end.GetStatus() != "signal: killed" {
+		t.Fatalf("killed: %v", end)
+	}
 }
 
 // netnsHTTPClient reaches the pod network from the host end of it.
