@@ -128,6 +128,17 @@ func TestEnvdProcess(t *testing.T) {
 		t.Fatalf("app is %s", state)
 	}
 
+	// a pod without the annotation has no envd
+	plainCfg := c.PodConfig("plain", nil)
+	plain := c.RunPod(plainCfg)
+	c.StartContainer(plain, c.ContainerConfig("app", appArgs, nil), plainCfg)
+	if resp, err := hc.Get("http://" + net.JoinHostPort(podIP(t, c, plain), strconv.Itoa(envd.Port)) + "/health"); err == nil {
+		resp.Body.Close()
+		t.Fatalf("a pod without %s answers on the envd port: %s", envd.Annotation, resp.Status)
+	}
+	c.MustCrictl("stopp", plain)
+	c.MustCrictl("rmp", plain)
+
 	c.MustCrictl("checkpoint", "--export="+filepath.Join(c.Dir, "envd-checkpoint.tar"), app)
 	dstCfg := c.PodConfig("envd-dst", map[string]string{"cryo.dev/restore-from": store, envd.Annotation: hash})
 	dst := c.RunPod(dstCfg)
