@@ -28,7 +28,7 @@ type output struct {
 	limit   int
 	events  []*rpc.ProcessEvent_DataEvent
 	first   uint64 // sequence number of events[0]
-	size    int    // payload bytes in events
+	size    int    // bytes in events (payloadSize)
 	subs    map[*subscription]struct{}
 	closed  bool          // the process ended and all its output is in
 	changed chan struct{} // closed and replaced on every change
@@ -147,6 +147,11 @@ func (s *subscription) cancel() {
 	o.signalLocked()
 }
 
+// eventOverhead is what an event costs besides its payload, counted so
+// that a process writing a byte at a time cannot make the backlog hold a
+// million events.
+const eventOverhead = 64
+
 func payloadSize(ev *rpc.ProcessEvent_DataEvent) int {
-	return len(ev.GetStdout()) + len(ev.GetStderr()) + len(ev.GetPty())
+	return eventOverhead + len(ev.GetStdout()) + len(ev.GetStderr()) + len(ev.GetPty())
 }

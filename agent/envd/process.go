@@ -1,6 +1,7 @@
 package envd
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -322,11 +323,13 @@ func (p *proc) run(remove func()) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			buf := make([]byte, chunkSize)
 			for {
-				buf := make([]byte, chunkSize)
 				n, err := r.Read(buf)
 				if n > 0 {
-					p.out.put(event(buf[:n]))
+					// a copy of its size: the backlog may hold many
+					// small chunks
+					p.out.put(event(bytes.Clone(buf[:n])))
 				}
 				if err != nil {
 					return

@@ -601,7 +601,7 @@ func TestProcessNotFound(t *testing.T) {
 // the newest output is kept for the next subscriber; a connected
 // subscriber holds the writer back once it is limit behind.
 func TestOutputBacklog(t *testing.T) {
-	o := newOutput(10)
+	o := newOutput(2 * (eventOverhead + 4)) // two events of 4 bytes
 	ev := func(s string) *rpc.ProcessEvent_DataEvent {
 		return &rpc.ProcessEvent_DataEvent{Output: &rpc.ProcessEvent_DataEvent_Stdout{Stdout: []byte(s)}}
 	}
@@ -618,15 +618,16 @@ func TestOutputBacklog(t *testing.T) {
 		got = append(got, string(e.GetStdout()))
 	}
 	if strings.Join(got, ",") != "0003,0004" {
-		t.Fatalf("backlog %v, want the newest 8 bytes", got)
+		t.Fatalf("backlog %v, want the newest two", got)
 	}
 	late := o.subscribe()
-	o.put(ev("0123456789")) // fills the limit
+	o.put(ev("0123"))
+	o.put(ev("4567")) // fills the limit
 	put := make(chan struct{})
 	go func() { o.put(ev("x")); close(put) }()
 	select {
 	case <-put:
-		t.Fatal("a writer 10 bytes ahead of its subscribers was not held back")
+		t.Fatal("a writer the limit ahead of its subscribers was not held back")
 	case <-time.After(100 * time.Millisecond):
 	}
 	s.next()
