@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"path"
 	"sort"
 	"strconv"
@@ -62,6 +63,7 @@ type Process interface {
 	Stderr() io.Reader
 	// Wait blocks until the process exited.
 	Wait() Exit
+	// Signal's error wraps os.ErrProcessDone once the process exited.
 	Signal(sig syscall.Signal) error
 	// Resize sets the terminal's size.
 	Resize(size WindowSize) error
@@ -234,7 +236,7 @@ func (ps *processService) SendSignal(ctx context.Context, req *connect.Request[r
 		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("signal %v is not one envd sends", req.Msg.GetSignal()))
 	}
 	if err := p.handle.Signal(sig); err != nil {
-		if p.ended() {
+		if p.ended() || errors.Is(err, os.ErrProcessDone) {
 			return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("process %d has ended", p.pid))
 		}
 		return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("signal process %d: %w", p.pid, err))

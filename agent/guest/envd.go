@@ -13,6 +13,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -49,6 +50,13 @@ func (s *Service) startEnvd(ctx context.Context, c *container, hash [sha256.Size
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.envd != nil {
+		// A container the kubelet restarts is a new one: envd moves over
+		// once the one it served has ended.
+		if old := s.envdTarget.get(); old.init.stateIs(stateStopped) || s.containers[old.id] != old {
+			s.envdTarget.set(c)
+			log.G(ctx).WithFields(log.Fields{"id": c.id, "was": old.id}).Info("envd serves a new container")
+			return nil
+		}
 		log.G(ctx).WithField("id", c.id).Warn("envd serves another container of this sandbox already")
 		return nil
 	}
@@ -57,8 +65,9 @@ func (s *Service) startEnvd(ctx context.Context, c *container, hash [sha256.Size
 		return fmt.Errorf("start envd for %s: %w", c.id, err)
 	}
 	logger := log.L.WithField("component", "envd")
+	s.envdTarget = &envdContainer{c: c, reaper: s.reaper}
 	srv := &http.Server{
-		Handler: envd.New(&envdContainer{c: c, reaper: s.reaper}, hash).Handler(),
+		Handler: envd.New(s.envdTarget, hash).Handler(),
 		// No WriteTimeout: process output streams for as long as the
 		// process runs. envd bounds each write of a stream instead.
 		ReadHeaderTimeout: 10 * time.Second,
@@ -79,26 +88,42 @@ func (s *Service) startEnvd(ctx context.Context, c *container, hash [sha256.Size
 // it like the host's execs, through the helper (its namespaces, root and
 // cgroup, the init's capabilities, rlimits and no_new_privs).
 type envdContainer struct {
-	c      *container
 	reaper *Reaper
+
+	mu sync.Mutex
+	c  *container
+}
+
+func (e *envdContainer) get() *container {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.c
+}
+
+func (e *envdContainer) set(c *container) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.c = c
 }
 
 var _ envd.Container = (*envdContainer)(nil)
 
 func (e *envdContainer) Root() (string, error) {
-	if e.c.init.stateIs(stateStopped) {
-		return "", fmt.Errorf("container %s has stopped", e.c.id)
+	c := e.get()
+	if c.init.stateIs(stateStopped) {
+		return "", fmt.Errorf("container %s has stopped", c.id)
 	}
-	return fmt.Sprintf("/proc/%d/root", e.c.init.Pid()), nil
+	return fmt.Sprintf("/proc/%d/root", c.init.Pid()), nil
 }
 
 func (e *envdContainer) Process() envd.ProcessSpec {
-	p := e.c.init.cfg.Process
+	p := e.get().init.cfg.Process
 	return envd.ProcessSpec{UID: p.UID, GID: p.GID, Groups: p.AdditionalGids, Env: p.Env}
 }
 
 func (e *envdContainer) Spawn(ctx context.Context, cmd envd.Command) (envd.Process, error) {
-	pc := e.c.init.cfg.Process
+	c := e.get()
+	pc := c.init.cfg.Process
 	pc.Args, pc.Env, pc.Cwd = cmd.Args, cmd.Env, cmd.Dir
 	pc.UID, pc.GID, pc.AdditionalGids = cmd.UID, cmd.GID, cmd.Groups
 	pc.OOMScoreAdj = nil
@@ -107,7 +132,7 @@ func (e *envdContainer) Spawn(ctx context.Context, cmd envd.Command) (envd.Proce
 		stdio.Terminal, stdio.ptySize = true, &unix.Winsize{Col: cmd.PTY.Cols, Row: cmd.PTY.Rows}
 	}
 	p := newProcess("envd", &helperConfig{Mode: helperExec, Process: pc}, stdio)
-	if _, err := e.c.startExec(ctx, e.reaper, p); err != nil {
+	if _, err := c.startExec(ctx, e.reaper, p); err != nil {
 		p.closeFiles()
 		return nil, err
 	}
@@ -169,7 +194,13 @@ func (e *envdProcess) Wait() envd.Exit {
 	return envd.Exit{Code: x.Status, Signal: x.Signal}
 }
 
-func (e *envdProcess) Signal(sig syscall.Signal) error { return e.p.Signal(sig) }
+func (e *envdProcess) Signal(sig syscall.Signal) error {
+	err := e.p.Signal(sig)
+	if errdefs.IsNotFound(err) {
+		return fmt.Errorf("%w: %w", err, os.ErrProcessDone)
+	}
+	return err
+}
 
 func (e *envdProcess) Resize(s envd.WindowSize) error {
 	return e.p.Resize(uint32(s.Cols), uint32(s.Rows))

@@ -1,10 +1,12 @@
 package guest
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"io"
+	"net/http"
 	"os"
 	"strings"
 	"testing"
@@ -56,5 +58,25 @@ func TestBufferReader(t *testing.T) {
 	got, err := io.ReadAll(bufferReader{b})
 	if err != nil || string(got) != "hello" {
 		t.Fatalf("read %q, %v", got, err)
+	}
+}
+
+// TestEnvdFollowsRestartedContainer: a container created while envd's
+// container runs leaves envd where it is; once that one stopped (the
+// kubelet restarts a container as a new one), envd serves the new one.
+func TestEnvdFollowsRestartedContainer(t *testing.T) {
+	s := NewService(NewReaper(), Config{})
+	old := &container{id: "old", init: newProcess("", &helperConfig{}, StdioConfig{})}
+	old.init.state = stateRunning
+	s.containers["old"] = old
+	s.envd, s.envdTarget = &http.Server{}, &envdContainer{c: old}
+	next := &container{id: "next", init: newProcess("", &helperConfig{}, StdioConfig{})}
+	ctx := context.Background()
+	if err := s.startEnvd(ctx, next, [32]byte{}); err != nil || s.envdTarget.get() != old {
+		t.Fatalf("while the old container runs: envd serves %s, %v", s.envdTarget.get().id, err)
+	}
+	old.init.setExited(Exit{})
+	if err := s.startEnvd(ctx, next, [32]byte{}); err != nil || s.envdTarget.get() != next {
+		t.Fatalf("after the old container stopped: envd serves %s, %v", s.envdTarget.get().id, err)
 	}
 }

@@ -43,6 +43,7 @@ type Service struct {
 	mu         sync.Mutex
 	containers map[string]*container // nil value: being created
 	envd       *http.Server          // once a container asked for it
+	envdTarget *envdContainer        // the container envd serves
 }
 
 var _ agentapi.AgentService = (*Service)(nil)
