@@ -13,8 +13,10 @@
 // the specs to the guest unchanged, and the agent starts envd when it
 // creates a container whose spec has it and whose CRI container type is
 // "container" (the pause container carries the pod's annotations too).
-// One envd serves a guest: the first such container is its container. A
-// pod without the annotation has no envd and no listener.
+// One envd serves a guest: the first such container is its container,
+// until it stops and another such container is created (the kubelet
+// restarting it), which envd then serves. A pod without the annotation has
+// no envd and no listener.
 //
 // # Access
 //
