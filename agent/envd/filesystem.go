@@ -87,10 +87,7 @@ func (s *Server) fsRequestFor(named string) (*fsRequest, error) {
 		name = named
 	}
 	if name == "" {
-		name = s.container.DefaultUser()
-	}
-	if name == "" {
-		name = "0"
+		name = strconv.FormatUint(uint64(s.container.Process().UID), 10)
 	}
 	u, err := lookupUser(root, name)
 	if err != nil {

@@ -13,8 +13,6 @@ type dirContainer string
 
 func (d dirContainer) Root() (string, error) { return string(d), nil }
 
-func (d dirContainer) DefaultUser() string { return "" }
-
 func newTestServer(t *testing.T, token string) (*Server, *httptest.Server) {
 	t.Helper()
 	s := New(dirContainer(t.TempDir()), sha256.Sum256([]byte(token)))

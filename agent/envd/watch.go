@@ -30,12 +30,7 @@ import (
 )
 
 const (
-	// keepaliveHeader is the SDK's interval, in seconds, between keepalive
-	// messages of a stream with no event.
-	keepaliveHeader = "Keepalive-Ping-Interval"
-	// defaultKeepalive is the interval for a client that gives none.
-	defaultKeepalive = 90 * time.Second
-	// watchMask is what fsnotify watches, whose events E2B's envd reports.
+	// watchMask is what inotify watches, whose events E2B's envd reports.
 	watchMask = unix.IN_CREATE | unix.IN_MODIFY | unix.IN_DELETE | unix.IN_MOVED_FROM |
 		unix.IN_MOVED_TO | unix.IN_ATTRIB | unix.IN_DELETE_SELF | unix.IN_MOVE_SELF | unix.IN_ONLYDIR
 )
@@ -272,7 +267,7 @@ func (fs *filesystemService) WatchDir(ctx context.Context, req *connect.Request[
 			}
 		})
 	}()
-	interval := keepaliveInterval(req.Header().Get(keepaliveHeader))
+	interval := keepalive(req.Header())
 	keepalive := time.NewTicker(interval)
 	defer keepalive.Stop()
 	for {
@@ -292,13 +287,6 @@ func (fs *filesystemService) WatchDir(ctx context.Context, req *connect.Request[
 			return err
 		}
 	}
-}
-
-func keepaliveInterval(v string) time.Duration {
-	if s, err := strconv.Atoi(v); err == nil && s > 0 {
-		return time.Duration(s) * time.Second
-	}
-	return defaultKeepalive
 }
 
 func watchError(err error) error {
