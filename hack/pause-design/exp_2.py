@@ -30,7 +30,9 @@ try:
     h0 = sha(snap_ram)
     for i in range(n):
         be = f"memory-backend-file,id=ram0,size={mem}M,mem-path={snap_ram},share=off,readonly=on,rom=off"
-        vm = VM(f"2c{i}", mem, snap_ram, qemu=Q10, backend=be, incoming=f"exec:cat {snap_dev}", machine="pc-q35-7.2")
+        vm = VM(f"2c{i}", mem, snap_ram, qemu=Q10, backend=be, incoming="defer", machine="pc-q35-7.2")
+        vm.qmp("migrate-set-capabilities", capabilities=[{"capability": "x-ignore-shared", "state": True}])
+        vm.qmp("migrate-incoming", uri=f"exec:cat {snap_dev}")
         for _ in range(300):
             if vm.qmp("query-status")["status"] != "inmigrate": break
             time.sleep(0.1)

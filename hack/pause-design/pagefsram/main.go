@@ -13,6 +13,8 @@ import (
 	"os"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/cryo-runtime/cryo/pagefs"
 )
 
@@ -55,8 +57,15 @@ func run(dir string, size int64) error {
 		return err
 	}
 	defer srv.Unmount()
-	if err := srv.TuneWriteback(min(size, 1<<30)); err != nil {
-		return err
+	// Nothing is written back while the guest runs, up to its whole RAM:
+	// the sync before the pause writes it.
+	if err := srv.TuneWriteback(size); err != nil {
+		// max_bytes above the global dirty limit is refused: let the
+		// mount use all of that limit instead.
+		fmt.Fprintln(os.Stderr, "pagefsram:", err, "; max_ratio=100 instead")
+		if err := maxRatio(dir); err != nil {
+			return err
+		}
 	}
 	ram, err := os.OpenFile(srv.Path("ram"), os.O_RDWR, 0)
 	if err != nil {
@@ -98,6 +107,15 @@ func run(dir string, size int64) error {
 		}
 	}
 	return in.Err()
+}
+
+// maxRatio lets the mount's bdi use the whole global dirty limit.
+func maxRatio(dir string) error {
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		return err
+	}
+	return os.WriteFile(fmt.Sprintf("/sys/class/bdi/0:%d/max_ratio", unix.Minor(st.Dev)), []byte("100"), 0)
 }
 
 func ms(t time.Time) float64 { return float64(time.Since(t).Microseconds()) / 1e3 }
