@@ -61,12 +61,13 @@ integration: deps build controller-image
 	CRYO_BIN=$(BIN) CRYO_GUEST_DIR=$(GUEST) PATH=$(CRYO_TOOLS)/bin:$$PATH \
 		$(GO) test -tags integration -p 1 -count=1 -timeout 60m ./...
 
-test: deps build controller-image
-	@test -z "$$(gofmt -l .)" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
-	$(GO) vet ./...
-	$(GO) vet -tags integration ./...
-	CRYO_BIN=$(BIN) CRYO_GUEST_DIR=$(GUEST) PATH=$(CRYO_TOOLS)/bin:$$PATH CRYO_TEST_LOG=$(OUT)/test.log \
-		hack/gotest.sh -tags integration -p 1 -count=1 -timeout 75m ./...
+# deps, build, vet, then the tests under gotestsum (hack/test.sh): it ends
+# with the slowest tests, the time of each phase and what failed; the output
+# and the test events are in $(OUT)/test (docs/testing.md). TESTFLAGS go to
+# go test (TESTFLAGS='-run ^TestRunEcho$$'), TESTPKGS narrows the packages.
+test:
+	CRYO_BIN=$(BIN) CRYO_GUEST_DIR=$(GUEST) PATH=$(CRYO_TOOLS)/bin:$$PATH OUT=$(OUT) MAKE="$(MAKE)" \
+		TESTPKGS='$(TESTPKGS)' TESTFLAGS='$(TESTFLAGS)' hack/test.sh
 
 # cri-tools' validation suite against the cryo handler (the subset a VM
 # runtime can pass: docs/critest.md).

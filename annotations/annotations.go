@@ -33,6 +33,11 @@ const (
 	// and RestoreDigest, which the node checks; the node only lets it
 	// through (it names an API object, nothing on the node).
 	RestoreCheckpoint = Prefix + "restore-checkpoint"
+	// EnvdAccessTokenSHA256 turns envd (E2B's sandbox-side API) on in the
+	// pod's guest: the lowercase hex SHA-256 of its access token. The
+	// guest reads it from the container's spec (agent/envd.Annotation);
+	// the node only checks its form.
+	EnvdAccessTokenSHA256 = Prefix + "envd-access-token-sha256"
 
 	// Compatibility aliases. Each is enabled or refused by the
 	// [annotations] enabled list like the cryo.dev/ key it stands for.
@@ -54,6 +59,7 @@ const (
 var known = map[string]bool{
 	VCPUs: true, Memory: true, RestoreFrom: true, RestoreDigest: true, CheckpointTo: true,
 	RestoreFallback: true, RestoreMode: true, PreCheckpointExec: true, PostRestoreExec: true,
+	EnvdAccessTokenSHA256: true,
 }
 
 // Request is what a sandbox's annotations ask of cryo.
@@ -143,6 +149,10 @@ func Parse(a map[string]string, cfg configs.Config) (Request, error) {
 			r.PreCheckpoint = v
 		case PostRestoreExec:
 			r.PostRestore = v
+		case EnvdAccessTokenSHA256:
+			if !isSHA256Hex(v) {
+				err = fmt.Errorf("want 64 lowercase hex digits (the SHA-256 of the envd access token)")
+			}
 		}
 		if err != nil {
 			return r, invalid(k, v, err.Error())
@@ -226,6 +236,18 @@ func memoryMiB(v string, max int) (int, error) {
 		return 0, fmt.Errorf("must be between 128 MiB and %d MiB", max)
 	}
 	return n, nil
+}
+
+func isSHA256Hex(v string) bool {
+	if len(v) != 64 {
+		return false
+	}
+	for _, c := range v {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 func invalid(k, v, why string) error {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/containerd/errdefs"
 
+	"github.com/cryo-runtime/cryo/agent/envd"
 	"github.com/cryo-runtime/cryo/configs"
 )
 
@@ -41,6 +42,11 @@ func TestParse(t *testing.T) {
 		{name: "kata alias without namespace", in: map[string]string{KataRestoreFrom: "demo:v1"}, wantErr: "per namespace"},
 		{name: "kata alias bad namespace", in: map[string]string{KataRestoreFrom: "demo:v1", CRISandboxNamespace: "../x"}, wantErr: "per namespace"},
 		{name: "namespace", in: map[string]string{CRISandboxNamespace: "team-a"}, want: func(r Request) bool { return r.Namespace == "team-a" }},
+		{name: "envd token hash", in: map[string]string{EnvdAccessTokenSHA256: strings.Repeat("0f", 32)},
+			want: func(r Request) bool { return true }},
+		{name: "envd token hash upper case", in: map[string]string{EnvdAccessTokenSHA256: strings.Repeat("0F", 32)}, wantErr: EnvdAccessTokenSHA256 + `="` + strings.Repeat("0F", 32) + `": want 64 lowercase hex`},
+		{name: "envd token hash short", in: map[string]string{EnvdAccessTokenSHA256: "abc"}, wantErr: EnvdAccessTokenSHA256},
+		{name: "envd token plain", in: map[string]string{EnvdAccessTokenSHA256: strings.Repeat("x", 64)}, wantErr: "64 lowercase hex"},
 		{name: "kata alias escapes", in: map[string]string{KataRestoreFrom: "../../etc/passwd"}, wantErr: "plain snapshot name"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -94,6 +100,13 @@ func TestAliasesHonourEnabled(t *testing.T) {
 	cfg.Annotations.Enabled = []string{RestoreFrom}
 	if r, err := Parse(map[string]string{KruiseArchiveLocation: "s3://b/x:1"}, cfg); err != nil || r.RestoreFrom != "s3://b/x:1" {
 		t.Fatalf("alias with %s enabled: %+v, %v", RestoreFrom, r, err)
+	}
+}
+
+// TestEnvdKey: the node and the guest name the same annotation.
+func TestEnvdKey(t *testing.T) {
+	if EnvdAccessTokenSHA256 != envd.Annotation {
+		t.Fatalf("annotations has %s, the guest's envd reads %s", EnvdAccessTokenSHA256, envd.Annotation)
 	}
 }
 

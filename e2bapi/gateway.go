@@ -23,9 +23,6 @@ import (
 )
 
 const (
-	// EnvdPort is where envd listens in every sandbox (the pod's address).
-	EnvdPort = 49983
-
 	// The SDK names the sandbox and the port in these headers on every
 	// request to E2B_SANDBOX_URL.
 	headerSandboxID   = "E2b-Sandbox-Id"
@@ -257,7 +254,11 @@ func (g *Gateway) resume(ctx context.Context, sb *sandbox) error {
 		if err != nil || !found || cur.pod != nil {
 			return nil, err // gone, or already resumed
 		}
-		err = g.Server.resume(ctx, cur, nil)
+		token, err := g.Server.token(ctx, ns, tokenSecretName(sb.id))
+		if err != nil {
+			return nil, err
+		}
+		err = g.Server.resume(ctx, cur, nil, token)
 		if apierrors.IsAlreadyExists(err) {
 			return nil, nil
 		}

@@ -10,14 +10,12 @@ package e2bapi
 import (
 	"context"
 	"crypto/rand"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"sort"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -27,7 +25,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	cryov1 "github.com/cryo-runtime/cryo/api/v1alpha1"
-	"github.com/cryo-runtime/cryo/controller"
 )
 
 const (
@@ -51,10 +48,13 @@ const (
 	annEndAt            = "e2b.cryo.dev/end-at"
 	annAutoPause        = "e2b.cryo.dev/auto-pause"
 	annGen              = "e2b.cryo.dev/generation"
+	// annFrom names the Checkpoint a sandbox was created from (a snapshot
+	// or a fork); it is the templateID the SDK is shown.
+	annFrom = "e2b.cryo.dev/from"
 
-	// envdVersion is what the SDK is told the sandbox runs: it refuses
-	// anything below 0.1.0. envd itself is not built yet (docs/e2b.md).
-	envdVersion = "0.2.0"
+	// envdVersion is what the SDK is told the sandbox runs (the envd
+	// contract): closeStdin and octet-stream uploads, no file metadata.
+	envdVersion = "0.5.7"
 
 	defaultTimeout = 300 * time.Second
 	maxTimeout     = 24 * time.Hour
@@ -79,6 +79,19 @@ type Server struct {
 	NewID        func() string
 	PollInterval time.Duration
 	ReapInterval time.Duration
+
+	// StartWait bounds how long create and connect wait for a new pod to
+	// run (default 5 minutes; the SDK gives up after its request timeout,
+	// 60 s unless requestTimeoutMs says otherwise, and the pod goes).
+	StartWait time.Duration
+	// EnvdPort and HTTPClient reach envd's /init (default EnvdPort and
+	// http.DefaultClient): tests put an httptest server there.
+	EnvdPort   int
+	HTTPClient *http.Client
+	// NodeStats reads a node's kubelet stats summary (the JSON of
+	// /api/v1/nodes/<node>/proxy/stats/summary); nil: metrics report
+	// usage as zero.
+	NodeStats func(ctx context.Context, node string) ([]byte, error)
 }
 
 // apiError is E2B's error body.
@@ -111,14 +124,29 @@ func (s *Server) Handler() http.Handler {
 	route("POST /sandboxes/{id}/timeout", s.setTimeout)
 	route("POST /sandboxes/{id}/pause", s.pause)
 	route("POST /v2/sandboxes/{id}/connect", s.connect)
-	for _, p := range []string{
-		"POST /sandboxes/{id}/snapshots", "GET /snapshots", "POST /sandboxes/{id}/fork",
-		"GET /sandboxes/{id}/metrics", "PUT /sandboxes/{id}/network", "/templates", "/templates/",
-		"/v2/templates", "/v2/templates/", "/v3/templates", "/volumes", "/volumes/", "/secrets", "/secrets/",
-	} {
-		route(p, func(context.Context, string, *http.Request) (int, any, error) {
-			return 0, nil, errf(http.StatusNotImplemented, "not supported by cryo's E2B API (docs/e2b.md): snapshots, fork, metrics, network updates, template builds, volumes and secrets")
-		})
+	route("POST /sandboxes/{id}/snapshots", s.createSnapshot)
+	route("GET /snapshots", s.listSnapshots)
+	route("DELETE /templates/{id}", s.deleteSnapshot)
+	route("POST /sandboxes/{id}/fork", s.fork)
+	route("GET /sandboxes/{id}/metrics", s.metrics)
+	route("PUT /sandboxes/{id}/network", func(context.Context, string, *http.Request) (int, any, error) {
+		return 0, nil, errf(http.StatusBadRequest, "network: egress rules are not supported by cryo's E2B API (use a NetworkPolicy on the namespace)")
+	})
+	refuse := func(what string) func(context.Context, string, *http.Request) (int, any, error) {
+		return func(_ context.Context, _ string, r *http.Request) (int, any, error) {
+			return 0, nil, errf(http.StatusNotFound, "%s are not supported by cryo's E2B API (docs/e2b.md): %s %s", what, r.Method, r.URL.Path)
+		}
+	}
+	// The SDK's Template.build and its tags, aliases and build status
+	// calls; a template is an image configured on the controller.
+	for _, p := range []string{"/templates", "/templates/", "/v2/templates", "/v2/templates/", "/v3/templates", "/v3/templates/"} {
+		route(p, refuse("template builds"))
+	}
+	for _, p := range []string{"/volumes", "/volumes/"} {
+		route(p, refuse("volumes"))
+	}
+	for _, p := range []string{"/secrets", "/secrets/"} {
+		route(p, refuse("secrets"))
 	}
 	route("/", func(_ context.Context, _ string, r *http.Request) (int, any, error) {
 		return 0, nil, errf(http.StatusNotFound, "no route %s %s", r.Method, r.URL.Path)
@@ -128,6 +156,9 @@ func (s *Server) Handler() http.Handler {
 
 func (s *Server) serve(w http.ResponseWriter, r *http.Request, h func(ctx context.Context, ns string, r *http.Request) (int, any, error)) {
 	ctx := r.Context()
+	if r.Body != nil {
+		r.Body = http.MaxBytesReader(w, r.Body, maxBody)
+	}
 	code, body, err := 0, any(nil), error(nil)
 	ns, err := s.authenticate(ctx, r.Header.Get("X-API-Key"))
 	if err == nil {
@@ -145,48 +176,36 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, h func(ctx contex
 		w.WriteHeader(code)
 		return
 	}
+	if p, ok := body.(paged); ok {
+		if p.next != "" {
+			w.Header().Set("X-Next-Token", p.next)
+		}
+		body = p.items
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
 	_ = json.NewEncoder(w).Encode(body)
 }
 
-// authenticate maps an API key to its namespace.
-func (s *Server) authenticate(ctx context.Context, key string) (string, error) {
-	bad := errf(http.StatusUnauthorized, "Invalid API key")
-	if key == "" {
-		return "", bad
-	}
-	var secrets corev1.SecretList
-	if err := s.Client.List(ctx, &secrets, client.InNamespace(s.Namespace), client.HasLabels{LabelAPIKey}); err != nil {
-		return "", fmt.Errorf("list API key Secrets: %w", err)
-	}
-	for _, sec := range secrets.Items {
-		want := sec.Data[SecretKeyField]
-		if len(want) == 0 || subtle.ConstantTimeCompare(want, []byte(key)) != 1 {
-			continue
-		}
-		ns := sec.Annotations[AnnotationKeyNamespace]
-		if ns == "" {
-			return "", errf(http.StatusUnauthorized, "API key Secret %s has no annotation %s", sec.Name, AnnotationKeyNamespace)
-		}
-		return ns, nil
-	}
-	return "", bad
-}
-
 // createBody is the SDK's NewSandbox.
 type createBody struct {
-	TemplateID string            `json:"templateID"`
-	Timeout    *int64            `json:"timeout"`
-	Metadata   map[string]string `json:"metadata"`
-	EnvVars    map[string]string `json:"envVars"`
-	AutoPause  *bool             `json:"autoPause"`
-	AutoResume *struct {
+	TemplateID      string            `json:"templateID"`
+	Timeout         *int64            `json:"timeout"`
+	Metadata        map[string]string `json:"metadata"`
+	EnvVars         map[string]string `json:"envVars"`
+	AutoPause       *bool             `json:"autoPause"`
+	AutoPauseMemory *bool             `json:"autoPauseMemory"`
+	AutoResume      *struct {
 		Enabled bool `json:"enabled"`
 	} `json:"autoResume"`
-	VolumeMounts []json.RawMessage `json:"volumeMounts"`
-	MCP          json.RawMessage   `json:"mcp"`
-	Secure       *bool             `json:"secure"`
+	VolumeMounts        []json.RawMessage `json:"volumeMounts"`
+	MCP                 json.RawMessage   `json:"mcp"`
+	Network             json.RawMessage   `json:"network"`
+	AllowInternetAccess *bool             `json:"allow_internet_access"`
+	IAM                 json.RawMessage   `json:"iam"`
+	// Secure is E2B's v1 switch; every cryo sandbox's envd needs its
+	// token, as on E2B's /v2/sandboxes, so false is ignored (docs/e2b.md).
+	Secure *bool `json:"secure"`
 }
 
 // sandboxBody is the SDK's Sandbox (create and connect answers).
@@ -225,6 +244,10 @@ func decode(r *http.Request, v any) error {
 		return nil
 	}
 	if err := json.NewDecoder(r.Body).Decode(v); err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return errf(http.StatusRequestEntityTooLarge, "request body: larger than %d bytes", tooBig.Limit)
+		}
 		return errf(http.StatusBadRequest, "request body: %v", err)
 	}
 	return nil
@@ -253,45 +276,100 @@ func (s *Server) create(ctx context.Context, ns string, r *http.Request) (int, a
 	if err := decode(r, &b); err != nil {
 		return 0, nil, err
 	}
-	switch {
-	case len(b.VolumeMounts) > 0:
-		return 0, nil, errf(http.StatusBadRequest, "volumeMounts: volumes are not supported by cryo's E2B API")
-	case len(b.MCP) > 0 && string(b.MCP) != "null":
-		return 0, nil, errf(http.StatusBadRequest, "mcp: not supported by cryo's E2B API")
+	if err := b.validate(); err != nil {
+		return 0, nil, err
 	}
 	if b.TemplateID == "" {
 		b.TemplateID = "base"
-	}
-	tpl, ok := s.Templates[b.TemplateID]
-	if !ok {
-		return 0, nil, errf(http.StatusNotFound, "template %q not found", b.TemplateID)
 	}
 	timeout, err := timeoutOf(b.Timeout)
 	if err != nil {
 		return 0, nil, err
 	}
-	id := s.newID()
 	now := s.now()
-	meta, _ := json.Marshal(orEmpty(b.Metadata))
-	env, _ := json.Marshal(orEmpty(b.EnvVars))
-	ann := map[string]string{
-		annTemplate:  b.TemplateID,
-		annMetadata:  string(meta),
-		annEnv:       string(env),
-		annStartedAt: now.UTC().Format(time.RFC3339Nano),
-		annEndAt:     now.Add(timeout).UTC().Format(time.RFC3339Nano),
-		annAutoPause: strconv.FormatBool(b.AutoPause != nil && *b.AutoPause),
-		annGen:       "0",
+	l := launch{
+		ns: ns, id: s.newID(), ann: map[string]string{
+			annStartedAt: now.UTC().Format(time.RFC3339Nano),
+			annEndAt:     now.Add(timeout).UTC().Format(time.RFC3339Nano),
+			annAutoPause: strconv.FormatBool(b.AutoPause != nil && *b.AutoPause),
+			annGen:       "0",
+		},
+		newSecret: true,
 	}
+	if tpl, ok := s.Templates[b.TemplateID]; ok {
+		l.tpl, l.podEnv, l.env, l.token = tpl, b.EnvVars, b.EnvVars, newToken()
+		l.ann[annTemplate] = b.TemplateID
+	} else if err := s.fromCheckpoint(ctx, &l, b.TemplateID, b.EnvVars); err != nil {
+		return 0, nil, err
+	}
+	l.ann[annMetadata] = jsonString(b.Metadata)
 	if b.AutoResume != nil && b.AutoResume.Enabled {
-		ann[annAutoResume] = "true" // the gateway resumes it on its first request
+		l.ann[annAutoResume] = "true" // the gateway resumes it on its first request
 	}
-	pod := s.pod(ns, id, 0, tpl, b.EnvVars, ann)
+	l.ann[annEnv] = jsonString(l.env)
+	if err := s.start(ctx, l); err != nil {
+		return 0, nil, err
+	}
+	s.Log.Info("sandbox created", "namespace", ns, "sandbox", l.id, "template", b.TemplateID)
+	return http.StatusCreated, s.sandboxBody(l.id, b.TemplateID, l.token), nil
+}
+
+func jsonString(m map[string]string) string {
+	b, _ := json.Marshal(orEmpty(m))
+	return string(b)
+}
+
+// launch is one new pod of a sandbox: its first (a template's, a
+// snapshot's, a fork's) or a resumed one.
+type launch struct {
+	ns, id string
+	gen    int
+	tpl    Template
+	podEnv map[string]string // the container's environment
+	env    map[string]string // envd's defaults for new processes (/init)
+	ann    map[string]string // the pod's annotations
+	token  string
+	// newSecret: the sandbox id is new, so is its token Secret.
+	newSecret bool
+}
+
+// start creates the pod of l, waits until it runs and hands envd its
+// token. On failure it removes what it created, so that a failed create
+// leaves nothing and a failed resume leaves the sandbox paused.
+func (s *Server) start(ctx context.Context, l launch) (retErr error) {
+	undo := context.WithoutCancel(ctx)
+	if l.newSecret {
+		if err := s.saveToken(ctx, l.ns, tokenSecretName(l.id), map[string]string{LabelSandbox: l.id}, nil, l.token); err != nil {
+			return err
+		}
+		defer func() {
+			if retErr != nil {
+				if err := s.deleteSecret(undo, l.ns, tokenSecretName(l.id)); err != nil {
+					s.Log.Error(err, "undo a failed sandbox start", "sandbox", l.id)
+				}
+			}
+		}()
+	}
+	l.ann[AnnotationEnvdTokenSHA256] = tokenHash(l.token)
+	pod := s.pod(l.ns, l.id, l.gen, l.tpl, l.podEnv, l.ann)
 	if err := s.Client.Create(ctx, pod); err != nil {
-		return 0, nil, fmt.Errorf("create pod: %w", err)
+		return fmt.Errorf("create pod %s: %w", pod.Name, err)
 	}
-	s.Log.Info("sandbox created", "namespace", ns, "sandbox", id, "template", b.TemplateID)
-	return http.StatusCreated, s.sandboxBody(id, b.TemplateID), nil
+	defer func() {
+		if retErr != nil {
+			if err := s.Client.Delete(undo, pod, client.GracePeriodSeconds(0)); err != nil && !apierrors.IsNotFound(err) {
+				s.Log.Error(err, "undo a failed sandbox start", "sandbox", l.id, "pod", pod.Name)
+			}
+		}
+	}()
+	running, err := s.waitRunning(ctx, l.ns, pod.Name)
+	if err != nil {
+		return fmt.Errorf("sandbox %s: %w", l.id, err)
+	}
+	if err := s.initEnvd(ctx, running, l.token, l.env); err != nil {
+		return fmt.Errorf("sandbox %s: %w", l.id, err)
+	}
+	return nil
 }
 
 func orEmpty(m map[string]string) map[string]string {
@@ -301,8 +379,8 @@ func orEmpty(m map[string]string) map[string]string {
 	return m
 }
 
-func (s *Server) sandboxBody(id, template string) sandboxBody {
-	return sandboxBody{SandboxID: id, TemplateID: template, ClientID: "cryo", EnvdVersion: envdVersion}
+func (s *Server) sandboxBody(id, template, token string) sandboxBody {
+	return sandboxBody{SandboxID: id, TemplateID: template, ClientID: "cryo", EnvdVersion: envdVersion, EnvdAccessToken: &token}
 }
 
 // pod is a sandbox's pod of generation gen: the first is gen 0, each
@@ -359,6 +437,7 @@ func (s *Server) newID() string {
 // sandbox is what the cluster holds of one sandbox id.
 type sandbox struct {
 	id   string
+	ns   string
 	pod  *corev1.Pod         // the live pod, nil when paused
 	last *cryov1.Checkpoint  // the newest Checkpoint, nil if never paused
 	all  []cryov1.Checkpoint // every Checkpoint of the sandbox
@@ -389,7 +468,7 @@ func generation(ann map[string]string) int {
 // lookup finds sandbox id in ns; found is false when it is neither
 // running nor paused (unknown, killed, or a pause that has not finished).
 func (s *Server) lookup(ctx context.Context, ns, id string) (*sandbox, bool, error) {
-	sb := &sandbox{id: id}
+	sb := &sandbox{id: id, ns: ns}
 	var pods corev1.PodList
 	if err := s.Client.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{LabelSandbox: id}); err != nil {
 		return nil, false, fmt.Errorf("list pods: %w", err)
@@ -455,7 +534,7 @@ func (s *Server) detail(sb *sandbox) listedBody {
 	lc.AutoResume = ann[annAutoResume] == "true"
 	d := listedBody{
 		SandboxID:   sb.id,
-		TemplateID:  ann[annTemplate],
+		TemplateID:  templateID(ann),
 		ClientID:    "cryo",
 		StartedAt:   ann[annStartedAt],
 		EndAt:       ann[annEndAt],
@@ -485,92 +564,6 @@ func (s *Server) get(ctx context.Context, ns string, r *http.Request) (int, any,
 	return http.StatusOK, s.detail(sb), nil
 }
 
-func (s *Server) list(ctx context.Context, ns string, r *http.Request) (int, any, error) {
-	q := r.URL.Query()
-	states := map[string]bool{}
-	for _, v := range q["state"] {
-		for _, st := range strings.Split(v, ",") {
-			if st != "running" && st != "paused" {
-				return 0, nil, errf(http.StatusBadRequest, "state: %q is neither running nor paused", st)
-			}
-			states[st] = true
-		}
-	}
-	if len(states) == 0 {
-		states = map[string]bool{"running": true, "paused": true}
-	}
-	want, err := metadataFilter(q.Get("metadata"))
-	if err != nil {
-		return 0, nil, err
-	}
-	ids, err := s.ids(ctx, ns)
-	if err != nil {
-		return 0, nil, err
-	}
-	out := []listedBody{}
-	for _, id := range ids {
-		sb, ok, err := s.lookup(ctx, ns, id)
-		if err != nil {
-			return 0, nil, err
-		}
-		if !ok || !states[sb.state()] {
-			continue
-		}
-		d := s.detail(sb)
-		if matches(d.Metadata, want) {
-			out = append(out, d)
-		}
-	}
-	return http.StatusOK, out, nil
-}
-
-// metadataFilter decodes the SDK's metadata query: a URL-encoded query
-// string of URL-encoded keys and values.
-func metadataFilter(v string) (map[string]string, error) {
-	if v == "" {
-		return nil, nil
-	}
-	pairs, err := parseQuery(v)
-	if err != nil {
-		return nil, errf(http.StatusBadRequest, "metadata: %v", err)
-	}
-	return pairs, nil
-}
-
-func matches(have, want map[string]string) bool {
-	for k, v := range want {
-		if have[k] != v {
-			return false
-		}
-	}
-	return true
-}
-
-// ids are the sandbox ids with a pod or a Checkpoint in ns, sorted.
-func (s *Server) ids(ctx context.Context, ns string) ([]string, error) {
-	seen := map[string]bool{}
-	var pods corev1.PodList
-	if err := s.Client.List(ctx, &pods, client.InNamespace(ns), client.HasLabels{LabelSandbox}); err != nil {
-		return nil, fmt.Errorf("list pods: %w", err)
-	}
-	for _, p := range pods.Items {
-		seen[p.Labels[LabelSandbox]] = true
-	}
-	var cps cryov1.CheckpointList
-	if err := s.Client.List(ctx, &cps, client.InNamespace(ns), client.HasLabels{LabelSandbox}); err != nil {
-		return nil, fmt.Errorf("list Checkpoints: %w", err)
-	}
-	for _, c := range cps.Items {
-		seen[c.Labels[LabelSandbox]] = true
-	}
-	out := make([]string, 0, len(seen))
-	for id := range seen {
-		out = append(out, id)
-	}
-	sort.Strings(out)
-	return out, nil
-}
-
 func (s *Server) kill(ctx context.Context, ns string, r *http.Request) (int, any, error) {
 	id := r.PathValue("id")
 	sb, ok, err := s.lookup(ctx, ns, id)
@@ -587,7 +580,7 @@ func (s *Server) kill(ctx context.Context, ns string, r *http.Request) (int, any
 	return http.StatusNoContent, nil, nil
 }
 
-// remove deletes every pod and Checkpoint of a sandbox.
+// remove deletes every pod and Checkpoint of a sandbox, and its token.
 func (s *Server) remove(ctx context.Context, sb *sandbox) error {
 	for i := range sb.pods {
 		if err := s.Client.Delete(ctx, &sb.pods[i], client.GracePeriodSeconds(0)); err != nil && !apierrors.IsNotFound(err) {
@@ -599,7 +592,7 @@ func (s *Server) remove(ctx context.Context, sb *sandbox) error {
 			return fmt.Errorf("delete Checkpoint %s: %w", sb.all[i].Name, err)
 		}
 	}
-	return nil
+	return s.deleteSecret(ctx, sb.ns, tokenSecretName(sb.id))
 }
 
 func (s *Server) setTimeout(ctx context.Context, ns string, r *http.Request) (int, any, error) {
@@ -638,146 +631,5 @@ func (s *Server) setEndAt(ctx context.Context, sb *sandbox, at time.Time) error 
 	if err := s.Client.Patch(ctx, obj, patch); err != nil {
 		return fmt.Errorf("set the end time of sandbox %s: %w", sb.id, err)
 	}
-	return nil
-}
-
-func (s *Server) pause(ctx context.Context, ns string, r *http.Request) (int, any, error) {
-	sb, err := s.mustFind(ctx, ns, r.PathValue("id"))
-	if err != nil {
-		return 0, nil, err
-	}
-	if sb.pod == nil {
-		return 0, nil, errf(http.StatusConflict, "sandbox %q is already paused", sb.id)
-	}
-	if err := s.checkpoint(ctx, sb); err != nil {
-		return 0, nil, err
-	}
-	return http.StatusNoContent, nil, nil
-}
-
-// checkpoint hibernates a running sandbox: a Checkpoint with keepRunning
-// false carrying the sandbox's E2B annotations, then waits until it has
-// Succeeded and the pod is gone, so that the SDK's pause returns with the
-// sandbox paused.
-func (s *Server) checkpoint(ctx context.Context, sb *sandbox) error {
-	ann := map[string]string{}
-	for _, k := range []string{annTemplate, annMetadata, annEnv, annStartedAt, annEndAt, annAutoPause, annGen, annAutoResume} {
-		ann[k] = sb.pod.Annotations[k]
-	}
-	cp := &cryov1.Checkpoint{
-		ObjectMeta: metav1.ObjectMeta{
-			Namespace:   sb.pod.Namespace,
-			Name:        sb.pod.Name,
-			Labels:      map[string]string{LabelSandbox: sb.id},
-			Annotations: ann,
-		},
-		Spec: cryov1.CheckpointSpec{PodName: sb.pod.Name, KeepRunning: ptr(false)},
-	}
-	if err := s.Client.Create(ctx, cp); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("create Checkpoint: %w", err)
-	}
-	s.Log.Info("sandbox pausing", "namespace", cp.Namespace, "sandbox", sb.id, "checkpoint", cp.Name)
-	wait := s.PauseWait
-	if wait == 0 {
-		wait = 5 * time.Minute
-	}
-	ctx, cancel := context.WithTimeout(ctx, wait)
-	defer cancel()
-	for {
-		var cur cryov1.Checkpoint
-		if err := s.Client.Get(ctx, client.ObjectKeyFromObject(cp), &cur); err != nil {
-			return fmt.Errorf("pause of sandbox %s: %w", sb.id, err)
-		}
-		if cur.Status.Phase == cryov1.PhaseFailed {
-			// Gone, so that the next pause can try again under its name.
-			if err := s.Client.Delete(ctx, &cur); err != nil && !apierrors.IsNotFound(err) {
-				s.Log.Error(err, "delete failed Checkpoint", "checkpoint", cp.Name)
-			}
-			return fmt.Errorf("pause of sandbox %s: Checkpoint %s failed: %s: %s", sb.id, cp.Name, cur.Status.Reason, cur.Status.Message)
-		}
-		if cur.Status.Phase == cryov1.PhaseSucceeded {
-			var p corev1.Pod
-			err := s.Client.Get(ctx, client.ObjectKeyFromObject(sb.pod), &p)
-			if apierrors.IsNotFound(err) {
-				return nil
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return errf(http.StatusGatewayTimeout, "pause of sandbox %s: Checkpoint %s not done after %s (phase %q)", sb.id, cp.Name, wait, cur.Status.Phase)
-		case <-time.After(s.poll()):
-		}
-	}
-}
-
-func (s *Server) poll() time.Duration {
-	if s.PollInterval > 0 {
-		return s.PollInterval
-	}
-	return 250 * time.Millisecond
-}
-
-func (s *Server) connect(ctx context.Context, ns string, r *http.Request) (int, any, error) {
-	var b struct {
-		Timeout *int64 `json:"timeout"`
-		Memory  *bool  `json:"memory"`
-	}
-	if err := decode(r, &b); err != nil {
-		return 0, nil, err
-	}
-	if b.Memory != nil && !*b.Memory {
-		return 0, nil, errf(http.StatusBadRequest, "memory: false (onResume reboot) is not supported: cryo always restores the memory")
-	}
-	sb, err := s.mustFind(ctx, ns, r.PathValue("id"))
-	if err != nil {
-		return 0, nil, err
-	}
-	ann := sb.annotations()
-	if sb.pod != nil {
-		if b.Timeout != nil {
-			timeout, err := timeoutOf(b.Timeout)
-			if err != nil {
-				return 0, nil, err
-			}
-			if err := s.setEndAt(ctx, sb, s.now().Add(timeout)); err != nil {
-				return 0, nil, err
-			}
-		}
-		return http.StatusOK, s.sandboxBody(sb.id, ann[annTemplate]), nil
-	}
-	if err := s.resume(ctx, sb, b.Timeout); err != nil {
-		return 0, nil, err
-	}
-	return http.StatusCreated, s.sandboxBody(sb.id, ann[annTemplate]), nil
-}
-
-// resume starts the next generation's pod restoring the newest Checkpoint.
-func (s *Server) resume(ctx context.Context, sb *sandbox, timeoutSec *int64) error {
-	cp := sb.last
-	tpl, ok := s.Templates[cp.Annotations[annTemplate]]
-	if !ok {
-		return errf(http.StatusInternalServerError, "template %q of paused sandbox %s is no longer configured", cp.Annotations[annTemplate], sb.id)
-	}
-	timeout, err := timeoutOf(timeoutSec)
-	if err != nil {
-		return err
-	}
-	var env map[string]string
-	_ = json.Unmarshal([]byte(cp.Annotations[annEnv]), &env)
-	gen := generation(cp.Annotations) + 1
-	ann := map[string]string{}
-	for k, v := range cp.Annotations {
-		if strings.HasPrefix(k, e2bAnnotationPrefix) {
-			ann[k] = v
-		}
-	}
-	ann[annGen] = strconv.Itoa(gen)
-	ann[annEndAt] = s.now().Add(timeout).UTC().Format(time.RFC3339Nano)
-	ann[controller.AnnotationRestoreCheckpoint] = cp.Name
-	pod := s.pod(cp.Namespace, sb.id, gen, tpl, env, ann)
-	if err := s.Client.Create(ctx, pod); err != nil {
-		return fmt.Errorf("create the resumed pod of sandbox %s: %w", sb.id, err)
-	}
-	s.Log.Info("sandbox resumed", "namespace", cp.Namespace, "sandbox", sb.id, "checkpoint", cp.Name, "pod", pod.Name)
 	return nil
 }

@@ -7,7 +7,10 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -29,8 +32,13 @@ type fixture struct {
 	cl  client.Client
 	srv *Server
 	url string
-	ids int
+	ids atomic.Int32
 	now time.Time
+
+	// envd: what /init was sent, and what it answers.
+	mu       sync.Mutex
+	inits    []initBody
+	initCode atomic.Int32
 }
 
 func newFixture(t *testing.T) *fixture {
@@ -53,20 +61,106 @@ func newFixture(t *testing.T) *fixture {
 		key("team-a", "team-a", "key-a"), key("team-b", "team-b", "key-b"),
 		// a Secret without the label is no key
 		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "cryo-system", Name: "other"}, Data: map[string][]byte{SecretKeyField: []byte("key-x")}},
-	).Build()
+	).WithIndex(&corev1.Event{}, "involvedObject.name", func(o client.Object) []string {
+		return []string{o.(*corev1.Event).InvolvedObject.Name}
+	}).Build()
 	f.srv = &Server{
 		Client: f.cl, Namespace: "cryo-system", RuntimeClass: "cryo",
 		Templates:    map[string]Template{"base": {Image: "busybox:1", Command: []string{"sleep", "inf"}}},
 		Log:          logr.Discard(),
 		Now:          func() time.Time { return f.now },
-		NewID:        func() string { f.ids++; return fmt.Sprintf("sbx%d", f.ids) },
+		NewID:        func() string { return fmt.Sprintf("sbx%d", f.ids.Add(1)) },
 		PollInterval: time.Millisecond,
 		PauseWait:    5 * time.Second,
+		StartWait:    5 * time.Second,
 	}
+	f.initCode.Store(http.StatusNoContent)
+	envd := httptest.NewServer(http.HandlerFunc(f.envd))
+	t.Cleanup(envd.Close)
+	u, _ := url.Parse(envd.URL)
+	f.srv.EnvdPort, _ = strconv.Atoi(u.Port())
 	ts := httptest.NewServer(f.srv.Handler())
 	t.Cleanup(ts.Close)
 	f.url = ts.URL
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	t.Cleanup(func() { cancel(); <-done })
+	go f.cluster(ctx, done)
 	return f
+}
+
+// envd plays the guest's envd: it records /init.
+func (f *fixture) envd(w http.ResponseWriter, r *http.Request) {
+	var b initBody
+	if r.Method != "POST" || r.URL.Path != "/init" || json.NewDecoder(r.Body).Decode(&b) != nil {
+		w.WriteHeader(http.StatusBadRequest)
+		return
+	}
+	f.mu.Lock()
+	f.inits = append(f.inits, b)
+	f.mu.Unlock()
+	w.WriteHeader(int(f.initCode.Load()))
+}
+
+func (f *fixture) lastInit() initBody {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.inits) == 0 {
+		f.t.Fatal("envd got no /init")
+	}
+	return f.inits[len(f.inits)-1]
+}
+
+// cluster plays the kubelet (every new pod runs at 127.0.0.1, where the
+// fake envd listens) and the Checkpoint controller for keepRunning true
+// (Succeeded at once) until ctx ends. A sandbox with metadata fail=yes
+// fails, one with refuse=yes has its container refused.
+func (f *fixture) cluster(ctx context.Context, done chan struct{}) {
+	defer close(done)
+	for ctx.Err() == nil {
+		var pods corev1.PodList
+		if f.cl.List(ctx, &pods) == nil {
+			for i := range pods.Items {
+				p := &pods.Items[i]
+				if p.Status.Phase != "" {
+					continue
+				}
+				p.Status.Phase, p.Status.PodIP = corev1.PodRunning, "127.0.0.1"
+				switch p.Annotations[annMetadata] {
+				case `{"fail":"yes"}`:
+					p.Status.Phase, p.Status.Reason = corev1.PodFailed, "Boom"
+				case `{"refuse":"yes"}`: // the runtime refuses the container
+					p.Status.Phase, p.Status.PodIP = corev1.PodPending, ""
+					p.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "sandbox", State: corev1.ContainerState{
+						Waiting: &corev1.ContainerStateWaiting{Reason: "CreateContainerError", Message: "unknown cryo annotation"}}}}
+				case `{"hang":"yes"}`: // never scheduled
+					p.Status.Phase = corev1.PodPending
+				case `{"refuse":"sandbox"}`: // as cryo refuses a bad pod annotation: only an Event
+					p.Status.Phase, p.Status.PodIP = corev1.PodPending, ""
+					p.Spec.NodeName = "node-1"
+					_ = f.cl.Update(ctx, p)
+					_ = f.cl.Create(ctx, &corev1.Event{
+						ObjectMeta:     metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name + ".1"},
+						InvolvedObject: corev1.ObjectReference{Kind: "Pod", Namespace: p.Namespace, Name: p.Name, UID: p.UID},
+						Reason:         "FailedCreatePodSandBox", Type: "Warning",
+						Message: `Failed to create pod sandbox: rpc error: code = InvalidArgument desc = failed to create shim task: annotation cryo.dev/x="y": unknown cryo annotation`,
+					})
+				}
+				_ = f.cl.Status().Update(ctx, p)
+			}
+		}
+		var cps cryov1.CheckpointList
+		if f.cl.List(ctx, &cps) == nil {
+			for i := range cps.Items {
+				c := &cps.Items[i]
+				if c.Status.Phase == "" && c.Spec.KeepRunning != nil && *c.Spec.KeepRunning {
+					c.Status.Phase = cryov1.PhaseSucceeded
+					_ = f.cl.Update(ctx, c)
+				}
+			}
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 // do sends a request as the SDK does and decodes the answer into out.
@@ -95,14 +189,19 @@ func (f *fixture) do(key, method, path, body string, out any) int {
 
 func (f *fixture) create(key, body string) string {
 	f.t.Helper()
+	return f.createSandbox(key, body).SandboxID
+}
+
+func (f *fixture) createSandbox(key, body string) sandboxBody {
+	f.t.Helper()
 	var sb sandboxBody
 	if code := f.do(key, "POST", "/v2/sandboxes", body, &sb); code != http.StatusCreated {
-		f.t.Fatalf("create: %d", code)
+		f.t.Fatalf("create %s: %d", body, code)
 	}
-	if sb.SandboxID == "" || sb.EnvdVersion < "0.1.0" {
+	if sb.SandboxID == "" || sb.EnvdVersion != "0.5.7" || sb.EnvdAccessToken == nil || len(*sb.EnvdAccessToken) != 64 {
 		f.t.Fatalf("create answered %+v", sb)
 	}
-	return sb.SandboxID
+	return sb
 }
 
 func (f *fixture) pod(ns, name string) *corev1.Pod {
@@ -211,9 +310,7 @@ func TestRefusals(t *testing.T) {
 		{"POST", "/v2/sandboxes", `{"templateID":"base","volumeMounts":[{"name":"v","path":"/v"}]}`},
 		{"POST", "/v2/sandboxes", `{"templateID":"base","timeout":-1}`},
 		{"POST", "/v2/sandboxes", `{"templateID":`},
-		{"POST", "/sandboxes/" + id + "/snapshots", `{}`},
-		{"POST", "/sandboxes/" + id + "/fork", `{"count":2}`},
-		{"GET", "/sandboxes/" + id + "/metrics", ""},
+		{"PUT", "/sandboxes/" + id + "/network", `{}`},
 		{"POST", "/v3/templates", `{}`},
 		{"GET", "/volumes", ""},
 		{"GET", "/v2/sandboxes?state=dead", ""},
@@ -356,8 +453,49 @@ func TestPauseFailed(t *testing.T) {
 func noShimAnnotations(t *testing.T, p *corev1.Pod) {
 	t.Helper()
 	for k := range p.Annotations {
-		if strings.HasPrefix(k, "cryo.dev/") && k != controller.AnnotationRestoreCheckpoint {
+		if strings.HasPrefix(k, "cryo.dev/") && k != controller.AnnotationRestoreCheckpoint && k != AnnotationEnvdTokenSHA256 {
 			t.Errorf("pod %s: annotation %s is under the shim's prefix cryo.dev/", p.Name, k)
+		}
+	}
+}
+
+// TestListPaging: the SDK's limit and nextToken (X-Next-Token), newest
+// first unless order asc, and its template and startedAfter filters.
+func TestListPaging(t *testing.T) {
+	f := newFixture(t)
+	var ids []string
+	for range 3 {
+		ids = append(ids, f.create("key-a", `{}`))
+		f.now = f.now.Add(time.Second)
+	}
+	got := func(l []listedBody) (out []string) {
+		for _, d := range l {
+			out = append(out, d.SandboxID)
+		}
+		return out
+	}
+	var p1, p2 []listedBody
+	next := f.page("key-a", "/v2/sandboxes?limit=2", &p1)
+	last := f.page("key-a", "/v2/sandboxes?limit=2&nextToken="+url.QueryEscape(next), &p2)
+	if fmt.Sprint(got(p1), got(p2)) != fmt.Sprint([]string{ids[2], ids[1]}, []string{ids[0]}) || next == "" || last != "" {
+		t.Errorf("pages %v %q, %v %q, want newest first", got(p1), next, got(p2), last)
+	}
+	f.page("key-a", "/v2/sandboxes?order=asc&limit=1", &p1)
+	if fmt.Sprint(got(p1)) != fmt.Sprint([]string{ids[0]}) {
+		t.Errorf("asc: %v", got(p1))
+	}
+	f.page("key-a", "/v2/sandboxes?startedAfter=2026-12-05T12:00:01Z", &p1)
+	if len(p1) != 2 {
+		t.Errorf("startedAfter: %v", got(p1))
+	}
+	f.page("key-a", "/v2/sandboxes?template=other", &p1)
+	if len(p1) != 0 {
+		t.Errorf("template filter: %v", got(p1))
+	}
+	var e apiError
+	for _, q := range []string{"limit=0", "limit=x", "order=up", "startedAfter=today"} {
+		if code := f.do("key-a", "GET", "/v2/sandboxes?"+q, "", &e); code != http.StatusBadRequest {
+			t.Errorf("%s: %d", q, code)
 		}
 	}
 }

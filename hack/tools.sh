@@ -2,7 +2,7 @@
 # Builds the test and demo tools from the Go module proxy into a version-keyed cache
 # that survives fresh clones on the same machine:
 #   $CRYO_TOOLS/<name>@<version>/bin/...   and symlinks in $CRYO_TOOLS/bin
-# usage: hack/tools.sh [containerd|crictl|critest|crisuite|cni|versitygw|registry|k8s|etcd|e2b-sdk|all]...
+# usage: hack/tools.sh [containerd|crictl|critest|crisuite|cni|versitygw|registry|k8s|etcd|e2b-sdk|gotestsum|all]...
 set -euo pipefail
 HACK=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 CRYO_TOOLS=${CRYO_TOOLS:-/var/cache/cryo/tools}
@@ -14,6 +14,9 @@ VERSITYGW_VERSION=${VERSITYGW_VERSION:-v1.8.0}
 REGISTRY_VERSION=${REGISTRY_VERSION:-v3.1.2}
 # The official E2B SDK the E2B API's tests drive (integration/harness/e2b.go).
 E2B_SDK_VERSION=${E2B_SDK_VERSION:-2.51.0}
+# gotestsum runs make test's go test phases (hack/test.sh): JSON of every
+# test event, and the slowest tests from it.
+GOTESTSUM_VERSION=${GOTESTSUM_VERSION:-v1.13.0}
 export GOFLAGS=${GOFLAGS:-} CGO_ENABLED=${CGO_ENABLED:-0}
 mkdir -p "$CRYO_TOOLS/bin"
 
@@ -163,7 +166,8 @@ for w in "${want[@]}"; do
 	k8s|all) install_k8s ;;&
 	etcd|all) install_etcd ;;&
 	e2b-sdk|all) install_e2b_sdk ;;&
-	containerd|crictl|critest|crisuite|cni|versitygw|registry|k8s|etcd|e2b-sdk|all) ;;
+	gotestsum|all) install gotestsum "$GOTESTSUM_VERSION" "" gotest.tools/gotestsum ;;&
+	containerd|crictl|critest|crisuite|cni|versitygw|registry|k8s|etcd|e2b-sdk|gotestsum|all) ;;
 	*) echo "tools: unknown tool $w" >&2; exit 2 ;;
 	esac
 done

@@ -2,9 +2,11 @@ package sandbox
 
 import (
 	"bytes"
+	"context"
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/cryo-runtime/cryo/vmm"
 )
@@ -54,5 +56,34 @@ func TestMemoryCapture(t *testing.T) {
 		if cfg.Memory != (vmm.Memory{Mode: m.mode, Path: path}) || m.mem.failure() != nil || m.mem.close(t.Context(), nil) != nil {
 			t.Errorf("%T: configures %+v, want %v of %s", m.mem, cfg.Memory, m.mode, path)
 		}
+	}
+}
+
+// waitGuest is a Guest whose Wait answers at once; the rest is unused.
+type waitGuest struct{ Guest }
+
+func (waitGuest) Wait(context.Context, string, string) (uint32, time.Time, error) {
+	return 0, time.Now(), nil
+}
+
+// countingMemory counts what it is told of the sandbox's first request.
+type countingMemory struct {
+	guestMemory
+	n int
+}
+
+func (m *countingMemory) interacted() { m.n++ }
+
+// The end of an exec tells the guest memory that the sandbox answered a
+// request (a lazily restored one then starts its prefetch); the end of a
+// container's init does not.
+func TestExecEndTellsTheMemory(t *testing.T) {
+	mem := &countingMemory{}
+	g := interactingGuest{Guest: waitGuest{}, mem: mem}
+	if _, _, err := g.Wait(t.Context(), "c", ""); err != nil || mem.n != 0 {
+		t.Fatalf("an init's end: err %v, memory told %d times, want 0", err, mem.n)
+	}
+	if _, _, err := g.Wait(t.Context(), "c", "e1"); err != nil || mem.n != 1 {
+		t.Fatalf("an exec's end: err %v, memory told %d times, want 1", err, mem.n)
 	}
 }

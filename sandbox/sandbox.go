@@ -155,8 +155,25 @@ type Sandbox struct {
 	run runState
 }
 
-// Guest returns the guest agent.
-func (s *Sandbox) Guest() Guest { return s.agent }
+// Guest returns the guest agent. The end of the first exec it reports
+// tells a lazily restored sandbox that it answered its first request: its
+// background prefetch may take the link now.
+func (s *Sandbox) Guest() Guest { return interactingGuest{Guest: s.agent, mem: s.mem} }
+
+// interactingGuest is the guest agent noting an exec's end to the guest
+// memory, so that the shim need not say when the sandbox interacted.
+type interactingGuest struct {
+	Guest
+	mem guestMemory
+}
+
+func (g interactingGuest) Wait(ctx context.Context, containerID, execID string) (uint32, time.Time, error) {
+	status, at, err := g.Guest.Wait(ctx, containerID, execID)
+	if err == nil && execID != "" {
+		g.mem.interacted()
+	}
+	return status, at, err
+}
 
 // Info describes the sandbox.
 func (s *Sandbox) Info() Info {
@@ -365,8 +382,3 @@ func memoryFile(memoryDir, stateDir, ext string) string {
 	sum := sha256.Sum256([]byte(stateDir))
 	return filepath.Join(memoryDir, "cryo-"+hex.EncodeToString(sum[:8])+ext)
 }
-
-// Interacted tells a lazily restored sandbox that it answered its first
-// request (the task service's first exec): its background prefetch may
-// take the link now. Other sandboxes ignore it.
-func (s *Sandbox) Interacted() { s.mem.interacted() }

@@ -51,11 +51,6 @@ func (s *service) waitExit(c *container, p *process) {
 	if p.setExited(status, at) {
 		s.publishExit(c, p)
 	}
-	if p.execID != "" {
-		// The first exec's answer is in: a lazy sandbox's prefetch may
-		// take the link now.
-		s.sb.Interacted()
-	}
 }
 
 // closeOutput closes containerd's side of p's streams once nothing more

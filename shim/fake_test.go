@@ -119,7 +119,6 @@ func (f *fakeSandbox) Checkpoint(ctx context.Context, r sandbox.CheckpointReques
 	}
 	return sandbox.CheckpointResult{Ref: to, Digest: "sha256:2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881"}, nil
 }
-func (f *fakeSandbox) Interacted() { f.call("interacted") }
 func (f *fakeSandbox) Stop(ctx context.Context) {
 	f.call("stop")
 	f.stopOnce.Do(func() { close(f.exited) })

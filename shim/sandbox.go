@@ -20,8 +20,6 @@ type vmSandbox interface {
 	Pause(ctx context.Context) error
 	Resume(ctx context.Context) error
 	Checkpoint(ctx context.Context, r sandbox.CheckpointRequest) (sandbox.CheckpointResult, error)
-	// Interacted says the sandbox answered its first exec.
-	Interacted()
 	// Stop kills the VM within seconds; Shutdown stops it and removes the
 	// sandbox's files.
 	Stop(ctx context.Context)

@@ -60,29 +60,6 @@ func (ts *testService) waitExec(t *testing.T, id string) uint32 {
 	return w.ExitStatus
 }
 
-// TestFirstExecTellsTheSandbox: an exec that has exited tells the sandbox
-// it answered a request (a lazily restored one then starts its prefetch);
-// a started one that still runs does not yet.
-func TestFirstExecTellsTheSandbox(t *testing.T) {
-	ts := newTestService(t)
-	ts.startPod(t)
-	ts.execIn(t, "e1")
-	if _, err := ts.Start(ts.ctx, &taskAPI.StartRequest{ID: "pod", ExecID: "e1"}); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(100 * time.Millisecond)
-	if slices.Contains(ts.sandboxCalls(), "interacted") {
-		t.Fatal("the sandbox was told of an exec that still runs")
-	}
-	ts.maker.sb.guest.exit("pod", "e1") <- 0
-	if st := ts.waitExec(t, "e1"); st != 0 {
-		t.Fatalf("exec exit %d, want 0", st)
-	}
-	if !waitFor(2*time.Second, func() bool { return slices.Contains(ts.sandboxCalls(), "interacted") }) {
-		t.Fatalf("sandbox calls %v: an exited exec must tell the sandbox", ts.sandboxCalls())
-	}
-}
-
 // TestVMFailureInStderr: a process whose VM stops under it exits 137, and
 // its stderr ends with why the VM stopped when the sandbox knows (a page a
 // lazy restore could not serve names its chunk and store), or that it

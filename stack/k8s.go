@@ -551,6 +551,12 @@ func (k *K8s) HTTPClient() *http.Client {
 	}}
 }
 
+// DialInNetNS is a DialContext for an http.Transport that reaches the
+// addresses of the network namespace at path (a CRI stack's pod network).
+func DialInNetNS(path string) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return dialInNetNS(path)
+}
+
 // dialInNetNS dials from a thread that has entered the namespace: a socket
 // belongs to the namespace it was made in, wherever it is used later. The
 // thread goes back to its own namespace before it is unlocked. It must not

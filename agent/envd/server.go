@@ -1,19 +1,7 @@
-// Package envd is the sandbox-side API of E2B's SDK, served by cryo-agent
-// inside the guest on port 49983 for a pod that asks for it (the pod
-// annotation cryo.dev/envd-access-token-sha256): GET /health, POST /init,
-// GET and POST /files, and the Connect services process.Process and
-// filesystem.Filesystem (spec/). Processes and files are those of one
-// container of the pod, reached through the Container it is given.
-//
-// The guest's network namespace is the pod's, so the listener is on the
-// pod's address; other tenants' pods can reach it, hence every route but
-// /health wants the access token. The token's hash comes with the
-// container's spec (a path the tenant's own pod defines, never the
-// network); the plain token arrives later on /init, checked against it,
-// and is needed only to verify the SDK's signed file URLs.
 package envd
 
 import (
+	"context"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
@@ -21,14 +9,26 @@ import (
 	"fmt"
 	"net/http"
 	"sync"
+
+	"connectrpc.com/connect"
+
+	"github.com/cryo-runtime/cryo/agent/envd/spec/filesystem/filesystemconnect"
 )
 
 // Port is where E2B's SDK expects envd.
 const Port = 49983
 
+// Annotation turns envd on for a pod: the lowercase hex SHA-256 of its
+// access token (see ParseTokenHash). The node's annotations package knows
+// the same key.
+const Annotation = "cryo.dev/envd-access-token-sha256"
+
 // maxInitBody bounds /init's JSON: a token, a default user and workdir and
 // the sandbox's env vars.
 const maxInitBody = 1 << 20
+
+// maxRPCMessage bounds a Connect request message: paths and ids.
+const maxRPCMessage = 1 << 20
 
 // Container is the one container whose processes and files envd serves.
 type Container interface {
@@ -36,12 +36,21 @@ type Container interface {
 	// (/proc/<init pid>/root): paths under it resolve in the container's
 	// own mount namespace.
 	Root() (string, error)
+	// Process is how the container's own process runs: its user is the
+	// default of a request that names none, its environment the base of
+	// every process envd starts.
+	Process() ProcessSpec
+	// Spawn starts cmd inside the container (its namespaces, root and
+	// cgroup) with cmd's credentials. The process outlives ctx, which
+	// bounds the start only.
+	Spawn(ctx context.Context, cmd Command) (Process, error)
 }
 
 // Server serves envd for one container.
 type Server struct {
 	container Container
 	tokenHash [sha256.Size]byte
+	processes *processService
 
 	mu       sync.Mutex
 	token    string            // the plain token, once /init has proved it
@@ -67,7 +76,9 @@ func ParseTokenHash(v string) ([sha256.Size]byte, error) {
 
 // New returns envd for c, accepting the token whose SHA-256 is tokenHash.
 func New(c Container, tokenHash [sha256.Size]byte) *Server {
-	return &Server{container: c, tokenHash: tokenHash}
+	s := &Server{container: c, tokenHash: tokenHash}
+	s.processes = newProcessService(s)
+	return s
 }
 
 // Handler routes envd's HTTP API. Every route but /health is behind the
@@ -86,6 +97,10 @@ func (s *Server) Handler() http.Handler {
 // register here.
 func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
+	mux.Handle(s.processes.handler())
+	mux.Handle(filesystemconnect.NewFilesystemHandler(newFilesystemService(s), connect.WithReadMaxBytes(maxRPCMessage)))
+	mux.HandleFunc("GET "+filesPath, s.download)
+	mux.HandleFunc("POST "+filesPath, s.upload)
 	return mux
 }
 
@@ -98,7 +113,9 @@ func (s *Server) tokenMatches(token string) bool {
 
 func (s *Server) authorized(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !s.tokenMatches(r.Header.Get("X-Access-Token")) {
+		// A signed /files URL carries no token: its handler checks the
+		// signature, which needs the plain token from /init.
+		if !s.tokenMatches(r.Header.Get("X-Access-Token")) && !signedFilesRequest(r) {
 			writeError(w, http.StatusUnauthorized, "invalid access token")
 			return
 		}

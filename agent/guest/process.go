@@ -36,6 +36,9 @@ type StdioConfig struct {
 	Stdin, Stdout, Stderr, Terminal bool
 	// combined sends stderr into the stdout stream (hooks).
 	combined bool
+	// ptySize, when set, is the terminal's size from the start (envd's
+	// processes: a shell reads it once as it starts).
+	ptySize *unix.Winsize
 }
 
 // process is a container's init or exec process, as the agent tracks it.
@@ -175,6 +178,11 @@ func (p *process) setupStdio(cmd *exec.Cmd, child *[]*os.File) error {
 		*child = append(*child, slave)
 		p.pty, p.stdin = master, master
 		p.closers = append(p.closers, master)
+		if sz := p.stdio.ptySize; sz != nil {
+			if err := resizePty(master, uint32(sz.Col), uint32(sz.Row)); err != nil {
+				return err
+			}
+		}
 		cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
 		cmd.SysProcAttr.Setsid, cmd.SysProcAttr.Setctty, cmd.SysProcAttr.Ctty = true, true, 0
 		out, err := dupFile(master)

@@ -12,14 +12,15 @@ import (
 
 // Exit is how a process ended.
 type Exit struct {
-	Status int // exit code, or 128+signal
+	Status int         // exit code, or 128+signal
+	Signal unix.Signal // the signal that killed it, 0 if it exited
 	At     time.Time
 }
 
 func exitFromWaitStatus(ws unix.WaitStatus) Exit {
 	e := Exit{Status: ws.ExitStatus(), At: time.Now()}
 	if ws.Signaled() {
-		e.Status = 128 + int(ws.Signal())
+		e.Status, e.Signal = 128+int(ws.Signal()), ws.Signal()
 	}
 	return e
 }

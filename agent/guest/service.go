@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"path"
 	"sort"
 	"sync"
@@ -41,6 +42,8 @@ type Service struct {
 
 	mu         sync.Mutex
 	containers map[string]*container // nil value: being created
+	envd       *http.Server          // once a container asked for it
+	envdTarget *envdContainer        // the container envd serves
 }
 
 var _ agentapi.AgentService = (*Service)(nil)
@@ -92,6 +95,10 @@ func (s *Service) CreateContainer(ctx context.Context, req *agentapi.CreateConta
 	if err != nil {
 		return nil, err
 	}
+	envdHash, wantEnvd, err := envdRequest(spec)
+	if err != nil {
+		return nil, err
+	}
 	cc := &ContainerConfig{ID: req.Id, Spec: spec, Stdio: StdioConfig{Stdin: req.Stdin, Stdout: req.Stdout, Stderr: req.Stderr, Terminal: req.Terminal}}
 	if r := req.Rootfs; r != nil {
 		cc.DiskSerial, cc.FSType, cc.Options = r.Serial, r.Fstype, r.Options
@@ -110,6 +117,11 @@ func (s *Service) CreateContainer(ctx context.Context, req *agentapi.CreateConta
 	s.containers[req.Id] = nil // reserve the id
 	s.mu.Unlock()
 	c, err := s.createContainer(ctx, cc)
+	if err == nil && wantEnvd {
+		if err = s.startEnvd(ctx, c, envdHash); err != nil {
+			c.cleanup(context.WithoutCancel(ctx))
+		}
+	}
 	s.mu.Lock()
 	if err != nil {
 		delete(s.containers, req.Id)

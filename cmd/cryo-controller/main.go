@@ -167,7 +167,7 @@ func run(ctx context.Context, cfg *rest.Config, f flags) error {
 		RuntimeClasses: classes,
 	}})
 	if f.e2bAddr != "" {
-		if err := addE2BAPI(mgr, f, classes[0]); err != nil {
+		if err := addE2BAPI(mgr, f, classes[0], cs.CoreV1().RESTClient()); err != nil {
 			return fmt.Errorf("e2b API: %w", err)
 		}
 	}
@@ -196,7 +196,7 @@ func run(ctx context.Context, cfg *rest.Config, f flags) error {
 // addE2BAPI serves E2B's API from this binary: it is a thin layer over
 // the Checkpoint resource that this binary reconciles, with the same
 // RBAC, image and Deployment; a second binary would only add a rollout.
-func addE2BAPI(mgr ctrl.Manager, f flags, runtimeClass string) error {
+func addE2BAPI(mgr ctrl.Manager, f flags, runtimeClass string, core rest.Interface) error {
 	templates, err := parseTemplates(f.e2bTemplates)
 	if err != nil {
 		return fmt.Errorf("--e2b-templates: %w", err)
@@ -212,6 +212,14 @@ func addE2BAPI(mgr ctrl.Manager, f flags, runtimeClass string) error {
 		RuntimeClass: runtimeClass,
 		Templates:    templates,
 		Log:          ctrl.Log.WithName("e2b"),
+		// envd's /init is a pod-network call: the Deployment's pod
+		// reaches the sandboxes' addresses, as the gateway does.
+		HTTPClient: &http.Client{Timeout: 10 * time.Second},
+		NodeStats: func(ctx context.Context, node string) ([]byte, error) {
+			ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			return core.Get().AbsPath("/api/v1/nodes", node, "proxy", "stats", "summary").DoRaw(ctx)
+		},
 	}
 	if err := mgr.Add(&e2bapi.Listener{Server: srv, Addr: f.e2bAddr}); err != nil {
 		return err

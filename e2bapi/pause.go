@@ -1,0 +1,211 @@
+package e2bapi
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	cryov1 "github.com/cryo-runtime/cryo/api/v1alpha1"
+	"github.com/cryo-runtime/cryo/controller"
+)
+
+// Pause and resume: a pause is a Checkpoint with keepRunning false, a
+// resume (connect) a new pod restoring it under the same sandbox id.
+
+func (s *Server) pause(ctx context.Context, ns string, r *http.Request) (int, any, error) {
+	sb, err := s.mustFind(ctx, ns, r.PathValue("id"))
+	if err != nil {
+		return 0, nil, err
+	}
+	if sb.pod == nil {
+		return 0, nil, errf(http.StatusConflict, "sandbox %q is already paused", sb.id)
+	}
+	if err := s.checkpoint(ctx, sb); err != nil {
+		return 0, nil, err
+	}
+	return http.StatusNoContent, nil, nil
+}
+
+// checkpoint hibernates a running sandbox: a Checkpoint with keepRunning
+// false carrying the sandbox's E2B annotations, then waits until it has
+// Succeeded and the pod is gone, so that the SDK's pause returns with the
+// sandbox paused.
+func (s *Server) checkpoint(ctx context.Context, sb *sandbox) error {
+	ann := map[string]string{}
+	for k, v := range sb.pod.Annotations {
+		if strings.HasPrefix(k, e2bAnnotationPrefix) {
+			ann[k] = v
+		}
+	}
+	cp := &cryov1.Checkpoint{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace:   sb.pod.Namespace,
+			Name:        sb.pod.Name,
+			Labels:      map[string]string{LabelSandbox: sb.id},
+			Annotations: ann,
+		},
+		Spec: cryov1.CheckpointSpec{PodName: sb.pod.Name, KeepRunning: ptr(false)},
+	}
+	if err := s.Client.Create(ctx, cp); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create Checkpoint: %w", err)
+	}
+	s.Log.Info("sandbox pausing", "namespace", cp.Namespace, "sandbox", sb.id, "checkpoint", cp.Name)
+	if _, err := s.waitCheckpoint(ctx, cp, "pause of sandbox "+sb.id); err != nil {
+		return err
+	}
+	// keepRunning false: the controller deletes the pod once the snapshot
+	// is safe; the pause is done when it is gone.
+	wait := s.pauseWait()
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	for {
+		var p corev1.Pod
+		err := s.Client.Get(ctx, client.ObjectKeyFromObject(sb.pod), &p)
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return errf(http.StatusGatewayTimeout, "pause of sandbox %s: pod %s still there %s after its Checkpoint succeeded", sb.id, sb.pod.Name, wait)
+		case <-time.After(s.poll()):
+		}
+	}
+}
+
+func (s *Server) pauseWait() time.Duration {
+	if s.PauseWait > 0 {
+		return s.PauseWait
+	}
+	return 5 * time.Minute
+}
+
+// waitCheckpoint waits until cp has Succeeded. A failed one is deleted,
+// so that the next attempt can reuse its name, and the error carries the
+// controller's reason.
+func (s *Server) waitCheckpoint(ctx context.Context, cp *cryov1.Checkpoint, what string) (*cryov1.Checkpoint, error) {
+	wait := s.pauseWait()
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	for {
+		var cur cryov1.Checkpoint
+		if err := s.Client.Get(ctx, client.ObjectKeyFromObject(cp), &cur); err != nil {
+			return nil, fmt.Errorf("%s: %w", what, err)
+		}
+		switch cur.Status.Phase {
+		case cryov1.PhaseSucceeded:
+			return &cur, nil
+		case cryov1.PhaseFailed:
+			if err := s.Client.Delete(context.WithoutCancel(ctx), &cur); err != nil && !apierrors.IsNotFound(err) {
+				s.Log.Error(err, "delete failed Checkpoint", "checkpoint", cp.Name)
+			}
+			return nil, fmt.Errorf("%s: Checkpoint %s failed: %s: %s", what, cp.Name, cur.Status.Reason, cur.Status.Message)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, errf(http.StatusGatewayTimeout, "%s: Checkpoint %s not done after %s (phase %q)", what, cp.Name, wait, cur.Status.Phase)
+		case <-time.After(s.poll()):
+		}
+	}
+}
+
+func (s *Server) poll() time.Duration {
+	if s.PollInterval > 0 {
+		return s.PollInterval
+	}
+	return 250 * time.Millisecond
+}
+
+func (s *Server) connect(ctx context.Context, ns string, r *http.Request) (int, any, error) {
+	var b struct {
+		Timeout *int64 `json:"timeout"`
+		Memory  *bool  `json:"memory"`
+	}
+	if err := decode(r, &b); err != nil {
+		return 0, nil, err
+	}
+	if b.Memory != nil && !*b.Memory {
+		return 0, nil, errf(http.StatusBadRequest, "memory: false (onResume reboot) is not supported: cryo always restores the memory")
+	}
+	sb, err := s.mustFind(ctx, ns, r.PathValue("id"))
+	if err != nil {
+		return 0, nil, err
+	}
+	ann := sb.annotations()
+	token, err := s.token(ctx, ns, tokenSecretName(sb.id))
+	if err != nil {
+		return 0, nil, err
+	}
+	tid := templateID(ann)
+	if sb.pod != nil {
+		// A pod another call is starting: the SDK talks to envd next.
+		if sb.pod.Status.Phase != corev1.PodRunning || sb.pod.Status.PodIP == "" {
+			if _, err := s.waitRunning(ctx, ns, sb.pod.Name); err != nil {
+				return 0, nil, err
+			}
+		}
+		if b.Timeout != nil {
+			timeout, err := timeoutOf(b.Timeout)
+			if err != nil {
+				return 0, nil, err
+			}
+			if err := s.setEndAt(ctx, sb, s.now().Add(timeout)); err != nil {
+				return 0, nil, err
+			}
+		}
+		return http.StatusOK, s.sandboxBody(sb.id, tid, token), nil
+	}
+	if err := s.resume(ctx, sb, b.Timeout, token); err != nil {
+		return 0, nil, err
+	}
+	return http.StatusCreated, s.sandboxBody(sb.id, tid, token), nil
+}
+
+// templateID is what the SDK is shown as a sandbox's template: the
+// Checkpoint it was created from, else the template's name.
+func templateID(ann map[string]string) string {
+	if f := ann[annFrom]; f != "" {
+		return f
+	}
+	return ann[annTemplate]
+}
+
+// resume starts the next generation's pod restoring the newest
+// Checkpoint, with the token the restored guest's envd already holds.
+func (s *Server) resume(ctx context.Context, sb *sandbox, timeoutSec *int64, token string) error {
+	cp := sb.last
+	tpl, ok := s.Templates[cp.Annotations[annTemplate]]
+	if !ok {
+		return errf(http.StatusInternalServerError, "template %q of paused sandbox %s is no longer configured", cp.Annotations[annTemplate], sb.id)
+	}
+	timeout, err := timeoutOf(timeoutSec)
+	if err != nil {
+		return err
+	}
+	var env map[string]string
+	_ = json.Unmarshal([]byte(cp.Annotations[annEnv]), &env)
+	gen := generation(cp.Annotations) + 1
+	ann := map[string]string{}
+	for k, v := range cp.Annotations {
+		if strings.HasPrefix(k, e2bAnnotationPrefix) {
+			ann[k] = v
+		}
+	}
+	ann[annGen] = strconv.Itoa(gen)
+	ann[annEndAt] = s.now().Add(timeout).UTC().Format(time.RFC3339Nano)
+	ann[controller.AnnotationRestoreCheckpoint] = cp.Name
+	l := launch{ns: cp.Namespace, id: sb.id, gen: gen, tpl: tpl, podEnv: env, env: env, ann: ann, token: token}
+	if err := s.start(ctx, l); err != nil {
+		return err
+	}
+	s.Log.Info("sandbox resumed", "namespace", cp.Namespace, "sandbox", sb.id, "checkpoint", cp.Name, "pod", podName(sb.id, gen))
+	return nil
+}
