@@ -33,7 +33,7 @@ run -n cryo-system patch deployment cryo-controller --type=json \
 k -n cryo-system rollout status deployment/cryo-controller --timeout=300s >/dev/null ||
 	{ k -n cryo-system describe pods >&2; die "the controller is not Available"; }
 run -n cryo-system create secret generic demo-key --from-literal=apiKey="$API_KEY"
-run -n cryo-system label secret demo-key cryo.dev/e2b-api-key=
+run -n cryo-system label secret demo-key cryo.dev/e2b-api-key="$(printf %s "$API_KEY" | sha256sum | cut -c1-63)"
 run -n cryo-system annotate secret demo-key cryo.dev/e2b-namespace=default
 CONTROLLER_IP=$(k -n cryo-system get pods -l app.kubernetes.io/name=cryo-controller \
 	--field-selector=status.phase=Running -o 'jsonpath={.items[0].status.podIP}')
