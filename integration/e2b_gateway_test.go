@@ -4,17 +4,15 @@ package integration
 
 import (
 	"testing"
-	"time"
 )
 
-// TestE2BGateway drives the sandbox gateway with the official SDK, with
-// busybox httpd on each sandbox's envd port in place of envd (only
-// GET /health is asked, and an empty file answers it as envd's 204 does:
-// with no body for the SDK to parse): the gateway routes by the SDK's E2b-Sandbox-Id
-// over the pod network, answers E2B's 502 for an unknown or paused
-// sandbox, and resumes a sandbox created with autoResume on its first
-// request after an autoPause, in a new pod restoring the Checkpoint, with
-// the server that ran before the pause answering.
+// TestE2BGateway drives the sandbox gateway with the official SDK, asking
+// only envd's GET /health (Sandbox.isRunning): the gateway routes by the
+// SDK's E2b-Sandbox-Id over the pod network, answers E2B's 502 for an
+// unknown or paused sandbox, and resumes a sandbox created with
+// autoResume on its first request after an autoPause, in a new pod
+// restoring the Checkpoint, whose envd (restored, not started again)
+// answers.
 func TestE2BGateway(t *testing.T) {
 	c := startE2B(t, "e2b_gateway.mjs")
 	k := c.k
@@ -23,11 +21,6 @@ func TestE2BGateway(t *testing.T) {
 	plain, _ := created["plain"].(string)
 	if auto == "" || plain == "" {
 		t.Fatalf("create printed %v", created)
-	}
-	for _, id := range []string{auto, plain} {
-		pod := "e2b-" + id + "-0"
-		k.WaitReady(pod, time.Now(), 3*time.Minute)
-		k.Exec(pod, "sandbox", "sh", "-c", "mkdir -p /www && : > /www/health && httpd -p 49983 -h /www")
 	}
 	c.step(t, "running", "", ids)
 	c.step(t, "paused", "", ids)

@@ -1,7 +1,6 @@
 // Drives cryo's sandbox gateway (E2B_SANDBOX_URL) with the official SDK
-// (npm e2b) without envd: the test serves /health on the sandbox's envd
-// port with busybox httpd, which is all that Sandbox.isRunning asks of
-// envd. One step per run:
+// (npm e2b), asking envd only its GET /health (Sandbox.isRunning), which
+// needs no token. One step per run:
 //   node e2b_gateway.mjs STEP "" [SANDBOX_IDS_JSON]
 // It prints one JSON line and exits 1 on a failed expectation, naming it.
 import { createRequire } from 'node:module'
@@ -53,8 +52,8 @@ const steps = {
     // Without autoResume: not running, and it stays paused.
     expect((await handle(ids.plain).isRunning()) === false, 'isRunning of a paused sandbox without autoResume')
     expect((await Sandbox.getInfo(ids.plain)).state === 'paused', 'the gateway left the sandbox without autoResume paused')
-    // With autoResume: the request resumes it, and the server that ran
-    // before the pause answers it.
+    // With autoResume: the request resumes it, and the restored envd
+    // answers it.
     const t0 = performance.now()
     expect((await handle(ids.auto).isRunning(long)) === true, 'isRunning of a paused sandbox with autoResume')
     const ms = performance.now() - t0
