@@ -142,7 +142,7 @@ func (s *Server) listSnapshots(ctx context.Context, ns string, r *http.Request) 
 	out := []snapshotBody{}
 	for i := range cps.Items {
 		cp := &cps.Items[i]
-		if cp.Status.Phase != cryov1.PhaseSucceeded || cp.Name <= after ||
+		if cp.Status.Phase != cryov1.PhaseSucceeded || cp.DeletionTimestamp != nil || cp.Name <= after ||
 			(name != "" && name != cp.Name && name != cp.Labels[LabelSnapshotName]) {
 			continue
 		}
@@ -169,7 +169,9 @@ func (s *Server) deleteSnapshot(ctx context.Context, ns string, r *http.Request)
 	id := r.PathValue("id")
 	var cp cryov1.Checkpoint
 	err := s.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: id}, &cp)
-	if apierrors.IsNotFound(err) || (err == nil && cp.Labels[LabelSnapshot] == "") {
+	// One being deleted (its finalizer untags the snapshot) is gone for
+	// the SDK: a second delete answers false.
+	if apierrors.IsNotFound(err) || (err == nil && (cp.Labels[LabelSnapshot] == "" || cp.DeletionTimestamp != nil)) {
 		return 0, nil, errf(http.StatusNotFound, "snapshot %q not found (only snapshots can be deleted: template builds are not supported)", id)
 	}
 	if err != nil {
@@ -243,7 +245,7 @@ func (s *Server) templateCheckpoint(ctx context.Context, ns, template string) (*
 		var newest *cryov1.Checkpoint
 		for i := range cps.Items {
 			c := &cps.Items[i]
-			if c.Status.Phase == cryov1.PhaseSucceeded && (newest == nil || newest.CreationTimestamp.Before(&c.CreationTimestamp) ||
+			if c.Status.Phase == cryov1.PhaseSucceeded && c.DeletionTimestamp == nil && (newest == nil || newest.CreationTimestamp.Before(&c.CreationTimestamp) ||
 				(newest.CreationTimestamp.Equal(&c.CreationTimestamp) && newest.Name < c.Name)) {
 				newest = c
 			}
@@ -252,6 +254,9 @@ func (s *Server) templateCheckpoint(ctx context.Context, ns, template string) (*
 			return nil, notFound
 		}
 		cp = *newest
+	}
+	if cp.DeletionTimestamp != nil {
+		return nil, notFound
 	}
 	if cp.Status.Phase != cryov1.PhaseSucceeded {
 		return nil, errf(http.StatusBadRequest, "templateID: Checkpoint %q has not succeeded (phase %q)", cp.Name, cp.Status.Phase)

@@ -123,8 +123,18 @@ func TestSnapshots(t *testing.T) {
 		t.Errorf("another namespace's key creates from the snapshot: %d %+v", code, e)
 	}
 
+	// The controller's finalizer keeps a deleted Checkpoint until the
+	// snapshot is untagged: it is gone for the SDK all the same.
+	held := f.checkpoint("team-a", snap.SnapshotID)
+	held.Finalizers = append(held.Finalizers, "cryo.dev/test")
+	if err := f.cl.Update(t.Context(), held); err != nil {
+		t.Fatal(err)
+	}
 	if code := f.do("key-a", "DELETE", "/templates/"+snap.SnapshotID, "", nil); code != http.StatusNoContent {
 		t.Errorf("deleteSnapshot: %d", code)
+	}
+	if code := f.do("key-a", "POST", "/v2/sandboxes", `{"templateID":"`+snap.SnapshotID+`"}`, nil); code != http.StatusNotFound {
+		t.Errorf("create from a snapshot being deleted: %d, want 404", code)
 	}
 	if _, err := f.secret("team-a", snap.SnapshotID); !apierrors.IsNotFound(err) {
 		t.Errorf("snapshot token Secret after delete: %v", err)
