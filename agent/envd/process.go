@@ -522,7 +522,7 @@ func (s *Server) command(u User, req *rpc.StartRequest) (Command, error) {
 		return Command{}, err
 	}
 	cmd := Command{
-		Args: append([]string{cfg.GetCmd()}, cfg.GetArgs()...), Env: env.list(), Dir: dir,
+		Args: append([]string{s.shell(cfg.GetCmd())}, cfg.GetArgs()...), Env: env.list(), Dir: dir,
 		UID: u.UID, GID: u.GID, Groups: u.Groups,
 		Stdin: req.Stdin == nil || req.GetStdin(),
 	}
@@ -531,6 +531,26 @@ func (s *Server) command(u User, req *rpc.StartRequest) (Command, error) {
 		cmd.PTY, cmd.Stdin = &size, false
 	}
 	return cmd, nil
+}
+
+// shell is the program to run for cmd. The SDK runs every command and
+// PTY through /bin/bash (-l -c, -i -l); an image without bash (busybox,
+// alpine, distroless shells) runs them with its /bin/sh, which takes the
+// same flags, rather than failing every call of an unmodified script.
+func (s *Server) shell(cmd string) string {
+	if cmd != "/bin/bash" {
+		return cmd
+	}
+	root, err := s.container.Root()
+	if err != nil {
+		return cmd
+	}
+	f, err := openInRoot(root, cmd, unix.O_PATH, 0)
+	if err == nil {
+		f.Close()
+		return cmd
+	}
+	return "/bin/sh"
 }
 
 // resolveCwd resolves a process's cwd as E2B's envd does: empty is the

@@ -644,3 +644,37 @@ func TestOutputBacklog(t *testing.T) {
 		t.Fatal("the unread x was dropped with its subscribers")
 	}
 }
+
+// TestProcessBashFallback: the SDK runs everything through /bin/bash; a
+// container without it runs the command with its /bin/sh, one with it
+// with bash.
+func TestProcessBashFallback(t *testing.T) {
+	_, client, c := newProcessTest(t)
+	last := func() Command {
+		v, _ := spawned.Load(string(c))
+		cmds := v.([]Command)
+		return cmds[len(cmds)-1]
+	}
+	run := func() {
+		t.Helper()
+		st, err := client.Start(context.Background(), withToken(start("/bin/bash", "-l", "-c", "echo hi"), ""))
+		if err != nil {
+			t.Fatal(err)
+		}
+		collect(t, st, nil)
+	}
+	run()
+	if got := last().Args; got[0] != "/bin/sh" || got[3] != "echo hi" {
+		t.Fatalf("without /bin/bash in the container: ran %q, want /bin/sh with the same flags", got)
+	}
+	if err := os.MkdirAll(filepath.Join(string(c), "bin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(string(c), "bin/bash"), []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	run()
+	if got := last().Args[0]; got != "/bin/bash" {
+		t.Fatalf("with /bin/bash in the container: ran %q", got)
+	}
+}
