@@ -22,7 +22,12 @@ var order = [][]string{
 	// helpers with one job each
 	{"internal/..."},
 	// leaves: no cryo imports beyond internal/
-	{"fingerprint", "network", "pagefs", "vmm/qmp", "agent/api/v1", "agent/session", "shim/api/v1", "api/v1alpha1"},
+	{"fingerprint", "network", "pagefs", "vmm/qmp", "agent/api/v1", "agent/session", "shim/api/v1", "api/v1alpha1",
+		"agent/envd/spec", "agent/envd/spec/process", "agent/envd/spec/filesystem"},
+	// envd's generated Connect services, then envd, E2B's sandbox-side API,
+	// which the guest agent serves
+	{"agent/envd/spec/process/processconnect", "agent/envd/spec/filesystem/filesystemconnect"},
+	{"agent/envd"},
 	// the stores, the VMM driver, the guest agent
 	{"stores", "vmm", "agent", "agent/guest", "vmm/qmp/qmptest"},
 	// the node's verified blobs and materialized snapshots
