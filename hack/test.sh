@@ -5,7 +5,8 @@
 #   build        make build controller-image
 #   vet          gofmt, go vet with and without the integration tag
 #   unit         the packages with no file under the integration tag, in parallel
-#   integration  the packages with such files (QEMU, containerd, fixed addresses), -p 1
+#   integration  the packages with such files (QEMU, containerd, Kubernetes), one
+#                package at a time, the integration package's tests in lanes (below)
 #
 # A failing deps, build or vet phase ends the run; a failing unit phase does not
 # stop the integration phase. gotestsum runs the tests and writes every test
@@ -18,6 +19,8 @@
 # usage: hack/test.sh [go test flag...]     e.g. hack/test.sh -run '^TestRunEcho$'
 #   TESTFLAGS  more go test flags, split at blanks (make test TESTFLAGS=...)
 #   TESTPKGS   the packages (default ./...)
+#   LANES      1: the integration package's tests one at a time, in one go
+#              test run (as with a -run or -skip flag); by default in lanes
 set -uo pipefail
 self=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
 cd "$(dirname "$self")/.."
@@ -27,13 +30,14 @@ dir=$OUT/test
 # Everything, the summary included, goes to the log as well.
 if [ -z "${CRYO_TEST_TEED:-}" ]; then
 	mkdir -p "$dir"
-	rm -f "$dir"/*.json "$dir/test.log"
+	rm -f "$dir"/*.json "$dir/test.log" "$dir/lanes"
 	CRYO_TEST_TEED=1 "$self" "$@" 2>&1 | tee "$dir/test.log"
 	exit "${PIPESTATUS[0]}"
 fi
 unset CRYO_TEST_TEED
 
 MAKE=${MAKE:-make}
+LANES=${LANES:-}
 TESTPKGS=${TESTPKGS:-./...}
 read -ra extra <<<"${TESTFLAGS:-}"
 goflags=(-tags integration -count=1 -timeout 75m "${extra[@]}" "$@")
@@ -84,6 +88,58 @@ gotestsum_phase() {
 		--jsonfile "$dir/$name.json" -- "$@"
 }
 
+# The integration package's tests run in lanes: concurrent go test runs of
+# disjoint sets of them. Most of such a test's time is waiting (for a guest
+# under TCG, a kubelet's sync loop, a Checkpoint's backoff), so two cores
+# carry three lanes: one test at a time took 33 min, three lanes 15½ min,
+# the cores busy throughout (docs/testing.md). Every test has its own containerd, network namespace and
+# state either way, and a test that starts a Kubernetes control plane holds
+# stack.HostLock (the kubelet's host paths and sysctls are global), so a
+# lane list that is out of date is slower, never wrong. A lane is a name and
+# a -run pattern of the integration package; the last lane, "node", runs the
+# other tests and the other integration packages.
+lanes=(
+	"k8s ^(TestK8s|TestK8sCheckpoints|TestE2BSandbox|TestE2BGateway|TestE2BControlPlane|TestControllerDeploys|TestClusterStore)$"
+	"cri ^(TestContainerdCRISuite|TestCritest|TestKillDeleteNeverHangs)$"
+)
+
+# integration PACKAGE...: the integration phase, in lanes when the
+# integration package is among the packages and no flag chooses tests.
+integration() {
+	local name pattern skip="" pids=() code=0 p
+	if [ "$LANES" = 1 ] || ! printf '%s\n' "$@" | grep -q '/integration$' ||
+		printf '%s\n' "${goflags[@]}" | grep -qE '^-(test\.)?(run|skip)(=|$)'; then
+		gotestsum_phase integration -p 1 "${goflags[@]}" "$@"
+		return
+	fi
+	for l in "${lanes[@]}"; do
+		read -r name pattern <<<"$l"
+		skip+="${skip:+|}$pattern"
+		jsons+=("$dir/integration-$name.json")
+		lane "$name" "${goflags[@]}" -run "$pattern" "$(printf '%s\n' "$@" | grep '/integration$')" &
+		pids+=($!)
+	done
+	jsons+=("$dir/integration-node.json")
+	lane node -p 1 "${goflags[@]}" -skip "$skip" "$@" &
+	pids+=($!)
+	for p in "${pids[@]}"; do
+		wait "$p" || code=$?
+	done
+	return "$code"
+}
+
+# lane NAME GO-TEST-ARG...: one lane, its lines prefixed with its name, its
+# wall time kept for the report.
+lane() {
+	local name=$1 start=$SECONDS code
+	shift
+	gotestsum --format testname --format-hide-empty-pkg --hide-summary=output \
+		--jsonfile "$dir/integration-$name.json" -- "$@" 2>&1 | sed -u "s/^/[$name] /"
+	code=${PIPESTATUS[0]}
+	echo "$name $((SECONDS - start)) $code" >>"$dir/lanes"
+	return "$code"
+}
+
 duration() {
 	if [ "$1" -ge 60 ]; then printf '%dm%02ds' $(($1 / 60)) $(($1 % 60)); else printf '%ds' "$1"; fi
 }
@@ -102,6 +158,11 @@ report() {
 	for i in "${!names[@]}"; do
 		printf '%-12s %9s\n' "${names[$i]}" "$(duration "${secs[$i]}")"
 	done
+	if [ -f "$dir/lanes" ]; then
+		while read -r lname lsecs lcode; do
+			printf '  lane %-7s %9s%s\n' "$lname" "$(duration "$lsecs")" "$([ "$lcode" -eq 0 ] || echo " (exit $lcode)")"
+		done <"$dir/lanes"
+	fi
 	printf '%-12s %9s\n' total "$(duration "$SECONDS")"
 	if [ "$rc" -eq 0 ]; then
 		echo "==== passed ($where)"
@@ -125,7 +186,7 @@ run() {
 	# shellcheck disable=SC2086 # package lists
 	[ -z "$upkgs" ] || phase unit gotestsum_phase unit "${goflags[@]}" $upkgs
 	# shellcheck disable=SC2086
-	[ -z "$ipkgs" ] || phase integration gotestsum_phase integration -p 1 "${goflags[@]}" $ipkgs
+	[ -z "$ipkgs" ] || phase integration integration $ipkgs
 }
 
 run

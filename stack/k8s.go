@@ -27,6 +27,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cryo-runtime/cryo/internal/flock"
 )
 
 // K8sOptions say where a one-node control plane runs: in the network
@@ -99,6 +101,9 @@ func StartK8s(ctx context.Context, o K8sOptions) (_ *K8s, retErr error) {
 			_ = k.Close()
 		}
 	}()
+	if err := k.lockHost(ctx, HostLock); err != nil {
+		return nil, err
+	}
 	k.saveHost()
 	for _, d := range []string{"logs", "etcd", "kubelet", "pod-logs", "apiserver-certs"} {
 		if err := os.MkdirAll(filepath.Join(k.Dir, d), 0o700); err != nil {
@@ -172,6 +177,27 @@ func makeCgroups(root string) error {
 			}
 		}
 	}
+	return nil
+}
+
+// HostLock is the file a K8s holds locked from its start to its Close:
+// the kubelet's host changes (global sysctls, /var/lib/kubelet with its
+// fixed device-plugin socket) admit one control plane per machine at a
+// time, so a second one, in another test process or a demo, waits.
+const HostLock = "/run/cryo-k8s.lock"
+
+// lockHost waits until this K8s holds the lock file path, or ctx ends;
+// Close releases it last.
+func (k *K8s) lockHost(ctx context.Context, path string) error {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return fmt.Errorf("k8s host lock: %w", err)
+	}
+	if err := flock.Wait(ctx, f, unix.LOCK_EX); err != nil {
+		f.Close()
+		return fmt.Errorf("waiting for another control plane on this machine to end: %w", err)
+	}
+	k.undo = append(k.undo, f.Close) // closing the descriptor unlocks
 	return nil
 }
 

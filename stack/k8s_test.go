@@ -1,12 +1,16 @@
 package stack
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
+	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 )
 
 // removeLinksInto removes only the links that point into the control
@@ -67,4 +71,35 @@ func TestAPIServerCerts(t *testing.T) {
 	if _, err := cert.Verify(x509.VerifyOptions{Roots: roots, DNSName: "10.250.0.2"}); err == nil {
 		t.Error("the certificate verifies for another node's address")
 	}
+}
+
+// TestHostLockOnePerMachine: a second control plane waits for the first
+// one's Close, and gives up, naming the lock, when its context ends.
+func TestHostLockOnePerMachine(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "k8s.lock")
+	first, second := &K8s{}, &K8s{}
+	if err := first.lockHost(t.Context(), path); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 700*time.Millisecond)
+	defer cancel()
+	err := second.lockHost(ctx, path)
+	if err == nil || !strings.Contains(err.Error(), path) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("second lock while the first is held: %v, want a deadline error naming %s", err, path)
+	}
+	got := make(chan error, 1)
+	go func() { got <- second.lockHost(t.Context(), path) }()
+	time.Sleep(100 * time.Millisecond)
+	if err := first.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatalf("second lock after the first's Close: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the second control plane still waits after the first's Close")
+	}
+	_ = second.Close()
 }
