@@ -257,7 +257,11 @@ func (r *runner) clonesPssOf(url string, n int) (float64, error) {
 			return 0, err
 		}
 	}
+	// A QEMU of an earlier step may still be exiting.
 	pids := r.s.QEMUPids()
+	for deadline := time.Now().Add(30 * time.Second); len(pids) != n && time.Now().Before(deadline); pids = r.s.QEMUPids() {
+		time.Sleep(500 * time.Millisecond)
+	}
 	if len(pids) != n {
 		return 0, fmt.Errorf("%d QEMU processes running, want %d", len(pids), n)
 	}
