@@ -399,8 +399,14 @@ func (r *runner) splitPause(c *ckpt, id string, off int64) {
 }
 
 func (r *runner) checkpoint(id, to string) (ckpt, error) {
-	var c ckpt
 	quiesce()
+	return r.checkpointNow(id, to)
+}
+
+// checkpointNow is checkpoint without writing back the node's dirty page
+// cache first (the caller did, or measures something a sync would move).
+func (r *runner) checkpointNow(id, to string) (ckpt, error) {
+	var c ckpt
 	off := r.logSize()
 	out, errs, err := r.s.Cryoctl("-o", "json", "checkpoint", "-n", r.s.Namespace, id, "--to", to)
 	if err != nil {

@@ -18,10 +18,6 @@ const memwImage = "cryo.local/memw:1"
 // so a restored sandbox's writer goes on appending to the same file).
 const memwLog = "/tmp/memw.log"
 
-// memwIdleWindow is how long the writer's speed is read with no
-// checkpoint running, before each checkpoint.
-const memwIdleWindow = 3 * time.Second
-
 // Kinds of sandbox whose pause the issue 21 rows compare.
 const (
 	kindBooted   = "booted"
@@ -35,8 +31,8 @@ func pauseVMMiB(inUse int) int { return inUse + max(256, inUse/4) }
 
 // pauseRAM: issue 21's rows. For each size in PauseRAMMiB a booted
 // sandbox runs the writer over that much RAM and is checkpointed while it
-// writes (its pause window, and the writer's speed before and during the
-// checkpoint); its first snapshot is restored lazily, the writer goes on
+// writes (its pause window, and the writer's speed during the checkpoint
+// and right after it); its first snapshot is restored lazily, the writer goes on
 // over every page, and the restored sandbox is checkpointed the same way.
 // Then the QEMU Pss of 1 and of PssClones lazy clones of one snapshot.
 func (r *runner) pauseRAM() error {
@@ -145,8 +141,10 @@ func (r *runner) pauseRAMSize(inUse int) error {
 }
 
 // pauseRAMKind checkpoints sandbox id Runs times while its writer writes:
-// the pause windows, and the writer's speed in memwIdleWindow before each
-// checkpoint and from its start to its end.
+// the pause windows, and the writer's speed from the checkpoint's start to
+// its end and, idle, in a window as long right after it. The windows are
+// alike (both bounded by the execs that read the writer's report, which
+// take guest CPU too), so their ratio is about the checkpoint.
 func (r *runner) pauseRAMKind(kind string, inUse int, id string, to func(int) string) error {
 	var pause, idle, during []float64
 	for i := range r.o.Runs {
@@ -155,21 +153,21 @@ func (r *runner) pauseRAMKind(kind string, inUse int, id string, to func(int) st
 		if err != nil {
 			return err
 		}
-		time.Sleep(memwIdleWindow)
+		c, err := r.checkpointNow(id, to(i))
+		if err != nil {
+			return err
+		}
 		s1, err := r.memwSample(id)
 		if err != nil {
 			return err
 		}
-		c, err := r.checkpoint(id, to(i))
-		if err != nil {
-			return err
-		}
+		time.Sleep(s1.at.Sub(s0.at))
 		s2, err := r.memwSample(id)
 		if err != nil {
 			return err
 		}
 		pause = append(pause, float64(c.PauseWindowMS))
-		idle, during = append(idle, writeRate(s0, s1)), append(during, writeRate(s1, s2))
+		during, idle = append(during, writeRate(s0, s1)), append(idle, writeRate(s1, s2))
 	}
 	in, dn, rn := memwRows(kind, inUse)
 	r.r.add("pause_ram", pauseRow(kind, inUse), "ms", pause...)
