@@ -147,3 +147,13 @@ func TestPauseRAMTargets(t *testing.T) {
 		t.Error(pauseRatioRow(kindBooted, 256, 4096))
 	}
 }
+
+// TestTargetsCount: a complete run checks every target, issue 21's
+// among them (TestBenchQuick counts them on a real run).
+func TestTargetsCount(t *testing.T) {
+	r := &runner{r: &Report{}, o: Options{Sizes: Quick()}}
+	r.targets()
+	if len(r.r.Targets) != 19 {
+		t.Errorf("%d targets, want 19", len(r.r.Targets))
+	}
+}
