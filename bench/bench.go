@@ -36,24 +36,31 @@ type Sizes struct {
 	ChangePercent int           `json:"changePercent"` // RAM changed before the second checkpoint
 	ChunkMiB      int           `json:"chunkMiB"`      // snapshot chunk size (0: the config's default)
 	LazyFillMiB   int           `json:"lazyFillMiB"`   // RAM the large lazy-restore guest fills (its RAM: 2.5x)
+	PauseRAMMiB   []int         `json:"pauseRamMiB"`   // issue 21: RAM the guest's writer keeps writing, ascending
+	PssClones     int           `json:"pssClones"`     // issue 21: lazy clones whose QEMU Pss is compared with one's
 }
 
-// Quick is the smallest run: every row once, two VMs at a time at most.
+// Quick is the smallest run: every row once, two VMs at a time at most
+// (but four idle clones for the Pss row), no 4 GiB writer.
 func Quick() Sizes {
 	return Sizes{Runs: 1, GuestMiB: 256, SmallGuestMiB: 256, LargeGuestMiB: 384, SmallDiskMiB: 256, LargeDiskMiB: 512,
-		Clones: []int{1, 2}, WarmUp: 3 * time.Second, ChangePercent: 5, LazyFillMiB: 128}
+		Clones: []int{1, 2}, WarmUp: 3 * time.Second, ChangePercent: 5, LazyFillMiB: 128,
+		PauseRAMMiB: []int{256, 1024}, PssClones: 4}
 }
 
 // Default fits a small shared machine (a few VMs at a time).
 func Default() Sizes {
 	return Sizes{Runs: 3, GuestMiB: 256, SmallGuestMiB: 256, LargeGuestMiB: 512, SmallDiskMiB: 1024, LargeDiskMiB: 2048,
-		Clones: []int{1, 2, 4}, WarmUp: 10 * time.Second, ChangePercent: 5, LazyFillMiB: 384}
+		Clones: []int{1, 2, 4}, WarmUp: 10 * time.Second, ChangePercent: 5, LazyFillMiB: 384,
+		PauseRAMMiB: []int{256, 1024}, PssClones: 8}
 }
 
-// Full is the issue's sizes: 1 GiB guests, 8 GiB disks, 8 clones, 20 s warm-up.
+// Full is the issue's sizes: 1 GiB guests, 8 GiB disks, 8 clones, 20 s
+// warm-up, a writer over 256 MiB, 1 GiB and 4 GiB.
 func Full() Sizes {
 	return Sizes{Runs: 3, GuestMiB: 256, SmallGuestMiB: 256, LargeGuestMiB: 1024, SmallDiskMiB: 1024, LargeDiskMiB: 8192,
-		Clones: []int{1, 4, 8}, WarmUp: 20 * time.Second, ChangePercent: 5, LazyFillMiB: 1024}
+		Clones: []int{1, 4, 8}, WarmUp: 20 * time.Second, ChangePercent: 5, LazyFillMiB: 1024,
+		PauseRAMMiB: []int{256, 1024, 4096}, PssClones: 8}
 }
 
 // Validate checks the sizes.
@@ -75,8 +82,26 @@ func (s Sizes) Validate() error {
 		return errors.New("the lazy guest must fill at least 32 MiB")
 	case s.ChunkMiB < 0 || s.ChunkMiB > 64:
 		return errors.New("chunk size must be between 1 and 64 MiB")
+	case len(s.PauseRAMMiB) < 2:
+		return errors.New("pause RAM sizes: want at least two (the rows compare the largest with the smallest)")
+	case !ascending(s.PauseRAMMiB):
+		return errors.New("pause RAM sizes must be ascending, each once")
+	case s.PauseRAMMiB[0] < 64 || s.PauseRAMMiB[len(s.PauseRAMMiB)-1] > 16384:
+		return errors.New("pause RAM sizes must be between 64 and 16384 MiB")
+	case s.PssClones < 2:
+		return errors.New("Pss clones must be at least 2 (compared with one)")
 	}
 	return nil
+}
+
+// ascending reports whether each of v is larger than the one before.
+func ascending(v []int) bool {
+	for i := 1; i < len(v); i++ {
+		if v[i] <= v[i-1] {
+			return false
+		}
+	}
+	return true
 }
 
 // Options configure Run.
@@ -151,7 +176,7 @@ func Run(ctx context.Context, o Options) (_ *Report, retErr error) {
 		if o.ChunkMiB > 0 {
 			c.Snapshot.ChunkSizeMiB = o.ChunkMiB
 		}
-		c.Hypervisor.MaxMemoryMiB = max(c.Hypervisor.MaxMemoryMiB, o.LargeGuestMiB, o.LazyFillMiB*5/2)
+		c.Hypervisor.MaxMemoryMiB = max(c.Hypervisor.MaxMemoryMiB, o.LargeGuestMiB, o.LazyFillMiB*5/2, pauseVMMiB(o.PauseRAMMiB[len(o.PauseRAMMiB)-1]))
 		c.Stores.Allowed = append(c.Stores.Allowed, "s3://"+r.s3.Bucket+"/")
 		c.Stores.S3 = configs.S3{Endpoint: r.s3.Endpoint, AccessKey: r.s3.AccessKey, SecretKey: r.s3.SecretKey, Region: "us-east-1"}
 	})
@@ -184,6 +209,7 @@ func Run(ctx context.Context, o Options) (_ *Report, retErr error) {
 		{"restore pipeline throughput", r.pipeline},
 		{"lazy and eager restores over a 1 Gbit/s link", r.lazyRestore},
 		{"shim peak RSS during a restore", r.shimRSS},
+		{"pause and clone memory (issue 21): a writer in the guest", r.pauseRAM},
 	} {
 		if err := ctx.Err(); err != nil {
 			return r.r, err
@@ -202,6 +228,9 @@ func Run(ctx context.Context, o Options) (_ *Report, retErr error) {
 		}
 		if r.r.value("s3_1gbit_large_lazy_to_exec") > 0 {
 			r.lazyTargets()
+		}
+		if _, ok := r.r.Row(fmt.Sprintf("lazy_clones_%d_over_1_qemu_pss", o.PssClones)); ok {
+			r.pauseRAMTargets()
 		}
 		return r.r, nil
 	}
@@ -233,6 +262,11 @@ func (r *runner) id(prefix string) string { return fmt.Sprintf("%s%d", prefix, r
 // runArgs builds `ctr run -d` for the cryo runtime with config cfgPath
 // ("" for the stack's), annotations and a shell command.
 func (r *runner) runArgs(cfgPath, id string, ann map[string]string, script string, extra ...string) []string {
+	return r.runImageArgs(stack.Image, cfgPath, id, ann, script, extra...)
+}
+
+// runImageArgs is runArgs for another image than the stack's.
+func (r *runner) runImageArgs(image, cfgPath, id string, ann map[string]string, script string, extra ...string) []string {
 	if cfgPath == "" {
 		cfgPath = r.s.ConfigPath
 	}
@@ -241,7 +275,7 @@ func (r *runner) runArgs(cfgPath, id string, ann map[string]string, script strin
 		a = append(a, "--annotation", k+"="+v)
 	}
 	a = append(a, extra...)
-	return append(a, stack.Image, id, "sh", "-c", script)
+	return append(a, image, id, "sh", "-c", script)
 }
 
 // start runs a detached container; extra are more `ctr run` flags.
@@ -365,8 +399,14 @@ func (r *runner) splitPause(c *ckpt, id string, off int64) {
 }
 
 func (r *runner) checkpoint(id, to string) (ckpt, error) {
-	var c ckpt
 	quiesce()
+	return r.checkpointNow(id, to)
+}
+
+// checkpointNow is checkpoint without writing back the node's dirty page
+// cache first (the caller did, or measures something a sync would move).
+func (r *runner) checkpointNow(id, to string) (ckpt, error) {
+	var c ckpt
 	off := r.logSize()
 	out, errs, err := r.s.Cryoctl("-o", "json", "checkpoint", "-n", r.s.Namespace, id, "--to", to)
 	if err != nil {

@@ -37,7 +37,7 @@ func TestBenchQuick(t *testing.T) {
 	}
 	// What a killed earlier run left is not this run's leak.
 	before := benchLeftovers()
-	ctx, cancel := context.WithTimeout(t.Context(), 15*time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), 25*time.Minute)
 	defer cancel()
 	logPath := filepath.Join(t.TempDir(), "containerd.log")
 	cmd := exec.CommandContext(ctx, cryoctl, "bench", "--quick", "-o", "json", "--keep-log", logPath)
@@ -80,8 +80,8 @@ func TestBenchQuick(t *testing.T) {
 		}
 		t.Errorf("report has %d rows, want %d:\n%s", len(rep.Rows), len(want), strings.Join(got, "\n"))
 	}
-	if len(rep.Targets) != 14 {
-		t.Errorf("report has %d targets, want 14: %+v", len(rep.Targets), rep.Targets)
+	if len(rep.Targets) != 19 {
+		t.Errorf("report has %d targets, want 19: %+v", len(rep.Targets), rep.Targets)
 	}
 	for _, tg := range rep.Targets {
 		if !(tg.Value > 0) || tg.Want == "" || tg.Detail == "" {

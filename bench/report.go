@@ -199,5 +199,5 @@ func RowNames(s Sizes) []string {
 		p := fmt.Sprintf("gen%d_", g)
 		n = append(n, p+"restore_to_exec", p+"pause", p+"uploaded", p+"uploaded_per_changed_byte", p+"delta_chunks", p+"ram_dirty", p+"uploaded_per_dirty_byte")
 	}
-	return n
+	return append(n, pauseRAMRowNames(s)...)
 }

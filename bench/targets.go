@@ -87,6 +87,7 @@ func (r *runner) targets() {
 		fmt.Sprintf("QEMU RSS after restore %.0f MiB", rep.value(fmt.Sprintf("qemu_rss_after_restore_%dMiB", r.o.LargeGuestMiB))))
 
 	r.lazyTargets()
+	r.pauseRAMTargets()
 }
 
 // ratio is a / b, 0 when b is (a row that did not run).

@@ -29,10 +29,18 @@ CRYO_GUEST_DIR, CRYO_TOOLS).
 Sizes: the default fits a small shared machine (512 MiB large guest, 2 GiB large
 disk, up to 4 clones, 10 s warm-up, 3 runs per median); --quick runs every row once
 with the smallest sizes; --full uses 1 GiB guests, 8 GiB disks, 8 clones and a 20 s
-warm-up. Flags given explicitly override the preset.`,
+warm-up. Flags given explicitly override the preset.
+
+Issue 21's rows (step "pause and clone memory"): a writer in the guest keeps
+writing every page of --pause-ram MiB (256 and 1024 by default and in --quick,
+also 4096 in --full) while a booted and then a lazily restored sandbox is
+checkpointed: the pause windows, their ratio largest / smallest, the writer's
+speed idle and during the checkpoint; and the summed QEMU Pss of 1 and of
+--pss-clones lazy clones of one snapshot (4 in --quick, else 8).`,
 		Example: `  cryoctl bench --quick
   cryoctl bench -o json > bench.json
-  cryoctl bench --full --keep-log /tmp/bench-containerd.log`,
+  cryoctl bench --full --keep-log /tmp/bench-containerd.log
+  cryoctl bench --full --only "issue 21"`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if quick && full {
@@ -79,10 +87,12 @@ warm-up. Flags given explicitly override the preset.`,
 	f.StringVar(&o.Stack.BinDir, "bin", "", "directory with containerd-shim-cryo-v2 and cryoctl (default $CRYO_BIN, this binary's directory, <repo>/_output/bin)")
 	f.StringVar(&o.Stack.GuestDir, "guest-dir", "", "guest image directory (default $CRYO_GUEST_DIR, <repo>/_output/guest)")
 	f.StringVar(&o.Stack.Tools, "tools", "", "tools cache with bin/containerd, ctr, versitygw (default $CRYO_TOOLS, /var/cache/cryo/tools)")
+	f.IntSliceVar(&sz.PauseRAMMiB, "pause-ram", sz.PauseRAMMiB, "RAM (MiB) the guest's writer keeps writing for the issue 21 pause rows, ascending (the VM is larger)")
+	f.IntVar(&sz.PssClones, "pss-clones", sz.PssClones, "lazy clones whose summed QEMU Pss is compared with one clone's")
 	f.IntVar(&sz.ChunkMiB, "chunk-size", 0, "snapshot chunk size in MiB (default: the config's, 1)")
 	f.StringVar(&o.CPUProfile, "cpuprofile", "", "write a CPU profile of the pipeline step (this process) to this file")
 	f.StringVar(&o.KeepLog, "keep-log", "", "copy containerd's log (with the shims' restore steps) to this file")
-	f.StringVar(&o.Only, "only", "", "run only the steps whose name contains this (e.g. hibernation), with only the hibernation loop's targets")
+	f.StringVar(&o.Only, "only", "", "run only the steps whose name contains this (e.g. hibernation, \"issue 21\"), with only the targets of the steps that ran")
 	return cmd
 }
 
@@ -102,8 +112,12 @@ func overrideSizes(cmd *cobra.Command, preset, flags bench.Sizes) bench.Sizes {
 	set("large-disk", &preset.LargeDiskMiB, flags.LargeDiskMiB)
 	set("change-percent", &preset.ChangePercent, flags.ChangePercent)
 	set("chunk-size", &preset.ChunkMiB, flags.ChunkMiB)
+	set("pss-clones", &preset.PssClones, flags.PssClones)
 	if ch("clones") {
 		preset.Clones = flags.Clones
+	}
+	if ch("pause-ram") {
+		preset.PauseRAMMiB = flags.PauseRAMMiB
 	}
 	if ch("warmup") {
 		preset.WarmUp = flags.WarmUp

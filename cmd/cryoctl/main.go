@@ -7,12 +7,20 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 
 	"github.com/spf13/cobra"
+
+	"github.com/cryo-runtime/cryo/bench"
 )
 
 func main() {
+	// The bench copies this binary into its guest image as the memory
+	// writer (a static binary the guest can run without a libc).
+	if filepath.Base(os.Args[0]) == bench.MemWriterName {
+		os.Exit(bench.MemWriter(os.Args[1:], os.Stdout, os.Stderr))
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := newRootCommand(&App{Stdout: os.Stdout, Stderr: os.Stderr}).ExecuteContext(ctx)
 	stop()

@@ -1,0 +1,315 @@
+package bench
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/cryo-runtime/cryo/configs"
+	"github.com/cryo-runtime/cryo/internal/busybox"
+)
+
+// memwImage is the image with the guest memory writer.
+const memwImage = "cryo.local/memw:1"
+
+// memwLog is where the writer's reports go in the guest (its root disk,
+// so a restored sandbox's writer goes on appending to the same file).
+const memwLog = "/tmp/memw.log"
+
+// Kinds of sandbox whose pause the issue 21 rows compare.
+const (
+	kindBooted   = "booted"
+	kindRestored = "restored"
+)
+
+// pauseVMMiB is the guest RAM of a sandbox with inUse MiB written by the
+// writer: the VM must be larger than what is in use (its kernel, the
+// agent and the page cache need room too).
+func pauseVMMiB(inUse int) int { return inUse + max(256, inUse/4) }
+
+// pauseRAM: issue 21's rows. For each size in PauseRAMMiB a booted
+// sandbox runs the writer over that much RAM and is checkpointed while it
+// writes (its pause window, and the writer's speed during the checkpoint
+// and right after it); its first snapshot is restored lazily, the writer goes on
+// over every page, and the restored sandbox is checkpointed the same way.
+// Then the QEMU Pss of 1 and of PssClones lazy clones of one snapshot.
+func (r *runner) pauseRAM() error {
+	if err := r.importMemw(); err != nil {
+		return err
+	}
+	for _, inUse := range r.o.PauseRAMMiB {
+		if err := r.pauseRAMSize(inUse); err != nil {
+			return fmt.Errorf("%d MiB in use: %w", inUse, err)
+		}
+	}
+	for _, kind := range []string{kindBooted, kindRestored} {
+		small, large := r.o.PauseRAMMiB[0], r.o.PauseRAMMiB[len(r.o.PauseRAMMiB)-1]
+		r.r.add("pause_ram", pauseRatioRow(kind, small, large), "ratio",
+			ratio(r.r.value(pauseRow(kind, large)), r.r.value(pauseRow(kind, small))))
+	}
+	return r.clonesPss()
+}
+
+func pauseRow(kind string, inUse int) string {
+	return fmt.Sprintf("pause_%s_%dMiB_in_use", kind, inUse)
+}
+
+func pauseRatioRow(kind string, small, large int) string {
+	return fmt.Sprintf("pause_%s_%dMiB_over_%dMiB", kind, large, small)
+}
+
+func memwRows(kind string, inUse int) (idle, during, ratio string) {
+	p := fmt.Sprintf("memwrite_%s_%dMiB_", kind, inUse)
+	return p + "idle", p + "checkpoint", p + "checkpoint_over_idle"
+}
+
+// importMemw imports an image with busybox and the stack's cryoctl as
+// MemWriterName into both snapshotters.
+func (r *runner) importMemw() error {
+	bin := r.s.Bin("cryoctl")
+	if err := staticELF(bin); err != nil {
+		return fmt.Errorf("%s as the guest's memory writer: %w", bin, err)
+	}
+	b, err := os.ReadFile(bin)
+	if err != nil {
+		return err
+	}
+	img := filepath.Join(r.s.Dir, "memw.tar")
+	spec := busybox.Spec{Name: memwImage, Cmd: []string{"/bin/sh"}, AllApplets: true,
+		Files: []busybox.File{{Path: "bin/" + MemWriterName, Mode: 0o755, Content: string(b)}}}
+	if err := busybox.WriteSpecFile(img, spec); err != nil {
+		return err
+	}
+	defer os.Remove(img)
+	for _, sn := range []string{"overlayfs", "blockfile"} {
+		if _, err := r.s.CtrOK("image", "import", "--snapshotter", sn, img); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// pauseRAMSize measures one size: booted, then restored from the booted
+// sandbox's first snapshot.
+func (r *runner) pauseRAMSize(inUse int) error {
+	vm := pauseVMMiB(inUse)
+	id := r.id(fmt.Sprintf("pr%d-", inUse))
+	script := fmt.Sprintf("exec /bin/%s %d >%s 2>&1", MemWriterName, inUse, memwLog)
+	ann := map[string]string{"cryo.dev/memory": strconv.Itoa(vm)}
+	if err := r.startMemw(id, ann, script); err != nil {
+		return err
+	}
+	// The first sweep fills the RAM (first touches); the guest is slow
+	// under TCG: a minute per GiB is generous.
+	fillTimeout := time.Minute + time.Duration(inUse)*time.Minute/1024
+	if _, err := r.waitSweeps(id, 1, fillTimeout); err != nil {
+		r.remove(id)
+		return err
+	}
+	snap := r.s.StoreURL(fmt.Sprintf("pr%d:booted0", inUse))
+	err := r.pauseRAMKind(kindBooted, inUse, id, func(i int) string {
+		if i == 0 {
+			return snap
+		}
+		return r.s.StoreURL(fmt.Sprintf("pr%d:booted%d", inUse, i))
+	})
+	r.remove(id)
+	if err != nil {
+		return err
+	}
+
+	rid := r.id(fmt.Sprintf("prr%d-", inUse))
+	if err := r.startMemw(rid, modeAnn(snap, configs.RestoreLazy), script); err != nil {
+		return err
+	}
+	defer r.remove(rid)
+	// The restored writer goes on from where it was: let it write every
+	// page once more, so that the whole RAM was fetched and written in the
+	// restored VM before it is measured.
+	s, err := r.waitSweeps(rid, 0, time.Minute)
+	if err != nil {
+		return err
+	}
+	if _, err := r.waitSweeps(rid, s.sweeps+2, fillTimeout); err != nil {
+		return err
+	}
+	return r.pauseRAMKind(kindRestored, inUse, rid, func(i int) string {
+		return r.s.StoreURL(fmt.Sprintf("pr%d:restored%d", inUse, i))
+	})
+}
+
+// pauseRAMKind checkpoints sandbox id Runs times while its writer writes:
+// the pause windows, and the writer's speed from the checkpoint's start to
+// its end and, idle, in a window as long right after it. The windows are
+// alike (both bounded by the execs that read the writer's report, which
+// take guest CPU too), so their ratio is about the checkpoint.
+func (r *runner) pauseRAMKind(kind string, inUse int, id string, to func(int) string) error {
+	var pause, idle, during []float64
+	for i := range r.o.Runs {
+		quiesce()
+		s0, err := r.memwSample(id)
+		if err != nil {
+			return err
+		}
+		c, err := r.checkpointNow(id, to(i))
+		if err != nil {
+			return err
+		}
+		s1, err := r.memwSample(id)
+		if err != nil {
+			return err
+		}
+		time.Sleep(s1.at.Sub(s0.at))
+		s2, err := r.memwSample(id)
+		if err != nil {
+			return err
+		}
+		pause = append(pause, float64(c.PauseWindowMS))
+		during, idle = append(during, writeRate(s0, s1)), append(idle, writeRate(s1, s2))
+	}
+	in, dn, rn := memwRows(kind, inUse)
+	r.r.add("pause_ram", pauseRow(kind, inUse), "ms", pause...)
+	r.r.add("pause_ram", in, "MiB/s", idle...)
+	r.r.add("pause_ram", dn, "MiB/s", during...)
+	r.r.add("pause_ram", rn, "ratio", ratio(Median(during), Median(idle)))
+	r.progress("pause, %s sandbox, %d MiB in use (%d MiB VM) and written while it runs: %.0f ms; writer %.0f MiB/s idle, %.0f MiB/s during the checkpoint",
+		kind, inUse, pauseVMMiB(inUse), Median(pause), Median(idle), Median(during))
+	return nil
+}
+
+// startMemw runs a detached container of the writer's image.
+func (r *runner) startMemw(id string, ann map[string]string, script string) error {
+	_, err := r.s.CtrOK(r.runImageArgs(memwImage, "", id, ann, script)...)
+	return err
+}
+
+// memwSample reads the writer's last report; its time is the middle of
+// the exec that read it.
+func (r *runner) memwSample(id string) (memwSample, error) {
+	t0 := time.Now()
+	out, err := r.exec(id, "tail", "-n", "3", memwLog)
+	t1 := time.Now()
+	if err != nil {
+		return memwSample{}, err
+	}
+	s, err := parseMemw(out)
+	s.at = t0.Add(t1.Sub(t0) / 2)
+	return s, err
+}
+
+// waitSweeps waits until the writer in id has done n sweeps over its RAM.
+func (r *runner) waitSweeps(id string, n int64, timeout time.Duration) (memwSample, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		s, err := r.memwSample(id)
+		if err == nil && s.sweeps >= n {
+			return s, nil
+		}
+		if time.Now().After(deadline) {
+			return s, fmt.Errorf("the writer in %s did not finish %d sweeps in %s (last: %+v, %v)", id, n, timeout, s, err)
+		}
+		if err := r.ctx.Err(); err != nil {
+			return s, err
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+// clonesPss: the summed QEMU Pss of 1 and of PssClones lazy clones of the
+// idle template, each measured after every clone's first exec answered.
+// The clones start one after the other: the row is about memory, and
+// starting them at once only adds CPU contention on a small machine.
+func (r *runner) clonesPss() error {
+	s, err := r.smallLazySnapshot()
+	if err != nil {
+		return err
+	}
+	var pss []float64
+	for _, n := range []int{1, r.o.PssClones} {
+		v, err := r.clonesPssOf(s.url, n)
+		if err != nil {
+			return fmt.Errorf("%d lazy clones: %w", n, err)
+		}
+		r.r.add("pause_ram", fmt.Sprintf("lazy_clones_%d_qemu_pss_total", n), "MiB", v)
+		pss = append(pss, v)
+	}
+	name := fmt.Sprintf("lazy_clones_%d_over_1_qemu_pss", r.o.PssClones)
+	r.r.add("pause_ram", name, "ratio", ratio(pss[1], pss[0]))
+	r.progress("lazy clones of the idle template after their first exec: QEMU Pss 1: %.0f MiB, %d: %.0f MiB (%.2fx)",
+		pss[0], r.o.PssClones, pss[1], ratio(pss[1], pss[0]))
+	return nil
+}
+
+func (r *runner) clonesPssOf(url string, n int) (float64, error) {
+	ids := make([]string, 0, n)
+	defer func() { r.remove(ids...) }()
+	for range n {
+		id := r.id("pss")
+		ids = append(ids, id)
+		if err := r.start("", id, modeAnn(url, configs.RestoreLazy), "sleep 100000"); err != nil {
+			return 0, err
+		}
+		if _, err := r.exec(id, "true"); err != nil {
+			return 0, err
+		}
+	}
+	// A QEMU of an earlier step may still be exiting.
+	pids := r.s.QEMUPids()
+	for deadline := time.Now().Add(30 * time.Second); len(pids) != n && time.Now().Before(deadline); pids = r.s.QEMUPids() {
+		time.Sleep(500 * time.Millisecond)
+	}
+	if len(pids) != n {
+		return 0, fmt.Errorf("%d QEMU processes running, want %d", len(pids), n)
+	}
+	return mib(qemuMem(pids).pss), nil
+}
+
+// pauseRAMTargets checks issue 21's targets on the rows of pauseRAM: the
+// pause of the largest size at most 1.2x the smallest's and at most 30 ms,
+// the writer within 10% of its idle speed while a checkpoint runs (the
+// worst size), and PssClones clones at most 2x one.
+func (r *runner) pauseRAMTargets() {
+	rep := r.r
+	small, large := r.o.PauseRAMMiB[0], r.o.PauseRAMMiB[len(r.o.PauseRAMMiB)-1]
+	for _, kind := range []string{kindBooted, kindRestored} {
+		v := rep.value(pauseRatioRow(kind, small, large))
+		l := rep.value(pauseRow(kind, large))
+		rep.target(fmt.Sprintf("pause, %s, %d / %d MiB in use (writer running)", kind, large, small), "<= 1.20, and <= 30 ms", v,
+			v > 0 && v <= 1.2 && l <= 30, fmt.Sprintf("%.0f ms vs %.0f ms", l, rep.value(pauseRow(kind, small))))
+	}
+	for _, kind := range []string{kindBooted, kindRestored} {
+		worst, at := 0.0, 0
+		for _, inUse := range r.o.PauseRAMMiB {
+			_, _, rn := memwRows(kind, inUse)
+			if v := rep.value(rn); at == 0 || v < worst {
+				worst, at = v, inUse
+			}
+		}
+		in, dn, _ := memwRows(kind, at)
+		rep.target(fmt.Sprintf("guest write speed during a checkpoint / idle, %s, worst size", kind), ">= 0.90", worst, worst >= 0.9,
+			fmt.Sprintf("%d MiB in use: %.0f MiB/s vs %.0f MiB/s", at, rep.value(dn), rep.value(in)))
+	}
+	n := r.o.PssClones
+	v := rep.value(fmt.Sprintf("lazy_clones_%d_over_1_qemu_pss", n))
+	rep.target(fmt.Sprintf("%d lazy clones / 1, summed QEMU Pss after the first exec", n), "<= 2.0", v, v > 0 && v <= 2,
+		fmt.Sprintf("%.0f MiB vs %.0f MiB", rep.value(fmt.Sprintf("lazy_clones_%d_qemu_pss_total", n)), rep.value("lazy_clones_1_qemu_pss_total")))
+}
+
+// pauseRAMRowNames are the rows of pauseRAM with sizes s, in order.
+func pauseRAMRowNames(s Sizes) []string {
+	var n []string
+	for _, inUse := range s.PauseRAMMiB {
+		for _, kind := range []string{kindBooted, kindRestored} {
+			in, dn, rn := memwRows(kind, inUse)
+			n = append(n, pauseRow(kind, inUse), in, dn, rn)
+		}
+	}
+	small, large := s.PauseRAMMiB[0], s.PauseRAMMiB[len(s.PauseRAMMiB)-1]
+	for _, kind := range []string{kindBooted, kindRestored} {
+		n = append(n, pauseRatioRow(kind, small, large))
+	}
+	return append(n, "lazy_clones_1_qemu_pss_total", fmt.Sprintf("lazy_clones_%d_qemu_pss_total", s.PssClones),
+		fmt.Sprintf("lazy_clones_%d_over_1_qemu_pss", s.PssClones))
+}
