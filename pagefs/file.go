@@ -53,7 +53,8 @@ type File struct {
 	spare bitmap
 	gen   *Generation // the sealed generation still being read, if any
 
-	dirtyCount                                              atomic.Int64 // pages set in dirty
+	dirtyCount atomic.Int64 // pages set in dirty
+
 	reads, readBytes, maxRead, writes, writeBytes, readErrs atomic.Int64
 }
 
