@@ -48,8 +48,8 @@ type File struct {
 	inLayer bitmap       // pages whose content is in layer
 	dirty   bitmap       // pages written since the last Seal
 	// spare is a cleared bitmap for Seal to swap dirty with, so that the
-	// pause allocates and clears nothing: the closed generation's, cleared
-	// after the guest resumed.
+	// pause allocates and clears nothing. nil while a generation is open:
+	// its Close, after the guest resumed, clears the sealed one into it.
 	spare bitmap
 	gen   *Generation // the sealed generation still being read, if any
 
