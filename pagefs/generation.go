@@ -2,8 +2,8 @@ package pagefs
 
 import (
 	"errors"
-	"fmt"
 	"os"
+	"sync"
 )
 
 // A Generation is a layered file's content frozen by Seal while the guest
@@ -12,11 +12,22 @@ import (
 // Until Close, the first write to a page after the seal first copies the
 // page's sealed content to a side file (copy-before-write), so the
 // generation reads the same bytes however the guest writes meanwhile.
+//
+// Seal costs the same whatever the file's size: it swaps the dirty set for
+// an empty one and lists nothing. The file's dirty set since the seal is
+// also the record of which pages side holds (a page is copied exactly at
+// its first write after the seal), so no other bitmap is made.
 type Generation struct {
-	f     *File
-	pages []int64 // written between the previous seal and this one
-	side  *os.File
-	saved bitmap // pages whose sealed content is in side
+	f    *File
+	side *os.File
+	n    int64 // pages in sealed
+
+	// sealed is the dirty set at Seal: listed by the first Pages, after the
+	// guest resumed, then cleared by Close for the next Seal to swap in.
+	sealed bitmap
+	listed sync.Once
+	pages  []int64
+	closed sync.Once
 }
 
 // Seal freezes the file's content and starts a new dirty set. side is an
@@ -26,27 +37,29 @@ func (f *File) Seal(side *os.File) (*Generation, error) {
 	if f.layer == nil {
 		return nil, errReadOnly
 	}
-	if err := side.Truncate(f.size); err != nil {
-		return nil, fmt.Errorf("seal %s: %w", f.name, err)
-	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.gen != nil {
 		return nil, errors.New("seal " + f.name + ": a sealed generation is still open")
 	}
-	g := &Generation{f: f, pages: f.dirty.list(), side: side, saved: newBitmap(int64(len(f.inLayer)) * 64)}
-	f.dirty = newBitmap(int64(len(f.dirty)) * 64)
+	g := &Generation{f: f, side: side, sealed: f.dirty, n: f.dirtyCount.Load()}
+	f.dirty, f.spare = f.spare, nil
+	f.dirtyCount.Store(0)
 	f.gen = g
 	return g, nil
 }
 
-// Pages returns the pages written in this generation (its dirty set).
-func (g *Generation) Pages() []int64 { return g.pages }
+// Pages returns the pages written in this generation (its dirty set), in
+// order. The first call lists them: call it after the guest resumed.
+func (g *Generation) Pages() []int64 {
+	g.listed.Do(func() { g.pages = g.sealed.list(g.n) })
+	return g.pages
+}
 
 // Size is the file's size.
 func (g *Generation) Size() int64 { return g.f.size }
 
-// ReadAt reads the content as it was at Seal.
+// ReadAt reads the content as it was at Seal, until Close.
 func (g *Generation) ReadAt(p []byte, off int64) (int, error) {
 	f := g.f
 	if off < 0 || off+int64(len(p)) > f.size {
@@ -54,12 +67,20 @@ func (g *Generation) ReadAt(p []byte, off int64) (int, error) {
 	}
 	f.mu.RLock()
 	defer f.mu.RUnlock()
+	if f.gen != g {
+		return 0, errClosed
+	}
 	done := 0
 	for done < len(p) {
 		pos := off + int64(done)
-		end := min(pos/PageSize*PageSize+PageSize, off+int64(len(p)))
+		saved := f.dirty.has(pos / PageSize)
+		end := pos/PageSize*PageSize + PageSize
+		for end < off+int64(len(p)) && f.dirty.has(end/PageSize) == saved {
+			end += PageSize
+		}
+		end = min(end, off+int64(len(p)))
 		var err error
-		if g.saved.has(pos / PageSize) {
+		if saved {
 			_, err = readFull(layerSource{g.side}, p[done:done+int(end-pos)], pos)
 		} else {
 			_, err = f.view(p[done:done+int(end-pos)], pos)
@@ -72,30 +93,39 @@ func (g *Generation) ReadAt(p []byte, off int64) (int, error) {
 	return done, nil
 }
 
-// Close ends the generation: later writes no longer copy. The caller
-// removes side.
+// Close ends the generation: later writes no longer copy, and ReadAt
+// fails. Pages still answers. The caller removes side.
 func (g *Generation) Close() {
-	g.f.mu.Lock()
-	defer g.f.mu.Unlock()
-	if g.f.gen == g {
-		g.f.gen = nil
-	}
+	g.closed.Do(func() {
+		g.Pages()
+		// Nothing writes sealed since Seal and Pages is done with it: it is
+		// cleared here, out of the lock and of the next pause.
+		clear(g.sealed)
+		f := g.f
+		f.mu.Lock()
+		if f.gen == g {
+			f.gen = nil
+			f.spare = g.sealed
+		}
+		f.mu.Unlock()
+		g.sealed = nil
+	})
 }
 
-// preserve copies page pg's sealed content to side before its first write
-// after the seal. The caller holds f.mu for writing.
-func (g *Generation) preserve(pg int64) error {
-	if g.saved.has(pg) {
+// preserve copies page pg's sealed content to the open generation's side
+// file before its first write after the seal, which is when it is not yet
+// in the dirty set. The caller holds f.mu for writing.
+func (f *File) preserve(pg int64) error {
+	if f.dirty.has(pg) {
 		return nil
 	}
 	start := pg * PageSize
-	buf := make([]byte, min(PageSize, g.f.size-start))
-	if _, err := g.f.view(buf, start); err != nil {
+	buf := make([]byte, min(PageSize, f.size-start))
+	if _, err := f.view(buf, start); err != nil {
 		return err
 	}
-	if _, err := g.side.WriteAt(buf, start); err != nil {
-		return err
-	}
-	g.saved.set(pg)
-	return nil
+	_, err := f.gen.side.WriteAt(buf, start)
+	return err
 }
+
+var errClosed = errors.New("generation closed")

@@ -231,14 +231,17 @@ func (r *RAM) Disk(name string) (string, bool) {
 }
 
 // Sync writes the guest's dirty RAM pages back to the server (into the
-// layer and the dirty set).
+// layer and the dirty set). Before the pause, with the guest running, it
+// syncs until what a pass writes stops shrinking (pagefs.File.PreSync),
+// so that the fsync in the pause writes little; in the pause its second
+// pass finds nothing to write.
 func (r *RAM) Sync() error {
 	f, err := os.OpenFile(r.Path(), os.O_RDWR, 0)
 	if err != nil {
 		return fmt.Errorf("sync served ram: %w", err)
 	}
 	defer f.Close()
-	if err := f.Sync(); err != nil {
+	if _, err := r.file.PreSync(f.Sync, pagefs.PreSyncOptions{}); err != nil {
 		return fmt.Errorf("sync served ram: %w", err)
 	}
 	return nil
