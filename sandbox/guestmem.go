@@ -98,7 +98,7 @@ type privateMemory struct {
 }
 
 func (m *privateMemory) configure(c *vmm.Config) {
-	c.Memory = vmm.Memory{Mode: vmm.MemoryPrivate, Path: m.path}
+	c.Memory = vmm.Memory{Mode: vmm.MemoryPrivate, Path: m.path, Incoming: true}
 }
 
 func (m *privateMemory) restored(context.Context, int) log.Fields {
@@ -121,7 +121,7 @@ type servedMemory struct {
 }
 
 func (m *servedMemory) configure(c *vmm.Config) {
-	c.Memory = vmm.Memory{Mode: vmm.MemoryServed, Path: m.ram.Path()}
+	c.Memory = vmm.Memory{Mode: vmm.MemoryServed, Path: m.ram.Path(), Incoming: true}
 	c.AdmitUID = m.ram.Admit // pagefs opens to QEMU's uid alone
 }
 
