@@ -158,7 +158,7 @@ func (m *servedMemory) writing(ctx context.Context, c *checkpointing, md *snapsh
 	wopts.ChunkSize = m.ram.ChunkSize(ctx, wopts.ChunkSize)
 	md.WorkingSet = m.ram.WorkingSet(wopts.ChunkSize)
 	wopts.ParentReads = c.parentReads(ctx)
-	return []snapshot.SourceFile{snapshot.IncrementalSourceFile(snapshot.FileRAM, c.cap.gen, m.ram.WriteParent())}
+	return []snapshot.SourceFile{snapshot.IncrementalSourceFile(snapshot.FileRAM, c.cap.gen, m.ram.WriteParent(*wopts))}
 }
 
 // published makes the snapshot the parent of the next checkpoint.
