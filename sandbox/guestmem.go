@@ -113,15 +113,19 @@ func (m *privateMemory) capture(c *capture, _ bool) error {
 }
 
 // servedMemory is a lazy restore's RAM, served from the snapshot by
-// pagefs (servedram): QEMU maps the sandbox's own layered file shared,
-// writes through to the server, which keeps the dirty set a checkpoint
-// writes against its parent.
+// pagefs (servedram), or a booted sandbox's served from zeros
+// (servedram.ServeZero, [memory] booted = "served"): QEMU maps the
+// sandbox's own layered file shared, writes through to the server, which
+// keeps the dirty set a checkpoint writes against its parent (for a
+// booted RAM's first checkpoint, zeros).
 type servedMemory struct {
 	ram *servedram.RAM
+	// booted: the VM boots on the RAM, no state comes in.
+	booted bool
 }
 
 func (m *servedMemory) configure(c *vmm.Config) {
-	c.Memory = vmm.Memory{Mode: vmm.MemoryServed, Path: m.ram.Path(), Incoming: true}
+	c.Memory = vmm.Memory{Mode: vmm.MemoryServed, Path: m.ram.Path(), Incoming: !m.booted}
 	c.AdmitUID = m.ram.Admit // pagefs opens to QEMU's uid alone
 }
 
