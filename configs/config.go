@@ -35,8 +35,25 @@ type Config struct {
 	Snapshot    Snapshot    `toml:"snapshot"`
 	Stores      Stores      `toml:"stores"`
 	Restore     Restore     `toml:"restore"`
+	Memory      Memory      `toml:"memory"`
 	Annotations Annotations `toml:"annotations"`
 }
+
+// Memory configures how guest RAM is held.
+type Memory struct {
+	// Booted is how a booted (not restored) sandbox's RAM is held:
+	// BootedOwned, a tmpfs file a checkpoint copies in its pause, or
+	// BootedServed, a pagefs file served from zeros whose checkpoint seals
+	// the pages the guest wrote, as a lazy restore's
+	// (docs/design/constant-time-pause.md).
+	Booted string `toml:"booted"`
+}
+
+// How a booted sandbox's RAM is held (Memory.Booted).
+const (
+	BootedOwned  = "owned"
+	BootedServed = "served"
+)
 
 // Hypervisor configures QEMU and the guest image.
 type Hypervisor struct {
@@ -296,6 +313,7 @@ func Default() Config {
 			DownloadDeadline:     Duration{60 * time.Second},
 			MinDownloadRateKiB:   256,
 		},
+		Memory: Memory{Booted: BootedOwned},
 		Restore: Restore{Fallback: "fail", Mode: RestoreLazy, PrefetchWorkers: 4, PageTimeout: Duration{30 * time.Second},
 			MaxDiskSizeMiB: 65536, MaxDeviceStateMiB: 64},
 		Annotations: Annotations{Enabled: []string{"cryo.dev/*"}},
@@ -428,6 +446,9 @@ func (c *Config) Validate() error {
 	}
 	if f := c.Restore.Fallback; f != "fail" && f != "cold" {
 		return fmt.Errorf("restore.fallback %q: must be fail or cold", f)
+	}
+	if b := c.Memory.Booted; b != BootedOwned && b != BootedServed {
+		return fmt.Errorf("memory.booted %q: must be %s or %s", b, BootedOwned, BootedServed)
 	}
 	if c.Restore.MaxDiskSizeMiB < int64(c.Runtime.WritableDiskMiB) || c.Restore.MaxDiskSizeMiB > 4<<20 {
 		return fmt.Errorf("restore.max_disk_size %d MiB: must be between runtime.writable_disk_size (%d) and 4194304 (4 TiB)", c.Restore.MaxDiskSizeMiB, c.Runtime.WritableDiskMiB)

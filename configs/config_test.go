@@ -84,6 +84,12 @@ func TestLoad(t *testing.T) {
 		{name: "download deadline too long", body: "[stores]\ndownload_deadline = \"2h\"\n", wantErr: "stores.download_deadline"},
 		{name: "download rate zero", body: "[stores]\nmin_download_rate_kib = 0\n", wantErr: "stores.min_download_rate_kib"},
 		{name: "download rate negative", body: "[stores]\nmin_download_rate_kib = -5\n", wantErr: "stores.min_download_rate_kib"},
+		{name: "booted ram default", body: "[restore]\nfallback = \"cold\"\n",
+			check: func(c Config) bool { return c.Memory.Booted == BootedOwned }},
+		{name: "booted ram served", body: "[memory]\nbooted = \"served\"\n",
+			check: func(c Config) bool { return c.Memory.Booted == BootedServed }},
+		{name: "booted ram bad", body: "[memory]\nbooted = \"lazy\"\n", wantErr: "memory.booted"},
+		{name: "booted ram empty", body: "[memory]\nbooted = \"\"\n", wantErr: "memory.booted"},
 		{name: "syntax", body: "[hypervisor\n", wantErr: "line 1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -8,6 +8,7 @@ import (
 	"github.com/containerd/log"
 
 	"github.com/cryo-runtime/cryo/network"
+	"github.com/cryo-runtime/cryo/sandbox/servedram"
 	"github.com/cryo-runtime/cryo/vmm"
 )
 
@@ -55,9 +56,16 @@ func (st *start) bootSteps(sb *Sandbox) []step {
 			return err
 		}},
 		{"pod network", st.network(network.Options{})},
+		{"guest ram", st.bootRAM},
 		{"vm config", func(ctx context.Context, _ *undo) error { return st.bootConfig(ctx, sb.root) }},
 		{"vm", st.newVM},
-		{"qemu", st.startQEMU},
+		{"qemu", func(ctx context.Context, u *undo) error {
+			if err := st.startQEMU(ctx, u); err != nil {
+				return err
+			}
+			st.mem.started(st.vm)
+			return nil
+		}},
 		{"agent", st.connectAgent},
 		{"guest network", st.guestNetwork},
 	}
@@ -97,7 +105,6 @@ func (st *start) bootConfig(ctx context.Context, root vmm.Disk) error {
 	c := t.config(st.ID, st.StateDir)
 	c.VCPUs, c.MemoryMiB = st.VCPUs, st.MemoryMiB
 	c.Disks, c.NICs, c.HotplugPorts = []vmm.Disk{root}, st.pn.nics(), t.HotplugPorts
-	st.mem = &ownedMemory{path: ramPath(t.MemoryDir, st.StateDir)}
 	st.mem.configure(&c)
 	if g, err := hostGuestDigests(st.Node); err == nil {
 		c = g.apply(c)
@@ -105,6 +112,36 @@ func (st *start) bootConfig(ctx context.Context, root vmm.Disk) error {
 		log.G(ctx).WithError(err).Debug("guest file digests from host facts; the vm hashes the files")
 	}
 	st.vmcfg = confined(c, t)
+	return nil
+}
+
+// bootRAM is the new VM's RAM: a tmpfs file it owns, or, when the node
+// serves booted RAM ([memory] booted = "served"), a pagefs file served
+// from zeros whose checkpoint seals what the guest wrote instead of
+// copying the RAM in the pause. A RAM that cannot be served falls back to
+// an owned file: the sandbox boots either way.
+func (st *start) bootRAM(ctx context.Context, u *undo) error {
+	t := st.Node.VM
+	if !t.ServedRAM {
+		st.mem = &ownedMemory{path: ramPath(t.MemoryDir, st.StateDir)}
+		return nil
+	}
+	ram, err := servedram.ServeZero(ctx, int64(st.MemoryMiB)<<20, servedram.Options{
+		StateDir: st.StateDir, Layer: layerPath(t.MemoryDir, st.StateDir),
+		PageTimeout: st.Node.Lazy.PageTimeout, StuckGrace: stuckGrace,
+	})
+	if err != nil {
+		log.G(ctx).WithError(err).Warn("booted ram cannot be served ([memory] booted = \"served\"): an owned file")
+		st.mem = &ownedMemory{path: ramPath(t.MemoryDir, st.StateDir)}
+		return nil
+	}
+	// Pushed before QEMU's shutdown: the undo stack kills QEMU first.
+	u.onFailure(func(ctx context.Context) {
+		if err := ram.Close(ctx); err != nil {
+			log.G(ctx).WithError(err).Warn("boot: unmount served ram")
+		}
+	})
+	st.mem = &servedMemory{ram: ram, booted: true}
 	return nil
 }
 

@@ -98,7 +98,7 @@ type privateMemory struct {
 }
 
 func (m *privateMemory) configure(c *vmm.Config) {
-	c.Memory = vmm.Memory{Mode: vmm.MemoryPrivate, Path: m.path}
+	c.Memory = vmm.Memory{Mode: vmm.MemoryPrivate, Path: m.path, Incoming: true}
 }
 
 func (m *privateMemory) restored(context.Context, int) log.Fields {
@@ -113,15 +113,19 @@ func (m *privateMemory) capture(c *capture, _ bool) error {
 }
 
 // servedMemory is a lazy restore's RAM, served from the snapshot by
-// pagefs (servedram): QEMU maps the sandbox's own layered file shared,
-// writes through to the server, which keeps the dirty set a checkpoint
-// writes against its parent.
+// pagefs (servedram), or a booted sandbox's served from zeros
+// (servedram.ServeZero, [memory] booted = "served"): QEMU maps the
+// sandbox's own layered file shared, writes through to the server, which
+// keeps the dirty set a checkpoint writes against its parent (for a
+// booted RAM's first checkpoint, zeros).
 type servedMemory struct {
 	ram *servedram.RAM
+	// booted: the VM boots on the RAM, no state comes in.
+	booted bool
 }
 
 func (m *servedMemory) configure(c *vmm.Config) {
-	c.Memory = vmm.Memory{Mode: vmm.MemoryServed, Path: m.ram.Path()}
+	c.Memory = vmm.Memory{Mode: vmm.MemoryServed, Path: m.ram.Path(), Incoming: !m.booted}
 	c.AdmitUID = m.ram.Admit // pagefs opens to QEMU's uid alone
 }
 
@@ -158,7 +162,7 @@ func (m *servedMemory) writing(ctx context.Context, c *checkpointing, md *snapsh
 	wopts.ChunkSize = m.ram.ChunkSize(ctx, wopts.ChunkSize)
 	md.WorkingSet = m.ram.WorkingSet(wopts.ChunkSize)
 	wopts.ParentReads = c.parentReads(ctx)
-	return []snapshot.SourceFile{snapshot.IncrementalSourceFile(snapshot.FileRAM, c.cap.gen, m.ram.WriteParent())}
+	return []snapshot.SourceFile{snapshot.IncrementalSourceFile(snapshot.FileRAM, c.cap.gen, m.ram.WriteParent(*wopts))}
 }
 
 // published makes the snapshot the parent of the next checkpoint.

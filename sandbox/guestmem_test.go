@@ -49,12 +49,12 @@ func TestMemoryCapture(t *testing.T) {
 
 	for _, m := range []struct {
 		mem  guestMemory
-		mode vmm.MemoryMode
-	}{{owned, vmm.MemoryOwned}, {&privateMemory{path: path}, vmm.MemoryPrivate}} {
+		want vmm.Memory
+	}{{owned, vmm.Memory{Mode: vmm.MemoryOwned, Path: path}}, {&privateMemory{path: path}, vmm.Memory{Mode: vmm.MemoryPrivate, Path: path, Incoming: true}}} {
 		var cfg vmm.Config
 		m.mem.configure(&cfg)
-		if cfg.Memory != (vmm.Memory{Mode: m.mode, Path: path}) || m.mem.failure() != nil || m.mem.close(t.Context(), nil) != nil {
-			t.Errorf("%T: configures %+v, want %v of %s", m.mem, cfg.Memory, m.mode, path)
+		if cfg.Memory != m.want || m.mem.failure() != nil || m.mem.close(t.Context(), nil) != nil {
+			t.Errorf("%T: configures %+v, want %+v", m.mem, cfg.Memory, m.want)
 		}
 	}
 }

@@ -51,7 +51,10 @@ type VMTemplate struct {
 	// disks of containers created after it.
 	HotplugPorts int
 	// MemoryDir is the tmpfs directory of the guest RAM files.
-	MemoryDir       string
+	MemoryDir string
+	// ServedRAM serves a booted VM's RAM from zeros through pagefs
+	// ([memory] booted = "served") instead of an owned tmpfs file.
+	ServedRAM       bool
 	Confine         vmm.Confinement
 	ConsoleMaxBytes int64
 }

@@ -17,7 +17,7 @@ func testNode(t *testing.T, cfg configs.Config) Node {
 		VM: VMTemplate{
 			QEMUPath: h.Path, Kernel: h.Kernel, Initrd: h.Initrd, KernelArgs: h.KernelArgs,
 			MachineType: h.MachineType, CPUModel: h.CPUModel, Accel: h.Accel,
-			HotplugPorts: h.HotplugPorts, MemoryDir: h.MemoryDir,
+			HotplugPorts: h.HotplugPorts, MemoryDir: h.MemoryDir, ServedRAM: cfg.Memory.Booted == configs.BootedServed,
 			Confine:         vmm.Confinement{Disabled: !h.ConfineQEMU, UIDBase: h.QEMUUIDBase, UIDCount: h.QEMUUIDCount},
 			ConsoleMaxBytes: int64(h.ConsoleLogKiB) << 10,
 		},

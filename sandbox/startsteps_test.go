@@ -243,6 +243,51 @@ func TestBootSteps(t *testing.T) {
 	})
 }
 
+// TestBootStepsServedRAM: Boot's steps on a node that serves booted RAM
+// ([memory] booted = "served"): the VM boots on a pagefs file served from
+// zeros (shared, not incoming, QEMU's uid admitted), and a step that fails
+// leaves no mount nor layer.
+func TestBootStepsServedRAM(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("pagefs mounts need root")
+	}
+	var spec Spec
+	var st *start
+	testEachStepFailing(t, stepCase{
+		op: "boot",
+		steps: func(t *testing.T, vms vmFactory) []step {
+			dir := t.TempDir()
+			image := filepath.Join(dir, "root.ext4")
+			if err := os.WriteFile(image, nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			cfg := configs.Default()
+			cfg.Snapshot.CacheDir = filepath.Join(dir, "cache")
+			cfg.Hypervisor.MemoryDir = filepath.Join(dir, "shm")
+			cfg.Memory.Booted = configs.BootedServed
+			if err := os.Mkdir(cfg.Hypervisor.MemoryDir, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			spec = Spec{ID: "sb", Node: testNode(t, cfg), StateDir: filepath.Join(dir, "state"), DiskDir: filepath.Join(dir, "disks"), Pod: &specs.Spec{}, MemoryMiB: 64}
+			root := RootSpec{ContainerID: "c1", Mounts: []*types.Mount{{Type: "ext4", Source: image}}}
+			st = &start{Spec: spec, root: root, vms: vms}
+			return st.bootSteps(&Sandbox{spec: spec, rootfs: newRootfsBuilder(spec.Node.RootFS)})
+		},
+		done: func(t *testing.T) {
+			checkMemory(t, st, vmm.MemoryServed, filepath.Join(spec.StateDir, "pagefs", "ram"))
+			if st.vmcfg.AdmitUID == nil {
+				t.Error("served ram admits no uid: a confined QEMU could not open it")
+			}
+			if err := st.mem.close(t.Context(), nil); err != nil {
+				t.Fatal(err)
+			}
+		},
+		left: func(t *testing.T) []string {
+			return slices.Concat(dirEntries(t, spec.StateDir), dirEntries(t, spec.DiskDir), dirEntries(t, spec.Node.VM.MemoryDir))
+		},
+	})
+}
+
 // restoreFixture is a node that can restore one snapshot except for
 // QEMU: a file:// store holding it, host files and a QEMU that only
 // tells its version, matching the snapshot's fingerprint.
@@ -464,8 +509,10 @@ func TestFloorSteps(t *testing.T) {
 // the VM to map path.
 func checkMemory(t *testing.T, st *start, mode vmm.MemoryMode, path string) {
 	t.Helper()
-	if got := st.vmcfg.Memory; got.Mode != mode || got.Path != path || path == "" {
-		t.Errorf("vm memory %v %q, want %v %q", got.Mode, got.Path, mode, path)
+	// Every restore's QEMU waits for the incoming state; a boot's does not.
+	incoming := st.restore != nil
+	if got := st.vmcfg.Memory; got.Mode != mode || got.Path != path || path == "" || got.Incoming != incoming {
+		t.Errorf("vm memory %v %q incoming %v, want %v %q incoming %v", got.Mode, got.Path, got.Incoming, mode, path, incoming)
 	}
 }
 

@@ -225,7 +225,7 @@ func TestArgsLayoutAndDefaults(t *testing.T) {
 
 func TestArgsIncomingSharedOff(t *testing.T) {
 	cfg := unitConfig(t)
-	cfg.Memory.Mode = MemoryPrivate
+	cfg.Memory.Mode, cfg.Memory.Incoming = MemoryPrivate, true
 	cfg.Accel, cfg.VCPUs, cfg.HotplugPorts = "kvm", 2, -1
 	cfg.Disks[1].Port = "rp3" // hot-plugged at checkpoint time
 	cfg.HotplugPorts = 4
@@ -274,7 +274,7 @@ func TestArgsCPUEnforceUnderKVM(t *testing.T) {
 func TestArgsConfinementOff(t *testing.T) {
 	cfg := unitConfig(t)
 	cfg.Confine.Disabled = true
-	cfg.Memory.Mode = MemoryPrivate
+	cfg.Memory.Mode, cfg.Memory.Incoming = MemoryPrivate, true
 	m := mustNew(t, cfg)
 	if slices.Contains(m.Args(), "-sandbox") {
 		t.Error("-sandbox with confinement disabled")
@@ -390,7 +390,8 @@ func TestConfigValidation(t *testing.T) {
 		{"bad cpu", func(c *Config) { c.CPUModel = "max,+vmx" }, "cpu model"},
 		{"too little memory", func(c *Config) { c.MemoryMiB = 32 }, "at least 64"},
 		{"relative memory path", func(c *Config) { c.Memory.Path = "ram" }, "memory path"},
-		// (share=off or served memory on a cold boot cannot be said: the mode says both)
+		{"owned memory incoming", func(c *Config) { c.Memory.Incoming = true }, "owned with incoming"},
+		{"private memory booted", func(c *Config) { c.Memory.Mode = MemoryPrivate }, "private without incoming"},
 		{"unknown memory mode", func(c *Config) { c.Memory.Mode = MemoryServed + 1 }, "memory mode MemoryMode(3)"},
 		{"too many vcpus", func(c *Config) { c.VCPUs = 65 }, "vcpus"},
 		{"too many ports", func(c *Config) { c.HotplugPorts = 16 }, "hotplug ports"},
@@ -491,9 +492,10 @@ func TestCheckHost(t *testing.T) {
 	}
 }
 
-// TestArgsMemoryModes: one memory mode says the whole of QEMU's RAM
-// arguments: the backend's share, whether it starts paused for an
-// incoming state, and which file it maps (confined).
+// TestArgsMemoryModes: a memory mode says the backend's share and which
+// file QEMU maps (confined); Incoming alone says whether it starts paused
+// for an incoming state, so that a booted VM maps a served file shared
+// without -incoming.
 func TestArgsMemoryModes(t *testing.T) {
 	for _, c := range []struct {
 		mode     MemoryMode
@@ -504,9 +506,10 @@ func TestArgsMemoryModes(t *testing.T) {
 		{MemoryOwned, `"share":true`, false, false},
 		{MemoryPrivate, `"share":false`, true, true},
 		{MemoryServed, `"share":true`, true, false},
+		{MemoryServed, `"share":true`, false, false},
 	} {
 		cfg := unitConfig(t)
-		cfg.Memory.Mode = c.mode
+		cfg.Memory.Mode, cfg.Memory.Incoming = c.mode, c.incoming
 		m := mustNew(t, cfg)
 		a := m.Args()
 		if obj := argsAfter(a, "-object")[0]; !strings.Contains(obj, c.share) || !strings.Contains(obj, `"qom-type":"memory-backend-file"`) {

@@ -5,7 +5,7 @@
 //
 // Lifecycle: New validates a Config; Start spawns QEMU and connects QMP; then
 // Pause/Resume, HotplugDisk/UnplugDisk, SnapshotDisk, SaveState and, for a
-// restored machine (Memory.Mode private or served), LoadState; Shutdown ends it. Cleanup removes
+// restored machine (Memory.Incoming), LoadState; Shutdown ends it. Cleanup removes
 // what a dead machine left in its state directory, from the files alone (for
 // `shim delete`).
 //
@@ -25,7 +25,7 @@
 //
 // Restore:
 //
-//	cfg.Memory = vmm.Memory{Mode: vmm.MemoryPrivate, Path: materializedRAM}
+//	cfg.Memory = vmm.Memory{Mode: vmm.MemoryPrivate, Path: materializedRAM, Incoming: true}
 //	cfg.Disks = disks // same order and Ports as at checkpoint, Paths to new overlays
 //	if err := vmm.CheckHost(cfg, fp); err != nil { ... } // before downloading the snapshot
 //	m, _ := vmm.New(cfg)

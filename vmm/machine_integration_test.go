@@ -133,7 +133,7 @@ func TestSaveStateLoadStateRestoresGuest(t *testing.T) {
 
 	dcfg := cfg
 	dcfg.StateDir = t.TempDir()
-	dcfg.Memory = Memory{Mode: MemoryPrivate, Path: ram}
+	dcfg.Memory = Memory{Mode: MemoryPrivate, Path: ram, Incoming: true}
 	dst := startVM(t, dcfg)
 	if s, _ := dst.Status(ctx); s != "inmigrate" {
 		t.Errorf("incoming status = %q, want inmigrate", s)
@@ -199,7 +199,7 @@ func TestLoadStateMismatchCarriesQEMUError(t *testing.T) {
 
 	// A destination with a disk the source did not have: QEMU refuses the stream.
 	dcfg := cfg
-	dcfg.StateDir, dcfg.Memory = t.TempDir(), Memory{Mode: MemoryPrivate, Path: ram}
+	dcfg.StateDir, dcfg.Memory = t.TempDir(), Memory{Mode: MemoryPrivate, Path: ram, Incoming: true}
 	dcfg.Disks = []Disk{{ID: "extra", Path: rawDisk(t, 4)}}
 	dcfg.HotplugPorts = 2
 	dst := startVM(t, dcfg)
@@ -391,7 +391,7 @@ func TestRestoreWithHotpluggedDisk(t *testing.T) {
 	}
 
 	dcfg := cfg
-	dcfg.StateDir, dcfg.Memory = t.TempDir(), Memory{Mode: MemoryPrivate, Path: ram}
+	dcfg.StateDir, dcfg.Memory = t.TempDir(), Memory{Mode: MemoryPrivate, Path: ram, Incoming: true}
 	dcfg.Disks = disks
 	dm, err := New(dcfg)
 	if err != nil {

@@ -137,7 +137,12 @@ func TestLoadState(t *testing.T) {
 	if err := m.LoadState(context.Background(), r); !errdefs.IsFailedPrecondition(err) {
 		t.Errorf("LoadState of a booted machine: %v", err)
 	}
-	cfg.Memory.Mode = MemoryPrivate
+	cfg.Memory.Mode = MemoryServed // booted on a page server's file
+	m, _ = fakeMachine(t, cfg, migrationServer("", map[string]any{"status": "completed"}))
+	if err := m.LoadState(context.Background(), r); !errdefs.IsFailedPrecondition(err) {
+		t.Errorf("LoadState of a booted machine with served memory: %v", err)
+	}
+	cfg.Memory.Mode, cfg.Memory.Incoming = MemoryPrivate, true
 	m, srv := fakeMachine(t, cfg, migrationServer("", map[string]any{"status": "active"}, map[string]any{"status": "completed"}))
 	if err := m.LoadState(context.Background(), r); err != nil {
 		t.Fatal(err)

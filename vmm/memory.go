@@ -17,9 +17,10 @@ const (
 	// confined QEMU gets its own copy of (Config.PrivateMemoryDir). A
 	// SaveState of it carries the whole RAM in the stream.
 	MemoryPrivate
-	// MemoryServed is a lazy restore's RAM: a shared mapping of the
-	// caller's file on a page server (pagefs), which decides itself which
-	// writes it takes and keeps the set of dirty pages; no copy.
+	// MemoryServed is a shared mapping of the caller's file on a page
+	// server (pagefs), which decides itself which writes it takes and
+	// keeps the set of dirty pages; no copy. A lazy restore's RAM
+	// (Incoming) or a booted VM's served from zeros.
 	MemoryServed
 )
 
@@ -42,15 +43,16 @@ type Memory struct {
 	// /dev/shm/cryo-<hash of the state dir>.ram, or a file of a pagefs
 	// mount).
 	Path string
+	// Incoming says the VM is a restore: QEMU starts paused (-S) with
+	// -incoming defer, for LoadState. A private mapping is always one; an
+	// owned file never is; a served file is either (a booted VM whose RAM
+	// a page server serves from zeros is not).
+	Incoming bool
 }
 
 // shared says QEMU maps the file share=on: its RAM stays out of a saved
 // device state.
 func (m Memory) shared() bool { return m.Mode != MemoryPrivate }
-
-// incoming says the VM is a restore: QEMU starts paused with -incoming
-// defer, for LoadState.
-func (m Memory) incoming() bool { return m.Mode != MemoryOwned }
 
 // owned says the machine creates and removes the file.
 func (m Memory) owned() bool { return m.Mode == MemoryOwned }
@@ -70,7 +72,7 @@ func (m Memory) backend(sizeMiB int, memPath string) map[string]any {
 // startArgs end QEMU's command line: a restore stays paused (-S) after
 // the incoming migration; the caller resumes it.
 func (m Memory) startArgs() []string {
-	if m.incoming() {
+	if m.Incoming {
 		return []string{"-S", "-incoming", "defer"}
 	}
 	return nil
@@ -79,6 +81,15 @@ func (m Memory) startArgs() []string {
 func (m Memory) validate() error {
 	if m.Mode < MemoryOwned || m.Mode > MemoryServed {
 		return fmt.Errorf("memory mode %v: want owned, private or served", m.Mode)
+	}
+	// The machine creates an owned file empty: there is nothing to
+	// restore into it. A private mapping keeps the guest's writes out of
+	// the file, which only a restore's materialized file wants.
+	if m.Mode == MemoryOwned && m.Incoming {
+		return fmt.Errorf("memory mode owned with incoming: an owned file is a booted vm's, not a restore's")
+	}
+	if m.Mode == MemoryPrivate && !m.Incoming {
+		return fmt.Errorf("memory mode private without incoming: a private mapping is a restore's")
 	}
 	return nil
 }

@@ -38,11 +38,11 @@ func (m *Machine) SaveState(ctx context.Context, w *os.File) error {
 }
 
 // LoadState loads device state saved by SaveState from r into a machine
-// restored (Memory.Mode not MemoryOwned). RAM comes from Memory.Path. The guest stays paused
+// restored (Memory.Incoming). RAM comes from Memory.Path. The guest stays paused
 // until Resume. If the stream does not fit this machine, QEMU exits and the
 // error carries its message (e.g. "Unknown ramblock", "Length mismatch").
 func (m *Machine) LoadState(ctx context.Context, r *os.File) error {
-	if !m.cfg.Memory.incoming() {
+	if !m.cfg.Memory.Incoming {
 		return fmt.Errorf("load vm %s: %w: machine was booted, not restored (memory %v)", m.cfg.ID, errdefs.ErrFailedPrecondition, m.cfg.Memory.Mode)
 	}
 	ctx, cancel := withDefaultTimeout(ctx, DefaultMigrationTimeout)

@@ -10,15 +10,37 @@ import (
 	"github.com/cryo-runtime/cryo/stores"
 )
 
-// WriteParent is the served RAM's parent as the snapshot writer takes it.
-// Its key ID and lineage are the parent's metadata's, not the key the
-// checkpoint writes with: a namespace key rotated while the sandbox runs
-// makes the parent not fit (the writer then stores full chunks under the
-// new key) instead of placing chunks sealed with the old key in a
-// snapshot that names the new one.
-func (r *RAM) WriteParent() *snapshot.Parent {
+// WriteParent is the served RAM's parent as the snapshot writer takes it
+// for a write with wopts (its chunk size decided: ChunkSize). Its key ID
+// and lineage are the parent's metadata's, not the key the checkpoint
+// writes with: a namespace key rotated while the sandbox runs makes the
+// parent not fit (the writer then stores full chunks under the new key)
+// instead of placing chunks sealed with the old key in a snapshot that
+// names the new one.
+func (r *RAM) WriteParent(wopts snapshot.WriteOptions) *snapshot.Parent {
 	p := r.Parent()
+	if p.Zero {
+		return zeroParent(wopts)
+	}
 	return &snapshot.Parent{ChunkSize: p.ChunkSize, Chunks: p.Chunks, KeyID: p.KeyID, Lineage: p.Lineage}
+}
+
+// zeroParent is a booted RAM's parent at its first checkpoint: all zeros,
+// no chunk, so that only the chunks with pages the guest wrote are read
+// and stored (full), the others are holes. It must fit the write, so it
+// takes the write's key ID and lineage; an encrypted write whose lineage
+// is chosen as it runs (WriteOptions.Lineage empty) gets no parent: the
+// RAM is then read whole and its zero chunks skipped, which is slower,
+// not wrong.
+func zeroParent(wopts snapshot.WriteOptions) *snapshot.Parent {
+	p := &snapshot.Parent{ChunkSize: wopts.ChunkSize}
+	if wopts.EncryptionKey != nil {
+		if wopts.Lineage == "" {
+			return nil
+		}
+		p.KeyID, p.Lineage = snapshot.KeyID(wopts.EncryptionKey), wopts.Lineage
+	}
+	return p
 }
 
 // sealOf is the key ID and lineage of a snapshot's chunks ("" for

@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -37,6 +38,9 @@ type Parent struct {
 	// KeyID and Lineage are the parent's encryption (its metadata's): a
 	// checkpoint under a key rotated since does not reuse its chunks.
 	KeyID, Lineage string
+	// Zero says no snapshot is behind the RAM: every page outside the
+	// dirty set is zero (a booted RAM before its first checkpoint).
+	Zero bool
 }
 
 // RAM is a lazily restored sandbox's guest RAM (and base disks): files of
@@ -115,23 +119,7 @@ func Serve(ctx context.Context, snap *snapshot.Snapshot, o Options) (_ *RAM, ret
 	r.readers = append(r.readers, ram)
 	r.parent = NewParent(o.StoreURL, snap, ram)
 	r.order = snap.Metadata.WorkingSet // validated against the ram file
-	r.layer = o.Layer
-	if err := os.Remove(r.layer); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, err
-	}
-	// Recorded first: a shim that dies leaves it for sandbox.Cleanup.
-	if err := os.WriteFile(filepath.Join(o.StateDir, servedRecord), []byte(r.layer), 0o600); err != nil {
-		return nil, fmt.Errorf("ram layer: %w", err)
-	}
-	lf, err := os.OpenFile(r.layer, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("ram layer: %w", err)
-	}
-	r.layerFile = lf
-	if err := lf.Truncate(ram.Size()); err != nil {
-		return nil, fmt.Errorf("ram layer: %w", err)
-	}
-	if r.file, err = pagefs.NewLayered("ram", r.source(ram, o.PageTimeout, o.StuckGrace), lf); err != nil {
+	if err := r.layered(ram.Size(), r.source(ram, o.PageTimeout, o.StuckGrace), o); err != nil {
 		return nil, err
 	}
 	files := []*pagefs.File{r.file}
@@ -144,28 +132,104 @@ func Serve(ctx context.Context, snap *snapshot.Snapshot, o Options) (_ *RAM, ret
 		f := pagefs.NewReadOnly("disk-"+name, r.source(fr, o.PageTimeout, o.StuckGrace))
 		files = append(files, f)
 	}
-	if err := pagefs.EnsureFusectl(); err != nil {
+	if err := r.mount(ctx, files, o); err != nil {
 		return nil, err
+	}
+	for _, name := range o.Disks {
+		r.disks[name] = r.srv.Path("disk-" + name)
+	}
+	return r, nil
+}
+
+// ServeZero mounts a booted sandbox's RAM of size bytes at
+// <StateDir>/pagefs: layered over zeros, with no snapshot behind it (no
+// store, no prefetch, no parent: a checkpoint writes the pages the guest
+// wrote, the rest is zero). The layer, writeback, admission and the kill
+// on a failed read are a lazy restore's; o's StoreURL, Disks and
+// PrefetchDelay are unused. On error nothing is left.
+func ServeZero(ctx context.Context, size int64, o Options) (_ *RAM, retErr error) {
+	if size <= 0 || size%pagefs.PageSize != 0 {
+		return nil, fmt.Errorf("served ram of %d bytes: want a positive multiple of %d", size, pagefs.PageSize)
+	}
+	if o.PageTimeout <= 0 || o.StuckGrace <= 0 {
+		return nil, fmt.Errorf("served ram: page timeout %s and grace %s must be positive", o.PageTimeout, o.StuckGrace)
+	}
+	r := &RAM{store: "zero", disks: map[string]string{}, stateDir: o.StateDir, parent: Parent{Zero: true}}
+	defer func() {
+		if retErr != nil {
+			r.Close(ctx)
+		}
+	}()
+	if err := r.layered(size, r.source(zeroReader{size: size}, o.PageTimeout, o.StuckGrace), o); err != nil {
+		return nil, err
+	}
+	if err := r.mount(ctx, []*pagefs.File{r.file}, o); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// layered makes the RAM file over src, its writes in the layer o names
+// (recorded in the state dir first, for Cleanup).
+func (r *RAM) layered(size int64, src pagefs.Source, o Options) error {
+	r.layer = o.Layer
+	if err := os.Remove(r.layer); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	// Recorded first: a shim that dies leaves it for sandbox.Cleanup.
+	if err := os.WriteFile(filepath.Join(o.StateDir, servedRecord), []byte(r.layer), 0o600); err != nil {
+		return fmt.Errorf("ram layer: %w", err)
+	}
+	lf, err := os.OpenFile(r.layer, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return fmt.Errorf("ram layer: %w", err)
+	}
+	r.layerFile = lf
+	if err := lf.Truncate(size); err != nil {
+		return fmt.Errorf("ram layer: %w", err)
+	}
+	r.file, err = pagefs.NewLayered("ram", src, lf)
+	return err
+}
+
+// mount serves files at <StateDir>/pagefs, the RAM's writeback opened up.
+func (r *RAM) mount(ctx context.Context, files []*pagefs.File, o Options) error {
+	if err := pagefs.EnsureFusectl(); err != nil {
+		return err
 	}
 	dir := filepath.Join(o.StateDir, "pagefs")
 	if err := os.Mkdir(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("pagefs mount point: %w", err)
+		return fmt.Errorf("pagefs mount point: %w", err)
 	}
 	srv, err := pagefs.Mount(dir, files, pagefs.Options{})
 	if err != nil {
 		os.Remove(dir)
-		return nil, err
+		return err
 	}
 	r.srv = srv
-	for _, name := range o.Disks {
-		r.disks[name] = srv.Path("disk-" + name)
-	}
 	// Nothing is written back while the guest runs; a checkpoint's fsync
 	// writes what it dirtied (DESIGN.md, Writeback).
-	if err := srv.TuneWriteback(min(ram.Size(), 1<<30)); err != nil {
-		log.G(ctx).WithError(err).Warn("lazy restore: guest RAM writeback stays throttled")
+	if err := srv.TuneWriteback(min(r.file.Size(), 1<<30)); err != nil {
+		log.G(ctx).WithError(err).Warn("served ram: guest RAM writeback stays throttled")
 	}
-	return r, nil
+	return nil
+}
+
+// zeroReader is a booted RAM's content before the guest writes it.
+type zeroReader struct{ size int64 }
+
+func (z zeroReader) Size() int64  { return z.size }
+func (z zeroReader) Name() string { return "ram" }
+func (z zeroReader) ReadAtContext(_ context.Context, p []byte, off int64) (int, error) {
+	if off >= z.size {
+		return 0, io.EOF
+	}
+	n := int(min(int64(len(p)), z.size-off))
+	clear(p[:n])
+	if n < len(p) {
+		return n, io.EOF
+	}
+	return n, nil
 }
 
 // FromFile is a RAM served by a caller's layered file, whose layer is in

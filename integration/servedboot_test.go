@@ -1,0 +1,199 @@
+//go:build integration
+
+package integration
+
+import (
+	"os"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cryo-runtime/cryo/configs"
+	"github.com/cryo-runtime/cryo/integration/harness"
+)
+
+// bootedNode holds booted sandboxes' RAM as [memory] booted says.
+func bootedNode(booted string) harness.Option {
+	return func(c *configs.Config) { c.Memory.Booted = booted }
+}
+
+// guestWriter rewrites 16 MiB of guest RAM (a /dev/shm file, from the
+// random pattern) as fast as the guest can, and counts its rounds in
+// /dev/shm/wn.
+const guestWriter = `n=0; while :; do dd if=/dev/shm/pattern of=/dev/shm/w bs=1M count=16 conv=notrunc 2>/dev/null; n=$((n+1)); echo $n > /dev/shm/wn.new; mv /dev/shm/wn.new /dev/shm/wn; done`
+
+// startWriter fills /dev/shm/pattern with 16 MiB of random data (its md5
+// returned) and starts guestWriter in the background; it returns once
+// the writer counts.
+func startWriter(t *testing.T, e *harness.Env, id string) string {
+	t.Helper()
+	out := e.MustCtr("task", "exec", "--exec-id", "pattern", id, "sh", "-c", "head -c 16777216 /dev/urandom > /dev/shm/pattern; md5sum /dev/shm/pattern")
+	e.MustCtr("task", "exec", "--detach", "--exec-id", "writer", id, "sh", "-c", guestWriter)
+	writerRounds(t, e, id, 0)
+	return strings.Fields(out)[0]
+}
+
+// writerRounds waits for the writer in id to count past than, and returns
+// its count.
+func writerRounds(t *testing.T, e *harness.Env, id string, than int) int {
+	t.Helper()
+	n := -1
+	if !harness.WaitFor(30*time.Second, func() bool {
+		out, _, err := e.Ctr("task", "exec", "--exec-id", "wn"+strconv.FormatInt(time.Now().UnixNano()%1e9, 10), id, "cat", "/dev/shm/wn")
+		n, _ = strconv.Atoi(strings.TrimSpace(out))
+		return err == nil && n > than
+	}) {
+		t.Fatalf("the guest writer in %s does not write: %d rounds, want more than %d\n%s", id, n, than, e.LogTail(30))
+	}
+	return n
+}
+
+// servedMounts are the pagefs mounts of e's sandboxes.
+func servedMounts(e *harness.Env) int {
+	b, _ := os.ReadFile("/proc/self/mounts")
+	n := 0
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, "cryo-pagefs") && strings.Contains(l, e.StateRoot) {
+			n++
+		}
+	}
+	return n
+}
+
+var capturedRe = regexp.MustCompile(`msg="checkpoint captured".* pause_window=(\S+)`)
+
+// lastPause is the pause window of the last checkpoint the shims logged
+// (the report rounds it to milliseconds).
+func lastPause(t *testing.T, e *harness.Env) time.Duration {
+	t.Helper()
+	m := capturedRe.FindAllStringSubmatch(e.LogTail(100000), -1)
+	if len(m) == 0 {
+		t.Fatalf("no checkpoint captured in the log:\n%s", e.LogTail(30))
+	}
+	d, err := time.ParseDuration(m[len(m)-1][1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// TestServedBoot: on a node with [memory] booted = "served" a booted
+// sandbox's RAM is a pagefs mount; checkpointed while a guest process
+// rewrites its RAM as fast as it can, it restores (lazily, the default)
+// into the state at the pause: the random pattern, a mark written just
+// before the checkpoint, the counter, the writer still writing. A second
+// checkpoint of the same sandbox uploads a fraction of the first (the
+// sealed dirty set against the first); a third with exit stops the task
+// and restores eagerly.
+func TestServedBoot(t *testing.T) {
+	e := harness.Start(t, bootedNode(configs.BootedServed), lazyNode)
+	before := startWorkload(t, e, "src")
+	if n := servedMounts(e); n != 1 {
+		t.Fatalf("%d pagefs mounts after a served boot, want the booted sandbox's RAM", n)
+	}
+	sum := startWriter(t, e, "src")
+	mark := strconv.FormatInt(time.Now().UnixNano(), 10)
+	e.MustCtr("task", "exec", "--exec-id", "mark", "src", "sh", "-c", "echo "+mark+" > /dev/shm/mark")
+	rounds := writerRounds(t, e, "src", 0)
+
+	first := checkpointReport(t, e, "src", e.StoreURL("served:v1"))
+	t.Logf("first checkpoint of the served boot: pause window %v", lastPause(t, e))
+	after := readState(t, e, "src")
+
+	restore(t, e, "copy", e.StoreURL("served:v1"))
+	got := readState(t, e, "copy")
+	if got.bootID != before.bootID || got.secret != before.secret || got.file != "on-rootfs" {
+		t.Fatalf("restored state %+v, checkpointed %+v", got, before)
+	}
+	// The counter at the pause is between what it was before the
+	// checkpoint and after it, plus what the copy counted since.
+	if got.counter < before.counter {
+		t.Fatalf("restored counter %d, %d before the checkpoint", got.counter, before.counter)
+	}
+	out := e.MustCtr("task", "exec", "--exec-id", "check", "copy", "sh", "-c", "md5sum /dev/shm/pattern; cat /dev/shm/mark")
+	if f := strings.Fields(out); len(f) != 3 || f[0] != sum || f[2] != mark {
+		t.Fatalf("restored pattern and mark %q, want md5 %s and %s", out, sum, mark)
+	}
+	copyRounds := writerRounds(t, e, "copy", 0)
+	if copyRounds < rounds {
+		t.Fatalf("restored writer at round %d, it had done %d before the checkpoint", copyRounds, rounds)
+	}
+	writerRounds(t, e, "copy", copyRounds) // it still writes
+	waitAdvance(t, e, "copy", got.counter)
+	if !strings.Contains(e.LogTail(100000), `mode=lazy`) {
+		t.Fatalf("restore was not lazy:\n%s", e.LogTail(40))
+	}
+
+	// The source runs on, and its next checkpoint is its dirty set only.
+	waitAdvance(t, e, "src", after.counter)
+	writerRounds(t, e, "src", rounds)
+	second := checkpointReport(t, e, "src", e.StoreURL("served:v2"))
+	t.Logf("second checkpoint: pause window %v, uploaded %d bytes, %.1f%% of the first's %d", lastPause(t, e),
+		second.UploadedBytes, 100*float64(second.UploadedBytes)/float64(first.UploadedBytes), first.UploadedBytes)
+	if second.UploadedBytes*4 > first.UploadedBytes {
+		t.Errorf("second checkpoint uploaded %d bytes, the first %d: want it incremental (under a quarter)", second.UploadedBytes, first.UploadedBytes)
+	}
+
+	// With exit: the task stops; the snapshot restores eagerly too.
+	checkpoint(t, e, "src", e.StoreURL("served:v3"), "--leave-running=false")
+	waitStopped(t, e, "src")
+	restore(t, e, "eager", e.StoreURL("served:v3"), "--annotation=cryo.dev/restore-mode=eager")
+	st := readState(t, e, "eager")
+	if st.bootID != before.bootID || st.secret != before.secret {
+		t.Fatalf("eagerly restored state %+v, checkpointed %+v", st, before)
+	}
+	if out := e.MustCtr("task", "exec", "--exec-id", "check", "eager", "sh", "-c", "md5sum /dev/shm/pattern; cat /dev/shm/mark"); !strings.HasPrefix(out, sum) || !strings.Contains(out, mark) {
+		t.Fatalf("eagerly restored pattern and mark %q, want md5 %s and %s", out, sum, mark)
+	}
+	writerRounds(t, e, "eager", writerRounds(t, e, "eager", 0))
+
+	for _, id := range []string{"src", "copy", "eager"} {
+		e.Ctr("task", "kill", "-s", "SIGKILL", id)
+		waitStopped(t, e, id)
+		e.MustCtr("task", "delete", id)
+		e.MustCtr("c", "rm", id)
+	}
+	noLeftovers(t, e)
+	noLazyLeftovers(t, e)
+}
+
+// TestServedBootPause measures the pause window of a booted sandbox's
+// checkpoint with its RAM owned (copied in the pause) and served (sealed),
+// the same 256 MiB guest and workload (a 16 MiB pattern, a writer
+// rewriting it as fast as it can), three checkpoints each: the served
+// pause must be the shorter.
+func TestServedBootPause(t *testing.T) {
+	best := map[string]time.Duration{}
+	for _, mode := range []string{configs.BootedOwned, configs.BootedServed} {
+		t.Run(mode, func(t *testing.T) {
+			e := harness.Start(t, bootedNode(mode))
+			startWorkload(t, e, "src")
+			startWriter(t, e, "src")
+			var pauses []time.Duration
+			for i := range 3 {
+				r := checkpointReport(t, e, "src", e.StoreURL("pause:v"+strconv.Itoa(i)))
+				d := lastPause(t, e)
+				if ms := d.Milliseconds(); ms != r.PauseWindowMS {
+					t.Errorf("logged pause %v, reported %d ms", d, r.PauseWindowMS)
+				}
+				pauses = append(pauses, d)
+			}
+			best[mode] = slices.Min(pauses)
+			t.Logf("booted %s, 256 MiB guest, writer running: pause windows %v", mode, pauses)
+			e.MustCtr("task", "kill", "-s", "SIGKILL", "src")
+			waitStopped(t, e, "src")
+			e.MustCtr("task", "delete", "src")
+			e.MustCtr("c", "rm", "src")
+			noLeftovers(t, e)
+			noLazyLeftovers(t, e)
+		})
+	}
+	if o, s := best[configs.BootedOwned], best[configs.BootedServed]; o == 0 || s == 0 || s >= o {
+		t.Errorf("best pause window: owned %v, served %v: want the served one shorter", o, s)
+	} else {
+		t.Logf("best pause window: owned %v, served %v (%.1fx)", o, s, float64(o)/float64(s))
+	}
+}
