@@ -35,7 +35,7 @@ func asUID(t *testing.T, uid int, fn func()) {
 // directories above the mount allow; Allow admits a uid later.
 func TestMountAdmitsOnlyAllowedUIDs(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("mounting pagefs needs root")
+		t.Fatal("mounting pagefs needs root: run go test as root")
 	}
 	if _, err := os.Stat("/dev/fuse"); err != nil {
 		t.Skip("no /dev/fuse")
@@ -109,7 +109,7 @@ func TestMountAdmitsOnlyAllowedUIDs(t *testing.T) {
 // process faulting on its own mount can deadlock with its server.
 func TestPreSyncAndSealThroughTheMount(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("mounting pagefs needs root")
+		t.Fatal("mounting pagefs needs root: run go test as root")
 	}
 	if _, err := os.Stat("/dev/fuse"); err != nil {
 		t.Skip("no /dev/fuse")

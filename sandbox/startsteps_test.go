@@ -249,7 +249,7 @@ func TestBootSteps(t *testing.T) {
 // leaves no mount nor layer.
 func TestBootStepsServedRAM(t *testing.T) {
 	if os.Getuid() != 0 {
-		t.Skip("pagefs mounts need root")
+		t.Fatal("pagefs mounts need root: run go test as root")
 	}
 	var spec Spec
 	var st *start
@@ -422,7 +422,7 @@ func TestRestoreSteps(t *testing.T) {
 // no mount, no RAM layer and no served record is left.
 func TestLazyRestoreSteps(t *testing.T) {
 	if os.Getuid() != 0 {
-		t.Skip("mounting pagefs needs root")
+		t.Fatal("mounting pagefs needs root: run go test as root")
 	}
 	if _, err := os.Stat("/dev/fuse"); err != nil {
 		t.Skip("no /dev/fuse")

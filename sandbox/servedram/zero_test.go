@@ -19,7 +19,7 @@ import (
 // checkpoint whose parent is all zeros, and leaves nothing once closed.
 func TestServeZero(t *testing.T) {
 	if os.Getuid() != 0 {
-		t.Skip("pagefs mounts need root")
+		t.Fatal("pagefs mounts need root: run go test as root")
 	}
 	dir := t.TempDir()
 	layer := filepath.Join(dir, "cryo-test.layer")
