@@ -26,13 +26,13 @@ func TestSDKCommands(t *testing.T) {
 	}
 	sdk := filepath.Join(dir, "e2b-sdk@"+sdkVersion)
 	if _, err := os.Stat(filepath.Join(sdk, "node_modules/e2b")); err != nil {
-		t.Skipf("no E2B SDK at %s (hack/tools.sh e2b-sdk)", sdk)
+		t.Fatalf("no E2B SDK at %s: install it with hack/tools.sh e2b-sdk (make deps)", sdk)
 	}
 	if _, err := exec.LookPath("node"); err != nil {
-		t.Skip("no node")
+		t.Fatal("no node on PATH: install Node.js (Debian's nodejs)")
 	}
 	if _, err := os.Stat("/bin/bash"); err != nil {
-		t.Skip("the SDK runs commands with /bin/bash")
+		t.Fatal("no /bin/bash: the SDK runs commands with it (install bash)")
 	}
 	s, _, c := newProcessTest(t)
 	ts := httptest.NewServer(s.Handler())
