@@ -100,7 +100,7 @@ gotestsum_phase() {
 # other tests and the other integration packages.
 lanes=(
 	"k8s ^(TestK8s|TestK8sCheckpoints|TestE2BSandbox|TestE2BGateway|TestE2BControlPlane|TestControllerDeploys|TestClusterStore)$"
-	"cri ^(TestContainerdCRISuite|TestCritest|TestKillDeleteNeverHangs)$"
+	"cri ^(TestContainerdCRISuite|TestCritest|TestKillDeleteNeverHangs|TestCRIStartTime|TestCRIPodSizing|TestCRICheckpointRestore)$"
 )
 
 # integration PACKAGE...: the integration phase, in lanes when the

@@ -3,6 +3,7 @@ package pagefs
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -186,44 +187,50 @@ func mappedByte(pg int64, mask byte) byte { return (byte(pg)&0x7e | 1) ^ mask }
 // its pages are left dirty in the page cache.
 func writeMapped(t *testing.T, path string, stride int, mask byte) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestMappedWriter$")
+	cmd := exec.Command(os.Args[0])
 	cmd.Env = append(os.Environ(), "PAGEFS_MAPPED_WRITER="+path, "PAGEFS_MAPPED_STRIDE="+strconv.Itoa(stride), "PAGEFS_MAPPED_MASK="+strconv.Itoa(int(mask)))
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("mapped writer: %v: %s", err, out)
 	}
 }
 
-// TestMappedWriter is writeMapped's child; it does nothing in a test run.
-func TestMappedWriter(t *testing.T) {
-	path := os.Getenv("PAGEFS_MAPPED_WRITER")
-	if path == "" {
-		t.Skip("the child of writeMapped")
+// TestMain runs the test binary as writeMapped's child when asked to.
+func TestMain(m *testing.M) {
+	if path := os.Getenv("PAGEFS_MAPPED_WRITER"); path != "" {
+		if err := mappedWriter(path); err != nil {
+			fmt.Fprintln(os.Stderr, "mapped writer:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
 	}
+	os.Exit(m.Run())
+}
+
+// mappedWriter is writeMapped's child.
+func mappedWriter(path string) error {
 	stride, err := strconv.ParseInt(os.Getenv("PAGEFS_MAPPED_STRIDE"), 10, 64)
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	mask, err := strconv.ParseUint(os.Getenv("PAGEFS_MAPPED_MASK"), 10, 8)
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	ram, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	defer ram.Close()
 	st, err := ram.Stat()
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	m, err := syscall.Mmap(int(ram.Fd()), 0, int(st.Size()), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	for pg := int64(0); pg < st.Size()/PageSize; pg += stride {
 		m[pg*PageSize+pg%PageSize] = mappedByte(pg, byte(mask))
 	}
-	if err := syscall.Munmap(m); err != nil {
-		t.Fatal(err)
-	}
+	return syscall.Munmap(m)
 }
