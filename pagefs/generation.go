@@ -2,6 +2,7 @@ package pagefs
 
 import (
 	"errors"
+	"math/bits"
 	"os"
 	"sync"
 )
@@ -104,6 +105,37 @@ func (g *Generation) Close() {
 		f := g.f
 		f.mu.Lock()
 		if f.gen == g {
+			f.gen = nil
+			f.spare = g.sealed
+		}
+		f.mu.Unlock()
+		g.sealed = nil
+	})
+}
+
+// Abandon ends a generation whose checkpoint failed: its pages are in no
+// snapshot, so they join the file's dirty set again (with those written
+// since the seal), and the next generation holds every page written since
+// the last one that was kept (Closed after its snapshot was published).
+// Otherwise it is Close: later writes no longer copy, ReadAt fails, Pages
+// still answers, the caller removes side. Abandon after Close, or twice,
+// does nothing.
+//
+// It walks the file's bitmaps once, with writes held off: call it after
+// the guest resumed, as Close.
+func (g *Generation) Abandon() {
+	g.closed.Do(func() {
+		g.Pages()
+		f := g.f
+		f.mu.Lock()
+		if f.gen == g {
+			var added int64
+			for i, w := range g.sealed {
+				added += int64(bits.OnesCount64(w &^ f.dirty[i]))
+				f.dirty[i] |= w
+				g.sealed[i] = 0
+			}
+			f.dirtyCount.Add(added)
 			f.gen = nil
 			f.spare = g.sealed
 		}

@@ -316,3 +316,70 @@ func TestDirtySetsAcrossThreeGenerations(t *testing.T) {
 		g.Close()
 	}
 }
+
+// A failed checkpoint abandons its generation: the file's dirty set is
+// then the generation's pages and those written since its seal, twice in a
+// row, so the next generation holds everything written since the last one
+// kept (Close). The abandoned generation reads no more, and its bitmap
+// serves the next Seal.
+func TestAbandonMergesTheDirtySets(t *testing.T) {
+	f, side := layeredOver(t, 200*PageSize+100)
+	write := func(pgs ...int64) {
+		t.Helper()
+		for _, pg := range pgs {
+			if _, err := f.WriteAt([]byte{byte(pg)}, pg*PageSize+1); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	seal := func() *Generation {
+		t.Helper()
+		g, err := f.Seal(side)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return g
+	}
+	check := func(when string, want []int64) {
+		t.Helper()
+		if got := f.DirtyPages(); !slices.Equal(got, want) || f.DirtyCount() != int64(len(want)) {
+			t.Errorf("%s: dirty %v (DirtyCount %d), want %v", when, got, f.DirtyCount(), want)
+		}
+	}
+
+	write(1, 2)
+	seal().Close() // kept: published
+	write(3, 64, 200)
+	g := seal()
+	write(3, 4, 130) // after the seal: 3 again, 4 and 130 new
+	g.Abandon()
+	check("after Abandon", []int64{3, 4, 64, 130, 200})
+	if _, err := g.ReadAt(make([]byte, PageSize), 0); !errors.Is(err, errClosed) {
+		t.Errorf("read of an abandoned generation: %v", err)
+	}
+	if p := g.Pages(); !slices.Equal(p, []int64{3, 64, 200}) {
+		t.Errorf("abandoned generation's pages %v", p)
+	}
+	g.Close() // no effect: it would clear the merged pages
+	g.Abandon()
+	check("after Close and Abandon again", []int64{3, 4, 64, 130, 200})
+
+	// Abandoned again: the union of both, and the writes since.
+	g = seal()
+	check("sealed", []int64{})
+	write(5, 64)
+	g.Abandon()
+	check("after a second Abandon", []int64{3, 4, 5, 64, 130, 200})
+	write(6)
+	g = seal()
+	if p := g.Pages(); !slices.Equal(p, []int64{3, 4, 5, 6, 64, 130, 200}) {
+		t.Errorf("the generation after two abandoned: pages %v", p)
+	}
+	g.Close()
+	check("kept", []int64{})
+	// The spare the abandoned generations handed back is clear.
+	write(7)
+	if p := seal().Pages(); !slices.Equal(p, []int64{7}) {
+		t.Errorf("a generation after Close: pages %v, want [7]", p)
+	}
+}

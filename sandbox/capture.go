@@ -24,7 +24,7 @@ type capture struct {
 	pause time.Duration
 	ram   string // RAM copy or link; "" when RAM is in the device state or served
 	// gen is a served RAM sealed in the pause: read after it, closed once
-	// published (or the checkpoint failed).
+	// published, abandoned if the checkpoint failed (guestMemory.lost).
 	gen      *pagefs.Generation
 	devstate string
 	disks    []frozenDisk
@@ -41,7 +41,9 @@ type frozenDisk struct {
 
 func (c *capture) cleanup() {
 	if c.gen != nil {
-		c.gen.Close()
+		// Neither published nor lost: its pages stay dirty, for the next
+		// checkpoint.
+		c.gen.Abandon()
 		c.gen = nil
 	}
 	for _, f := range c.extra {
@@ -66,21 +68,25 @@ func captureVM(ctx context.Context, sb *Sandbox, record *sandboxRecord, work str
 	return pauseWindow(ctx, sb.vm, sb.mem, sb.spec.DiskDir, record, work, exit, keepStopped)
 }
 
-// pauseWindow is captureVM on its parts. The RAM is written back before
-// the pause (most of it) and in it (what the guest dirtied since), then
+// pauseWindow is captureVM on its parts. The RAM is readied before the
+// pause (most of it written back, a served RAM's side file made) and
+// written back in it (what the guest dirtied since, one fsync), then
 // captured once the device state is saved: a served RAM is sealed, the
 // device state then carries no RAM (x-ignore-shared) and nothing of the
-// RAM is copied in the pause.
+// RAM is copied in the pause. On failure the VM runs on (unless it was
+// stopped already), then the RAM drops what was readied and gives back
+// what was sealed.
 func pauseWindow(ctx context.Context, vm pauser, ram guestMemory, diskDir string, record *sandboxRecord, work string, exit, keepStopped bool) (_ *capture, retErr error) {
 	c := &capture{record: record}
 	defer func() {
 		if retErr != nil {
+			ram.lost(context.WithoutCancel(ctx), c)
 			c.cleanup()
 		}
 	}()
 
 	flushDisks(ctx, vm.Disks())
-	if err := ram.sync(); err != nil {
+	if err := ram.preSync(); err != nil {
 		return nil, fmt.Errorf("write back guest ram before the pause: %w", err)
 	}
 	t0 := time.Now()

@@ -207,7 +207,7 @@ func (c *checkpointing) capture(ctx context.Context, u *undo) error {
 	}
 	c.cap = cp
 	u.cleanup(func(context.Context) { cp.cleanup() })
-	u.onFailure(func(ctx context.Context) { c.sb.mem.lost(ctx) })
+	u.onFailure(func(ctx context.Context) { c.sb.mem.lost(ctx, cp) })
 	if c.req.Exit && !c.wasPaused {
 		// With exit the VM stays stopped; if publishing fails, the sandbox
 		// must run on as it did before the checkpoint.

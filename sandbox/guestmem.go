@@ -35,8 +35,13 @@ type guestMemory interface {
 	// otherwise.
 	failure() error
 
-	// sync writes back what the guest dirtied, so that the pause finds
-	// little to do; a checkpoint calls it before the pause and in it.
+	// preSync readies a checkpoint before the pause, the guest running:
+	// it writes back what the guest dirtied, so that the pause finds
+	// little to do, and makes what capture takes, so that the pause
+	// creates nothing.
+	preSync() error
+	// sync writes back, in the pause, what the guest dirtied since
+	// preSync.
 	sync() error
 	// capture takes the RAM into the checkpoint in the pause, once the
 	// device state is saved: exit says the VM ends after it.
@@ -47,8 +52,10 @@ type guestMemory interface {
 	writing(ctx context.Context, c *checkpointing, md *snapshot.Metadata, wopts *snapshot.WriteOptions) []snapshot.SourceFile
 	// published: the checkpoint's snapshot is in the store.
 	published(ctx context.Context, c *checkpointing, desc ocispec.Descriptor, st snapshot.WriteStats)
-	// lost: a checkpoint failed after its capture.
-	lost(ctx context.Context)
+	// lost: a checkpoint failed after preSync. What preSync readied is
+	// dropped and what c took of the RAM (if it got that far) given back:
+	// a served RAM's sealed pages are written by the next checkpoint.
+	lost(ctx context.Context, c *capture)
 
 	// close ends the RAM once QEMU is gone (or failed to go: vmErr).
 	close(ctx context.Context, vmErr error) error
@@ -58,13 +65,14 @@ type guestMemory interface {
 // served-only parts: nothing.
 type notServed struct{}
 
-func (notServed) sync() error { return nil }
+func (notServed) preSync() error { return nil }
+func (notServed) sync() error    { return nil }
 func (notServed) writing(context.Context, *checkpointing, *snapshot.Metadata, *snapshot.WriteOptions) []snapshot.SourceFile {
 	return nil
 }
 func (notServed) published(context.Context, *checkpointing, ocispec.Descriptor, snapshot.WriteStats) {
 }
-func (notServed) lost(context.Context)               {}
+func (notServed) lost(context.Context, *capture)     {}
 func (notServed) started(machine)                    {}
 func (notServed) interacted()                        {}
 func (notServed) failure() error                     { return nil }
@@ -140,10 +148,12 @@ func (m *servedMemory) restored(ctx context.Context, workers int) log.Fields {
 func (m *servedMemory) interacted()    { m.ram.Interacted() }
 func (m *servedMemory) failure() error { return m.ram.Err() }
 
-func (m *servedMemory) sync() error { return m.ram.Sync() }
+func (m *servedMemory) preSync() error { return m.ram.PreSync() }
+func (m *servedMemory) sync() error    { return m.ram.Sync() }
 
 // capture seals the RAM's content: nothing of it is copied in the pause,
-// the device state carries none of it (x-ignore-shared).
+// the device state carries none of it (x-ignore-shared), and nothing is
+// created (preSync made the side file).
 func (m *servedMemory) capture(c *capture, _ bool) (err error) {
 	if c.gen, err = m.ram.Seal(); err != nil {
 		return fmt.Errorf("seal guest ram: %w", err)
@@ -170,12 +180,17 @@ func (m *servedMemory) published(ctx context.Context, c *checkpointing, desc oci
 	if c.cap.gen == nil {
 		return
 	}
-	c.cap.gen.Close()
+	gen := c.cap.gen
 	c.cap.gen = nil
-	m.ram.Published(ctx, c.store, c.to, desc, st)
+	m.ram.Published(ctx, gen, c.store, c.to, desc, st)
 }
 
-func (m *servedMemory) lost(ctx context.Context) { m.ram.LostGeneration(ctx) }
+// lost abandons the sealed generation: its pages stay for the next
+// checkpoint, which is written against the last snapshot published.
+func (m *servedMemory) lost(ctx context.Context, c *capture) {
+	m.ram.LostGeneration(ctx, c.gen)
+	c.gen = nil
+}
 
 func (m *servedMemory) close(ctx context.Context, vmErr error) error {
 	if vmErr != nil {

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/cryo-runtime/cryo/configs"
@@ -51,7 +52,15 @@ type fakeServed struct {
 	sealErr error
 }
 
-func (s fakeServed) sync() error { *s.calls = append(*s.calls, "sync"); return nil }
+func (s fakeServed) preSync() error { *s.calls = append(*s.calls, "presync"); return nil }
+func (s fakeServed) sync() error    { *s.calls = append(*s.calls, "sync"); return nil }
+func (s fakeServed) lost(_ context.Context, c *capture) {
+	*s.calls = append(*s.calls, "lost")
+	if c.gen != nil {
+		c.gen.Abandon()
+		c.gen = nil
+	}
+}
 func (s fakeServed) capture(c *capture, _ bool) error {
 	*s.calls = append(*s.calls, "seal")
 	if s.sealErr != nil {
@@ -87,9 +96,11 @@ func layered(t *testing.T, src pagefs.Source) *pagefs.File {
 	return f
 }
 
-// TestPauseWindowServed: a served RAM is written back before the pause
-// and in it, sealed after the device state is saved and before the VM
-// continues, and neither copied nor put in the stream.
+// TestPauseWindowServed: a served RAM is readied (written back, pass
+// after pass) before the pause and written back once in it, sealed after
+// the device state is saved and before the VM continues, and neither
+// copied nor put in the stream. A failure resumes the VM, then tells the
+// RAM the checkpoint is lost.
 func TestPauseWindowServed(t *testing.T) {
 	var calls []string
 	vm := fakeVM{calls: &calls,
@@ -101,7 +112,7 @@ func TestPauseWindowServed(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.cleanup()
-	want := []string{"sync", "stop", "freeze root", "sync", "save state", "seal", "cont"}
+	want := []string{"presync", "stop", "freeze root", "sync", "save state", "seal", "cont"}
 	if !slices.Equal(calls, want) {
 		t.Errorf("pause window did %q, want %q", calls, want)
 	}
@@ -120,8 +131,8 @@ func TestPauseWindowServed(t *testing.T) {
 	if _, err := pauseWindow(context.Background(), vm, ram, t.TempDir(), &sandboxRecord{}, work, false, false); err == nil {
 		t.Fatal("a failed seal did not fail the capture")
 	}
-	if calls[len(calls)-1] != "cont" {
-		t.Errorf("after a failed seal: %q, the vm was not resumed", calls)
+	if want := []string{"presync", "stop", "freeze root", "sync", "save state", "seal", "cont", "lost"}; !slices.Equal(calls, want) {
+		t.Errorf("after a failed seal: %q, want %q", calls, want)
 	}
 	// (the checkpoint's work dir, which holds the device state, is removed
 	// by its own step)
@@ -217,10 +228,7 @@ func (sc *servedChain) write(pages ...int64) {
 func (sc *servedChain) checkpoint() snapshot.WriteStats {
 	t := sc.t
 	sc.gen++
-	gen, err := sc.served().Seal()
-	if err != nil {
-		t.Fatal(err)
-	}
+	gen := sc.seal()
 	devstate := filepath.Join(t.TempDir(), "devstate")
 	if err := os.WriteFile(devstate, []byte("state"), 0o600); err != nil {
 		t.Fatal(err)
@@ -260,10 +268,62 @@ func (sc *servedChain) checkpoint() snapshot.WriteStats {
 	return c.res.Stats
 }
 
+// seal is the RAM's part of the pause window, as the checkpoint's steps
+// run it.
+func (sc *servedChain) seal() *pagefs.Generation {
+	sc.t.Helper()
+	if err := sc.sb.mem.preSync(); err != nil {
+		sc.t.Fatal(err)
+	}
+	if err := sc.sb.mem.sync(); err != nil {
+		sc.t.Fatal(err)
+	}
+	c := &capture{}
+	if err := sc.sb.mem.capture(c, false); err != nil {
+		sc.t.Fatal(err)
+	}
+	return c.gen
+}
+
+// failTag is a store whose publish fails at its last step: every blob is
+// uploaded, no tag points at them.
+type failTag struct{ stores.Store }
+
+func (failTag) Tag(context.Context, ocispec.Descriptor, string) error {
+	return errors.New("tag refused")
+}
+
+// lostCheckpoint is a checkpoint that seals the RAM, uploads it while the
+// guest writes pages during, and fails to tag it; the checkpoint's steps
+// then undo it as Checkpoint does. The parent must stay the last snapshot
+// published.
+func (sc *servedChain) lostCheckpoint(during ...int64) {
+	t := sc.t
+	parent := sc.served().Parent().Manifest
+	gen := sc.seal()
+	sc.write(during...)
+	devstate := filepath.Join(t.TempDir(), "devstate")
+	if err := os.WriteFile(devstate, []byte("state"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c := &checkpointing{sb: sc.sb, store: failTag{sc.store}, ref: "lost", to: sc.url(99), wopts: sc.wopts,
+		cap:   &capture{gen: gen, record: &sandboxRecord{}},
+		paths: snapshot.SourcePaths{DevState: devstate, Spec: []byte("{}")}}
+	if err := c.publish(context.Background(), nil); err == nil {
+		t.Fatal("a publish whose tag fails succeeded")
+	}
+	sc.sb.mem.lost(context.Background(), c.cap)
+	c.cap.cleanup()
+	if p := sc.served().Parent().Manifest; p != parent {
+		t.Errorf("after a lost checkpoint the parent is %s, want the last published %s", p, parent)
+	}
+}
+
 // TestServedCheckpointIsIncremental: a served sandbox checkpoints as its
 // parent plus what the guest wrote, twice without a restore and once
-// after one; a checkpoint that failed after its seal makes the next one
-// full.
+// after one; after a checkpoint that failed once uploaded (twice in a
+// row), the next is incremental against the last snapshot published and
+// holds the lost ones' pages and those written during their uploads.
 func TestServedCheckpointIsIncremental(t *testing.T) {
 	for _, key := range [][]byte{nil, bytes.Repeat([]byte{3}, 32)} {
 		sc := newServedChain(t, key)
@@ -290,18 +350,20 @@ func TestServedCheckpointIsIncremental(t *testing.T) {
 		if st.Reused != len(sc.served().Parent().Chunks)-1 || st.ParentMissing != 0 {
 			t.Errorf("checkpoint after a restore: %d reused, %d without parent", st.Reused, st.ParentMissing)
 		}
-		// A checkpoint fails after its seal: the next one writes all.
-		sc.write(7)
-		gen, err := sc.served().Seal()
-		if err != nil {
-			t.Fatal(err)
-		}
-		gen.Close()
-		sc.served().LostGeneration(context.Background())
-		sc.write(8)
+		// Checkpoints fail after their upload: the next one writes the
+		// chunks changed since g03, and reads back as the RAM (checkpoint).
+		parentChunks = len(sc.served().Parent().Chunks)
+		sc.write(7)                 // chunk 0
+		sc.lostCheckpoint(9*16 + 1) // chunk 9, written during the upload
+		sc.write(13 * 16)           // chunk 13
+		sc.lostCheckpoint()
+		sc.write(30*16 + 5) // chunk 30
 		st = sc.checkpoint()
-		if st.Reused != 0 || st.ParentMissing == 0 {
-			t.Errorf("after a lost generation: %d reused, %d full chunks", st.Reused, st.ParentMissing)
+		if st.Reused != parentChunks-4 || st.ParentMissing != 0 {
+			t.Errorf("after lost checkpoints: %d reused of %d, %d full chunks; want all but the 4 chunks written since g03", st.Reused, parentChunks, st.ParentMissing)
+		}
+		if st.UploadedBytes > 128<<10 {
+			t.Errorf("after lost checkpoints: %d bytes uploaded for 4 pages", st.UploadedBytes)
 		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"github.com/containerd/log"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
+	"github.com/cryo-runtime/cryo/pagefs"
 	"github.com/cryo-runtime/cryo/snapshot"
 	"github.com/cryo-runtime/cryo/stores"
 )
@@ -70,9 +71,10 @@ func (r *RAM) ChunkSize(ctx context.Context, configured int64) int64 {
 }
 
 // Published makes the snapshot just written the parent of the next
-// checkpoint: the sealed generation's pages are in it, the file's dirty
-// set now holds only what the guest wrote since the seal.
-func (r *RAM) Published(ctx context.Context, store stores.Store, to string, desc ocispec.Descriptor, st snapshot.WriteStats) {
+// checkpoint and closes its generation g: g's pages are in it, the file's
+// dirty set now holds only what the guest wrote since the seal.
+func (r *RAM) Published(ctx context.Context, g *pagefs.Generation, store stores.Store, to string, desc ocispec.Descriptor, st snapshot.WriteStats) {
+	r.endGeneration(g, true)
 	l := log.G(ctx).WithFields(log.Fields{"reused_chunks": st.Reused, "delta_chunks": st.Deltas,
 		"uploaded_bytes": st.UploadedBytes, "dirty_bytes": st.DirtyBytes})
 	if st.ParentMissing > 0 {
@@ -90,14 +92,24 @@ func (r *RAM) Published(ctx context.Context, store stores.Store, to string, desc
 	l.Info("checkpoint of served ram published")
 }
 
-// LostGeneration is a checkpoint that failed after the seal: the pages
-// the guest wrote before it are in no snapshot and no longer in the dirty
-// set, so the next checkpoint cannot trust the parent and writes the
-// whole RAM (a parent of chunk size 0 fits no write).
-func (r *RAM) LostGeneration(ctx context.Context) {
-	log.G(ctx).Warn("checkpoint of served ram failed after the seal: the next checkpoint writes the whole ram")
-	p := r.Parent()
-	r.setParent(Parent{StoreURL: p.StoreURL, Manifest: p.Manifest})
+// LostGeneration ends a checkpoint that failed after PreSync: the side
+// file it readied is dropped and its generation g, if it sealed one, is
+// abandoned. g's pages are in no snapshot, so they join the dirty set
+// again: the parent stays the last snapshot published, and the next
+// checkpoint writes what the guest changed since it (g's pages and those
+// written since the seal), not the whole RAM.
+func (r *RAM) LostGeneration(ctx context.Context, g *pagefs.Generation) {
+	if g != nil {
+		r.endGeneration(g, false)
+		log.G(ctx).WithField("parent", r.Parent().Manifest).Warn("checkpoint of served ram failed after the seal: the next one writes what changed since the parent")
+	}
+	r.mu.Lock()
+	next := r.next
+	r.next = nil
+	r.mu.Unlock()
+	if next != nil {
+		next.Close()
+	}
 }
 
 // setParent replaces the parent a checkpoint reads (checkpoints of one

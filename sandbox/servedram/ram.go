@@ -61,10 +61,23 @@ type RAM struct {
 
 	unpin []func() // the blobs pinned in this process's node cache
 
-	mu      sync.Mutex
-	side    *os.File // the open generation's side file (unlinked)
-	readErr error    // the first page read that failed
-	onStuck func()   // kills QEMU: a page failed (setKill)
+	// fsync writes the guest's dirty page cache of the RAM back to the
+	// server (syncMounted); nil without a mount (FromFile), where no
+	// page cache stands between the writer and the file.
+	fsync func() error
+
+	mu sync.Mutex
+	// syncFile is the mounted RAM file, opened by the first PreSync and
+	// kept for the checkpoints' fsyncs: an open in the pause would cost a
+	// FUSE round trip, its close another.
+	syncFile *os.File
+	// next is the side file PreSync made for the next Seal (unlinked), so
+	// that the pause creates nothing; side and gen are the open
+	// generation's, until it ends (endGeneration), after the pause.
+	next, side *os.File
+	gen        *pagefs.Generation
+	readErr    error  // the first page read that failed
+	onStuck    func() // kills QEMU: a page failed (setKill)
 
 	// interactedCh closes when the sandbox answered its first request:
 	// the prefetch starts then (or after prefetchDelay).
@@ -207,6 +220,7 @@ func (r *RAM) mount(ctx context.Context, files []*pagefs.File, o Options) error 
 		return err
 	}
 	r.srv = srv
+	r.fsync = r.syncMounted
 	// Nothing is written back while the guest runs; a checkpoint's fsync
 	// writes what it dirtied (DESIGN.md, Writeback).
 	if err := srv.TuneWriteback(min(r.file.Size(), 1<<30)); err != nil {
@@ -294,46 +308,131 @@ func (r *RAM) Disk(name string) (string, bool) {
 	return p, ok
 }
 
-// Sync writes the guest's dirty RAM pages back to the server (into the
-// layer and the dirty set). Before the pause, with the guest running, it
-// syncs until what a pass writes stops shrinking (pagefs.File.PreSync),
-// so that the fsync in the pause writes little; in the pause its second
-// pass finds nothing to write.
-func (r *RAM) Sync() error {
-	f, err := os.OpenFile(r.Path(), os.O_RDWR, 0)
-	if err != nil {
-		return fmt.Errorf("sync served ram: %w", err)
+// PreSync readies a checkpoint while the guest runs: it writes the
+// guest's dirty RAM pages back to the server (into the layer and the
+// dirty set) pass after pass until what a pass writes stops shrinking
+// (pagefs.File.PreSync), so that the fsync in the pause (Sync) writes
+// little, and makes the side file of the next Seal, so that the pause
+// creates nothing. A checkpoint that fails after it calls LostGeneration,
+// which drops the side file.
+func (r *RAM) PreSync() error {
+	if r.fsync != nil {
+		if _, err := r.file.PreSync(r.fsync, pagefs.PreSyncOptions{}); err != nil {
+			return fmt.Errorf("sync served ram: %w", err)
+		}
 	}
-	defer f.Close()
-	if _, err := r.file.PreSync(f.Sync, pagefs.PreSyncOptions{}); err != nil {
+	return r.prepareSeal()
+}
+
+// Sync writes back, in the pause, what the guest dirtied since PreSync:
+// one fsync, the guest being stopped.
+func (r *RAM) Sync() error {
+	if r.fsync == nil {
+		return nil
+	}
+	if err := r.fsync(); err != nil {
 		return fmt.Errorf("sync served ram: %w", err)
 	}
 	return nil
 }
 
-// Seal freezes the RAM's content for a checkpoint (call it after Sync with
-// the guest stopped) and starts a new dirty set. The caller closes the
-// generation once the checkpoint is written.
-func (r *RAM) Seal() (*pagefs.Generation, error) {
+// syncMounted fsyncs the mounted RAM file, opened once.
+func (r *RAM) syncMounted() error {
+	r.mu.Lock()
+	f, closed := r.syncFile, r.closed
+	r.mu.Unlock()
+	if closed {
+		return errors.New("served ram closed")
+	}
+	if f == nil {
+		// Opened without r.mu: the server's handlers take it.
+		var err error
+		if f, err = os.OpenFile(r.Path(), os.O_RDWR, 0); err != nil {
+			return err
+		}
+		r.mu.Lock()
+		if r.syncFile == nil && !r.closed {
+			r.syncFile = f
+		} else {
+			f.Close()
+			f = r.syncFile
+		}
+		r.mu.Unlock()
+		if f == nil {
+			return errors.New("served ram closed")
+		}
+	}
+	return f.Sync()
+}
+
+// prepareSeal makes the next Seal's side file, beside the layer, unless a
+// failed checkpoint's is still there (empty: it was never sealed).
+func (r *RAM) prepareSeal() error {
+	r.mu.Lock()
+	ready := r.next != nil
+	r.mu.Unlock()
+	if ready {
+		return nil
+	}
 	side, err := os.CreateTemp(filepath.Dir(r.layer), filepath.Base(r.layer)+".side-")
 	if err != nil {
-		return nil, fmt.Errorf("seal served ram: %w", err)
+		return fmt.Errorf("served ram side file: %w", err)
 	}
 	// Unlinked at once: it lives as long as the descriptor, and nothing is
 	// left behind whatever happens to the shim.
 	os.Remove(side.Name())
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed || r.next != nil {
+		side.Close()
+		return nil
+	}
+	r.next = side
+	return nil
+}
+
+// Seal freezes the RAM's content for a checkpoint (call it after PreSync,
+// and Sync with the guest stopped) and starts a new dirty set: it swaps
+// the dirty set and takes the side file PreSync made, nothing else. The
+// caller ends the generation with Published or LostGeneration.
+func (r *RAM) Seal() (*pagefs.Generation, error) {
+	r.mu.Lock()
+	side := r.next
+	r.mu.Unlock()
+	if side == nil {
+		return nil, errors.New("seal served ram: no side file (PreSync readies the seal)")
+	}
+	// Not under r.mu: a write the server is answering holds the file's
+	// lock and may read the source, which takes r.mu. A refusal keeps the
+	// side file for LostGeneration to drop.
 	g, err := r.file.Seal(side)
 	if err != nil {
-		side.Close()
 		return nil, err
 	}
 	r.mu.Lock()
-	if r.side != nil {
-		r.side.Close() // the previous generation's: closed by now
-	}
-	r.side = side
+	r.gen, r.side, r.next = g, side, nil
 	r.mu.Unlock()
 	return g, nil
+}
+
+// endGeneration ends g, kept in a published snapshot or abandoned (its
+// pages dirty again), and drops its side file: the pages the guest wrote
+// during the checkpoint are freed here, after the pause.
+func (r *RAM) endGeneration(g *pagefs.Generation, kept bool) {
+	if kept {
+		g.Close()
+	} else {
+		g.Abandon()
+	}
+	r.mu.Lock()
+	var side *os.File
+	if r.gen == g {
+		side, r.side, r.gen = r.side, nil, nil
+	}
+	r.mu.Unlock()
+	if side != nil {
+		side.Close()
+	}
 }
 
 // FetchedFields describe what the sandbox read so far: the FUSE reads of
@@ -401,19 +500,22 @@ func (r *RAM) Close(ctx context.Context) error {
 		return nil
 	}
 	r.closed = true
-	cancel, side := r.cancel, r.side
+	cancel, side, next, syncFile := r.cancel, r.side, r.next, r.syncFile
+	r.side, r.next, r.syncFile = nil, nil, nil
 	r.mu.Unlock()
 	if cancel != nil {
 		cancel()
 	}
 	r.prefetch.Wait()
+	for _, f := range []*os.File{syncFile, side, next} {
+		if f != nil {
+			f.Close()
+		}
+	}
 	var err error
 	if r.srv != nil {
 		err = r.srv.Unmount()
 		os.Remove(filepath.Dir(r.Path()))
-	}
-	if side != nil {
-		side.Close()
 	}
 	if r.layerFile != nil {
 		r.layerFile.Close()

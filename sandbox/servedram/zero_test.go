@@ -48,6 +48,9 @@ func TestServeZero(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	if err := r.PreSync(); err != nil {
+		t.Fatal(err)
+	}
 	if err := r.Sync(); err != nil {
 		t.Fatal(err)
 	}
@@ -85,15 +88,17 @@ func TestServeZero(t *testing.T) {
 	if p := r.WriteParent(snapshot.WriteOptions{ChunkSize: 64 << 10, EncryptionKey: key, Lineage: lineage}); p == nil || p.KeyID != snapshot.KeyID(key) || p.Lineage != lineage {
 		t.Errorf("zero parent of an encrypted write %+v", p)
 	}
-	// A checkpoint lost after its seal: its pages are in no snapshot and no
-	// longer dirty, so the parent is no longer zeros.
-	r.LostGeneration(t.Context())
-	if p := r.WriteParent(plain); p == nil || p.ChunkSize != 0 {
-		t.Errorf("after a lost generation the parent is %+v, want one that fits no write", p)
+	// A checkpoint lost after its seal: its pages are dirty again, so the
+	// parent stays zeros.
+	r.LostGeneration(t.Context(), gen)
+	if p := r.WriteParent(plain); p == nil || p.ChunkSize != 64<<10 || len(p.Chunks) != 0 {
+		t.Errorf("after a lost generation the parent is %+v, want zeros", p)
+	}
+	if d := r.file.DirtyPages(); !slices.Equal(d, []int64{3, 700}) {
+		t.Errorf("after a lost generation the dirty set is %v, want the two pages written", d)
 	}
 
 	f.Close()
-	gen.Close()
 	if err := r.Close(t.Context()); err != nil {
 		t.Fatal(err)
 	}
