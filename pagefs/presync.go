@@ -27,9 +27,7 @@ type PreSyncStats struct {
 //
 // A pass is measured by the bytes written to f, not by its dirty set: a
 // page the guest rewrites is dirty once but written back at every pass.
-// With the guest stopped, the second pass writes nothing: called in the
-// pause, PreSync costs one more empty sync than a plain one, and only when
-// the first wrote more than Settled.
+// It runs before the pause; the pause itself makes one plain sync.
 func (f *File) PreSync(sync func() error, o PreSyncOptions) (PreSyncStats, error) {
 	if o.MaxPasses <= 0 {
 		o.MaxPasses = 8
