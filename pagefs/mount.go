@@ -290,25 +290,13 @@ func EnsureFusectl() error {
 // TuneWriteback lifts the FUSE bdi's default writeback limits for the
 // mount (strict_limit=1, max_ratio=1: the kernel writes a share=on guest's
 // RAM back continuously, twice as slow for a rewriting guest, DESIGN.md):
-// strict_limit=0 and max_bytes. The kernel turns max_bytes into a share of
-// the node's dirty threshold and refuses more than all of it: the mount
-// then gets all of it (max_ratio=100, a disk's default), the node's limits
-// being the smaller bound. It needs kernel 6.2 or later.
+// strict_limit=0 and max_bytes. It needs kernel 6.2 or later.
 func (s *Server) TuneWriteback(maxBytes int64) error {
 	dir := fmt.Sprintf("/sys/class/bdi/0:%d", s.conn)
-	if err := writeBDI(dir, "strict_limit", "0"); err != nil {
-		return err
-	}
-	err := writeBDI(dir, "max_bytes", strconv.FormatInt(maxBytes, 10))
-	if errors.Is(err, unix.EINVAL) {
-		err = writeBDI(dir, "max_ratio", "100")
-	}
-	return err
-}
-
-func writeBDI(dir, name, val string) error {
-	if err := os.WriteFile(filepath.Join(dir, name), []byte(val), 0); err != nil {
-		return fmt.Errorf("pagefs writeback %s=%s: %w", name, val, err)
+	for _, kv := range [][2]string{{"strict_limit", "0"}, {"max_bytes", strconv.FormatInt(maxBytes, 10)}} {
+		if err := os.WriteFile(filepath.Join(dir, kv[0]), []byte(kv[1]), 0); err != nil {
+			return fmt.Errorf("pagefs writeback %s=%s: %w", kv[0], kv[1], err)
+		}
 	}
 	return nil
 }

@@ -3,7 +3,6 @@ package pagefs
 import (
 	"bytes"
 	"errors"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -226,54 +225,5 @@ func TestMappedWriter(t *testing.T) {
 	}
 	if err := syscall.Munmap(m); err != nil {
 		t.Fatal(err)
-	}
-}
-
-// TestTuneWriteback: the mount's bdi is opened up to max_bytes when the
-// node's dirty threshold holds that much, and to the whole threshold
-// (max_ratio 100) when the kernel refuses more than it, rather than left
-// at FUSE's 1%.
-func TestTuneWriteback(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("mounting pagefs needs root")
-	}
-	if _, err := os.Stat("/dev/fuse"); err != nil {
-		t.Skip("no /dev/fuse")
-	}
-	base, _ := baseFile(t, 128<<10)
-	mnt := t.TempDir()
-	srv, err := Mount(mnt, []*File{NewReadOnly("ram", base)}, Options{})
-	if err != nil {
-		t.Skipf("mount: %v", err)
-	}
-	defer srv.Unmount()
-	bdi := func(name string) int64 {
-		t.Helper()
-		b, err := os.ReadFile(filepath.Join(fmt.Sprintf("/sys/class/bdi/0:%d", srv.conn), name))
-		if err != nil {
-			t.Skipf("bdi %s: %v (kernel before 6.2?)", name, err)
-		}
-		v, err := strconv.ParseInt(string(bytes.TrimSpace(b)), 10, 64)
-		if err != nil {
-			t.Fatalf("bdi %s %q: %v", name, b, err)
-		}
-		return v
-	}
-	if err := srv.TuneWriteback(32 << 20); err != nil {
-		t.Fatal(err)
-	}
-	// The kernel keeps a ratio: max_bytes reads back about what was set.
-	if got := bdi("max_bytes"); got < 30<<20 || got > 34<<20 {
-		t.Errorf("max_bytes %d after asking 32 MiB", got)
-	}
-	if got := bdi("strict_limit"); got != 0 {
-		t.Errorf("strict_limit %d", got)
-	}
-	// More than any node's dirty threshold.
-	if err := srv.TuneWriteback(1 << 50); err != nil {
-		t.Fatalf("a max_bytes above the threshold: %v, want max_ratio 100 instead", err)
-	}
-	if got := bdi("max_ratio"); got != 100 {
-		t.Errorf("max_ratio %d after a max_bytes above the threshold, want 100", got)
 	}
 }

@@ -208,10 +208,8 @@ func (r *RAM) mount(ctx context.Context, files []*pagefs.File, o Options) error 
 	}
 	r.srv = srv
 	// Nothing is written back while the guest runs; a checkpoint's fsync
-	// writes what it dirtied (DESIGN.md, Writeback). The bdi may hold the
-	// whole RAM dirty: a smaller cap (it was 1 GiB) has the flusher write
-	// a larger guest's RAM back while it runs, whatever the node's limits.
-	if err := srv.TuneWriteback(r.file.Size()); err != nil {
+	// writes what it dirtied (DESIGN.md, Writeback).
+	if err := srv.TuneWriteback(min(r.file.Size(), 1<<30)); err != nil {
 		log.G(ctx).WithError(err).Warn("served ram: guest RAM writeback stays throttled")
 	}
 	checkDirtyLimits(ctx, r.file.Size())
