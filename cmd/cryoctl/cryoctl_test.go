@@ -372,7 +372,7 @@ func TestBenchBootedMemoryFlag(t *testing.T) {
 	e := newEnv(t)
 	for _, v := range []string{"lazy", "", "SERVED"} {
 		_, err := e.run("bench", "--quick", "--booted-memory", v)
-		if err == nil || !strings.Contains(err.Error(), "--booted-memory") {
+		if err == nil || !strings.Contains(err.Error(), "--booted-memory") || !strings.Contains(err.Error(), "must be owned or served") {
 			t.Errorf("--booted-memory %q: %v, want an error naming the flag", v, err)
 		}
 	}
