@@ -120,6 +120,27 @@ type Options struct {
 	// checks only the hibernation loop's targets, if it ran (the report
 	// is then not Complete).
 	Only string
+	// BootedMemory is the stack's node option `[memory] booted`
+	// (configs.BootedOwned or BootedServed; "" is owned): how every booted
+	// sandbox of the run holds its RAM. The report's host section says
+	// which it was, since the rows keep their names.
+	BootedMemory string
+}
+
+// withBootedMemory sets the node's [memory] booted of the stack.
+func withBootedMemory(booted string) func(*configs.Config) {
+	return func(c *configs.Config) { c.Memory.Booted = booted }
+}
+
+// bootedMemory is o.BootedMemory, checked ("" is owned).
+func (o Options) bootedMemory() (string, error) {
+	switch o.BootedMemory {
+	case "", configs.BootedOwned:
+		return configs.BootedOwned, nil
+	case configs.BootedServed:
+		return configs.BootedServed, nil
+	}
+	return "", fmt.Errorf("booted memory %q: must be %s or %s", o.BootedMemory, configs.BootedOwned, configs.BootedServed)
 }
 
 type runner struct {
@@ -141,6 +162,10 @@ type runner struct {
 // or a step fails (the report then holds what was measured so far).
 func Run(ctx context.Context, o Options) (_ *Report, retErr error) {
 	if err := o.Sizes.Validate(); err != nil {
+		return nil, err
+	}
+	booted, err := o.bootedMemory()
+	if err != nil {
 		return nil, err
 	}
 	if o.Progress == nil {
@@ -179,7 +204,7 @@ func Run(ctx context.Context, o Options) (_ *Report, retErr error) {
 		c.Hypervisor.MaxMemoryMiB = max(c.Hypervisor.MaxMemoryMiB, o.LargeGuestMiB, o.LazyFillMiB*5/2, pauseVMMiB(o.PauseRAMMiB[len(o.PauseRAMMiB)-1]))
 		c.Stores.Allowed = append(c.Stores.Allowed, "s3://"+r.s3.Bucket+"/")
 		c.Stores.S3 = configs.S3{Endpoint: r.s3.Endpoint, AccessKey: r.s3.AccessKey, SecretKey: r.s3.SecretKey, Region: "us-east-1"}
-	})
+	}, withBootedMemory(booted))
 	r.progress("starting containerd with the cryo runtime")
 	r.s, err = stack.Start(ctx, so)
 	if err != nil {
@@ -244,7 +269,7 @@ func (r *runner) progress(format string, args ...any) {
 }
 
 func host(c configs.Config) Host {
-	h := Host{CPUs: runtime.NumCPU(), Accel: c.Hypervisor.Accel}
+	h := Host{CPUs: runtime.NumCPU(), Accel: c.Hypervisor.Accel, BootedMemory: c.Memory.Booted, DirtyLimits: dirtyLimits("/proc/sys/vm")}
 	if out, err := exec.Command(c.Hypervisor.Path, "--version").Output(); err == nil {
 		if m := regexp.MustCompile(`version ([0-9.]+)`).FindStringSubmatch(string(out)); m != nil {
 			h.QEMU = m[1]

@@ -8,8 +8,11 @@ package bench
 import (
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -52,6 +55,41 @@ type Host struct {
 	Accel  string `json:"accel"`
 	QEMU   string `json:"qemu"`
 	Kernel string `json:"kernel"`
+	// BootedMemory is the node's [memory] booted: "owned" or "served".
+	BootedMemory string `json:"bootedMemory"`
+	// DirtyLimits are the node's vm.dirty_* settings at the start: a
+	// served RAM is dirty page cache, so they bound its guest's speed.
+	DirtyLimits string `json:"dirtyLimits"`
+}
+
+// dirtyLimits describes the vm.dirty_* sysctls under dir (/proc/sys/vm):
+// each of the background and the throttle limit is a byte count when its
+// _bytes file is not 0, else a ratio of dirtyable memory, as the kernel
+// reads them. "" when they cannot be read.
+func dirtyLimits(dir string) string {
+	limit := func(name string) string {
+		read := func(f string) string {
+			b, err := os.ReadFile(filepath.Join(dir, f))
+			if err != nil {
+				return ""
+			}
+			return strings.TrimSpace(string(b))
+		}
+		if b := read(name + "_bytes"); b != "" && b != "0" {
+			if n, err := strconv.ParseInt(b, 10, 64); err == nil {
+				return fmt.Sprintf("%.0f MiB", mib(n))
+			}
+		}
+		if r := read(name + "_ratio"); r != "" {
+			return r + "%"
+		}
+		return "?"
+	}
+	bg, th := limit("dirty_background"), limit("dirty")
+	if bg == "?" && th == "?" {
+		return ""
+	}
+	return "background " + bg + ", throttle " + th
 }
 
 // Median returns the median of v (0 for none).
@@ -103,6 +141,9 @@ func mib(b int64) float64 { return float64(b) / (1 << 20) }
 func (r *Report) WriteText(w io.Writer) {
 	fmt.Fprintf(w, "cryo bench: %d CPUs, accel %s, QEMU %s, %d run(s) per median, %.0f s\n\n",
 		r.Host.CPUs, r.Host.Accel, r.Host.QEMU, r.Sizes.Runs, r.Seconds)
+	if r.Host.BootedMemory != "" {
+		fmt.Fprintf(w, "booted sandboxes' RAM: %s; node dirty limits: %s\n\n", r.Host.BootedMemory, r.Host.DirtyLimits)
+	}
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "GROUP\tMEASUREMENT\tMEDIAN\tUNIT\tSAMPLES")
 	last := ""

@@ -2,9 +2,14 @@ package bench
 
 import (
 	"bytes"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cryo-runtime/cryo/configs"
+	"github.com/cryo-runtime/cryo/stack"
 )
 
 func TestMedian(t *testing.T) {
@@ -72,5 +77,86 @@ func TestWriteText(t *testing.T) {
 	}
 	if strings.Contains(out, "incomplete") {
 		t.Errorf("complete report says incomplete:\n%s", out)
+	}
+}
+
+func TestBootedMemoryOption(t *testing.T) {
+	for _, tc := range []struct{ in, want, wantErr string }{
+		{"", configs.BootedOwned, ""},
+		{"owned", configs.BootedOwned, ""},
+		{"served", configs.BootedServed, ""},
+		{"lazy", "", "booted memory"},
+		{"Served", "", "booted memory"},
+	} {
+		got, err := Options{BootedMemory: tc.in}.bootedMemory()
+		if tc.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("%q: err = %v, want %q", tc.in, err, tc.wantErr)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("%q: %q, %v; want %q", tc.in, got, err, tc.want)
+		}
+	}
+	// Run refuses it before it starts anything.
+	if _, err := Run(t.Context(), Options{Sizes: Quick(), BootedMemory: "lazy"}); err == nil || !strings.Contains(err.Error(), "booted memory") {
+		t.Errorf("Run with a bad booted memory: %v", err)
+	}
+}
+
+// TestBootedMemoryConfig: the node config the stack writes for the bench
+// says [memory] booted = "served", and the shim's loader reads it back.
+func TestBootedMemoryConfig(t *testing.T) {
+	for _, booted := range []string{configs.BootedServed, configs.BootedOwned} {
+		c := configs.Default()
+		withBootedMemory(booted)(&c)
+		p := filepath.Join(t.TempDir(), "cryo.toml")
+		if err := (&stack.Stack{}).WriteConfig(p, c); err != nil {
+			t.Fatal(err)
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := configs.Default()
+		if err := configs.Decode(b, &got); err != nil {
+			t.Fatal(err)
+		}
+		if got.Memory.Booted != booted {
+			t.Errorf("written config has [memory] booted %q, want %q:\n%s", got.Memory.Booted, booted, b)
+		}
+	}
+}
+
+func TestDirtyLimits(t *testing.T) {
+	write := func(dir string, kv map[string]string) {
+		for k, v := range kv {
+			if err := os.WriteFile(filepath.Join(dir, k), []byte(v+"\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	ratios := t.TempDir()
+	write(ratios, map[string]string{"dirty_background_bytes": "0", "dirty_background_ratio": "10", "dirty_bytes": "0", "dirty_ratio": "20"})
+	if got, want := dirtyLimits(ratios), "background 10%, throttle 20%"; got != want {
+		t.Errorf("ratios: %q, want %q", got, want)
+	}
+	byteDir := t.TempDir()
+	write(byteDir, map[string]string{"dirty_background_bytes": "8589934592", "dirty_background_ratio": "0", "dirty_bytes": "17179869184", "dirty_ratio": "0"})
+	if got, want := dirtyLimits(byteDir), "background 8192 MiB, throttle 16384 MiB"; got != want {
+		t.Errorf("bytes: %q, want %q", got, want)
+	}
+	if got := dirtyLimits(t.TempDir()); got != "" {
+		t.Errorf("nothing to read: %q", got)
+	}
+}
+
+func TestWriteTextBootedMemory(t *testing.T) {
+	r := &Report{Sizes: Quick(), Host: Host{BootedMemory: "served", DirtyLimits: "background 50%, throttle 80%"}}
+	var b bytes.Buffer
+	r.WriteText(&b)
+	if !strings.Contains(b.String(), "booted sandboxes' RAM: served; node dirty limits: background 50%, throttle 80%") {
+		t.Errorf("text report does not say the booted memory:\n%s", b.String())
 	}
 }

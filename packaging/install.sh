@@ -24,3 +24,5 @@ if [ ! -e /etc/cryo/config.toml ]; then
 fi
 install -d -m 0700 /var/lib/cryo /var/lib/cryo/store /var/lib/cryo/cache /var/lib/cryo/images
 echo "installed; merge packaging/containerd/cryo-runtime.toml into /etc/containerd/config.toml and restart containerd"
+# The node's dirty limits are every writer's: the admin installs them.
+echo "for served guest RAM (lazy restores, [memory] booted = \"served\"): cp $ROOT/packaging/sysctl/90-cryo-dirty.conf /etc/sysctl.d/ && sysctl --system (docs/configuration.md)"

@@ -2,12 +2,14 @@ package main
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 
 	"github.com/spf13/cobra"
 
 	"github.com/cryo-runtime/cryo/bench"
+	"github.com/cryo-runtime/cryo/configs"
 )
 
 func newBenchCommand(a *App) *cobra.Command {
@@ -36,15 +38,25 @@ writing every page of --pause-ram MiB (256 and 1024 by default and in --quick,
 also 4096 in --full) while a booted and then a lazily restored sandbox is
 checkpointed: the pause windows, their ratio largest / smallest, the writer's
 speed idle and during the checkpoint; and the summed QEMU Pss of 1 and of
---pss-clones lazy clones of one snapshot (4 in --quick, else 8).`,
+--pss-clones lazy clones of one snapshot (4 in --quick, else 8).
+
+--booted-memory served sets the bench node's [memory] booted = "served": every
+booted sandbox of the run (issue 21's "booted" rows among them) runs on RAM served
+by pagefs instead of an owned tmpfs file. The rows keep their names; the report's
+header says which it was, and the node's vm.dirty_* limits, which bound a served
+guest's write speed (docs/performance.md).`,
 		Example: `  cryoctl bench --quick
   cryoctl bench -o json > bench.json
   cryoctl bench --full --keep-log /tmp/bench-containerd.log
-  cryoctl bench --full --only "issue 21"`,
+  cryoctl bench --full --only "issue 21"
+  cryoctl bench --full --only "issue 21" --booted-memory served`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if quick && full {
 				return errors.New("--quick and --full exclusive")
+			}
+			if err := checkBootedMemory(o.BootedMemory); err != nil {
+				return err
 			}
 			preset := bench.Default()
 			switch {
@@ -92,8 +104,17 @@ speed idle and during the checkpoint; and the summed QEMU Pss of 1 and of
 	f.IntVar(&sz.ChunkMiB, "chunk-size", 0, "snapshot chunk size in MiB (default: the config's, 1)")
 	f.StringVar(&o.CPUProfile, "cpuprofile", "", "write a CPU profile of the pipeline step (this process) to this file")
 	f.StringVar(&o.KeepLog, "keep-log", "", "copy containerd's log (with the shims' restore steps) to this file")
+	f.StringVar(&o.BootedMemory, "booted-memory", configs.BootedOwned, "how the bench node's booted sandboxes hold their RAM ([memory] booted): owned or served")
 	f.StringVar(&o.Only, "only", "", "run only the steps whose name contains this (e.g. hibernation, \"issue 21\"), with only the targets of the steps that ran")
 	return cmd
+}
+
+// checkBootedMemory refuses a --booted-memory the node config would refuse.
+func checkBootedMemory(v string) error {
+	if v != configs.BootedOwned && v != configs.BootedServed {
+		return fmt.Errorf("--booted-memory %q: must be %s or %s", v, configs.BootedOwned, configs.BootedServed)
+	}
+	return nil
 }
 
 // overrideSizes takes the preset and replaces what was set by a flag.

@@ -365,3 +365,24 @@ func TestRmGCPull(t *testing.T) {
 		t.Fatalf("second rm: %v", err)
 	}
 }
+
+// TestBenchBootedMemoryFlag: a --booted-memory the node config would
+// refuse is refused, naming the flag, before the bench starts anything.
+func TestBenchBootedMemoryFlag(t *testing.T) {
+	e := newEnv(t)
+	for _, v := range []string{"lazy", "", "SERVED"} {
+		_, err := e.run("bench", "--quick", "--booted-memory", v)
+		if err == nil || !strings.Contains(err.Error(), "--booted-memory") || !strings.Contains(err.Error(), "must be owned or served") {
+			t.Errorf("--booted-memory %q: %v, want an error naming the flag", v, err)
+		}
+	}
+	for _, v := range []string{"owned", "served"} {
+		if err := checkBootedMemory(v); err != nil {
+			t.Errorf("--booted-memory %s: %v", v, err)
+		}
+	}
+	f := newBenchCommand(&App{}).Flags().Lookup("booted-memory")
+	if f == nil || f.DefValue != "owned" {
+		t.Fatalf("--booted-memory flag: %+v, want default owned", f)
+	}
+}

@@ -226,6 +226,7 @@ func (r *RAM) mount(ctx context.Context, files []*pagefs.File, o Options) error 
 	if err := srv.TuneWriteback(min(r.file.Size(), 1<<30)); err != nil {
 		log.G(ctx).WithError(err).Warn("served ram: guest RAM writeback stays throttled")
 	}
+	checkDirtyLimits(ctx, r.file.Size())
 	return nil
 }
 
