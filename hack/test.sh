@@ -91,7 +91,7 @@ gotestsum_phase() {
 # The integration package's tests run in lanes: concurrent go test runs of
 # disjoint sets of them. Most of such a test's time is waiting (for a guest
 # under TCG, a kubelet's sync loop, a Checkpoint's backoff), so two cores
-# carry three lanes: one test at a time took 33 min, three lanes 15½ min,
+# carry three lanes: one test at a time took 33 min, three lanes 15 min,
 # the cores busy throughout (docs/testing.md). Every test has its own containerd, network namespace and
 # state either way, and a test that starts a Kubernetes control plane holds
 # stack.HostLock (the kubelet's host paths and sysctls are global), so a
