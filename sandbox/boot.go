@@ -122,26 +122,24 @@ func (st *start) bootConfig(ctx context.Context, root vmm.Disk) error {
 // an owned file: the sandbox boots either way.
 func (st *start) bootRAM(ctx context.Context, u *undo) error {
 	t := st.Node.VM
-	if !t.ServedRAM {
-		st.mem = &ownedMemory{path: ramPath(t.MemoryDir, st.StateDir)}
-		return nil
-	}
-	ram, err := servedram.ServeZero(ctx, int64(st.MemoryMiB)<<20, servedram.Options{
-		StateDir: st.StateDir, Layer: layerPath(t.MemoryDir, st.StateDir),
-		PageTimeout: st.Node.Lazy.PageTimeout, StuckGrace: stuckGrace,
-	})
-	if err != nil {
-		log.G(ctx).WithError(err).Warn("booted ram cannot be served ([memory] booted = \"served\"): an owned file")
-		st.mem = &ownedMemory{path: ramPath(t.MemoryDir, st.StateDir)}
-		return nil
-	}
-	// Pushed before QEMU's shutdown: the undo stack kills QEMU first.
-	u.onFailure(func(ctx context.Context) {
-		if err := ram.Close(ctx); err != nil {
-			log.G(ctx).WithError(err).Warn("boot: unmount served ram")
+	if t.ServedRAM {
+		ram, err := servedram.ServeZero(ctx, int64(st.MemoryMiB)<<20, servedram.Options{
+			StateDir: st.StateDir, Layer: layerPath(t.MemoryDir, st.StateDir),
+			PageTimeout: st.Node.Lazy.PageTimeout, StuckGrace: stuckGrace,
+		})
+		if err == nil {
+			// Pushed before QEMU's shutdown: the undo stack kills QEMU first.
+			u.onFailure(func(ctx context.Context) {
+				if err := ram.Close(ctx); err != nil {
+					log.G(ctx).WithError(err).Warn("boot: unmount served ram")
+				}
+			})
+			st.mem = &servedMemory{ram: ram, booted: true}
+			return nil
 		}
-	})
-	st.mem = &servedMemory{ram: ram, booted: true}
+		log.G(ctx).WithError(err).Warn("booted ram cannot be served ([memory] booted = \"served\"): an owned file")
+	}
+	st.mem = &ownedMemory{path: ramPath(t.MemoryDir, st.StateDir)}
 	return nil
 }
 

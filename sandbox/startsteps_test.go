@@ -213,6 +213,25 @@ func dirEntries(t *testing.T, dir string) []string {
 	return names
 }
 
+// bootStart is a Boot's start over vms on a fresh node (configs.Default
+// with its cache in a temporary dir, which also holds an empty root
+// image); node changes the config and the spec first.
+func bootStart(t *testing.T, vms vmFactory, node func(dir string, cfg *configs.Config, spec *Spec)) (Spec, *start) {
+	dir := t.TempDir()
+	image := filepath.Join(dir, "root.ext4")
+	if err := os.WriteFile(image, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := configs.Default()
+	cfg.Snapshot.CacheDir = filepath.Join(dir, "cache")
+	// The shim makes the sandbox's dirs before Boot.
+	spec := Spec{ID: "sb", StateDir: filepath.Join(dir, "state"), DiskDir: filepath.Join(dir, "disks"), Pod: &specs.Spec{}}
+	node(dir, &cfg, &spec)
+	spec.Node = testNode(t, cfg)
+	root := RootSpec{ContainerID: "c1", Mounts: []*types.Mount{{Type: "ext4", Source: image}}}
+	return spec, &start{Spec: spec, root: root, vms: vms}
+}
+
 // TestBootSteps: Boot's steps over a fake machine and agent, each failing
 // in turn.
 func TestBootSteps(t *testing.T) {
@@ -221,17 +240,7 @@ func TestBootSteps(t *testing.T) {
 	testEachStepFailing(t, stepCase{
 		op: "boot",
 		steps: func(t *testing.T, vms vmFactory) []step {
-			dir := t.TempDir()
-			image := filepath.Join(dir, "root.ext4")
-			if err := os.WriteFile(image, nil, 0o600); err != nil {
-				t.Fatal(err)
-			}
-			cfg := configs.Default()
-			cfg.Snapshot.CacheDir = filepath.Join(dir, "cache")
-			// The shim makes the sandbox's dirs before Boot.
-			spec = Spec{ID: "sb", Node: testNode(t, cfg), StateDir: filepath.Join(dir, "state"), DiskDir: filepath.Join(dir, "disks"), Pod: &specs.Spec{}}
-			root := RootSpec{ContainerID: "c1", Mounts: []*types.Mount{{Type: "ext4", Source: image}}}
-			st = &start{Spec: spec, root: root, vms: vms}
+			spec, st = bootStart(t, vms, func(string, *configs.Config, *Spec) {})
 			return st.bootSteps(&Sandbox{spec: spec, rootfs: newRootfsBuilder(spec.Node.RootFS)})
 		},
 		done: func(t *testing.T) {
@@ -256,21 +265,14 @@ func TestBootStepsServedRAM(t *testing.T) {
 	testEachStepFailing(t, stepCase{
 		op: "boot",
 		steps: func(t *testing.T, vms vmFactory) []step {
-			dir := t.TempDir()
-			image := filepath.Join(dir, "root.ext4")
-			if err := os.WriteFile(image, nil, 0o600); err != nil {
-				t.Fatal(err)
-			}
-			cfg := configs.Default()
-			cfg.Snapshot.CacheDir = filepath.Join(dir, "cache")
-			cfg.Hypervisor.MemoryDir = filepath.Join(dir, "shm")
-			cfg.Memory.Booted = configs.BootedServed
-			if err := os.Mkdir(cfg.Hypervisor.MemoryDir, 0o700); err != nil {
-				t.Fatal(err)
-			}
-			spec = Spec{ID: "sb", Node: testNode(t, cfg), StateDir: filepath.Join(dir, "state"), DiskDir: filepath.Join(dir, "disks"), Pod: &specs.Spec{}, MemoryMiB: 64}
-			root := RootSpec{ContainerID: "c1", Mounts: []*types.Mount{{Type: "ext4", Source: image}}}
-			st = &start{Spec: spec, root: root, vms: vms}
+			spec, st = bootStart(t, vms, func(dir string, cfg *configs.Config, spec *Spec) {
+				cfg.Hypervisor.MemoryDir = filepath.Join(dir, "shm")
+				cfg.Memory.Booted = configs.BootedServed
+				if err := os.Mkdir(cfg.Hypervisor.MemoryDir, 0o700); err != nil {
+					t.Fatal(err)
+				}
+				spec.MemoryMiB = 64
+			})
 			return st.bootSteps(&Sandbox{spec: spec, rootfs: newRootfsBuilder(spec.Node.RootFS)})
 		},
 		done: func(t *testing.T) {
