@@ -60,6 +60,11 @@ func pauseRatioRow(kind string, small, large int) string {
 	return fmt.Sprintf("pause_%s_%dMiB_over_%dMiB", kind, large, small)
 }
 
+// clonesPssRow is the summed QEMU Pss of n lazy clones; clonesRatioRow
+// compares n clones' with one's.
+func clonesPssRow(n int) string   { return fmt.Sprintf("lazy_clones_%d_qemu_pss_total", n) }
+func clonesRatioRow(n int) string { return fmt.Sprintf("lazy_clones_%d_over_1_qemu_pss", n) }
+
 func memwRows(kind string, inUse int) (idle, during, ratio string) {
 	p := fmt.Sprintf("memwrite_%s_%dMiB_", kind, inUse)
 	return p + "idle", p + "checkpoint", p + "checkpoint_over_idle"
@@ -232,11 +237,10 @@ func (r *runner) clonesPss() error {
 		if err != nil {
 			return fmt.Errorf("%d lazy clones: %w", n, err)
 		}
-		r.r.add("pause_ram", fmt.Sprintf("lazy_clones_%d_qemu_pss_total", n), "MiB", v)
+		r.r.add("pause_ram", clonesPssRow(n), "MiB", v)
 		pss = append(pss, v)
 	}
-	name := fmt.Sprintf("lazy_clones_%d_over_1_qemu_pss", r.o.PssClones)
-	r.r.add("pause_ram", name, "ratio", ratio(pss[1], pss[0]))
+	r.r.add("pause_ram", clonesRatioRow(r.o.PssClones), "ratio", ratio(pss[1], pss[0]))
 	r.progress("lazy clones of the idle template after their first exec: QEMU Pss 1: %.0f MiB, %d: %.0f MiB (%.2fx)",
 		pss[0], r.o.PssClones, pss[1], ratio(pss[1], pss[0]))
 	return nil
@@ -292,9 +296,9 @@ func (r *runner) pauseRAMTargets() {
 			fmt.Sprintf("%d MiB in use: %.0f MiB/s vs %.0f MiB/s", at, rep.value(dn), rep.value(in)))
 	}
 	n := r.o.PssClones
-	v := rep.value(fmt.Sprintf("lazy_clones_%d_over_1_qemu_pss", n))
+	v := rep.value(clonesRatioRow(n))
 	rep.target(fmt.Sprintf("%d lazy clones / 1, summed QEMU Pss after the first exec", n), "<= 2.0", v, v > 0 && v <= 2,
-		fmt.Sprintf("%.0f MiB vs %.0f MiB", rep.value(fmt.Sprintf("lazy_clones_%d_qemu_pss_total", n)), rep.value("lazy_clones_1_qemu_pss_total")))
+		fmt.Sprintf("%.0f MiB vs %.0f MiB", rep.value(clonesPssRow(n)), rep.value(clonesPssRow(1))))
 }
 
 // pauseRAMRowNames are the rows of pauseRAM with sizes s, in order.
@@ -310,6 +314,5 @@ func pauseRAMRowNames(s Sizes) []string {
 	for _, kind := range []string{kindBooted, kindRestored} {
 		n = append(n, pauseRatioRow(kind, small, large))
 	}
-	return append(n, "lazy_clones_1_qemu_pss_total", fmt.Sprintf("lazy_clones_%d_qemu_pss_total", s.PssClones),
-		fmt.Sprintf("lazy_clones_%d_over_1_qemu_pss", s.PssClones))
+	return append(n, clonesPssRow(1), clonesPssRow(s.PssClones), clonesRatioRow(s.PssClones))
 }
