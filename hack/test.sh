@@ -133,8 +133,8 @@ integration() {
 lane() {
 	local name=$1 start=$SECONDS code
 	shift
-	gotestsum --format testname --format-hide-empty-pkg --hide-summary=output \
-		--jsonfile "$dir/integration-$name.json" -- "$@" 2>&1 | sed -u "s/^/[$name] /"
+	# In the background: gotestsum_phase's jsons+= is the caller's to do.
+	gotestsum_phase "integration-$name" "$@" 2>&1 | sed -u "s/^/[$name] /"
 	code=${PIPESTATUS[0]}
 	echo "$name $((SECONDS - start)) $code" >>"$dir/lanes"
 	return "$code"
