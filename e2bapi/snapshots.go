@@ -142,7 +142,7 @@ func (s *Server) listSnapshots(ctx context.Context, ns string, r *http.Request) 
 	out := []snapshotBody{}
 	for i := range cps.Items {
 		cp := &cps.Items[i]
-		if cp.Status.Phase != cryov1.PhaseSucceeded || cp.DeletionTimestamp != nil || cp.Name <= after ||
+		if !restorable(cp) || cp.Name <= after ||
 			(name != "" && name != cp.Name && name != cp.Labels[LabelSnapshotName]) {
 			continue
 		}
@@ -245,7 +245,7 @@ func (s *Server) templateCheckpoint(ctx context.Context, ns, template string) (*
 		var newest *cryov1.Checkpoint
 		for i := range cps.Items {
 			c := &cps.Items[i]
-			if c.Status.Phase == cryov1.PhaseSucceeded && c.DeletionTimestamp == nil && (newest == nil || newest.CreationTimestamp.Before(&c.CreationTimestamp) ||
+			if restorable(c) && (newest == nil || newest.CreationTimestamp.Before(&c.CreationTimestamp) ||
 				(newest.CreationTimestamp.Equal(&c.CreationTimestamp) && newest.Name < c.Name)) {
 				newest = c
 			}
@@ -265,4 +265,10 @@ func (s *Server) templateCheckpoint(ctx context.Context, ns, template string) (*
 		return nil, errf(http.StatusBadRequest, "templateID: Checkpoint %q was not made through the E2B API: its guest has no envd; restore it with a pod annotated %s", cp.Name, controller.AnnotationRestoreCheckpoint)
 	}
 	return &cp, nil
+}
+
+// restorable says a Checkpoint's snapshot can be listed and restored: it
+// succeeded and is not being deleted (its finalizer untags the snapshot).
+func restorable(cp *cryov1.Checkpoint) bool {
+	return cp.Status.Phase == cryov1.PhaseSucceeded && cp.DeletionTimestamp == nil
 }
