@@ -67,9 +67,9 @@ type RAM struct {
 	fsync func() error
 
 	mu sync.Mutex
-	// syncFile is the mounted RAM file, opened at the mount and kept for
-	// the checkpoints' fsyncs: an open in the pause would cost a FUSE
-	// round trip, its close another.
+	// syncFile is the mounted RAM file, opened by the first PreSync and
+	// kept for the checkpoints' fsyncs: an open in the pause would cost a
+	// FUSE round trip, its close another.
 	syncFile *os.File
 	// next is the side file PreSync made for the next Seal (unlinked), so
 	// that the pause creates nothing; side and gen are the open
@@ -220,9 +220,6 @@ func (r *RAM) mount(ctx context.Context, files []*pagefs.File, o Options) error 
 		return err
 	}
 	r.srv = srv
-	if r.syncFile, err = os.OpenFile(r.Path(), os.O_RDWR, 0); err != nil {
-		return fmt.Errorf("served ram: %w", err)
-	}
 	r.fsync = r.syncMounted
 	// Nothing is written back while the guest runs; a checkpoint's fsync
 	// writes what it dirtied (DESIGN.md, Writeback).
@@ -340,13 +337,31 @@ func (r *RAM) Sync() error {
 	return nil
 }
 
-// syncMounted fsyncs the mounted RAM file.
+// syncMounted fsyncs the mounted RAM file, opened once.
 func (r *RAM) syncMounted() error {
 	r.mu.Lock()
-	f := r.syncFile
+	f, closed := r.syncFile, r.closed
 	r.mu.Unlock()
-	if f == nil {
+	if closed {
 		return errors.New("served ram closed")
+	}
+	if f == nil {
+		// Opened without r.mu: the server's handlers take it.
+		var err error
+		if f, err = os.OpenFile(r.Path(), os.O_RDWR, 0); err != nil {
+			return err
+		}
+		r.mu.Lock()
+		if r.syncFile == nil && !r.closed {
+			r.syncFile = f
+		} else {
+			f.Close()
+			f = r.syncFile
+		}
+		r.mu.Unlock()
+		if f == nil {
+			return errors.New("served ram closed")
+		}
 	}
 	return f.Sync()
 }
