@@ -67,10 +67,6 @@ type RAM struct {
 	fsync func() error
 
 	mu sync.Mutex
-	// syncFile is the mounted RAM file, opened by the first PreSync and
-	// kept for the checkpoints' fsyncs: an open in the pause would cost a
-	// FUSE round trip, its close another.
-	syncFile *os.File
 	// next is the side file PreSync made for the next Seal (unlinked), so
 	// that the pause creates nothing; side and gen are the open
 	// generation's, until it ends (endGeneration), after the pause.
@@ -337,32 +333,23 @@ func (r *RAM) Sync() error {
 	return nil
 }
 
-// syncMounted fsyncs the mounted RAM file, opened once.
+// syncMounted fsyncs the mounted RAM file. It opens and closes the file
+// each time (an open and a release to the server, in the pause too): a
+// descriptor of its own mount that the shim kept would, if the shim were
+// killed, make its exit wait on a FLUSH that no server answers, and leave
+// QEMU hung in writeback instead of the connection aborted.
 func (r *RAM) syncMounted() error {
 	r.mu.Lock()
-	f, closed := r.syncFile, r.closed
+	closed := r.closed
 	r.mu.Unlock()
 	if closed {
 		return errors.New("served ram closed")
 	}
-	if f == nil {
-		// Opened without r.mu: the server's handlers take it.
-		var err error
-		if f, err = os.OpenFile(r.Path(), os.O_RDWR, 0); err != nil {
-			return err
-		}
-		r.mu.Lock()
-		if r.syncFile == nil && !r.closed {
-			r.syncFile = f
-		} else {
-			f.Close()
-			f = r.syncFile
-		}
-		r.mu.Unlock()
-		if f == nil {
-			return errors.New("served ram closed")
-		}
+	f, err := os.OpenFile(r.Path(), os.O_RDWR, 0)
+	if err != nil {
+		return err
 	}
+	defer f.Close()
 	return f.Sync()
 }
 
@@ -501,14 +488,14 @@ func (r *RAM) Close(ctx context.Context) error {
 		return nil
 	}
 	r.closed = true
-	cancel, side, next, syncFile := r.cancel, r.side, r.next, r.syncFile
-	r.side, r.next, r.syncFile = nil, nil, nil
+	cancel, side, next := r.cancel, r.side, r.next
+	r.side, r.next = nil, nil
 	r.mu.Unlock()
 	if cancel != nil {
 		cancel()
 	}
 	r.prefetch.Wait()
-	for _, f := range []*os.File{syncFile, side, next} {
+	for _, f := range []*os.File{side, next} {
 		if f != nil {
 			f.Close()
 		}
