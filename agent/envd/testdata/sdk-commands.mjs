@@ -17,7 +17,9 @@ await step('run', async () => {
 await step('exit', () => sbx.commands.run('exit 3'))
 await step('envCwd', async () => (await sbx.commands.run('echo "$FOO $(pwd)"', { envs: { FOO: 'bar' }, cwd: '/tmp' })).stdout)
 await step('background', async () => {
-  const bg = await sbx.commands.run('for i in 1 2 3 4 5 6 7 8; do echo $i; sleep 0.2; done', { background: true })
+  // Its output starts after the disconnect: what the start's stream read
+  // is not kept, only what was written while nobody was connected.
+  const bg = await sbx.commands.run('sleep 1; for i in 1 2 3 4 5 6 7 8; do echo $i; sleep 0.2; done', { background: true })
   await bg.disconnect()
   const listed = (await sbx.commands.list()).some((p) => p.pid === bg.pid)
   await new Promise((r) => setTimeout(r, 500))
