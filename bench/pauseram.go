@@ -65,6 +65,15 @@ func pauseRatioRow(kind string, small, large int) string {
 func clonesPssRow(n int) string   { return fmt.Sprintf("lazy_clones_%d_qemu_pss_total", n) }
 func clonesRatioRow(n int) string { return fmt.Sprintf("lazy_clones_%d_over_1_qemu_pss", n) }
 
+// clonesRAMPssRow is the part of clonesPssRow in the guest RAM mappings,
+// clonesRAMRatioRow compares it for n clones and one: what sharing pages
+// can change, where the rest (QEMU's own memory) grows with n whatever
+// the RAM mapping.
+func clonesRAMPssRow(n int) string { return fmt.Sprintf("lazy_clones_%d_guest_ram_pss_total", n) }
+func clonesRAMRatioRow(n int) string {
+	return fmt.Sprintf("lazy_clones_%d_over_1_guest_ram_pss", n)
+}
+
 func memwRows(kind string, inUse int) (idle, during, ratio string) {
 	p := fmt.Sprintf("memwrite_%s_%dMiB_", kind, inUse)
 	return p + "idle", p + "checkpoint", p + "checkpoint_over_idle"
@@ -231,32 +240,38 @@ func (r *runner) clonesPss() error {
 	if err != nil {
 		return err
 	}
-	var pss []float64
+	var pss, ram []float64
 	for _, n := range []int{1, r.o.PssClones} {
-		v, err := r.clonesPssOf(s.url, n)
+		m, err := r.clonesPssOf(s.url, n)
 		if err != nil {
 			return fmt.Errorf("%d lazy clones: %w", n, err)
 		}
-		r.r.add("pause_ram", clonesPssRow(n), "MiB", v)
-		pss = append(pss, v)
+		r.r.add("pause_ram", clonesPssRow(n), "MiB", mib(m.pss))
+		r.r.add("pause_ram", clonesRAMPssRow(n), "MiB", mib(m.ram))
+		pss, ram = append(pss, mib(m.pss)), append(ram, mib(m.ram))
 	}
 	r.r.add("pause_ram", clonesRatioRow(r.o.PssClones), "ratio", ratio(pss[1], pss[0]))
-	r.progress("lazy clones of the idle template after their first exec: QEMU Pss 1: %.0f MiB, %d: %.0f MiB (%.2fx)",
-		pss[0], r.o.PssClones, pss[1], ratio(pss[1], pss[0]))
+	r.r.add("pause_ram", clonesRAMRatioRow(r.o.PssClones), "ratio", ratio(ram[1], ram[0]))
+	r.progress("lazy clones of the idle template after their first exec: QEMU Pss 1: %.0f MiB, %d: %.0f MiB (%.2fx); of it guest RAM 1: %.0f MiB, %d: %.0f MiB (%.2fx)",
+		pss[0], r.o.PssClones, pss[1], ratio(pss[1], pss[0]), ram[0], r.o.PssClones, ram[1], ratio(ram[1], ram[0]))
 	return nil
 }
 
-func (r *runner) clonesPssOf(url string, n int) (float64, error) {
+// clonesMem is the summed Pss of some clones' QEMUs and the part of it in
+// their guest RAM mappings, in bytes.
+type clonesMem struct{ pss, ram int64 }
+
+func (r *runner) clonesPssOf(url string, n int) (clonesMem, error) {
 	ids := make([]string, 0, n)
 	defer func() { r.remove(ids...) }()
 	for range n {
 		id := r.id("pss")
 		ids = append(ids, id)
 		if err := r.start("", id, modeAnn(url, configs.RestoreLazy), "sleep 100000"); err != nil {
-			return 0, err
+			return clonesMem{}, err
 		}
 		if _, err := r.exec(id, "true"); err != nil {
-			return 0, err
+			return clonesMem{}, err
 		}
 	}
 	// A QEMU of an earlier step may still be exiting.
@@ -265,9 +280,9 @@ func (r *runner) clonesPssOf(url string, n int) (float64, error) {
 		time.Sleep(500 * time.Millisecond)
 	}
 	if len(pids) != n {
-		return 0, fmt.Errorf("%d QEMU processes running, want %d", len(pids), n)
+		return clonesMem{}, fmt.Errorf("%d QEMU processes running, want %d", len(pids), n)
 	}
-	return mib(qemuMem(pids).pss), nil
+	return clonesMem{pss: qemuMem(pids).pss, ram: guestRAMPss(pids)}, nil
 }
 
 // pauseRAMTargets checks issue 21's targets on the rows of pauseRAM: the
@@ -314,5 +329,6 @@ func pauseRAMRowNames(s Sizes) []string {
 	for _, kind := range []string{kindBooted, kindRestored} {
 		n = append(n, pauseRatioRow(kind, small, large))
 	}
-	return append(n, clonesPssRow(1), clonesPssRow(s.PssClones), clonesRatioRow(s.PssClones))
+	return append(n, clonesPssRow(1), clonesPssRow(s.PssClones), clonesRatioRow(s.PssClones),
+		clonesRAMPssRow(1), clonesRAMPssRow(s.PssClones), clonesRAMRatioRow(s.PssClones))
 }

@@ -24,6 +24,51 @@ func qemuMem(pids []int) procMem {
 	return m
 }
 
+// guestRAMPss sums, over pids, the Pss (bytes) of each process's guest RAM
+// mapping: its largest file-backed mapping (the memory-backend file is
+// the VM's size; libraries and the binary are a few MiB). What is left of
+// a QEMU's Pss is its own memory: heap, device buffers and, under TCG, the
+// translated code, none of which clones of one snapshot can share.
+func guestRAMPss(pids []int) int64 {
+	var sum int64
+	for _, pid := range pids {
+		sum += largestFileMappingPss("/proc/" + strconv.Itoa(pid) + "/smaps")
+	}
+	return sum
+}
+
+// largestFileMappingPss reads a smaps file: the Pss of the file-backed
+// mapping with the largest address range.
+func largestFileMappingPss(path string) int64 {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	var best, size, pss int64
+	file := false
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fs := strings.Fields(sc.Text())
+		switch {
+		case len(fs) >= 5 && strings.Contains(fs[0], "-") && !strings.HasSuffix(fs[0], ":"):
+			start, end, ok := strings.Cut(fs[0], "-")
+			lo, err1 := strconv.ParseUint(start, 16, 64)
+			hi, err2 := strconv.ParseUint(end, 16, 64)
+			size, file = 0, false
+			if ok && err1 == nil && err2 == nil && hi > lo {
+				size = int64(hi - lo)
+				file = len(fs) >= 6 && strings.HasPrefix(fs[5], "/")
+			}
+		case len(fs) >= 2 && fs[0] == "Pss:" && file && size > best:
+			if n, err := strconv.ParseInt(fs[1], 10, 64); err == nil {
+				best, pss = size, n<<10
+			}
+		}
+	}
+	return pss
+}
+
 // vmHWM is a process's peak resident set size in bytes.
 func vmHWM(pid int) int64 {
 	return procFields("/proc/"+strconv.Itoa(pid)+"/status", "VmHWM:")["VmHWM:"]
