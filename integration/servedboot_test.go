@@ -3,11 +3,15 @@
 package integration
 
 import (
+	"fmt"
+	"maps"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -196,4 +200,227 @@ func TestServedBootPause(t *testing.T) {
 	} else {
 		t.Logf("best pause window: owned %v, served %v (%.1fx)", o, s, float64(o)/float64(s))
 	}
+}
+
+// TestServedShimKilledAfterCheckpoint: a shim that served its sandbox's
+// RAM and has checkpointed it is SIGKILLed, a served boot and a lazy
+// restore each. Nothing may hang on the RAM's FUSE connection (issue #21:
+// a descriptor the shim kept on its own mount made its exit wait on a
+// FLUSH that no server answers, and QEMU hung in writeback): QEMU exits,
+// no process is left in D state, containerd drops the task, and no
+// pagefs mount or fuse connection is left.
+func TestServedShimKilledAfterCheckpoint(t *testing.T) {
+	e := harness.Start(t, bootedNode(configs.BootedServed), lazyNode)
+	snap := e.StoreURL("shimkilled:v2")
+	snapshotted := false
+	t.Run("booted", func(t *testing.T) {
+		startWorkload(t, e, "src")
+		if n := servedMounts(e); n != 1 {
+			t.Fatalf("%d pagefs mounts after a served boot, want the booted sandbox's RAM", n)
+		}
+		startWriter(t, e, "src")
+		rounds := writerRounds(t, e, "src", 0)
+		checkpoint(t, e, "src", e.StoreURL("shimkilled:v1"))
+		rounds = writerRounds(t, e, "src", rounds)
+		checkpoint(t, e, "src", snap)
+		snapshotted = true
+		// The writer dirties the RAM again: at the kill, there is
+		// writeback to do.
+		writerRounds(t, e, "src", rounds)
+		killServedShim(t, e, "src")
+	})
+	t.Run("lazy", func(t *testing.T) {
+		if !snapshotted {
+			t.Skip("no snapshot of the served boot")
+		}
+		restore(t, e, "lz", snap, lazyMode)
+		readState(t, e, "lz")
+		rounds := writerRounds(t, e, "lz", 0)
+		checkpoint(t, e, "lz", e.StoreURL("shimkilled:lz1"))
+		writerRounds(t, e, "lz", rounds)
+		killServedShim(t, e, "lz")
+	})
+}
+
+// killServedShim SIGKILLs the shim of id, the Env's only sandbox, which
+// serves its RAM, and checks that the sandbox goes away without anything
+// hanging on the RAM's FUSE connection. A connection still there when the
+// test ends is aborted, so that a failure does not leave the machine with
+// hung processes.
+func killServedShim(t *testing.T, e *harness.Env, id string) {
+	t.Helper()
+	shims, qemus, conns := e.ShimPids(), e.QEMUPids(), pagefsConns(e)
+	if len(shims) != 1 || len(qemus) != 1 || len(conns) != 1 {
+		t.Fatalf("shims %v, qemus %v, pagefs fuse connections %v: want one of each", shims, qemus, conns)
+	}
+	k := &killedShim{shim: shims[0], qemu: qemus[0], conn: conns[0], open: true}
+	t.Cleanup(func() { k.cleanup(t, e, id) })
+	if err := syscall.Kill(k.shim, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	// A process stuck in its exit has no command line: e.QEMUPids no
+	// longer lists it, so the pids are watched themselves.
+	if !harness.WaitFor(10*time.Second, func() bool { k.poll(); return exited(k.qemu) }) {
+		t.Fatalf("qemu %d of %s still there 10 s after its shim %d was killed (fuse connection %d, waiting %d):\n%s\n%s",
+			k.qemu, id, k.shim, k.conn, connWaiting(k.conn), stuckReport(k.qemu), stuckReport(k.shim))
+	}
+	if !harness.WaitFor(10*time.Second, func() bool { k.poll(); return exited(k.shim) }) {
+		t.Fatalf("killed shim %d of %s has not exited after 10 s (fuse connection %d, waiting %d):\n%s",
+			k.shim, id, k.conn, connWaiting(k.conn), stuckReport(k.shim))
+	}
+	// containerd runs the shim's delete action and drops the task.
+	if !harness.WaitFor(30*time.Second, func() bool {
+		out, _, err := e.Ctr("task", "ls")
+		return err == nil && !taskRunning(out, id)
+	}) {
+		out, _, _ := e.Ctr("task", "ls")
+		t.Fatalf("task %s still running 30 s after its shim was killed:\n%s\n%s", id, out, e.LogTail(30))
+	}
+	if out, errs, err := e.Ctr("task", "delete", id); err != nil && !strings.Contains(out+errs, "not found") {
+		t.Fatalf("ctr task delete %s after its shim was killed: %v\n%s%s", id, err, out, errs)
+	}
+	e.MustCtr("c", "rm", id)
+	if !harness.WaitFor(10*time.Second, func() bool { k.poll(); return servedMounts(e) == 0 && !k.open }) {
+		t.Fatalf("after the shim of %s was killed: %d pagefs mounts left, fuse connection %d open: %v, waiting %d",
+			id, servedMounts(e), k.conn, k.open, connWaiting(k.conn))
+	}
+	noLeftovers(t, e)
+	noLazyLeftovers(t, e)
+}
+
+// killedShim is a shim the test killed, its QEMU, and the fusectl
+// connection of the RAM it served.
+type killedShim struct {
+	shim, qemu, conn int
+	// open: the connection has been there at every poll since the kill.
+	// Once gone, its number may be another mount's.
+	open bool
+}
+
+// poll notes the connection gone: from then on cleanup leaves its number
+// alone.
+func (k *killedShim) poll() {
+	if k.open && connWaiting(k.conn) < 0 {
+		k.open = false
+	}
+}
+
+// cleanup aborts the connection if it is still open, fails the test
+// naming it, and removes the task and container the test could not.
+func (k *killedShim) cleanup(t *testing.T, e *harness.Env, id string) {
+	k.poll()
+	if !k.open {
+		return
+	}
+	w := connWaiting(k.conn)
+	if err := os.WriteFile(filepath.Join(fusectlDir, strconv.Itoa(k.conn), "abort"), []byte("1"), 0); err != nil {
+		t.Errorf("abort fuse connection %d of %s's killed shim: %v", k.conn, id, err)
+		return
+	}
+	t.Errorf("fuse connection %d of %s's RAM still open after its shim %d was killed (%d requests waiting): aborted it", k.conn, id, k.shim, w)
+	harness.WaitFor(15*time.Second, func() bool { return exited(k.qemu) && exited(k.shim) })
+	e.Ctr("task", "rm", "-f", id)
+	e.Ctr("c", "rm", id)
+}
+
+// fusectlDir is where the fuse control filesystem lives.
+const fusectlDir = "/sys/fs/fuse/connections"
+
+// pagefsConns are the fusectl connection numbers (the minor device) of
+// e's pagefs mounts.
+func pagefsConns(e *harness.Env) []int {
+	b, _ := os.ReadFile("/proc/self/mountinfo")
+	var conns []int
+	for _, l := range strings.Split(string(b), "\n") {
+		f := strings.Fields(l)
+		if len(f) < 5 || !strings.Contains(l, "cryo-pagefs") || !strings.HasPrefix(f[4], e.StateRoot) {
+			continue
+		}
+		if _, minor, ok := strings.Cut(f[2], ":"); ok {
+			if n, err := strconv.Atoi(minor); err == nil {
+				conns = append(conns, n)
+			}
+		}
+	}
+	return conns
+}
+
+// connWaiting is the number of requests waiting on fuse connection n, -1
+// if there is no such connection.
+func connWaiting(n int) int {
+	b, err := os.ReadFile(filepath.Join(fusectlDir, strconv.Itoa(n), "waiting"))
+	if err != nil {
+		return -1
+	}
+	w, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return -1
+	}
+	return w
+}
+
+// taskRunning reports whether ctr task ls output lists id as running.
+func taskRunning(ls, id string) bool {
+	for _, l := range strings.Split(ls, "\n") {
+		if f := strings.Fields(l); len(f) >= 3 && f[0] == id {
+			return f[2] == "RUNNING"
+		}
+	}
+	return false
+}
+
+// threadStates are the states (R, S, D, Z...) of pid's threads by thread
+// id; none once pid is reaped.
+func threadStates(pid int) map[string]string {
+	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	st := map[string]string{}
+	for _, d := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, d.Name()))
+		if err != nil {
+			continue
+		}
+		// The state follows the command name, which may hold spaces
+		// and parentheses.
+		if i := strings.LastIndexByte(string(b), ')'); i >= 0 {
+			if f := strings.Fields(string(b[i+1:])); len(f) > 0 {
+				st[d.Name()] = f[0]
+			}
+		}
+	}
+	return st
+}
+
+// exited reports whether pid has exited: reaped, or a zombie.
+func exited(pid int) bool {
+	for _, s := range threadStates(pid) {
+		if s != "Z" && s != "X" {
+			return false
+		}
+	}
+	return true
+}
+
+// stuckReport describes pid's threads, with the wait channel and kernel
+// stack of those in D state.
+func stuckReport(pid int) string {
+	comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+	var b strings.Builder
+	fmt.Fprintf(&b, "pid %d (%s):", pid, strings.TrimSpace(string(comm)))
+	st := threadStates(pid)
+	if len(st) == 0 {
+		b.WriteString(" gone")
+	}
+	tids := slices.Sorted(maps.Keys(st))
+	for _, tid := range tids {
+		fmt.Fprintf(&b, " %s:%s", tid, st[tid])
+	}
+	for _, tid := range tids {
+		if st[tid] != "D" {
+			continue
+		}
+		wchan, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/wchan", pid, tid))
+		stack, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stack", pid, tid))
+		fmt.Fprintf(&b, "\n  thread %s in D state, wchan %s, stack:\n%s", tid, wchan, stack)
+	}
+	return b.String()
 }
