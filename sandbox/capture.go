@@ -61,6 +61,14 @@ type pauser interface {
 	Fingerprint() fingerprint.Fingerprint
 }
 
+// vcpus is the captured VM's vCPU count (0 if unknown).
+func (c *capture) vcpus() int {
+	if c == nil || c.record == nil {
+		return 0
+	}
+	return c.record.VCPUs
+}
+
 // captureVM stops the VM, freezes every writable disk behind a new qcow2
 // overlay, saves the device state and takes the RAM (its guestMemory
 // says how), then lets the VM run on unless keepStopped.

@@ -34,6 +34,14 @@ type WriteOptions struct {
 	Level int
 	// Workers compress and hash chunks; 0 means GOMAXPROCS.
 	Workers int
+	// Yield runs the workers at a lower CPU priority (nice YieldNice,
+	// each on its own thread), at most GOMAXPROCS-1 of them: a write
+	// beside a running guest leaves the CPU to the vCPUs, its own and
+	// other sandboxes', and takes longer instead. One processor stays
+	// with the process's other goroutines (a FUSE server answering the
+	// guest's faults must not wait behind a lowered thread); with one, the
+	// write does not yield.
+	Yield bool
 	// Uploads is the number of concurrent pushes; 0 means 4.
 	Uploads int
 	// MaxMemory bounds the chunk buffers in flight; 0 means 128 MiB. The
@@ -219,6 +227,7 @@ func newWriter(store stores.Store, src *Source, opts WriteOptions) (*writer, err
 	if opts.Workers <= 0 {
 		opts.Workers = runtime.GOMAXPROCS(0)
 	}
+	opts.Workers, opts.Yield = yielding(opts.Workers, opts.Yield, runtime.GOMAXPROCS(0))
 	if opts.Uploads <= 0 {
 		opts.Uploads = 4
 	}
@@ -395,6 +404,7 @@ func (w *writer) release(raw, stored *[]byte) {
 }
 
 func (w *writer) compress(ctx context.Context, jobs <-chan *chunkJob, pushes chan<- *chunkJob) error {
+	w.yield(ctx)
 	var scratch []byte
 	if w.codec.aead != nil {
 		scratch = make([]byte, maxStoredSize(w.opts.ChunkSize))
