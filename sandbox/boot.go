@@ -163,9 +163,16 @@ func (st *start) startQEMU(ctx context.Context, u *undo) error {
 	return nil
 }
 
+// connectAgent waits for the guest's agent. A VM that its served RAM
+// stopped before the agent answered (a lazy restore's page or prefetch
+// that met a bad chunk) fails with the RAM's reason, which names the chunk
+// and the store, not only with "vm exited".
 func (st *start) connectAgent(ctx context.Context, u *undo) error {
 	ag, info, err := st.vms.connect(ctx, st.vm, st.Node.Agent)
 	if err != nil {
+		if stopped := st.memFailure(); stopped != nil {
+			return fmt.Errorf("the sandbox vm stopped: %v: %w", stopped, err)
+		}
 		return err
 	}
 	st.agent, st.info = ag, info
@@ -176,4 +183,13 @@ func (st *start) connectAgent(ctx context.Context, u *undo) error {
 // guestNetwork gives the guest NIC the pod's MAC, addresses and routes.
 func (st *start) guestNetwork(ctx context.Context, _ *undo) error {
 	return st.pn.configureGuest(ctx, st.agent)
+}
+
+// memFailure is why the guest's served RAM stopped the VM, nil if it did
+// not (or the RAM is not served, or not set up yet).
+func (st *start) memFailure() error {
+	if st.mem == nil {
+		return nil
+	}
+	return st.mem.failure()
 }
