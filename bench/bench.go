@@ -38,6 +38,8 @@ type Sizes struct {
 	LazyFillMiB   int           `json:"lazyFillMiB"`   // RAM the large lazy-restore guest fills (its RAM: 2.5x)
 	PauseRAMMiB   []int         `json:"pauseRamMiB"`   // issue 21: RAM the guest's writer keeps writing, ascending
 	PssClones     int           `json:"pssClones"`     // issue 21: lazy clones whose QEMU Pss is compared with one's
+	WarmClones    int           `json:"warmClones"`    // issue 21: lazy clones of the warm snapshot, each reading its fill
+	WarmFillMiB   int           `json:"warmFillMiB"`   // issue 21: the warm snapshot's fill (its RAM: 2.5x)
 }
 
 // Quick is the smallest run: every row once, two VMs at a time at most
@@ -45,22 +47,25 @@ type Sizes struct {
 func Quick() Sizes {
 	return Sizes{Runs: 1, GuestMiB: 256, SmallGuestMiB: 256, LargeGuestMiB: 384, SmallDiskMiB: 256, LargeDiskMiB: 512,
 		Clones: []int{1, 2}, WarmUp: 3 * time.Second, ChangePercent: 5, LazyFillMiB: 128,
-		PauseRAMMiB: []int{256, 1024}, PssClones: 4}
+		PauseRAMMiB: []int{256, 1024}, PssClones: 4, WarmClones: 2, WarmFillMiB: 128}
 }
 
 // Default fits a small shared machine (a few VMs at a time).
 func Default() Sizes {
 	return Sizes{Runs: 3, GuestMiB: 256, SmallGuestMiB: 256, LargeGuestMiB: 512, SmallDiskMiB: 1024, LargeDiskMiB: 2048,
 		Clones: []int{1, 2, 4}, WarmUp: 10 * time.Second, ChangePercent: 5, LazyFillMiB: 384,
-		PauseRAMMiB: []int{256, 1024}, PssClones: 8}
+		PauseRAMMiB: []int{256, 1024}, PssClones: 8, WarmClones: 4, WarmFillMiB: 384}
 }
 
 // Full is the issue's sizes: 1 GiB guests, 8 GiB disks, 8 clones, 20 s
-// warm-up, a writer over 256 MiB, 1 GiB and 4 GiB.
+// warm-up, a writer over 256 MiB, 1 GiB and 4 GiB. The warm clones are
+// 4 of a 512 MiB fill, not 8 of the lazy rows' 1 GiB: each clone reads
+// its fill into its own RAM file today, and 8 GiB of that does not fit
+// the bench's machine beside the rest.
 func Full() Sizes {
 	return Sizes{Runs: 3, GuestMiB: 256, SmallGuestMiB: 256, LargeGuestMiB: 1024, SmallDiskMiB: 1024, LargeDiskMiB: 8192,
 		Clones: []int{1, 4, 8}, WarmUp: 20 * time.Second, ChangePercent: 5, LazyFillMiB: 1024,
-		PauseRAMMiB: []int{256, 1024, 4096}, PssClones: 8}
+		PauseRAMMiB: []int{256, 1024, 4096}, PssClones: 8, WarmClones: 4, WarmFillMiB: 512}
 }
 
 // Validate checks the sizes.
@@ -90,6 +95,10 @@ func (s Sizes) Validate() error {
 		return errors.New("pause RAM sizes must be between 64 and 16384 MiB")
 	case s.PssClones < 2:
 		return errors.New("Pss clones must be at least 2 (compared with one)")
+	case s.WarmClones < 2:
+		return errors.New("warm clones must be at least 2 (compared with one)")
+	case s.WarmFillMiB < 32:
+		return errors.New("the warm snapshot must fill at least 32 MiB")
 	}
 	return nil
 }
@@ -152,9 +161,10 @@ type runner struct {
 	seq   atomic.Int64
 	began time.Time
 
-	tpl   template // idle guest: latency and fan-out
-	large string   // file:// URL of the large guest's first (full) snapshot
-	delta string   // file:// URL of its second snapshot, with delta chunks
+	tpl    template             // idle guest: latency and fan-out
+	filled map[int]lazySnapshot // filledSnapshot's, by fill (MiB)
+	large  string               // file:// URL of the large guest's first (full) snapshot
+	delta  string               // file:// URL of its second snapshot, with delta chunks
 }
 
 // Run starts a private containerd with the cryo runtime and an S3 server,
@@ -201,7 +211,7 @@ func Run(ctx context.Context, o Options) (_ *Report, retErr error) {
 		if o.ChunkMiB > 0 {
 			c.Snapshot.ChunkSizeMiB = o.ChunkMiB
 		}
-		c.Hypervisor.MaxMemoryMiB = max(c.Hypervisor.MaxMemoryMiB, o.LargeGuestMiB, o.LazyFillMiB*5/2, pauseVMMiB(o.PauseRAMMiB[len(o.PauseRAMMiB)-1]))
+		c.Hypervisor.MaxMemoryMiB = max(c.Hypervisor.MaxMemoryMiB, o.LargeGuestMiB, o.LazyFillMiB*5/2, o.WarmFillMiB*5/2, pauseVMMiB(o.PauseRAMMiB[len(o.PauseRAMMiB)-1]))
 		c.Stores.Allowed = append(c.Stores.Allowed, "s3://"+r.s3.Bucket+"/")
 		c.Stores.S3 = configs.S3{Endpoint: r.s3.Endpoint, AccessKey: r.s3.AccessKey, SecretKey: r.s3.SecretKey, Region: "us-east-1"}
 	}, withBootedMemory(booted))

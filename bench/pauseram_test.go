@@ -75,13 +75,17 @@ func TestPauseRAMRows(t *testing.T) {
 	full := RowNames(Full())
 	for _, want := range []string{"pause_booted_4096MiB_in_use", "pause_restored_256MiB_in_use", "pause_booted_4096MiB_over_256MiB",
 		"pause_restored_4096MiB_over_256MiB", "memwrite_booted_4096MiB_checkpoint_over_idle", "memwrite_restored_256MiB_idle",
-		"lazy_clones_1_qemu_pss_total", "lazy_clones_8_qemu_pss_total", "lazy_clones_8_over_1_qemu_pss"} {
+		"lazy_clones_1_qemu_pss_total", "lazy_clones_8_qemu_pss_total", "lazy_clones_8_over_1_qemu_pss",
+		"lazy_warm_clones_1_qemu_pss_total", "lazy_warm_clones_4_qemu_pss_total", "lazy_warm_clones_4_over_1_qemu_pss",
+		"lazy_warm_clones_1_guest_ram_pss_total", "lazy_warm_clones_4_guest_ram_pss_total", "lazy_warm_clones_4_over_1_guest_ram_pss",
+		"lazy_warm_first_read_512MiB"} {
 		if !slices.Contains(full, want) {
 			t.Errorf("full rows lack %s", want)
 		}
 	}
 	quick := RowNames(Quick())
-	if slices.Contains(quick, "pause_booted_4096MiB_in_use") || !slices.Contains(quick, "pause_booted_1024MiB_over_256MiB") {
+	if slices.Contains(quick, "pause_booted_4096MiB_in_use") || !slices.Contains(quick, "pause_booted_1024MiB_over_256MiB") ||
+		!slices.Contains(quick, "lazy_warm_clones_2_over_1_qemu_pss") || !slices.Contains(quick, "lazy_warm_first_read_128MiB") {
 		t.Errorf("quick rows: %v", pauseRAMRowNames(Quick()))
 	}
 	bad := Quick()
@@ -97,6 +101,43 @@ func TestPauseRAMRows(t *testing.T) {
 	bad.PssClones = 1
 	if bad.Validate() == nil {
 		t.Error("one Pss clone accepted")
+	}
+	bad = Quick()
+	bad.WarmClones = 1
+	if bad.Validate() == nil {
+		t.Error("one warm clone accepted")
+	}
+	bad = Quick()
+	bad.WarmFillMiB = 0
+	if bad.Validate() == nil {
+		t.Error("an empty warm fill accepted")
+	}
+	// The full run's warm clones fit the bench machine: their fills
+	// together at most 4 GiB (each clone holds its own today).
+	for name, s := range map[string]Sizes{"quick": Quick(), "default": Default(), "full": Full()} {
+		if s.WarmClones*s.WarmFillMiB > 4096 {
+			t.Errorf("%s: %d warm clones of %d MiB", name, s.WarmClones, s.WarmFillMiB)
+		}
+	}
+}
+
+// TestCheckFillRead: a clone's read of its fill counts, and a missing or
+// short fill (a clone that restored another guest) fails the row.
+func TestCheckFillRead(t *testing.T) {
+	for _, tc := range []struct {
+		out string
+		ok  bool
+	}{
+		{"536870912\n", true},
+		{"  300000000\n", true},
+		{"1048576\n", false},
+		{"0\n", false},
+		{"cat: can't open '/fill/ram.rnd': No such file or directory\n0\n", false},
+		{"", false},
+	} {
+		if err := checkFillRead(tc.out, 512); (err == nil) != tc.ok {
+			t.Errorf("checkFillRead(%q, 512) = %v, want ok %v", tc.out, err, tc.ok)
+		}
 	}
 }
 

@@ -37,8 +37,12 @@ Issue 21's rows (step "pause and clone memory"): a writer in the guest keeps
 writing every page of --pause-ram MiB (256 and 1024 by default and in --quick,
 also 4096 in --full) while a booted and then a lazily restored sandbox is
 checkpointed: the pause windows, their ratio largest / smallest, the writer's
-speed idle and during the checkpoint; and the summed QEMU Pss of 1 and of
---pss-clones lazy clones of one snapshot (4 in --quick, else 8).
+speed idle and during the checkpoint; the summed QEMU Pss of 1 and of
+--pss-clones lazy clones of one snapshot (4 in --quick, else 8); and the same
+for 1 and --warm-clones lazy clones of a warm snapshot, a guest that filled
+--warm-fill MiB of tmpfs, each clone's first exec reading all of it (2 of
+128 MiB in --quick, 4 of 384 MiB by default, 4 of 512 MiB in --full), with
+the time of that read.
 
 --booted-memory served sets the bench node's [memory] booted = "served": every
 booted sandbox of the run (issue 21's "booted" rows among them) runs on RAM served
@@ -101,6 +105,8 @@ guest's write speed (docs/performance.md).`,
 	f.StringVar(&o.Stack.Tools, "tools", "", "tools cache with bin/containerd, ctr, versitygw (default $CRYO_TOOLS, /var/cache/cryo/tools)")
 	f.IntSliceVar(&sz.PauseRAMMiB, "pause-ram", sz.PauseRAMMiB, "RAM (MiB) the guest's writer keeps writing for the issue 21 pause rows, ascending (the VM is larger)")
 	f.IntVar(&sz.PssClones, "pss-clones", sz.PssClones, "lazy clones whose summed QEMU Pss is compared with one clone's")
+	f.IntVar(&sz.WarmClones, "warm-clones", sz.WarmClones, "lazy clones of the warm snapshot, each reading its fill, compared with one")
+	f.IntVar(&sz.WarmFillMiB, "warm-fill", sz.WarmFillMiB, "MiB of tmpfs the warm snapshot's guest filled (its RAM: 2.5x)")
 	f.IntVar(&sz.ChunkMiB, "chunk-size", 0, "snapshot chunk size in MiB (default: the config's, 1)")
 	f.StringVar(&o.CPUProfile, "cpuprofile", "", "write a CPU profile of the pipeline step (this process) to this file")
 	f.StringVar(&o.KeepLog, "keep-log", "", "copy containerd's log (with the shims' restore steps) to this file")
@@ -134,6 +140,8 @@ func overrideSizes(cmd *cobra.Command, preset, flags bench.Sizes) bench.Sizes {
 	set("change-percent", &preset.ChangePercent, flags.ChangePercent)
 	set("chunk-size", &preset.ChunkMiB, flags.ChunkMiB)
 	set("pss-clones", &preset.PssClones, flags.PssClones)
+	set("warm-clones", &preset.WarmClones, flags.WarmClones)
+	set("warm-fill", &preset.WarmFillMiB, flags.WarmFillMiB)
 	if ch("clones") {
 		preset.Clones = flags.Clones
 	}
