@@ -264,7 +264,7 @@ func Run(ctx context.Context, o Options) (_ *Report, retErr error) {
 		if r.r.value("s3_1gbit_large_lazy_to_exec") > 0 {
 			r.lazyTargets()
 		}
-		if _, ok := r.r.Row(clonesRatioRow(o.PssClones)); ok {
+		if _, ok := r.r.Row(idleClones.ratio(o.PssClones)); ok {
 			r.pauseRAMTargets()
 		}
 		return r.r, nil

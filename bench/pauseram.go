@@ -65,33 +65,29 @@ func pauseRatioRow(kind string, small, large int) string {
 	return fmt.Sprintf("pause_%s_%dMiB_over_%dMiB", kind, large, small)
 }
 
-// clonesPssRow is the summed QEMU Pss of n lazy clones; clonesRatioRow
-// compares n clones' with one's.
-func clonesPssRow(n int) string   { return fmt.Sprintf("lazy_clones_%d_qemu_pss_total", n) }
-func clonesRatioRow(n int) string { return fmt.Sprintf("lazy_clones_%d_over_1_qemu_pss", n) }
+// cloneRows names the rows of a set of lazy clones of one snapshot:
+// pss is their summed QEMU Pss, ramPss the part of it in the guest RAM
+// mappings (what sharing pages can change, where the rest, QEMU's own
+// memory, grows with the clones whatever the RAM mapping), ratio and
+// ramRatio compare n clones' with one's.
+type cloneRows string
 
-// clonesRAMPssRow is the part of clonesPssRow in the guest RAM mappings,
-// clonesRAMRatioRow compares it for n clones and one: what sharing pages
-// can change, where the rest (QEMU's own memory) grows with n whatever
-// the RAM mapping.
-func clonesRAMPssRow(n int) string { return fmt.Sprintf("lazy_clones_%d_guest_ram_pss_total", n) }
-func clonesRAMRatioRow(n int) string {
-	return fmt.Sprintf("lazy_clones_%d_over_1_guest_ram_pss", n)
+const (
+	idleClones cloneRows = "lazy_clones"      // of the idle template, after a first exec
+	warmClones cloneRows = "lazy_warm_clones" // of the warm snapshot, each after reading its fill
+)
+
+func (c cloneRows) pss(n int) string      { return fmt.Sprintf("%s_%d_qemu_pss_total", c, n) }
+func (c cloneRows) ratio(n int) string    { return fmt.Sprintf("%s_%d_over_1_qemu_pss", c, n) }
+func (c cloneRows) ramPss(n int) string   { return fmt.Sprintf("%s_%d_guest_ram_pss_total", c, n) }
+func (c cloneRows) ramRatio(n int) string { return fmt.Sprintf("%s_%d_over_1_guest_ram_pss", c, n) }
+
+// names are the rows for 1 and n clones, in report order.
+func (c cloneRows) names(n int) []string {
+	return []string{c.pss(1), c.pss(n), c.ratio(n), c.ramPss(1), c.ramPss(n), c.ramRatio(n)}
 }
 
-// warmClonesPssRow and the rows after it are clonesPssRow's for the
-// clones of the warm snapshot, each after reading its fill; warmReadRow
-// is that read, fill MiB.
-func warmClonesPssRow(n int) string { return fmt.Sprintf("lazy_warm_clones_%d_qemu_pss_total", n) }
-func warmClonesRatioRow(n int) string {
-	return fmt.Sprintf("lazy_warm_clones_%d_over_1_qemu_pss", n)
-}
-func warmClonesRAMPssRow(n int) string {
-	return fmt.Sprintf("lazy_warm_clones_%d_guest_ram_pss_total", n)
-}
-func warmClonesRAMRatioRow(n int) string {
-	return fmt.Sprintf("lazy_warm_clones_%d_over_1_guest_ram_pss", n)
-}
+// warmReadRow is the warm clones' read of their fill, fill MiB.
 func warmReadRow(fill int) string { return fmt.Sprintf("lazy_warm_first_read_%dMiB", fill) }
 
 func memwRows(kind string, inUse int) (idle, during, ratio string) {
@@ -260,24 +256,42 @@ func (r *runner) clonesPss() error {
 	if err != nil {
 		return err
 	}
-	var pss, ram []float64
-	for _, n := range []int{1, r.o.PssClones} {
-		m, err := r.clonesPssOf(s.url, n, func(id string) error {
-			_, err := r.exec(id, "true")
-			return err
-		})
-		if err != nil {
-			return fmt.Errorf("%d lazy clones: %w", n, err)
-		}
-		r.r.add("pause_ram", clonesPssRow(n), "MiB", mib(m.pss))
-		r.r.add("pause_ram", clonesRAMPssRow(n), "MiB", mib(m.ram))
-		pss, ram = append(pss, mib(m.pss)), append(ram, mib(m.ram))
+	n := r.o.PssClones
+	m, err := r.clones(idleClones, s.url, n, func(id string) error {
+		_, err := r.exec(id, "true")
+		return err
+	})
+	if err != nil {
+		return err
 	}
-	r.r.add("pause_ram", clonesRatioRow(r.o.PssClones), "ratio", ratio(pss[1], pss[0]))
-	r.r.add("pause_ram", clonesRAMRatioRow(r.o.PssClones), "ratio", ratio(ram[1], ram[0]))
-	r.progress("lazy clones of the idle template after their first exec: QEMU Pss 1: %.0f MiB, %d: %.0f MiB (%.2fx); of it guest RAM 1: %.0f MiB, %d: %.0f MiB (%.2fx)",
-		pss[0], r.o.PssClones, pss[1], ratio(pss[1], pss[0]), ram[0], r.o.PssClones, ram[1], ratio(ram[1], ram[0]))
+	r.progress("lazy clones of the idle template after their first exec: %s", m.summary(n))
 	return nil
+}
+
+// clones measures 1 and n lazy clones of url, each after first, and adds
+// their rows.
+func (r *runner) clones(rows cloneRows, url string, n int, first func(id string) error) (clonesPair, error) {
+	var m clonesPair
+	for i, k := range []int{1, n} {
+		var err error
+		if m[i], err = r.clonesPssOf(url, k, first); err != nil {
+			return m, fmt.Errorf("%d lazy clones: %w", k, err)
+		}
+		r.r.add("pause_ram", rows.pss(k), "MiB", mib(m[i].pss))
+		r.r.add("pause_ram", rows.ramPss(k), "MiB", mib(m[i].ram))
+	}
+	r.r.add("pause_ram", rows.ratio(n), "ratio", ratio(mib(m[1].pss), mib(m[0].pss)))
+	r.r.add("pause_ram", rows.ramRatio(n), "ratio", ratio(mib(m[1].ram), mib(m[0].ram)))
+	return m, nil
+}
+
+// clonesPair is the memory of one clone and of n.
+type clonesPair [2]clonesMem
+
+func (m clonesPair) summary(n int) string {
+	pss1, pssN, ram1, ramN := mib(m[0].pss), mib(m[1].pss), mib(m[0].ram), mib(m[1].ram)
+	return fmt.Sprintf("QEMU Pss 1: %.0f MiB, %d: %.0f MiB (%.2fx); of it guest RAM 1: %.0f MiB, %d: %.0f MiB (%.2fx)",
+		pss1, n, pssN, ratio(pssN, pss1), ram1, n, ramN, ratio(ramN, ram1))
 }
 
 // warmClonesPss: clonesPss for WarmClones lazy clones of a warm snapshot,
@@ -294,25 +308,18 @@ func (r *runner) warmClonesPss() error {
 	if err != nil {
 		return err
 	}
-	var pss, ram, reads []float64
-	for _, k := range []int{1, n} {
-		m, err := r.clonesPssOf(s.url, k, func(id string) error {
-			d, err := r.readFill(id, fill)
-			reads = append(reads, ms(d))
-			return err
-		})
-		if err != nil {
-			return fmt.Errorf("%d lazy clones of the warm snapshot: %w", k, err)
-		}
-		r.r.add("pause_ram", warmClonesPssRow(k), "MiB", mib(m.pss))
-		r.r.add("pause_ram", warmClonesRAMPssRow(k), "MiB", mib(m.ram))
-		pss, ram = append(pss, mib(m.pss)), append(ram, mib(m.ram))
+	var reads []float64
+	m, err := r.clones(warmClones, s.url, n, func(id string) error {
+		d, err := r.readFill(id, fill)
+		reads = append(reads, ms(d))
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("the warm snapshot: %w", err)
 	}
-	r.r.add("pause_ram", warmClonesRatioRow(n), "ratio", ratio(pss[1], pss[0]))
-	r.r.add("pause_ram", warmClonesRAMRatioRow(n), "ratio", ratio(ram[1], ram[0]))
 	r.r.add("pause_ram", warmReadRow(fill), "ms", reads...)
-	r.progress("lazy clones of the warm snapshot (%d MiB filled, %.0f MiB stored), each after reading the fill: QEMU Pss 1: %.0f MiB, %d: %.0f MiB (%.2fx); of it guest RAM 1: %.0f MiB, %d: %.0f MiB (%.2fx); the read %.0f ms",
-		fill, mib(s.stored), pss[0], n, pss[1], ratio(pss[1], pss[0]), ram[0], n, ram[1], ratio(ram[1], ram[0]), Median(reads))
+	r.progress("lazy clones of the warm snapshot (%d MiB filled, %.0f MiB stored), each after reading the fill: %s; the read %.0f ms",
+		fill, mib(s.stored), m.summary(n), Median(reads))
 	return nil
 }
 
@@ -401,9 +408,9 @@ func (r *runner) pauseRAMTargets() {
 			fmt.Sprintf("%d MiB in use: %.0f MiB/s vs %.0f MiB/s", at, rep.value(dn), rep.value(in)))
 	}
 	n := r.o.PssClones
-	v := rep.value(clonesRatioRow(n))
+	v := rep.value(idleClones.ratio(n))
 	rep.target(fmt.Sprintf("%d lazy clones / 1, summed QEMU Pss after the first exec", n), "<= 2.0", v, v > 0 && v <= 2,
-		fmt.Sprintf("%.0f MiB vs %.0f MiB", rep.value(clonesPssRow(n)), rep.value(clonesPssRow(1))))
+		fmt.Sprintf("%.0f MiB vs %.0f MiB", rep.value(idleClones.pss(n)), rep.value(idleClones.pss(1))))
 }
 
 // pauseRAMRowNames are the rows of pauseRAM with sizes s, in order.
@@ -419,8 +426,6 @@ func pauseRAMRowNames(s Sizes) []string {
 	for _, kind := range []string{kindBooted, kindRestored} {
 		n = append(n, pauseRatioRow(kind, small, large))
 	}
-	n = append(n, clonesPssRow(1), clonesPssRow(s.PssClones), clonesRatioRow(s.PssClones),
-		clonesRAMPssRow(1), clonesRAMPssRow(s.PssClones), clonesRAMRatioRow(s.PssClones))
-	return append(n, warmClonesPssRow(1), warmClonesPssRow(s.WarmClones), warmClonesRatioRow(s.WarmClones),
-		warmClonesRAMPssRow(1), warmClonesRAMPssRow(s.WarmClones), warmClonesRAMRatioRow(s.WarmClones), warmReadRow(s.WarmFillMiB))
+	n = append(n, idleClones.names(s.PssClones)...)
+	return append(append(n, warmClones.names(s.WarmClones)...), warmReadRow(s.WarmFillMiB))
 }
