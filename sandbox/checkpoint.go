@@ -201,8 +201,7 @@ func (c *checkpointing) workDir(ctx context.Context, u *undo) error {
 
 // capture is the pause window.
 func (c *checkpointing) capture(ctx context.Context, u *undo) error {
-	keepStopped := c.wasPaused || c.req.Exit
-	cp, err := captureVM(ctx, c.sb, c.record(), c.work, c.req.Exit, keepStopped)
+	cp, err := captureVM(ctx, c.sb, c.record(), c.work, c.req.Exit, c.keepsStopped())
 	if err != nil {
 		return err
 	}
@@ -237,8 +236,8 @@ func (c *checkpointing) publish(ctx context.Context, _ *undo) error {
 	md := c.metadata()
 	wopts := c.wopts
 	wopts.AnnotateUploaded = true
-	if keepStopped := c.wasPaused || c.req.Exit; !keepStopped {
-		wopts.Workers, wopts.Yield = besideGuest(c.cap.vcpus(), runtime.GOMAXPROCS(0))
+	if !c.keepsStopped() {
+		wopts.Workers, wopts.Yield = besideGuest(c.cap.vcpus(), runtime.GOMAXPROCS(0)), true
 	}
 	ram := c.sb.mem.writing(ctx, c, &md, &wopts)
 	src, err := snapshot.NewSource(md, c.paths)
@@ -256,15 +255,19 @@ func (c *checkpointing) publish(ctx context.Context, _ *undo) error {
 	return nil
 }
 
-// besideGuest is how a checkpoint of a guest that runs on compresses: on
-// the cores of procs its vCPUs leave, at least one, at a lower priority
-// than the vCPUs (snapshot.WriteOptions.Yield). Measured on 2 cores with
-// a guest rewriting its RAM as fast as it can (docs/performance.md): the
-// writer ran at 0.27-0.33 of its idle speed during a checkpoint with two
-// workers at the normal priority, at 0.46-0.55 with one; the
-// checkpoint takes longer instead.
-func besideGuest(vcpus, procs int) (workers int, yield bool) {
-	return max(procs-vcpus, 1), true
+// keepsStopped says the VM stays stopped after the pause window: it was
+// paused through the task API, or the checkpoint ends it.
+func (c *checkpointing) keepsStopped() bool { return c.wasPaused || c.req.Exit }
+
+// besideGuest is how many workers a checkpoint of a guest that runs on
+// compresses with: the cores of procs its vCPUs leave, at least one; they
+// also run at a lower priority than the vCPUs (snapshot.WriteOptions.Yield).
+// Measured on 2 cores with a guest rewriting its RAM as fast as it can
+// (docs/performance.md): the writer ran at 0.27-0.33 of its idle speed
+// during a checkpoint with two workers at the normal priority, at
+// 0.46-0.55 with one; the checkpoint takes longer instead.
+func besideGuest(vcpus, procs int) int {
+	return max(procs-vcpus, 1)
 }
 
 // finish ends a sandbox checkpointed with exit: its processes exit with

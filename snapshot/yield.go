@@ -15,10 +15,7 @@ const YieldNice = 10
 // processors stays with goroutines at the normal priority; with one
 // processor the write does not yield.
 func yielding(workers int, yield bool, procs int) (int, bool) {
-	if !yield {
-		return workers, false
-	}
-	if procs <= 1 {
+	if !yield || procs <= 1 {
 		return workers, false
 	}
 	return min(workers, procs-1), true
