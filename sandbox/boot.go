@@ -38,7 +38,7 @@ type start struct {
 func Boot(ctx context.Context, spec Spec, root RootSpec) (*Sandbox, error) {
 	st := &start{Spec: spec, root: root, vms: qemuFactory}
 	sb := &Sandbox{spec: spec, rootfs: newRootfsBuilder(spec.Node.RootFS), guestID: spec.ID}
-	if err := runSteps(ctx, "boot", st.bootSteps(sb)); err != nil {
+	if err := st.run(ctx, "boot", st.bootSteps(sb)); err != nil {
 		return nil, err
 	}
 	log.G(ctx).WithFields(log.Fields{
@@ -163,16 +163,9 @@ func (st *start) startQEMU(ctx context.Context, u *undo) error {
 	return nil
 }
 
-// connectAgent waits for the guest's agent. A VM that its served RAM
-// stopped before the agent answered (a lazy restore's page or prefetch
-// that met a bad chunk) fails with the RAM's reason, which names the chunk
-// and the store, not only with "vm exited".
 func (st *start) connectAgent(ctx context.Context, u *undo) error {
 	ag, info, err := st.vms.connect(ctx, st.vm, st.Node.Agent)
 	if err != nil {
-		if stopped := st.memFailure(); stopped != nil {
-			return fmt.Errorf("the sandbox vm stopped: %v: %w", stopped, err)
-		}
 		return err
 	}
 	st.agent, st.info = ag, info
@@ -185,11 +178,18 @@ func (st *start) guestNetwork(ctx context.Context, _ *undo) error {
 	return st.pn.configureGuest(ctx, st.agent)
 }
 
-// memFailure is why the guest's served RAM stopped the VM, nil if it did
-// not (or the RAM is not served, or not set up yet).
-func (st *start) memFailure() error {
-	if st.mem == nil {
-		return nil
+// run runs a boot's or a restore's steps. A VM that its served RAM stopped
+// (a lazy restore's page or prefetch that met a bad chunk) fails with the
+// RAM's reason, which names the chunk and the store, whichever step met
+// the stopped VM ("vm exited before its agent answered", a lost QMP or
+// agent connection).
+func (st *start) run(ctx context.Context, what string, steps []step) error {
+	err := runSteps(ctx, what, steps)
+	if err == nil || st.mem == nil {
+		return err
 	}
-	return st.mem.failure()
+	if stopped := st.mem.failure(); stopped != nil {
+		return fmt.Errorf("%w: the sandbox vm stopped: %v", err, stopped)
+	}
+	return err
 }

@@ -65,7 +65,7 @@ func Restore(ctx context.Context, spec Spec, src Source) (*Sandbox, *Restored, e
 	// Logged before the allowlist refuses what a URL must not carry.
 	ctx = log.WithLogger(ctx, log.G(ctx).WithFields(log.Fields{"sandbox": spec.ID, "restore_from": redact.URL(src.URL)}))
 	st := &start{Spec: spec, src: src, restore: &restoring{}, vms: qemuFactory}
-	if err := runSteps(ctx, "restore", st.restoreSteps()); err != nil {
+	if err := st.run(ctx, "restore", st.restoreSteps()); err != nil {
 		return nil, nil, err
 	}
 	r := st.restore
