@@ -299,9 +299,10 @@ func (m clonesPair) summary(n int) string {
 // reading the whole fill: what sharing the pages none of them wrote
 // could save, where the idle template's clones read too little for it to
 // matter (issue 21's design record, "Item 2, measured"). Informational:
-// the issue's target is on the idle rows. The reads are timed too, the
-// first read of warm state through a lazy restore (the first clone's
-// from S3 on loopback, the node cache holding it for the others).
+// the issue's target is on the idle rows. The reads are timed too (the
+// first clone's from S3 on loopback, the node cache holding it for the
+// others); under TCG that time is the guest's own cat | wc, as slow with
+// every page resident (docs/performance.md, "Warm clones").
 func (r *runner) warmClonesPss() error {
 	fill, n := r.o.WarmFillMiB, r.o.WarmClones
 	s, err := r.filledSnapshot(fill)

@@ -88,29 +88,18 @@ func TestPauseRAMRows(t *testing.T) {
 		!slices.Contains(quick, "lazy_warm_clones_2_over_1_qemu_pss") || !slices.Contains(quick, "lazy_warm_first_read_128MiB") {
 		t.Errorf("quick rows: %v", pauseRAMRowNames(Quick()))
 	}
-	bad := Quick()
-	bad.PauseRAMMiB = []int{1024, 256}
-	if bad.Validate() == nil {
-		t.Error("descending pause sizes accepted")
-	}
-	bad.PauseRAMMiB = []int{256}
-	if bad.Validate() == nil {
-		t.Error("one pause size accepted")
-	}
-	bad = Quick()
-	bad.PssClones = 1
-	if bad.Validate() == nil {
-		t.Error("one Pss clone accepted")
-	}
-	bad = Quick()
-	bad.WarmClones = 1
-	if bad.Validate() == nil {
-		t.Error("one warm clone accepted")
-	}
-	bad = Quick()
-	bad.WarmFillMiB = 0
-	if bad.Validate() == nil {
-		t.Error("an empty warm fill accepted")
+	for what, change := range map[string]func(*Sizes){
+		"descending pause sizes": func(s *Sizes) { s.PauseRAMMiB = []int{1024, 256} },
+		"one pause size":         func(s *Sizes) { s.PauseRAMMiB = []int{256} },
+		"one Pss clone":          func(s *Sizes) { s.PssClones = 1 },
+		"one warm clone":         func(s *Sizes) { s.WarmClones = 1 },
+		"an empty warm fill":     func(s *Sizes) { s.WarmFillMiB = 0 },
+	} {
+		bad := Quick()
+		change(&bad)
+		if bad.Validate() == nil {
+			t.Errorf("%s accepted", what)
+		}
 	}
 	// The full run's warm clones fit the bench machine: their fills
 	// together at most 4 GiB (each clone holds its own today).
