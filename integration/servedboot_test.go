@@ -17,6 +17,7 @@ import (
 
 	"github.com/cryo-runtime/cryo/configs"
 	"github.com/cryo-runtime/cryo/integration/harness"
+	"github.com/cryo-runtime/cryo/pagefs"
 )
 
 // bootedNode holds booted sandboxes' RAM as [memory] booted says.
@@ -231,7 +232,7 @@ func TestServedShimKilledAfterCheckpoint(t *testing.T) {
 	})
 	t.Run("lazy", func(t *testing.T) {
 		if !snapshotted {
-			t.Skip("no snapshot of the served boot")
+			t.Fatal("no snapshot of the served boot to restore: the booted case failed before it")
 		}
 		restore(t, e, "lz", snap, lazyMode)
 		readState(t, e, "lz")
@@ -313,7 +314,7 @@ func (k *killedShim) cleanup(t *testing.T, e *harness.Env, id string) {
 		return
 	}
 	w := connWaiting(k.conn)
-	if err := os.WriteFile(filepath.Join(fusectlDir, strconv.Itoa(k.conn), "abort"), []byte("1"), 0); err != nil {
+	if err := pagefs.AbortConnection(uint32(k.conn)); err != nil {
 		t.Errorf("abort fuse connection %d of %s's killed shim: %v", k.conn, id, err)
 		return
 	}
@@ -322,9 +323,6 @@ func (k *killedShim) cleanup(t *testing.T, e *harness.Env, id string) {
 	e.Ctr("task", "rm", "-f", id)
 	e.Ctr("c", "rm", id)
 }
-
-// fusectlDir is where the fuse control filesystem lives.
-const fusectlDir = "/sys/fs/fuse/connections"
 
 // pagefsConns are the fusectl connection numbers (the minor device) of
 // e's pagefs mounts.
@@ -348,7 +346,7 @@ func pagefsConns(e *harness.Env) []int {
 // connWaiting is the number of requests waiting on fuse connection n, -1
 // if there is no such connection.
 func connWaiting(n int) int {
-	b, err := os.ReadFile(filepath.Join(fusectlDir, strconv.Itoa(n), "waiting"))
+	b, err := os.ReadFile(filepath.Join(pagefs.FusectlDir, strconv.Itoa(n), "waiting"))
 	if err != nil {
 		return -1
 	}

@@ -132,8 +132,12 @@ func (s *Server) Unmount() error {
 // pending and later request fails with ENOTCONN (a fault on a mapped page
 // not yet in the page cache raises SIGBUS). The fusectl filesystem must be
 // mounted on /sys/fs/fuse/connections.
-func (s *Server) Abort() error {
-	p := filepath.Join(fusectlDir, strconv.FormatUint(uint64(s.conn), 10), "abort")
+func (s *Server) Abort() error { return AbortConnection(s.conn) }
+
+// AbortConnection is Abort for fuse connection conn (its fusectl number,
+// the mount's minor device), whose server may be gone: a killed shim's.
+func AbortConnection(conn uint32) error {
+	p := filepath.Join(FusectlDir, strconv.FormatUint(uint64(conn), 10), "abort")
 	return os.WriteFile(p, []byte("1"), 0)
 }
 
@@ -264,25 +268,26 @@ func (n *node) Allocate(ctx context.Context, fh fs.FileHandle, off, size uint64,
 	return 0
 }
 
-// fusectlDir is where the fuse control filesystem lives (Abort).
-const fusectlDir = "/sys/fs/fuse/connections"
+// FusectlDir is where the fuse control filesystem lives (Abort): a
+// directory per connection, with its abort and waiting files.
+const FusectlDir = "/sys/fs/fuse/connections"
 
 // EnsureFusectl mounts the fuse control filesystem if it is not mounted:
 // Abort needs it, and a server stuck on a request is only ended by an
 // abort. It is left mounted (it is the kernel's, shared by every mount).
 func EnsureFusectl() error {
 	var st, parent unix.Stat_t
-	if err := unix.Stat(fusectlDir, &st); err != nil {
+	if err := unix.Stat(FusectlDir, &st); err != nil {
 		return fmt.Errorf("fusectl: %w", err)
 	}
-	if err := unix.Stat(filepath.Dir(fusectlDir), &parent); err != nil {
+	if err := unix.Stat(filepath.Dir(FusectlDir), &parent); err != nil {
 		return fmt.Errorf("fusectl: %w", err)
 	}
 	if st.Dev != parent.Dev {
 		return nil // something is mounted there: fusectl
 	}
-	if err := unix.Mount("fusectl", fusectlDir, "fusectl", 0, ""); err != nil && !errors.Is(err, unix.EBUSY) {
-		return fmt.Errorf("mount fusectl on %s: %w", fusectlDir, err)
+	if err := unix.Mount("fusectl", FusectlDir, "fusectl", 0, ""); err != nil && !errors.Is(err, unix.EBUSY) {
+		return fmt.Errorf("mount fusectl on %s: %w", FusectlDir, err)
 	}
 	return nil
 }
