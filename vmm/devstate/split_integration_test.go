@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -35,9 +36,6 @@ func TestSplitRealQEMU(t *testing.T) {
 	src := startQEMU(t, "src", srcRAM, false, false)
 
 	raw, out, image, st := saveSplit(t, src)
-	if p := os.Getenv("DEVSTATE_DUMP"); p != "" {
-		os.WriteFile(p, raw, 0o600)
-	}
 	t.Logf("stream %d bytes, split output %d bytes, %d pages of %s (%d fills)", st.In, st.Out, st.Pages, itBlock, st.FillPages)
 	if st.In != int64(len(raw)) || st.Out != int64(len(out)) {
 		t.Fatalf("stats In %d Out %d, read %d wrote %d", st.In, st.Out, len(raw), len(out))
@@ -99,6 +97,58 @@ func TestSplitRealQEMU(t *testing.T) {
 	})
 }
 
+// TestSplitRanFirmware splits the stream of a VM that has run (its
+// firmware, SeaBIOS, for two seconds: there is no guest kernel here) and
+// was then stopped, as SaveState does; the destination then runs on.
+func TestSplitRanFirmware(t *testing.T) {
+	src := startQEMU(t, "fw-src", writeShm(t, "fw-src", patternRAM()), false, false)
+	src.run(t, "cont", nil)
+	time.Sleep(2 * time.Second)
+	src.run(t, "stop", nil)
+	// What the guest sees of its RAM; below 1 MiB, 0xa0000-0xfffff is VGA
+	// and ROM, not ram0.
+	mem := filepath.Join(t.TempDir(), "pmem")
+	src.run(t, "pmemsave", map[string]any{"val": 0, "size": itRAMSize, "filename": mem})
+	want, err := os.ReadFile(mem)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	_, out, image, st := saveSplit(t, src)
+	t.Logf("split output %d bytes, %d pages of %s (%d fills)", st.Out, st.Pages, itBlock, st.FillPages)
+	copy(want[0xa0000:0x100000], image[0xa0000:0x100000])
+	if !bytes.Equal(image, want) {
+		t.Fatalf("extracted pages differ from the guest's memory at page %#x", firstDiff(image, want)/PageSize)
+	}
+	if bytes.Equal(image, patternRAM()) {
+		t.Fatal("the firmware wrote nothing to RAM: the test shows nothing a stopped VM would not")
+	}
+
+	dstRAM := writeShm(t, "fw-dst", image)
+	dst := startQEMU(t, "fw-dst", dstRAM, true, true)
+	if err := dst.load(t, out); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(dstRAM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, image) {
+		t.Fatalf("destination RAM file changed by the load at page %#x", firstDiff(got, image)/PageSize)
+	}
+	dst.run(t, "cont", nil)
+	time.Sleep(500 * time.Millisecond)
+	var status struct {
+		Status string `json:"status"`
+	}
+	if err := json.Unmarshal(dst.run(t, "query-status", nil), &status); err != nil {
+		t.Fatal(err)
+	}
+	if status.Status != "running" {
+		t.Fatalf("restored VM status %q, want running", status.Status)
+	}
+}
+
 // patternRAM is random pages, zero pages and pages of one repeated byte.
 func patternRAM() []byte {
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -133,7 +183,25 @@ func writeShm(t *testing.T, name string, b []byte) string {
 type qemu struct {
 	mon    *qmp.Client
 	exited chan struct{}
-	stderr *bytes.Buffer
+	stderr *lockedBuffer
+}
+
+// lockedBuffer is QEMU's stderr, read while QEMU may still write it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 // startQEMU starts a paused QEMU of itRAMSize whose RAM is ramPath, shared
@@ -156,7 +224,7 @@ func startQEMU(t *testing.T, name, ramPath string, share, incoming bool) *qemu {
 		args = append(args, "-incoming", "defer")
 	}
 	cmd := exec.Command(bin, args...)
-	q := &qemu{exited: make(chan struct{}), stderr: &bytes.Buffer{}}
+	q := &qemu{exited: make(chan struct{}), stderr: &lockedBuffer{}}
 	cmd.Stderr = q.stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
