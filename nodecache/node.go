@@ -3,6 +3,7 @@
 //
 //	<dir>/blobs/          verified blobs (Blobs), bounded, least recently used out
 //	<dir>/snapshots/      materialized snapshots and their use-locks (Snapshots)
+//	<dir>/bases/          holders of shared guest RAM bases (Bases)
 //	<dir>/host-facts.json facts about host files (HostFacts)
 //
 // Everything in it was verified before it entered, or is made from what
@@ -108,10 +109,13 @@ type PruneResult struct {
 	BlobsFreed   int64
 	Blobs        BlobStats
 	Materialized PruneStats
+	// Bases are the shared RAM bases' holder records (Bases.Prune).
+	Bases BasePruneStats
 }
 
-// Prune trims the blob cache to its limit and removes the materialized
-// snapshots no sandbox uses (Snapshots.Prune).
+// Prune trims the blob cache to its limit, removes the materialized
+// snapshots no sandbox uses (Snapshots.Prune) and the records of shared
+// RAM bases' dead holders (Bases.Prune).
 func (n *Node) Prune(ctx context.Context, opts PruneOptions) (PruneResult, error) {
 	var res PruneResult
 	b, err := n.Blobs()
@@ -137,6 +141,9 @@ func (n *Node) Prune(ctx context.Context, opts PruneOptions) (PruneResult, error
 		}
 	}
 	res.Blobs = b.Stats()
-	res.Materialized, err = n.snaps.Prune(ctx, opts.KeepMaterialized, opts.DryRun)
+	if res.Materialized, err = n.snaps.Prune(ctx, opts.KeepMaterialized, opts.DryRun); err != nil {
+		return res, err
+	}
+	res.Bases, err = n.Bases().Prune(ctx, opts.DryRun)
 	return res, err
 }

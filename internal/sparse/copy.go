@@ -58,9 +58,18 @@ func Copy(dst, src string, uid int) (retErr error) {
 	if err := out.Truncate(st.Size()); err != nil {
 		return err
 	}
-	pieces, err := dataPieces(in, st.Size(), copyPiece)
+	return CopyData(out, in, st.Size())
+}
+
+// CopyData copies the data extents of the first size bytes of in to the
+// same offsets of out, which the caller has sized (a shared RAM base's
+// memfd: nodecache.Bases.Share's fill): holes are skipped, so they stay
+// zero and take no memory or disk in out. It moves the data like Copy,
+// on every core.
+func CopyData(out, in *os.File, size int64) error {
+	pieces, err := dataPieces(in, size, copyPiece)
 	if err != nil {
-		return fmt.Errorf("find data in %s: %w", src, err)
+		return fmt.Errorf("find data in %s: %w", in.Name(), err)
 	}
 	var g errgroup.Group
 	work := make(chan [2]int64)

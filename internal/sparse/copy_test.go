@@ -107,3 +107,42 @@ func TestPreadPwrite(t *testing.T) {
 		t.Fatal("copy past the end of the source succeeded")
 	}
 }
+
+// TestCopyDataIntoMemfd: CopyData fills an open, sized file (a memfd, as
+// a shared RAM base is) with the source's data; the holes stay holes,
+// taking no memory.
+func TestCopyDataIntoMemfd(t *testing.T) {
+	const size = 64 << 20
+	data := make([]byte, 1<<20)
+	rand.Read(data)
+	src := sparseSource(t, t.TempDir(), size, data, 0, 40<<20)
+	in, err := os.Open(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	fd, err := unix.MemfdCreate("sparse-test", unix.MFD_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := os.NewFile(uintptr(fd), "memfd")
+	defer out.Close()
+	if err := out.Truncate(size); err != nil {
+		t.Fatal(err)
+	}
+	if err := CopyData(out, in, size); err != nil {
+		t.Fatal(err)
+	}
+	want, _ := os.ReadFile(src)
+	got := make([]byte, size)
+	if _, err := out.ReadAt(got, 0); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("the memfd does not read as the source (%v)", err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		t.Fatal(err)
+	}
+	if allocated := st.Blocks * 512; allocated > 4<<20 {
+		t.Fatalf("the memfd allocates %d bytes for 2 MiB of data", allocated)
+	}
+}
