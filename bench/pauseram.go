@@ -75,6 +75,10 @@ type cloneRows string
 const (
 	idleClones cloneRows = "lazy_clones"      // of the idle template, after a first exec
 	warmClones cloneRows = "lazy_warm_clones" // of the warm snapshot, each after reading its fill
+	// The same as shared clones ([memory] clones = "shared"): every
+	// clone maps the node's one base of the snapshot's RAM.
+	sharedIdleClones cloneRows = "shared_clones"
+	sharedWarmClones cloneRows = "shared_warm_clones"
 )
 
 func (c cloneRows) pss(n int) string      { return fmt.Sprintf("%s_%d_qemu_pss_total", c, n) }
@@ -257,24 +261,45 @@ func (r *runner) clonesPss() error {
 		return err
 	}
 	n := r.o.PssClones
-	m, err := r.clones(idleClones, s.url, n, func(id string) error {
+	firstExec := func(id string) error {
 		_, err := r.exec(id, "true")
 		return err
-	})
+	}
+	m, err := r.clones(idleClones, "", s.url, n, firstExec)
 	if err != nil {
 		return err
 	}
 	r.progress("lazy clones of the idle template after their first exec: %s", m.summary(n))
+	shared, err := r.sharedConfig()
+	if err != nil {
+		return err
+	}
+	if m, err = r.clones(sharedIdleClones, shared, s.url, n, firstExec); err != nil {
+		return fmt.Errorf("shared clones: %w", err)
+	}
+	r.progress("shared clones of the idle template after their first exec: %s", m.summary(n))
 	return nil
 }
 
-// clones measures 1 and n lazy clones of url, each after first, and adds
-// their rows.
-func (r *runner) clones(rows cloneRows, url string, n int, first func(id string) error) (clonesPair, error) {
+// sharedConfig is the stack's config with [memory] clones = "shared", for
+// the shared clones' rows: written once per run.
+func (r *runner) sharedConfig() (string, error) {
+	path := filepath.Join(r.s.Dir, "cryo-shared-clones.toml")
+	if _, err := os.Stat(path); err == nil {
+		return path, nil
+	}
+	c := r.s.Cfg
+	c.Memory.Clones = configs.ClonesShared
+	return path, r.s.WriteConfig(path, c)
+}
+
+// clones measures 1 and n clones of url (restored lazily, by the config
+// cfgPath: "" the stack's), each after first, and adds their rows.
+func (r *runner) clones(rows cloneRows, cfgPath, url string, n int, first func(id string) error) (clonesPair, error) {
 	var m clonesPair
 	for i, k := range []int{1, n} {
 		var err error
-		if m[i], err = r.clonesPssOf(url, k, first); err != nil {
+		if m[i], err = r.clonesPssOf(cfgPath, url, k, first); err != nil {
 			return m, fmt.Errorf("%d lazy clones: %w", k, err)
 		}
 		r.r.add("pause_ram", rows.pss(k), "MiB", mib(m[i].pss))
@@ -310,7 +335,7 @@ func (r *runner) warmClonesPss() error {
 		return err
 	}
 	var reads []float64
-	m, err := r.clones(warmClones, s.url, n, func(id string) error {
+	m, err := r.clones(warmClones, "", s.url, n, func(id string) error {
 		d, err := r.readFill(id, fill)
 		reads = append(reads, ms(d))
 		return err
@@ -321,6 +346,18 @@ func (r *runner) warmClonesPss() error {
 	r.r.add("pause_ram", warmReadRow(fill), "ms", reads...)
 	r.progress("lazy clones of the warm snapshot (%d MiB filled, %.0f MiB stored), each after reading the fill: %s; the read %.0f ms",
 		fill, mib(s.stored), m.summary(n), Median(reads))
+	shared, err := r.sharedConfig()
+	if err != nil {
+		return err
+	}
+	m, err = r.clones(sharedWarmClones, shared, s.url, n, func(id string) error {
+		_, err := r.readFill(id, fill)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("the warm snapshot, shared clones: %w", err)
+	}
+	r.progress("shared clones of the warm snapshot, each after reading the fill: %s", m.summary(n))
 	return nil
 }
 
@@ -359,13 +396,13 @@ type clonesMem struct{ pss, ram int64 }
 // clonesPssOf starts n lazy clones of url one after the other, each
 // answering first (its first exec) before the next starts, and sums
 // their memory.
-func (r *runner) clonesPssOf(url string, n int, first func(id string) error) (clonesMem, error) {
+func (r *runner) clonesPssOf(cfgPath, url string, n int, first func(id string) error) (clonesMem, error) {
 	ids := make([]string, 0, n)
 	defer func() { r.remove(ids...) }()
 	for range n {
 		id := r.id("pss")
 		ids = append(ids, id)
-		if err := r.start("", id, modeAnn(url, configs.RestoreLazy), "sleep 100000"); err != nil {
+		if err := r.start(cfgPath, id, modeAnn(url, configs.RestoreLazy), "sleep 100000"); err != nil {
 			return clonesMem{}, err
 		}
 		if err := first(id); err != nil {
@@ -428,5 +465,7 @@ func pauseRAMRowNames(s Sizes) []string {
 		n = append(n, pauseRatioRow(kind, small, large))
 	}
 	n = append(n, idleClones.names(s.PssClones)...)
-	return append(append(n, warmClones.names(s.WarmClones)...), warmReadRow(s.WarmFillMiB))
+	n = append(n, sharedIdleClones.names(s.PssClones)...)
+	n = append(append(n, warmClones.names(s.WarmClones)...), warmReadRow(s.WarmFillMiB))
+	return append(n, sharedWarmClones.names(s.WarmClones)...)
 }

@@ -47,12 +47,25 @@ type Memory struct {
 	// the pages the guest wrote, as a lazy restore's
 	// (docs/design/constant-time-pause.md).
 	Booted string `toml:"booted"`
+	// Clones is how a restored sandbox's RAM is held: ClonesPrivate, its
+	// own (served page by page, or materialized and copied, by
+	// [restore] mode), or ClonesShared, a private mapping of the node's
+	// base of its snapshot, which every clone of the snapshot on the node
+	// maps, so that they hold one copy of the pages none of them wrote
+	// (docs/design/constant-time-pause.md, "Shared clones").
+	Clones string `toml:"clones"`
 }
 
 // How a booted sandbox's RAM is held (Memory.Booted).
 const (
 	BootedOwned  = "owned"
 	BootedServed = "served"
+)
+
+// How a restored sandbox's RAM is held (Memory.Clones).
+const (
+	ClonesPrivate = "private"
+	ClonesShared  = "shared"
 )
 
 // Hypervisor configures QEMU and the guest image.
@@ -313,7 +326,7 @@ func Default() Config {
 			DownloadDeadline:     Duration{60 * time.Second},
 			MinDownloadRateKiB:   256,
 		},
-		Memory: Memory{Booted: BootedOwned},
+		Memory: Memory{Booted: BootedOwned, Clones: ClonesPrivate},
 		Restore: Restore{Fallback: "fail", Mode: RestoreLazy, PrefetchWorkers: 4, PageTimeout: Duration{30 * time.Second},
 			MaxDiskSizeMiB: 65536, MaxDeviceStateMiB: 64},
 		Annotations: Annotations{Enabled: []string{"cryo.dev/*"}},
@@ -449,6 +462,9 @@ func (c *Config) Validate() error {
 	}
 	if b := c.Memory.Booted; b != BootedOwned && b != BootedServed {
 		return fmt.Errorf("memory.booted %q: must be %s or %s", b, BootedOwned, BootedServed)
+	}
+	if v := c.Memory.Clones; v != ClonesPrivate && v != ClonesShared {
+		return fmt.Errorf("memory.clones %q: must be %s or %s", v, ClonesPrivate, ClonesShared)
 	}
 	if c.Restore.MaxDiskSizeMiB < int64(c.Runtime.WritableDiskMiB) || c.Restore.MaxDiskSizeMiB > 4<<20 {
 		return fmt.Errorf("restore.max_disk_size %d MiB: must be between runtime.writable_disk_size (%d) and 4194304 (4 TiB)", c.Restore.MaxDiskSizeMiB, c.Runtime.WritableDiskMiB)

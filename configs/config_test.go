@@ -90,6 +90,11 @@ func TestLoad(t *testing.T) {
 			check: func(c Config) bool { return c.Memory.Booted == BootedServed }},
 		{name: "booted ram bad", body: "[memory]\nbooted = \"lazy\"\n", wantErr: "memory.booted"},
 		{name: "booted ram empty", body: "[memory]\nbooted = \"\"\n", wantErr: "memory.booted"},
+		{name: "clones default", body: "",
+			check: func(c Config) bool { return c.Memory.Clones == ClonesPrivate }},
+		{name: "clones shared", body: "[memory]\nclones = \"shared\"\n",
+			check: func(c Config) bool { return c.Memory.Clones == ClonesShared }},
+		{name: "clones bad", body: "[memory]\nclones = \"lazy\"\n", wantErr: "memory.clones"},
 		{name: "syntax", body: "[hypervisor\n", wantErr: "line 1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

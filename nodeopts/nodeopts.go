@@ -33,7 +33,8 @@ func Template(cfg configs.Config) sandbox.Node {
 			QEMUPath: h.Path, Kernel: h.Kernel, Initrd: h.Initrd, KernelArgs: h.KernelArgs,
 			MachineType: h.MachineType, CPUModel: h.CPUModel, Accel: h.Accel,
 			HotplugPorts: h.HotplugPorts, MemoryDir: h.MemoryDir,
-			ServedRAM: cfg.Memory.Booted == configs.BootedServed,
+			ServedRAM:    cfg.Memory.Booted == configs.BootedServed,
+			SharedClones: cfg.Memory.Clones == configs.ClonesShared,
 			Confine: vmm.Confinement{
 				Disabled: !h.ConfineQEMU,
 				UIDBase:  h.QEMUUIDBase, UIDCount: h.QEMUUIDCount,

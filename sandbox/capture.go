@@ -3,7 +3,9 @@ package sandbox
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"time"
@@ -14,6 +16,7 @@ import (
 	"github.com/cryo-runtime/cryo/fingerprint"
 	"github.com/cryo-runtime/cryo/internal/sparse"
 	"github.com/cryo-runtime/cryo/pagefs"
+	"github.com/cryo-runtime/cryo/sandbox/sharedram"
 	"github.com/cryo-runtime/cryo/snapshot"
 	"github.com/cryo-runtime/cryo/vmm"
 )
@@ -25,7 +28,10 @@ type capture struct {
 	ram   string // RAM copy or link; "" when RAM is in the device state or served
 	// gen is a served RAM sealed in the pause: read after it, closed once
 	// published, abandoned if the checkpoint failed (guestMemory.lost).
-	gen      *pagefs.Generation
+	gen *pagefs.Generation
+	// pages is a shared clone's RAM as split from the device state in
+	// the pause: written after it, dropped once published or lost.
+	pages    *sharedram.Capture
 	devstate string
 	disks    []frozenDisk
 	record   *sandboxRecord
@@ -45,6 +51,10 @@ func (c *capture) cleanup() {
 		// checkpoint.
 		c.gen.Abandon()
 		c.gen = nil
+	}
+	if c.pages != nil {
+		c.pages.Close()
+		c.pages = nil
 	}
 	for _, f := range c.extra {
 		os.Remove(f)
@@ -116,13 +126,7 @@ func pauseWindow(ctx context.Context, vm pauser, ram guestMemory, diskDir string
 		return nil, fmt.Errorf("write back guest ram: %w", err)
 	}
 	c.devstate = filepath.Join(work, "devstate")
-	f, err := os.OpenFile(c.devstate, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	err = vm.SaveState(ctx, f)
-	f.Close()
-	if err != nil {
+	if err := saveState(ctx, vm, ram, c); err != nil {
 		return nil, fmt.Errorf("save device state: %w", err)
 	}
 	if err := ram.capture(c, exit); err != nil {
@@ -137,6 +141,50 @@ func pauseWindow(ctx context.Context, vm pauser, ram guestMemory, diskDir string
 	resumed = true
 	c.pause = time.Since(t0)
 	return c, nil
+}
+
+// stateSplitter is a guestMemory whose RAM QEMU streams with the device
+// state (a private mapping): it takes the RAM out of the stream as QEMU
+// writes it.
+type stateSplitter interface {
+	splitState(c *capture, state io.Reader, out io.Writer) error
+}
+
+// saveState writes the device state to c.devstate, through ram when the
+// stream carries the RAM.
+func saveState(ctx context.Context, vm pauser, ram guestMemory, c *capture) error {
+	f, err := os.OpenFile(c.devstate, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	s, ok := ram.(stateSplitter)
+	if !ok {
+		return vm.SaveState(ctx, f)
+	}
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	// The RAM streams through it in the pause: fewer, larger writes.
+	_, _ = unix.FcntlInt(pw.Fd(), unix.F_SETPIPE_SZ, 1<<20)
+	split := make(chan error, 1)
+	go func() {
+		err := s.splitState(c, pr, f)
+		// QEMU must not block on a pipe no one reads: drain what is
+		// left, the migration then ends (failed or not).
+		io.Copy(io.Discard, pr)
+		pr.Close()
+		split <- err
+	}()
+	err = vm.SaveState(ctx, pw)
+	pw.Close()
+	if err != nil {
+		// A failed migration's QEMU may hold its end of the pipe open:
+		// the reader ends now.
+		pr.Close()
+	}
+	return errors.Join(err, <-split)
 }
 
 // freezeDisks puts every writable disk behind a new overlay: the frozen

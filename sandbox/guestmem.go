@@ -3,12 +3,14 @@ package sandbox
 import (
 	"context"
 	"fmt"
+	"io"
 
 	"github.com/containerd/log"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/cryo-runtime/cryo/nodecache"
 	"github.com/cryo-runtime/cryo/sandbox/servedram"
+	"github.com/cryo-runtime/cryo/sandbox/sharedram"
 	"github.com/cryo-runtime/cryo/snapshot"
 	"github.com/cryo-runtime/cryo/stores"
 	"github.com/cryo-runtime/cryo/vmm"
@@ -16,8 +18,9 @@ import (
 
 // guestMemory is a sandbox's guest RAM, one implementation per
 // vmm.MemoryMode: ownedMemory (a booted VM's file), privateMemory (an
-// eager restore's materialized file) and servedMemory (a lazy restore's
-// pagefs file). Each says how the VM maps it, how a checkpoint takes it
+// eager restore's materialized file), servedMemory (a lazy restore's
+// pagefs file) and sharedMemory (a shared clone's base, a private mapping
+// too). Each says how the VM maps it, how a checkpoint takes it
 // in the pause and publishes it, and how it ends; what a mode has no part
 // in is a no-op.
 type guestMemory interface {
@@ -216,3 +219,58 @@ func (c *checkpointing) parentReads(ctx context.Context) stores.Store {
 	}
 	return cs
 }
+
+// sharedMemory is a shared clone's RAM (sharedram): the node's base of
+// its snapshot, mapped privately. QEMU streams the RAM with the device
+// state; a checkpoint splits it out in the pause and writes what differs
+// from the last snapshot published, as a served RAM's.
+type sharedMemory struct {
+	notServed
+	ram *sharedram.RAM
+}
+
+func (m *sharedMemory) configure(c *vmm.Config) {
+	c.Memory = vmm.Memory{Mode: vmm.MemoryPrivate, Path: m.ram.Path(), Incoming: true, Sealed: true}
+}
+
+func (m *sharedMemory) restored(context.Context, int) log.Fields {
+	return log.Fields{"mode": RestoreShared}
+}
+
+func (m *sharedMemory) splitState(c *capture, state io.Reader, out io.Writer) (err error) {
+	c.pages, err = m.ram.Split(state, out)
+	return err
+}
+
+// capture has nothing left to take: splitState kept the pages.
+func (m *sharedMemory) capture(*capture, bool) error { return nil }
+
+func (m *sharedMemory) writing(ctx context.Context, c *checkpointing, _ *snapshot.Metadata, wopts *snapshot.WriteOptions) []snapshot.SourceFile {
+	if c.cap.pages == nil {
+		return nil
+	}
+	p := m.ram.Parent()
+	wopts.ChunkSize = p.WriteChunkSize(ctx, wopts.ChunkSize)
+	wopts.ParentReads = c.parentReads(ctx)
+	return []snapshot.SourceFile{snapshot.IncrementalSourceFile(snapshot.FileRAM, c.cap.pages, p.ForWrite())}
+}
+
+func (m *sharedMemory) published(ctx context.Context, c *checkpointing, desc ocispec.Descriptor, st snapshot.WriteStats) {
+	if c.cap.pages == nil {
+		return
+	}
+	m.ram.Published(ctx, c.cap.pages, c.store, c.to, desc, st)
+	c.cap.pages.Close()
+	c.cap.pages = nil
+}
+
+// lost drops the pages taken: the parent stays the last snapshot
+// published, against which the next checkpoint compares.
+func (m *sharedMemory) lost(_ context.Context, c *capture) {
+	if c.pages != nil {
+		c.pages.Close()
+		c.pages = nil
+	}
+}
+
+func (m *sharedMemory) close(context.Context, error) error { return m.ram.Close() }

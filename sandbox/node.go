@@ -54,7 +54,11 @@ type VMTemplate struct {
 	MemoryDir string
 	// ServedRAM serves a booted VM's RAM from zeros through pagefs
 	// ([memory] booted = "served") instead of an owned tmpfs file.
-	ServedRAM       bool
+	ServedRAM bool
+	// SharedClones restores every snapshot whose RAM is not in its
+	// device state as a shared clone ([memory] clones = "shared"): its
+	// QEMU maps the node's base of the snapshot privately (sharedram).
+	SharedClones    bool
 	Confine         vmm.Confinement
 	ConsoleMaxBytes int64
 }
@@ -119,6 +123,9 @@ type LazyOptions struct {
 const (
 	RestoreEager = "eager"
 	RestoreLazy  = "lazy"
+	// RestoreShared is what a restore's log says of a shared clone's
+	// RAM (VMTemplate.SharedClones): the node's base, mapped privately.
+	RestoreShared = "shared"
 )
 
 // errNoNodeCache is what needs the node cache says without one.

@@ -244,6 +244,11 @@ func TestArgsIncomingSharedOff(t *testing.T) {
 	if priv, ok := m.cfg.privateMemory(); !ok || m.ramFile() != priv || filepath.Dir(priv) != "/dev/shm" {
 		t.Errorf("confined restore maps %s (private %s %v), want its own copy in /dev/shm", m.ramFile(), priv, ok)
 	}
+	sealed := cfg
+	sealed.Memory.Sealed = true // its seals guard a node's base: no copy
+	if s := mustNew(t, sealed); s.ramFile() != cfg.Memory.Path {
+		t.Errorf("confined restore of a sealed base maps %s, want %s", s.ramFile(), cfg.Memory.Path)
+	}
 	cfg.Memory.Mode = MemoryServed // a page server guards its file itself: no copy
 	if s := mustNew(t, cfg); s.ramFile() != cfg.Memory.Path {
 		t.Errorf("confined restore of served memory maps %s, want %s", s.ramFile(), cfg.Memory.Path)
@@ -393,6 +398,7 @@ func TestConfigValidation(t *testing.T) {
 		{"owned memory incoming", func(c *Config) { c.Memory.Incoming = true }, "owned with incoming"},
 		{"private memory booted", func(c *Config) { c.Memory.Mode = MemoryPrivate }, "private without incoming"},
 		{"unknown memory mode", func(c *Config) { c.Memory.Mode = MemoryServed + 1 }, "memory mode MemoryMode(3)"},
+		{"sealed owned memory", func(c *Config) { c.Memory.Sealed = true }, "owned sealed"},
 		{"too many vcpus", func(c *Config) { c.VCPUs = 65 }, "vcpus"},
 		{"too many ports", func(c *Config) { c.HotplugPorts = 16 }, "hotplug ports"},
 		{"duplicate disk", func(c *Config) { c.Disks[1].ID = "rootfs" }, "duplicate device id"},

@@ -308,7 +308,7 @@ func (d Disk) validate() error {
 // privateMemory reports whether the machine gives QEMU its own copy of
 // Memory.Path (a confined private restore), and names it.
 func (cfg Config) privateMemory() (string, bool) {
-	if cfg.Memory.Mode != MemoryPrivate || cfg.Confine.Disabled {
+	if cfg.Memory.Mode != MemoryPrivate || cfg.Memory.Sealed || cfg.Confine.Disabled {
 		return "", false
 	}
 	sum := sha256.Sum256([]byte(cfg.StateDir))

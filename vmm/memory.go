@@ -1,6 +1,11 @@
 package vmm
 
-import "fmt"
+import (
+	"fmt"
+	"os"
+
+	"golang.org/x/sys/unix"
+)
 
 // MemoryMode says how a VM maps its guest RAM file and who owns the file.
 type MemoryMode int
@@ -14,8 +19,9 @@ const (
 	MemoryOwned MemoryMode = iota
 	// MemoryPrivate is an eager restore's RAM: a private, copy-on-write
 	// mapping (share=off) of the caller's materialized file, which a
-	// confined QEMU gets its own copy of (Config.PrivateMemoryDir). A
-	// SaveState of it carries the whole RAM in the stream.
+	// confined QEMU gets its own copy of (Config.PrivateMemoryDir), or of
+	// a sealed base that every clone of a node maps as is (Memory.Sealed).
+	// A SaveState of it carries the whole RAM in the stream.
 	MemoryPrivate
 	// MemoryServed is a shared mapping of the caller's file on a page
 	// server (pagefs), which decides itself which writes it takes and
@@ -48,7 +54,17 @@ type Memory struct {
 	// owned file never is; a served file is either (a booted VM whose RAM
 	// a page server serves from zeros is not).
 	Incoming bool
+	// Sealed says Path is a sealed memfd (a node's shared base,
+	// nodecache.Base) that a private mapping maps as is: no copy for a
+	// confined QEMU, since its seals refuse every write, truncation and
+	// hole punch through any descriptor, QEMU's own included. The machine
+	// checks the seals before QEMU starts. Only with MemoryPrivate.
+	Sealed bool
 }
+
+// Seals a sealed RAM file must carry: nothing can change its content or
+// size, and no seal can be removed.
+const Seals = unix.F_SEAL_WRITE | unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_SEAL
 
 // shared says QEMU maps the file share=on: its RAM stays out of a saved
 // device state.
@@ -90,6 +106,22 @@ func (m Memory) validate() error {
 	}
 	if m.Mode == MemoryPrivate && !m.Incoming {
 		return fmt.Errorf("memory mode private without incoming: a private mapping is a restore's")
+	}
+	if m.Sealed && m.Mode != MemoryPrivate {
+		return fmt.Errorf("memory mode %v sealed: only a private mapping maps a sealed file", m.Mode)
+	}
+	return nil
+}
+
+// checkSealed refuses a RAM file that lacks Seals: a QEMU given it could
+// change what every other clone of the node reads.
+func checkSealed(f *os.File) error {
+	seals, err := unix.FcntlInt(f.Fd(), unix.F_GET_SEALS, 0)
+	if err != nil {
+		return fmt.Errorf("sealed ram file %s: seals: %w", f.Name(), err)
+	}
+	if seals&Seals != Seals {
+		return fmt.Errorf("sealed ram file %s: seals %#x, want %#x", f.Name(), seals, Seals)
 	}
 	return nil
 }

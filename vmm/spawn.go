@@ -155,7 +155,7 @@ func (m *Machine) openSlots() (files []*os.File, console *os.File, retErr error)
 		case fdConsole:
 			console, f, err = os.Pipe()
 		case fdRAM:
-			f, err = os.OpenFile(m.ramFile(), os.O_RDWR, 0)
+			f, err = m.openRAM()
 		default:
 			f, err = os.OpenFile(s.path, s.flag, 0)
 		}
@@ -165,6 +165,19 @@ func (m *Machine) openSlots() (files []*os.File, console *os.File, retErr error)
 		files = append(files, f)
 	}
 	return files, console, nil
+}
+
+// openRAM opens the RAM file QEMU maps; a sealed one must carry its seals.
+func (m *Machine) openRAM() (*os.File, error) {
+	f, err := os.OpenFile(m.ramFile(), os.O_RDWR, 0)
+	if err != nil || !m.cfg.Memory.Sealed {
+		return f, err
+	}
+	if err := checkSealed(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
 }
 
 // listenUnix makes a listening unix socket at path for QEMU to accept on.

@@ -23,6 +23,11 @@ func (r *RAM) WriteParent(wopts snapshot.WriteOptions) *snapshot.Parent {
 	if p.Zero {
 		return zeroParent(wopts)
 	}
+	return p.ForWrite()
+}
+
+// ForWrite is p as the parent of a checkpoint's write.
+func (p Parent) ForWrite() *snapshot.Parent {
 	return &snapshot.Parent{ChunkSize: p.ChunkSize, Chunks: p.Chunks, KeyID: p.KeyID, Lineage: p.Lineage}
 }
 
@@ -57,17 +62,23 @@ func sealOf(md *snapshot.Metadata) (keyID, lineage string) {
 // so that a chain keeps reusing its chunks whatever the node's
 // [snapshot] chunk_size says (configured is WriteOptions.ChunkSize).
 func (r *RAM) ChunkSize(ctx context.Context, configured int64) int64 {
-	p := r.Parent().ChunkSize
+	return r.Parent().WriteChunkSize(ctx, configured)
+}
+
+// WriteChunkSize is the chunk size of a checkpoint written against p:
+// p's, unless p has none usable (configured, or the default if 0).
+func (p Parent) WriteChunkSize(ctx context.Context, configured int64) int64 {
+	cs := p.ChunkSize
 	if configured == 0 {
 		configured = snapshot.DefaultChunkSize
 	}
-	if p < snapshot.MinChunkSize || p > snapshot.MaxChunkSize || p&(p-1) != 0 {
+	if cs < snapshot.MinChunkSize || cs > snapshot.MaxChunkSize || cs&(cs-1) != 0 {
 		return configured // no usable parent: the checkpoint writes the whole RAM
 	}
-	if p != configured {
-		log.G(ctx).WithFields(log.Fields{"parent": p, "configured": configured}).Info("checkpoint of served ram: the parent's chunk size")
+	if cs != configured {
+		log.G(ctx).WithFields(log.Fields{"parent": cs, "configured": configured}).Info("checkpoint of ram: the parent's chunk size")
 	}
-	return p
+	return cs
 }
 
 // Published makes the snapshot just written the parent of the next
@@ -80,16 +91,28 @@ func (r *RAM) Published(ctx context.Context, g *pagefs.Generation, store stores.
 	if st.ParentMissing > 0 {
 		l.WithField("full_chunks", st.ParentMissing).Warn("checkpoint of served ram: parent's blobs missing: full chunks")
 	}
+	r.setParent(ReadParent(ctx, store, to, desc))
+	l.Info("checkpoint of served ram published")
+}
+
+// ReadParent reads back the snapshot desc just written to store (whose
+// URL is to) as the parent of the next checkpoint. One that cannot be
+// read is a parent without chunks: the next checkpoint writes the whole
+// RAM.
+func ReadParent(ctx context.Context, store stores.Store, to string, desc ocispec.Descriptor) Parent {
 	s, err := snapshot.Open(ctx, store, desc.Digest.String(), snapshot.ReadOptions{})
 	if err != nil {
-		l.WithError(err).Warn("checkpoint of served ram: the new snapshot cannot be read back, the next checkpoint writes the whole ram")
-		r.setParent(Parent{StoreURL: to, Manifest: desc.Digest})
-		return
+		log.G(ctx).WithError(err).Warn("checkpoint of ram: the new snapshot cannot be read back, the next checkpoint writes the whole ram")
+		return Parent{StoreURL: to, Manifest: desc.Digest}
 	}
-	p := Parent{StoreURL: to, Manifest: desc.Digest, ChunkSize: s.Metadata.ChunkSize, Chunks: s.FileChunks(snapshot.FileRAM)}
+	return ParentOf(to, s)
+}
+
+// ParentOf is snapshot s of storeURL as a parent: its RAM file's chunks.
+func ParentOf(storeURL string, s *snapshot.Snapshot) Parent {
+	p := Parent{StoreURL: storeURL, Manifest: s.Descriptor.Digest, ChunkSize: s.Metadata.ChunkSize, Chunks: s.FileChunks(snapshot.FileRAM)}
 	p.KeyID, p.Lineage = sealOf(&s.Metadata)
-	r.setParent(p)
-	l.Info("checkpoint of served ram published")
+	return p
 }
 
 // LostGeneration ends a checkpoint that failed after PreSync: the side

@@ -1,0 +1,196 @@
+package sharedram
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cryo-runtime/cryo/vmm/devstate"
+)
+
+// Block is the RAM block of cryo's guest RAM in QEMU's stream: the
+// memory-backend-file object vmm names ram0.
+const Block = "ram0"
+
+// Capture is what a checkpoint took of the RAM in its pause: the pages
+// that differ from the base, kept in an unnamed tmpfs file until they are
+// written. It reads as the whole RAM at the pause (a snapshot.PageReader
+// whose pages are those that differ from the parent).
+type Capture struct {
+	r     *RAM
+	pages *os.File
+	own   map[int64]pageSum
+	dirty []int64
+	seen  []uint64
+	fill  [PageSize]byte
+}
+
+var zeroPage [PageSize]byte
+
+// Split copies QEMU's device-state stream from state to out without the
+// pages of the guest RAM, which it compares with the base as they come:
+// the ones that differ are kept for the write. The stream must carry
+// every page of the RAM once at least (a stopped VM's migration does).
+func (r *RAM) Split(state io.Reader, out io.Writer) (_ *Capture, retErr error) {
+	c, err := r.newCapture()
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if retErr != nil {
+			c.Close()
+		}
+	}()
+	st, err := devstate.Split(state, out, Block, c.page)
+	if err != nil {
+		return nil, fmt.Errorf("split guest ram from the device state: %w", err)
+	}
+	if err := c.finish(st.BlockSize); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// newCapture is a capture with nothing kept yet.
+func (r *RAM) newCapture() (*Capture, error) {
+	fd, err := unix.Open(r.dir, unix.O_TMPFILE|unix.O_RDWR|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("shared ram: pages file in %s: %w", r.dir, err)
+	}
+	c := &Capture{r: r, pages: os.NewFile(uintptr(fd), "shared-ram-pages"), own: map[int64]pageSum{},
+		seen: make([]uint64, (r.size/PageSize+63)/64)}
+	if err := c.pages.Truncate(r.size); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("shared ram: pages file: %w", err)
+	}
+	return c, nil
+}
+
+// finish checks that the stream's block (blockSize bytes) was the whole
+// RAM, every page of it, and finds what changed since the parent.
+func (c *Capture) finish(blockSize int64) error {
+	if blockSize != c.r.size {
+		return fmt.Errorf("split guest ram: the stream's block %s has %d bytes, the base %d", Block, blockSize, c.r.size)
+	}
+	if n := c.seenPages(); n != c.r.size/PageSize {
+		return fmt.Errorf("split guest ram: the stream carried %d of its %d pages", n, c.r.size/PageSize)
+	}
+	c.dirty = c.changed()
+	return nil
+}
+
+// page keeps p if it differs from the base. A page sent twice counts as
+// its last copy.
+func (c *Capture) page(p devstate.Page) error {
+	if p.Off < 0 || p.Off%PageSize != 0 || p.Off+PageSize > c.r.size {
+		return fmt.Errorf("page at %d: outside the %d-byte ram", p.Off, c.r.size)
+	}
+	content := p.Data
+	if content == nil {
+		if c.fill[0] != p.Fill {
+			for i := range c.fill {
+				c.fill[i] = p.Fill
+			}
+		}
+		content = c.fill[:]
+	}
+	i := p.Off / PageSize
+	c.seen[i/64] |= 1 << (i % 64)
+	base := c.r.basePage(p.Off)
+	if base == nil {
+		base = zeroPage[:]
+	}
+	if bytes.Equal(content, base) {
+		delete(c.own, p.Off)
+		return nil
+	}
+	if _, err := c.pages.WriteAt(content, p.Off); err != nil {
+		return fmt.Errorf("keep page at %d: %w", p.Off, err)
+	}
+	c.own[p.Off] = c.r.sum(content)
+	return nil
+}
+
+func (c *Capture) seenPages() int64 {
+	var n int64
+	for _, w := range c.seen {
+		for ; w != 0; w &= w - 1 {
+			n++
+		}
+	}
+	return n
+}
+
+// changed are the pages that differ from the parent, in order: those the
+// capture or the parent holds apart from the base, unless both hold the
+// same.
+func (c *Capture) changed() []int64 {
+	c.r.mu.Lock()
+	parent := c.r.own
+	c.r.mu.Unlock()
+	var out []int64
+	for off, s := range c.own {
+		if ps, ok := parent[off]; !ok || ps != s {
+			out = append(out, off)
+		}
+	}
+	for off := range parent {
+		if _, ok := c.own[off]; !ok {
+			out = append(out, off) // back to the base's content
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Size is the RAM's size.
+func (c *Capture) Size() int64 { return c.r.size }
+
+// Pages are the indexes of the pages that differ from the parent
+// (snapshot.PageReader).
+func (c *Capture) Pages() []int64 {
+	idx := make([]int64, len(c.dirty))
+	for i, off := range c.dirty {
+		idx[i] = off / PageSize
+	}
+	return idx
+}
+
+// OwnPages is how many pages differ from the base.
+func (c *Capture) OwnPages() int { return len(c.own) }
+
+// ReadAt reads the RAM as it was at the pause: a kept page from the pages
+// file, any other from the base. Safe for concurrent use.
+func (c *Capture) ReadAt(b []byte, off int64) (int, error) {
+	if off < 0 {
+		return 0, fmt.Errorf("shared ram: read at %d", off)
+	}
+	n := 0
+	for n < len(b) && off < c.r.size {
+		page := off &^ (PageSize - 1)
+		k := min(int64(len(b)-n), page+PageSize-off)
+		dst := b[n : n+int(k)]
+		if _, ok := c.own[page]; ok {
+			if _, err := c.pages.ReadAt(dst, off); err != nil {
+				return n, fmt.Errorf("shared ram: read kept page at %d: %w", page, err)
+			}
+		} else if base := c.r.basePage(page); base != nil {
+			copy(dst, base[off-page:])
+		} else {
+			clear(dst)
+		}
+		n += int(k)
+		off += k
+	}
+	if n < len(b) {
+		return n, io.EOF
+	}
+	return n, nil
+}
+
+// Close drops the kept pages.
+func (c *Capture) Close() error { return c.pages.Close() }
