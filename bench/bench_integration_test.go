@@ -80,8 +80,8 @@ func TestBenchQuick(t *testing.T) {
 		}
 		t.Errorf("report has %d rows, want %d:\n%s", len(rep.Rows), len(want), strings.Join(got, "\n"))
 	}
-	if len(rep.Targets) != 19 {
-		t.Errorf("report has %d targets, want 19: %+v", len(rep.Targets), rep.Targets)
+	if len(rep.Targets) != 21 {
+		t.Errorf("report has %d targets, want 21: %+v", len(rep.Targets), rep.Targets)
 	}
 	for _, tg := range rep.Targets {
 		if !(tg.Value > 0) || tg.Want == "" || tg.Detail == "" {

@@ -133,7 +133,7 @@ func TestCheckFillRead(t *testing.T) {
 // TestPauseRAMTargets: the targets read the rows, fail a pause that grows
 // with RAM, a writer slowed by a checkpoint and clones that share nothing.
 func TestPauseRAMTargets(t *testing.T) {
-	run := func(pause256, pause4G, during, pss8 float64) []bool {
+	run := func(pause256, pause4G, during, pss8, shared float64) []bool {
 		s := Full()
 		r := &runner{r: &Report{}, o: Options{Sizes: s}}
 		for _, kind := range []string{kindBooted, kindRestored} {
@@ -153,6 +153,14 @@ func TestPauseRAMTargets(t *testing.T) {
 		r.r.add("pause_ram", "lazy_clones_1_qemu_pss_total", "MiB", 100)
 		r.r.add("pause_ram", "lazy_clones_8_qemu_pss_total", "MiB", pss8)
 		r.r.add("pause_ram", "lazy_clones_8_over_1_qemu_pss", "ratio", pss8/100)
+		for _, c := range []struct {
+			rows cloneRows
+			n    int
+		}{{sharedIdleClones, s.PssClones}, {sharedWarmClones, s.WarmClones}} {
+			r.r.add("pause_ram", c.rows.pss(1), "MiB", 100)
+			r.r.add("pause_ram", c.rows.pss(c.n), "MiB", shared)
+			r.r.add("pause_ram", c.rows.ratio(c.n), "ratio", shared/100)
+		}
 		r.pauseRAMTargets()
 		var out []bool
 		for _, x := range r.r.Targets {
@@ -163,14 +171,18 @@ func TestPauseRAMTargets(t *testing.T) {
 		}
 		return out
 	}
-	if got := fmt.Sprint(run(20, 22, 950, 180)); got != "[true true true true true]" {
+	if got := fmt.Sprint(run(20, 22, 950, 180, 150)); got != "[true true true true true true true]" {
 		t.Errorf("all within the targets: %v", got)
 	}
-	if got := fmt.Sprint(run(200, 2000, 500, 800)); got != "[false false false false false]" {
+	if got := fmt.Sprint(run(200, 2000, 500, 800, 500)); got != "[false false false false false false false]" {
 		t.Errorf("today's shape: %v", got)
 	}
+	// Shared clones within the target, lazy ones not.
+	if got := fmt.Sprint(run(20, 22, 950, 800, 150)); got != "[true true true true false true true]" {
+		t.Errorf("shared clones within: %v", got)
+	}
 	// within 1.2x but over 30 ms misses too
-	if got := run(32, 35, 950, 180); got[0] || got[1] {
+	if got := run(32, 35, 950, 180, 150); got[0] || got[1] {
 		t.Errorf("a 35 ms pause passed: %v", got)
 	}
 	if !strings.Contains(pauseRatioRow(kindBooted, 256, 4096), "4096MiB_over_256MiB") {
@@ -183,7 +195,7 @@ func TestPauseRAMTargets(t *testing.T) {
 func TestTargetsCount(t *testing.T) {
 	r := &runner{r: &Report{}, o: Options{Sizes: Quick()}}
 	r.targets()
-	if len(r.r.Targets) != 19 {
-		t.Errorf("%d targets, want 19", len(r.r.Targets))
+	if len(r.r.Targets) != 21 {
+		t.Errorf("%d targets, want 21", len(r.r.Targets))
 	}
 }

@@ -22,7 +22,7 @@ var order = [][]string{
 	// helpers with one job each
 	{"internal/..."},
 	// leaves: no cryo imports beyond internal/
-	{"fingerprint", "network", "pagefs", "vmm/qmp", "agent/api/v1", "agent/session", "shim/api/v1", "api/v1alpha1",
+	{"fingerprint", "network", "pagefs", "vmm/qmp", "vmm/devstate", "agent/api/v1", "agent/session", "shim/api/v1", "api/v1alpha1",
 		"agent/envd/spec", "agent/envd/spec/process", "agent/envd/spec/filesystem"},
 	// envd's generated Connect services, then envd, E2B's sandbox-side API,
 	// which the guest agent serves
@@ -39,6 +39,9 @@ var order = [][]string{
 	{"configs", "snapshot/archive"},
 	// a lazy restore's guest RAM, served from a snapshot
 	{"sandbox/servedram"},
+	// a shared clone's guest RAM: the node's base, its checkpoints
+	// against the served RAM's parent
+	{"sandbox/sharedram"},
 	// what a pod asks for, checked against the node's config
 	{"annotations"},
 	// one pod's VM; the cluster's controller (a wing of its own)
