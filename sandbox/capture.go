@@ -147,7 +147,7 @@ func pauseWindow(ctx context.Context, vm pauser, ram guestMemory, diskDir string
 // state (a private mapping): it takes the RAM out of the stream as QEMU
 // writes it.
 type stateSplitter interface {
-	splitState(c *capture, state io.Reader, out io.Writer) error
+	splitState(ctx context.Context, c *capture, state io.Reader, out io.Writer) error
 }
 
 // saveState writes the device state to c.devstate, through ram when the
@@ -170,7 +170,7 @@ func saveState(ctx context.Context, vm pauser, ram guestMemory, c *capture) erro
 	_, _ = unix.FcntlInt(pw.Fd(), unix.F_SETPIPE_SZ, 1<<20)
 	split := make(chan error, 1)
 	go func() {
-		err := s.splitState(c, pr, f)
+		err := s.splitState(ctx, c, pr, f)
 		// QEMU must not block on a pipe no one reads: drain what is
 		// left, the migration then ends (failed or not).
 		io.Copy(io.Discard, pr)

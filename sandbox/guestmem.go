@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"time"
 
 	"github.com/containerd/log"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -237,9 +238,15 @@ func (m *sharedMemory) restored(context.Context, int) log.Fields {
 	return log.Fields{"mode": RestoreShared}
 }
 
-func (m *sharedMemory) splitState(c *capture, state io.Reader, out io.Writer) (err error) {
-	c.pages, err = m.ram.Split(state, out)
-	return err
+func (m *sharedMemory) splitState(ctx context.Context, c *capture, state io.Reader, out io.Writer) (err error) {
+	t0 := time.Now()
+	if c.pages, err = m.ram.Split(state, out); err != nil {
+		return err
+	}
+	st := c.pages.Stats()
+	log.G(ctx).WithFields(log.Fields{"stream_bytes": st.In, "device_state_bytes": st.Out, "own_pages": c.pages.OwnPages(),
+		"dirty_pages": len(c.pages.Pages()), "duration": time.Since(t0)}).Debug("shared ram split from the device state")
+	return nil
 }
 
 // capture has nothing left to take: splitState kept the pages.

@@ -2,6 +2,8 @@ package sandbox
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -522,8 +524,7 @@ func (st *start) share(ctx context.Context, u *undo) error {
 		return nil
 	}
 	size := int64(r.rec.MemoryMiB) << 20
-	store := nodecache.StoreID(st.src.URL)
-	base, err := r.node.Bases().Share(ctx, store, r.snap.Descriptor.Digest, size, func(f *os.File) error {
+	base, err := r.node.Bases().Share(ctx, baseScope(st.Tenant, st.src.URL), r.snap.Descriptor.Digest, size, func(f *os.File) error {
 		return fillBase(f, r.mat.RAM, size)
 	})
 	if err != nil {
@@ -538,6 +539,15 @@ func (st *start) share(ctx context.Context, u *undo) error {
 	log.G(ctx).WithFields(log.Fields{"reused": base.Reused(), "digest": r.snap.Descriptor.Digest}).Info("shared clone: the node's base of the snapshot's ram")
 	st.mem = &sharedMemory{ram: ram}
 	return nil
+}
+
+// baseScope is the scope of the bases a tenant's clones share: one store,
+// one tenant (a store id of both). Clones of one snapshot share pages only
+// within a tenant, so that no tenant learns from page timings which pages
+// another's guests touch.
+func baseScope(tenant, storeURL string) string {
+	sum := sha256.Sum256([]byte(tenant + "\x00" + nodecache.StoreID(storeURL)))
+	return hex.EncodeToString(sum[:16])
 }
 
 // fillBase copies a materialized RAM file, which must be size bytes, into

@@ -39,7 +39,7 @@ type splittingRAM struct {
 	failAfter int
 }
 
-func (s splittingRAM) splitState(_ *capture, state io.Reader, out io.Writer) error {
+func (s splittingRAM) splitState(_ context.Context, _ *capture, state io.Reader, out io.Writer) error {
 	if s.failAfter > 0 {
 		if _, err := io.ReadFull(state, make([]byte, s.failAfter)); err != nil {
 			return err

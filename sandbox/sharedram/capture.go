@@ -23,11 +23,25 @@ const Block = "ram0"
 type Capture struct {
 	r     *RAM
 	pages *os.File
-	own   map[int64]pageSum
-	dirty []int64
-	seen  []uint64
-	fill  [PageSize]byte
+	// own are the pages that differ from the base, by their sums. A sum
+	// is taken in the pause only where the parent holds the page too (to
+	// tell whether it changed); the others, dirty either way, are summed
+	// from the pages file once published (unsummed).
+	own      map[int64]pageSum
+	unsummed []int64
+	parent   map[int64]pageSum // the parent's own pages
+	dirty    []int64
+	seen     []uint64
+	fill     [PageSize]byte
+	// run is the kept pages not yet written, from runOff: contiguous
+	// pages go to the file in one write.
+	run    []byte
+	runOff int64
+	stats  devstate.Stats
 }
+
+// maxRun is the most a run of kept pages holds before it is written.
+const maxRun = 1 << 20
 
 var zeroPage [PageSize]byte
 
@@ -45,11 +59,11 @@ func (r *RAM) Split(state io.Reader, out io.Writer) (_ *Capture, retErr error) {
 			c.Close()
 		}
 	}()
-	st, err := devstate.Split(state, out, Block, c.page)
+	c.stats, err = devstate.Split(state, out, Block, c.page)
 	if err != nil {
 		return nil, fmt.Errorf("split guest ram from the device state: %w", err)
 	}
-	if err := c.finish(st.BlockSize); err != nil {
+	if err := c.finish(c.stats.BlockSize); err != nil {
 		return nil, err
 	}
 	return c, nil
@@ -61,8 +75,11 @@ func (r *RAM) newCapture() (*Capture, error) {
 	if err != nil {
 		return nil, fmt.Errorf("shared ram: pages file in %s: %w", r.dir, err)
 	}
-	c := &Capture{r: r, pages: os.NewFile(uintptr(fd), "shared-ram-pages"), own: map[int64]pageSum{},
-		seen: make([]uint64, (r.size/PageSize+63)/64)}
+	r.mu.Lock()
+	parent := r.own
+	r.mu.Unlock()
+	c := &Capture{r: r, pages: os.NewFile(uintptr(fd), "shared-ram-pages"), own: map[int64]pageSum{}, parent: parent,
+		seen: make([]uint64, (r.size/PageSize+63)/64), run: make([]byte, 0, maxRun)}
 	if err := c.pages.Truncate(r.size); err != nil {
 		c.Close()
 		return nil, fmt.Errorf("shared ram: pages file: %w", err)
@@ -70,9 +87,38 @@ func (r *RAM) newCapture() (*Capture, error) {
 	return c, nil
 }
 
+// keep adds a page that differs from the base to the run, writing the
+// run first if the page does not extend it.
+func (c *Capture) keep(off int64, content []byte) error {
+	if len(c.run) > 0 && (off != c.runOff+int64(len(c.run)) || len(c.run) == maxRun) {
+		if err := c.flush(); err != nil {
+			return err
+		}
+	}
+	if len(c.run) == 0 {
+		c.runOff = off
+	}
+	c.run = append(c.run, content...)
+	return nil
+}
+
+func (c *Capture) flush() error {
+	if len(c.run) == 0 {
+		return nil
+	}
+	if _, err := c.pages.WriteAt(c.run, c.runOff); err != nil {
+		return fmt.Errorf("keep pages at %d: %w", c.runOff, err)
+	}
+	c.run = c.run[:0]
+	return nil
+}
+
 // finish checks that the stream's block (blockSize bytes) was the whole
 // RAM, every page of it, and finds what changed since the parent.
 func (c *Capture) finish(blockSize int64) error {
+	if err := c.flush(); err != nil {
+		return err
+	}
 	if blockSize != c.r.size {
 		return fmt.Errorf("split guest ram: the stream's block %s has %d bytes, the base %d", Block, blockSize, c.r.size)
 	}
@@ -108,10 +154,15 @@ func (c *Capture) page(p devstate.Page) error {
 		delete(c.own, p.Off)
 		return nil
 	}
-	if _, err := c.pages.WriteAt(content, p.Off); err != nil {
-		return fmt.Errorf("keep page at %d: %w", p.Off, err)
+	if err := c.keep(p.Off, content); err != nil {
+		return err
 	}
-	c.own[p.Off] = c.r.sum(content)
+	if _, ok := c.parent[p.Off]; ok {
+		c.own[p.Off] = c.r.sum(content)
+	} else {
+		c.own[p.Off] = pageSum{}
+		c.unsummed = append(c.unsummed, p.Off)
+	}
 	return nil
 }
 
@@ -129,16 +180,13 @@ func (c *Capture) seenPages() int64 {
 // capture or the parent holds apart from the base, unless both hold the
 // same.
 func (c *Capture) changed() []int64 {
-	c.r.mu.Lock()
-	parent := c.r.own
-	c.r.mu.Unlock()
 	var out []int64
 	for off, s := range c.own {
-		if ps, ok := parent[off]; !ok || ps != s {
+		if ps, ok := c.parent[off]; !ok || ps != s {
 			out = append(out, off)
 		}
 	}
-	for off := range parent {
+	for off := range c.parent {
 		if _, ok := c.own[off]; !ok {
 			out = append(out, off) // back to the base's content
 		}
@@ -159,6 +207,9 @@ func (c *Capture) Pages() []int64 {
 	}
 	return idx
 }
+
+// Stats are the split's: the stream's bytes in and out.
+func (c *Capture) Stats() devstate.Stats { return c.stats }
 
 // OwnPages is how many pages differ from the base.
 func (c *Capture) OwnPages() int { return len(c.own) }
@@ -190,6 +241,30 @@ func (c *Capture) ReadAt(b []byte, off int64) (int, error) {
 		return n, io.EOF
 	}
 	return n, nil
+}
+
+// sumRest sums the kept pages the pause did not (unsummed), from the
+// pages file: the next checkpoint compares with them. A page that cannot
+// be read keeps no sum, so the next checkpoint writes it again.
+func (c *Capture) sumRest() error {
+	buf := make([]byte, PageSize)
+	var errs []error
+	for _, off := range c.unsummed {
+		if _, ok := c.own[off]; !ok {
+			continue // sent again, with the base's content
+		}
+		if _, err := c.pages.ReadAt(buf, off); err != nil {
+			delete(c.own, off)
+			errs = append(errs, err)
+			continue
+		}
+		c.own[off] = c.r.sum(buf)
+	}
+	c.unsummed = nil
+	if len(errs) > 0 {
+		return fmt.Errorf("sum %d kept pages: %w", len(errs), errs[0])
+	}
+	return nil
 }
 
 // Close drops the kept pages.

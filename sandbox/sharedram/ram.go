@@ -151,6 +151,11 @@ func (r *RAM) Parent() servedram.Parent {
 // checkpoint: its pages that differ from the base are c's.
 func (r *RAM) Published(ctx context.Context, c *Capture, store stores.Store, to string, desc ocispec.Descriptor, st snapshot.WriteStats) {
 	p := servedram.ReadParent(ctx, store, to, desc)
+	if err := c.sumRest(); err != nil {
+		// Those pages are not in the parent's own set: the next
+		// checkpoint writes them again, as if changed.
+		log.G(ctx).WithError(err).Warn("checkpoint of shared ram: some pages are written again next time")
+	}
 	r.mu.Lock()
 	r.parent, r.own = p, c.own
 	r.mu.Unlock()

@@ -131,8 +131,11 @@ func TestCaptureKeepsWhatDiffers(t *testing.T) {
 	}
 	checkReads(t, c1, n, at(first))
 
+	if err := c1.sumRest(); err != nil { // published
+		t.Fatal(err)
+	}
 	r.mu.Lock()
-	r.own = c1.own // published
+	r.own = c1.own
 	r.mu.Unlock()
 	second := map[int][]byte{2: pattern(202), 4: pattern(201), 5: page(7), 11: page(3)}
 	// 8 went back to the base's (a hole: zeros); 4 and 5 rewritten the same.
@@ -225,4 +228,43 @@ func TestNewRefusesMismatchedBase(t *testing.T) {
 	if err := r.Close(); err != nil {
 		t.Errorf("second Close = %v", err)
 	}
+}
+
+// TestCaptureRunsAndResends: kept pages longer than one run, and pages
+// sent again (new content, or back to the base's), read back as their
+// last copy.
+func TestCaptureRunsAndResends(t *testing.T) {
+	const n = 3*maxRun/PageSize + 7
+	base := newBase(t, n, func(int) []byte { return nil })
+	r, err := New(base, n*PageSize, servedram.Parent{}, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	c, err := r.newCapture()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	want := map[int][]byte{}
+	send := func(i int, b []byte) {
+		t.Helper()
+		if err := c.page(devstate.Page{Off: int64(i) * PageSize, Data: b}); err != nil {
+			t.Fatal(err)
+		}
+		want[i] = b
+	}
+	for i := range n {
+		send(i, pattern(byte(i)))
+	}
+	send(5, pattern(99))              // again, changed
+	send(n-1, make([]byte, PageSize)) // again, as the base (zeros)
+	send(n/2, pattern(98))            // again, inside a written run
+	if err := c.finish(r.size); err != nil {
+		t.Fatal(err)
+	}
+	if c.OwnPages() != n-1 {
+		t.Errorf("%d pages kept, want %d", c.OwnPages(), n-1)
+	}
+	checkReads(t, c, n, func(i int) []byte { return want[i] })
 }
