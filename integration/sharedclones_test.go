@@ -134,6 +134,21 @@ func TestSharedClones(t *testing.T) {
 		t.Fatalf("restored clone of a reads %q, want blob md5 %s and mark a", out, sum)
 	}
 	waitAdvance(t, e, "a2", readState(t, e, "a2").counter)
+	// The same snapshot restores lazily on a node without shared clones:
+	// its device state carries no RAM, as a served sandbox's.
+	private := e.Cfg
+	private.Memory.Clones = configs.ClonesPrivate
+	privatePath := filepath.Join(e.Dir, "private-clones.toml")
+	e.WriteConfig(privatePath, private)
+	e.MustCtr("run", "-d", "--runtime", harness.Runtime, "--runtime-config-path", privatePath,
+		"--annotation", "cryo.dev/restore-from="+e.StoreURL("shared:a1"), harness.Image, "l1", "sh", "-c", "sleep 1000")
+	out = e.MustCtr("task", "exec", "--exec-id", "check", "l1", "sh", "-c", "md5sum /dev/shm/blob; cat /dev/shm/mine")
+	if f := strings.Fields(out); len(f) != 3 || f[0] != sum || f[2] != "a" {
+		t.Fatalf("lazy restore of a's checkpoint reads %q, want blob md5 %s and mark a", out, sum)
+	}
+	if !strings.Contains(e.LogTail(100000), "mode=lazy") {
+		t.Fatalf("the private node's restore was not lazy:\n%s", e.LogTail(40))
+	}
 
 	// Its next checkpoint: what changed since the first.
 	e.MustCtr("task", "exec", "--exec-id", "small", "a", "sh", "-c", "echo changed > /dev/shm/small")
@@ -142,7 +157,7 @@ func TestSharedClones(t *testing.T) {
 		t.Fatalf("second checkpoint of a shared clone uploaded %d bytes, the first %d: the first's pages again", second.UploadedBytes, first.UploadedBytes)
 	}
 
-	for _, id := range []string{"src", "a", "b", "a2"} {
+	for _, id := range []string{"src", "a", "b", "a2", "l1"} {
 		e.MustCtr("task", "delete", "--force", id)
 		e.MustCtr("container", "delete", id)
 	}
@@ -189,4 +204,87 @@ func baseHolders() []string {
 		}
 	}
 	return out
+}
+
+// alternatingWriter rewrites /dev/shm/w, 16 MiB, from /dev/shm/p0 and
+// /dev/shm/p1 (two random patterns) in turn, a MiB at a time in order with
+// a short sleep after each, counting rounds in /dev/shm/wn; its shell's pid
+// is in /dev/shm/wpid. At any instant w is the new pattern up to some MiB
+// and the old one after it.
+const alternatingWriter = `echo $$ > /dev/shm/wpid
+head -c 16777216 /dev/urandom > /dev/shm/p0; head -c 16777216 /dev/urandom > /dev/shm/p1
+cp /dev/shm/p1 /dev/shm/w; n=0
+while :; do b=0; while [ $b -lt 16 ]; do dd if=/dev/shm/p$((n%2)) of=/dev/shm/w bs=1M count=1 skip=$b seek=$b conv=notrunc 2>/dev/null; b=$((b+1)); sleep 0.05; done
+n=$((n+1)); echo $n > /dev/shm/wn.new; mv /dev/shm/wn.new /dev/shm/wn; done`
+
+// blockLabels says, for each MiB of /dev/shm/w in id, which pattern it
+// holds: '0', '1', or 'x' for neither.
+func blockLabels(t *testing.T, e *harness.Env, id string) string {
+	t.Helper()
+	script := `for f in p0 p1 w; do i=0; while [ $i -lt 16 ]; do dd if=/dev/shm/$f bs=1M skip=$i count=1 2>/dev/null | md5sum | cut -c1-32; i=$((i+1)); done; done`
+	f := strings.Fields(e.MustCtr("task", "exec", "--exec-id", "labels"+strconv.FormatInt(time.Now().UnixNano()%1e9, 10), id, "sh", "-c", script))
+	if len(f) != 48 {
+		t.Fatalf("block sums of %s: %q", id, f)
+	}
+	var b strings.Builder
+	for i := range 16 {
+		switch f[32+i] {
+		case f[i]:
+			b.WriteByte('0')
+		case f[16+i]:
+			b.WriteByte('1')
+		default:
+			b.WriteByte('x')
+		}
+	}
+	return b.String()
+}
+
+// oneSwitch says labels are one pattern up to a block and the other after
+// it, with at most the block at the switch torn (x): what a writer caught
+// mid-round leaves, and a stale page anywhere would break.
+func oneSwitch(labels string) bool {
+	s := strings.Replace(labels, "x", "", 1)
+	if len(s) < len(labels)-1 {
+		return false
+	}
+	switches := 0
+	for i := 1; i < len(s); i++ {
+		if s[i] != s[i-1] {
+			switches++
+		}
+	}
+	return switches <= 1 && !strings.Contains(s, "x")
+}
+
+// TestSharedCloneCheckpointWhileWriting: a shared clone's checkpoint is
+// live (the RAM streams while the guest runs, the VM stops for the last
+// pass): taken while a guest process rewrites 16 MiB of its RAM, a MiB at
+// a time, alternating two patterns, it restores to one instant. The
+// restore's post-restore hook stops the writer at once (its dd ends its
+// MiB), and then every MiB before the writer's position holds the new
+// pattern and every one after it the old: a page the checkpoint took
+// from an earlier pass than the last would break that.
+func TestSharedCloneCheckpointWhileWriting(t *testing.T) {
+	e := harness.Start(t, sharedClonesNode)
+	startWorkload(t, e, "src")
+	checkpoint(t, e, "src", e.StoreURL("sharedw:v1"))
+	restore(t, e, "a", e.StoreURL("sharedw:v1"))
+	e.MustCtr("task", "exec", "--detach", "--exec-id", "writer", "a", "sh", "-c", alternatingWriter)
+	rounds := writerRounds(t, e, "a", 1)
+	if labels := blockLabels(t, e, "a"); !oneSwitch(labels) {
+		t.Fatalf("the writer's own w by MiB is %s: the check is wrong", labels)
+	}
+
+	checkpoint(t, e, "a", e.StoreURL("sharedw:a1"))
+	t.Logf("checkpoint of the writing shared clone: pause window %v", lastPause(t, e))
+	restore(t, e, "r", e.StoreURL("sharedw:a1"), "--annotation", "cryo.dev/post-restore-exec=kill -STOP $(cat /dev/shm/wpid)")
+	out := e.MustCtr("task", "exec", "--exec-id", "wn", "r", "cat", "/dev/shm/wn")
+	if n, _ := strconv.Atoi(strings.TrimSpace(out)); n < rounds {
+		t.Fatalf("restored writer at round %q, it had done %d before the checkpoint", out, rounds)
+	}
+	time.Sleep(time.Second) // the stopped writer's last dd ends
+	if labels := blockLabels(t, e, "r"); !oneSwitch(labels) || !strings.ContainsAny(labels, "01") {
+		t.Fatalf("the restored clone's /dev/shm/w by MiB (0, 1: the patterns, x: neither) is %s: not one instant", labels)
+	}
 }

@@ -66,6 +66,7 @@ type pauser interface {
 	Pause(ctx context.Context) error
 	Resume(ctx context.Context) error
 	SaveState(ctx context.Context, w *os.File) error
+	SaveStateLive(ctx context.Context, w *os.File, o vmm.LiveSave) error
 	SnapshotDisk(ctx context.Context, id, overlayPath string) error
 	Disks() []vmm.Disk
 	Fingerprint() fingerprint.Fingerprint
@@ -107,10 +108,6 @@ func pauseWindow(ctx context.Context, vm pauser, ram guestMemory, diskDir string
 	if err := ram.preSync(); err != nil {
 		return nil, fmt.Errorf("write back guest ram before the pause: %w", err)
 	}
-	t0 := time.Now()
-	if err := vm.Pause(ctx); err != nil {
-		return nil, fmt.Errorf("stop vm: %w", err)
-	}
 	resumed := false
 	defer func() {
 		if !resumed && (retErr != nil || !keepStopped) {
@@ -119,15 +116,10 @@ func pauseWindow(ctx context.Context, vm pauser, ram guestMemory, diskDir string
 			}
 		}
 	}()
-	if err := c.freezeDisks(ctx, vm, diskDir); err != nil {
-		return nil, err
-	}
-	if err := ram.sync(); err != nil {
-		return nil, fmt.Errorf("write back guest ram: %w", err)
-	}
 	c.devstate = filepath.Join(work, "devstate")
-	if err := saveState(ctx, vm, ram, c); err != nil {
-		return nil, fmt.Errorf("save device state: %w", err)
+	t0, err := stopAndSave(ctx, vm, ram, c, diskDir)
+	if err != nil {
+		return nil, err
 	}
 	if err := ram.capture(c, exit); err != nil {
 		return nil, err
@@ -143,6 +135,50 @@ func pauseWindow(ctx context.Context, vm pauser, ram guestMemory, diskDir string
 	return c, nil
 }
 
+// stopAndSave stops the VM, freezes its disks, writes back the RAM and
+// saves the device state to c.devstate, and returns when the VM stopped.
+// A RAM that the device state carries (stateSplitter) is sent while the
+// guest runs, and the VM stops inside the save, for the last pass: the
+// disks freeze there.
+func stopAndSave(ctx context.Context, vm pauser, ram guestMemory, c *capture, diskDir string) (time.Time, error) {
+	stopped := func(ctx context.Context) error {
+		if err := c.freezeDisks(ctx, vm, diskDir); err != nil {
+			return err
+		}
+		if err := ram.sync(); err != nil {
+			return fmt.Errorf("write back guest ram: %w", err)
+		}
+		return nil
+	}
+	if s, ok := ram.(stateSplitter); ok {
+		var t0 time.Time
+		err := splitState(ctx, vm, s, c, func(ctx context.Context, stop time.Time) error {
+			t0 = stop
+			return stopped(ctx)
+		})
+		if err != nil && t0.IsZero() {
+			t0 = time.Now()
+		}
+		return t0, err
+	}
+	t0 := time.Now()
+	if err := vm.Pause(ctx); err != nil {
+		return t0, fmt.Errorf("stop vm: %w", err)
+	}
+	if err := stopped(ctx); err != nil {
+		return t0, err
+	}
+	f, err := os.OpenFile(c.devstate, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return t0, err
+	}
+	defer f.Close()
+	if err := vm.SaveState(ctx, f); err != nil {
+		return t0, fmt.Errorf("save device state: %w", err)
+	}
+	return t0, nil
+}
+
 // stateSplitter is a guestMemory whose RAM QEMU streams with the device
 // state (a private mapping): it takes the RAM out of the stream as QEMU
 // writes it.
@@ -150,23 +186,20 @@ type stateSplitter interface {
 	splitState(ctx context.Context, c *capture, state io.Reader, out io.Writer) error
 }
 
-// saveState writes the device state to c.devstate, through ram when the
-// stream carries the RAM.
-func saveState(ctx context.Context, vm pauser, ram guestMemory, c *capture) error {
+// splitState saves the device state live (vmm.Machine.SaveStateLive)
+// through s, which takes the RAM out of the stream as QEMU writes it;
+// stopped runs in the stop.
+func splitState(ctx context.Context, vm pauser, s stateSplitter, c *capture, stopped func(context.Context, time.Time) error) error {
 	f, err := os.OpenFile(c.devstate, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	s, ok := ram.(stateSplitter)
-	if !ok {
-		return vm.SaveState(ctx, f)
-	}
 	pr, pw, err := os.Pipe()
 	if err != nil {
 		return err
 	}
-	// The RAM streams through it in the pause: fewer, larger writes.
+	// The RAM streams through it: fewer, larger writes.
 	_, _ = unix.FcntlInt(pw.Fd(), unix.F_SETPIPE_SZ, 1<<20)
 	split := make(chan error, 1)
 	go func() {
@@ -177,14 +210,26 @@ func saveState(ctx context.Context, vm pauser, ram guestMemory, c *capture) erro
 		pr.Close()
 		split <- err
 	}()
-	err = vm.SaveState(ctx, pw)
+	err = vm.SaveStateLive(ctx, pw, vmm.LiveSave{Converge: converge(vm), Stopped: stopped})
 	pw.Close()
 	if err != nil {
 		// A failed migration's QEMU may hold its end of the pipe open:
 		// the reader ends now.
 		pr.Close()
+		err = fmt.Errorf("save device state: %w", err)
 	}
 	return errors.Join(err, <-split)
+}
+
+// converge is how long a live save lets the guest run while its RAM is
+// sent: about two passes over it at the stream's speed on a small node
+// (about 1 GB/s), at least a second.
+func converge(vm pauser) time.Duration {
+	var mib int
+	if m, ok := vm.(interface{ Config() vmm.Config }); ok {
+		mib = m.Config().MemoryMiB
+	}
+	return time.Second + time.Duration(mib)*2*time.Millisecond
 }
 
 // freezeDisks puts every writable disk behind a new overlay: the frozen

@@ -36,6 +36,9 @@ func (v fakeVM) SaveState(_ context.Context, f *os.File) error {
 	_, err := f.WriteString("device state")
 	return err
 }
+func (v fakeVM) SaveStateLive(context.Context, *os.File, vmm.LiveSave) error {
+	panic("a served RAM's device state is saved stopped")
+}
 func (v fakeVM) SnapshotDisk(_ context.Context, id, _ string) error {
 	*v.calls = append(*v.calls, "freeze "+id)
 	return nil

@@ -63,7 +63,12 @@ func (m *Machine) migrate(ctx context.Context, f *os.File, cmd string, outgoing 
 			return err
 		}
 	}
-	caps := map[string]any{"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": true}}}
+	// pause-before-switchover is SaveStateLive's: a save of the same
+	// machine after one must not wait for a migrate-continue.
+	caps := map[string]any{"capabilities": []map[string]any{
+		{"capability": "x-ignore-shared", "state": true},
+		{"capability": "pause-before-switchover", "state": false},
+	}}
 	if err := m.execute(ctx, "migrate-set-capabilities", caps, nil); err != nil {
 		return err
 	}

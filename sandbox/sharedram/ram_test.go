@@ -179,17 +179,7 @@ func checkReads(t *testing.T, c *Capture, n int, want func(i int) []byte) {
 // TestCaptureRefusesPartialStream refuses a stream that left a page out,
 // or whose block is not the base's size, or a page outside the RAM.
 func TestCaptureRefusesPartialStream(t *testing.T) {
-	base := newBase(t, 4, func(int) []byte { return nil })
-	r, err := New(base, 4*PageSize, servedram.Parent{}, t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { r.Close() })
-	c, err := r.newCapture()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := emptyCapture(t, 4)
 	for _, off := range []int64{0, PageSize, 3 * PageSize} {
 		if err := c.page(devstate.Page{Off: off}); err != nil {
 			t.Fatal(err)
@@ -235,17 +225,7 @@ func TestNewRefusesMismatchedBase(t *testing.T) {
 // last copy.
 func TestCaptureRunsAndResends(t *testing.T) {
 	const n = 3*maxRun/PageSize + 7
-	base := newBase(t, n, func(int) []byte { return nil })
-	r, err := New(base, n*PageSize, servedram.Parent{}, t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { r.Close() })
-	c, err := r.newCapture()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := emptyCapture(t, n)
 	want := map[int][]byte{}
 	send := func(i int, b []byte) {
 		t.Helper()
@@ -260,11 +240,28 @@ func TestCaptureRunsAndResends(t *testing.T) {
 	send(5, pattern(99))              // again, changed
 	send(n-1, make([]byte, PageSize)) // again, as the base (zeros)
 	send(n/2, pattern(98))            // again, inside a written run
-	if err := c.finish(r.size); err != nil {
+	if err := c.finish(c.r.size); err != nil {
 		t.Fatal(err)
 	}
 	if c.OwnPages() != n-1 {
 		t.Errorf("%d pages kept, want %d", c.OwnPages(), n-1)
 	}
 	checkReads(t, c, n, func(i int) []byte { return want[i] })
+}
+
+// emptyCapture is a capture of a RAM of n pages over an empty base (all
+// holes), with nothing fed yet.
+func emptyCapture(t *testing.T, n int) *Capture {
+	t.Helper()
+	r, err := New(newBase(t, n, func(int) []byte { return nil }), int64(n)*PageSize, servedram.Parent{}, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	c, err := r.newCapture()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
 }

@@ -54,18 +54,7 @@ func TestSplitRealQEMU(t *testing.T) {
 	}
 
 	t.Run("LoadSplitIntoSharedRAM", func(t *testing.T) {
-		dstRAM := writeShm(t, "dst", image)
-		dst := startQEMU(t, "dst", dstRAM, true, true)
-		if err := dst.load(t, out); err != nil {
-			t.Fatal(err)
-		}
-		got, err := os.ReadFile(dstRAM)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !bytes.Equal(got, image) {
-			t.Fatalf("destination RAM file changed at page %d", firstDiff(got, image)/PageSize)
-		}
+		loadIntoShared(t, "dst", image, out)
 	})
 	t.Run("UnsplitRefusedBySharedRAM", func(t *testing.T) {
 		// Why Split exists: the loader refuses a page of a block it ignores.
@@ -124,18 +113,7 @@ func TestSplitRanFirmware(t *testing.T) {
 		t.Fatal("the firmware wrote nothing to RAM: the test shows nothing a stopped VM would not")
 	}
 
-	dstRAM := writeShm(t, "fw-dst", image)
-	dst := startQEMU(t, "fw-dst", dstRAM, true, true)
-	if err := dst.load(t, out); err != nil {
-		t.Fatal(err)
-	}
-	got, err := os.ReadFile(dstRAM)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(got, image) {
-		t.Fatalf("destination RAM file changed by the load at page %#x", firstDiff(got, image)/PageSize)
-	}
+	dst := loadIntoShared(t, "fw-dst", image, out)
 	dst.run(t, "cont", nil)
 	time.Sleep(500 * time.Millisecond)
 	var status struct {
@@ -167,6 +145,26 @@ func patternRAM() []byte {
 		}
 	}
 	return ram
+}
+
+// loadIntoShared loads the split stream out into a new QEMU whose RAM is
+// a shared file holding image, and checks that the load left the file as
+// it was: the stream carried none of that RAM.
+func loadIntoShared(t *testing.T, name string, image, out []byte) *qemu {
+	t.Helper()
+	ramPath := writeShm(t, name, image)
+	dst := startQEMU(t, name, ramPath, true, true)
+	if err := dst.load(t, out); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(ramPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, image) {
+		t.Fatalf("destination RAM file changed by the load at page %#x", firstDiff(got, image)/PageSize)
+	}
+	return dst
 }
 
 func writeShm(t *testing.T, name string, b []byte) string {
