@@ -4,6 +4,7 @@ package integration
 
 import (
 	"bufio"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/cryo-runtime/cryo/configs"
 	"github.com/cryo-runtime/cryo/integration/harness"
+	"github.com/cryo-runtime/cryo/nodecache"
 	"github.com/cryo-runtime/cryo/stack"
 )
 
@@ -121,6 +123,11 @@ func TestSharedClones(t *testing.T) {
 		t.Fatalf("the clones share %d KiB of their RAM mappings, want at least 24 MiB of the 32 MiB both read", shared)
 	}
 	checkSealedBase(t, fd)
+	// cryoctl gc, another process, finds both shims' holder records valid
+	// and leaves them.
+	if st := gcBases(t, e); st.Live != 2 || st.Removed != 0 {
+		t.Fatalf("cryoctl gc with two shared clones running: bases %+v, want 2 live holders", st)
+	}
 
 	// A's checkpoint holds what it wrote, not its RAM.
 	e.MustCtr("task", "exec", "--exec-id", "more", "a", "sh", "-c", "head -c 4194304 /dev/urandom > /dev/shm/more; md5sum /dev/shm/more")
@@ -287,4 +294,16 @@ func TestSharedCloneCheckpointWhileWriting(t *testing.T) {
 	if labels := blockLabels(t, e, "r"); !oneSwitch(labels) || !strings.ContainsAny(labels, "01") {
 		t.Fatalf("the restored clone's /dev/shm/w by MiB (0, 1: the patterns, x: neither) is %s: not one instant", labels)
 	}
+}
+
+// gcBases runs cryoctl gc on the node cache and returns what it did to
+// the shared RAM bases.
+func gcBases(t *testing.T, e *harness.Env) nodecache.BasePruneStats {
+	t.Helper()
+	out, errs, err := e.Cryoctl("gc", "-o", "json")
+	var r struct{ Bases *nodecache.BasePruneStats }
+	if err != nil || json.Unmarshal([]byte(out), &r) != nil || r.Bases == nil {
+		t.Fatalf("cryoctl gc: %v\n%s\n%s", err, out, errs)
+	}
+	return *r.Bases
 }

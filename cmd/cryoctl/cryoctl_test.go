@@ -335,6 +335,9 @@ func TestRmGCPull(t *testing.T) {
 	if gr.Materialized == nil || len(gr.Materialized.Removed) != 0 {
 		t.Fatalf("gc of an empty node cache: materialized %+v", gr.Materialized)
 	}
+	if gr.Bases == nil || gr.Bases.Live != 0 || gr.Bases.Removed != 0 {
+		t.Fatalf("gc of an empty node cache: bases %+v", gr.Bases)
+	}
 	r := gr.Stores[0]
 	// old's manifest, config, 2 data chunks, devstate chunk, signature
 	// manifest and payload go; the empty config blob is shared.

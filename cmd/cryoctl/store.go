@@ -159,6 +159,9 @@ type gcResult struct {
 	Cache      nodecache.BlobStats `json:"cache"`
 	// Materialized is what went from <cache_dir>/snapshots.
 	Materialized *nodecache.PruneStats `json:"materialized,omitempty"`
+	// Bases is what went from <cache_dir>/bases: shared clones' holder
+	// records of shims that are gone.
+	Bases *nodecache.BasePruneStats `json:"bases,omitempty"`
 }
 
 func newGCCommand(a *App) *cobra.Command {
@@ -191,7 +194,7 @@ the store. --no-cache leaves the node alone.`,
 				if err != nil {
 					return err
 				}
-				res.CacheFreed, res.Cache, res.Materialized = p.BlobsFreed, p.Blobs, &p.Materialized
+				res.CacheFreed, res.Cache, res.Materialized, res.Bases = p.BlobsFreed, p.Blobs, &p.Materialized, &p.Bases
 			}
 			return a.print(res, func(w io.Writer) {
 				for _, r := range res.Stores {
@@ -207,6 +210,7 @@ the store. --no-cache leaves the node alone.`,
 					m := res.Materialized
 					fmt.Fprintf(w, "materialized: %d removed (%s freed), %d in use, %d used within %s\n",
 						len(m.Removed), humanize.IBytes(uint64(m.FreedBytes)), m.InUse, m.Recent, keepMaterialized)
+					fmt.Fprintf(w, "shared ram bases: %d holders live, %d records of gone ones removed\n", res.Bases.Live, res.Bases.Removed)
 				}
 			})
 		},
