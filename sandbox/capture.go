@@ -156,9 +156,6 @@ func stopAndSave(ctx context.Context, vm pauser, ram guestMemory, c *capture, di
 			t0 = stop
 			return stopped(ctx)
 		})
-		if err != nil && t0.IsZero() {
-			t0 = time.Now()
-		}
 		return t0, err
 	}
 	t0 := time.Now()
@@ -210,7 +207,7 @@ func splitState(ctx context.Context, vm pauser, s stateSplitter, c *capture, sto
 		pr.Close()
 		split <- err
 	}()
-	err = vm.SaveStateLive(ctx, pw, vmm.LiveSave{Converge: converge(vm), Stopped: stopped})
+	err = vm.SaveStateLive(ctx, pw, vmm.LiveSave{Stopped: stopped})
 	pw.Close()
 	if err != nil {
 		// A failed migration's QEMU may hold its end of the pipe open:
@@ -219,17 +216,6 @@ func splitState(ctx context.Context, vm pauser, s stateSplitter, c *capture, sto
 		err = fmt.Errorf("save device state: %w", err)
 	}
 	return errors.Join(err, <-split)
-}
-
-// converge is how long a live save lets the guest run while its RAM is
-// sent: about two passes over it at the stream's speed on a small node
-// (about 1 GB/s), at least a second.
-func converge(vm pauser) time.Duration {
-	var mib int
-	if m, ok := vm.(interface{ Config() vmm.Config }); ok {
-		mib = m.Config().MemoryMiB
-	}
-	return time.Second + time.Duration(mib)*2*time.Millisecond
 }
 
 // freezeDisks puts every writable disk behind a new overlay: the frozen

@@ -12,9 +12,9 @@ import (
 // LiveSave says how SaveStateLive converges and what runs in its pause.
 type LiveSave struct {
 	// Converge is how long the guest runs while QEMU sends its RAM before
-	// QEMU is told to stop it whatever is left to send (0:
-	// DefaultConverge). A guest that writes slower than the stream
-	// converges sooner by itself.
+	// QEMU is told to stop it whatever is left to send (0: about two
+	// passes over the machine's RAM, convergeFor). A guest that writes
+	// slower than the stream converges sooner by itself.
 	Converge time.Duration
 	// Stopped runs once QEMU has stopped the VM and before it sends what
 	// the guest dirtied since its last pass and the device state: the
@@ -24,8 +24,6 @@ type LiveSave struct {
 }
 
 const (
-	// DefaultConverge is LiveSave.Converge's default.
-	DefaultConverge = 5 * time.Second
 	// liveDowntime is the downtime QEMU aims at while the guest runs (ms):
 	// it stops the VM once what is left to send takes about this long.
 	liveDowntime = 20
@@ -46,7 +44,7 @@ func (m *Machine) SaveStateLive(ctx context.Context, w *os.File, o LiveSave) (re
 	ctx, cancel := withDefaultTimeout(ctx, DefaultMigrationTimeout)
 	defer cancel()
 	if o.Converge <= 0 {
-		o.Converge = DefaultConverge
+		o.Converge = convergeFor(m.cfg.MemoryMiB)
 	}
 	mon, err := m.monitor()
 	if err != nil {
@@ -80,6 +78,13 @@ func (m *Machine) SaveStateLive(ctx context.Context, w *os.File, o LiveSave) (re
 		return fmt.Errorf("save vm %s: %w", m.cfg.ID, err)
 	}
 	return nil
+}
+
+// convergeFor is a live save's default converge time for a guest of
+// memMiB: about two passes over its RAM at the stream's speed on a small
+// node (about 1 GB/s), at least a second.
+func convergeFor(memMiB int) time.Duration {
+	return time.Second + time.Duration(memMiB)*2*time.Millisecond
 }
 
 // startLiveSave starts the outgoing migration with the guest running.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"math/bits"
 	"os"
 	"slices"
 
@@ -30,7 +31,7 @@ type Capture struct {
 	own      map[int64]pageSum
 	unsummed []int64
 	parent   map[int64]pageSum // the parent's own pages
-	dirty    []int64
+	dirty    []int64           // page indexes, in order
 	seen     []uint64
 	fill     [PageSize]byte
 	// run is the kept pages not yet written, from runOff: contiguous
@@ -167,28 +168,27 @@ func (c *Capture) page(p devstate.Page) error {
 }
 
 func (c *Capture) seenPages() int64 {
-	var n int64
+	var n int
 	for _, w := range c.seen {
-		for ; w != 0; w &= w - 1 {
-			n++
-		}
+		n += bits.OnesCount64(w)
 	}
-	return n
+	return int64(n)
 }
 
-// changed are the pages that differ from the parent, in order: those the
+// changed are the indexes of the pages that differ from the parent, in
+// order: those the
 // capture or the parent holds apart from the base, unless both hold the
 // same.
 func (c *Capture) changed() []int64 {
 	var out []int64
 	for off, s := range c.own {
 		if ps, ok := c.parent[off]; !ok || ps != s {
-			out = append(out, off)
+			out = append(out, off/PageSize)
 		}
 	}
 	for off := range c.parent {
 		if _, ok := c.own[off]; !ok {
-			out = append(out, off) // back to the base's content
+			out = append(out, off/PageSize) // back to the base's content
 		}
 	}
 	slices.Sort(out)
@@ -200,13 +200,7 @@ func (c *Capture) Size() int64 { return c.r.size }
 
 // Pages are the indexes of the pages that differ from the parent
 // (snapshot.PageReader).
-func (c *Capture) Pages() []int64 {
-	idx := make([]int64, len(c.dirty))
-	for i, off := range c.dirty {
-		idx[i] = off / PageSize
-	}
-	return idx
-}
+func (c *Capture) Pages() []int64 { return c.dirty }
 
 // Stats are the split's: the stream's bytes in and out.
 func (c *Capture) Stats() devstate.Stats { return c.stats }
