@@ -117,11 +117,12 @@ func kernelCmdline(cfg Config) string {
 type fdKind int
 
 const (
-	fdFile    fdKind = iota // a file opened with passedFile's path and flag
-	fdQMP                   // the QMP socket, listening
-	fdAgent                 // the agent port's socket, listening
-	fdConsole               // the write end of the console pipe
-	fdRAM                   // the guest RAM file, read-write
+	fdFile       fdKind = iota // a file opened with passedFile's path and flag
+	fdQMP                      // the QMP socket, listening
+	fdAgent                    // the agent port's socket, listening
+	fdConsole                  // the write end of the console pipe
+	fdRAM                      // the guest RAM file, read-write
+	fdKernelStub               // a restore's stand-in for the kernel at path (kernelstub.go)
 )
 
 // fdSlot is one descriptor QEMU gets at exec, after the taps.
@@ -161,7 +162,11 @@ func buildArgs(cfg Config, chains []*image) ([]string, bootFDs) {
 	consoleSet := nextSet()
 	consoleFD := slot(fdSlot{kind: fdConsole, passedFile: passedFile{set: consoleSet}})
 	ramFD := slot(fdSlot{kind: fdRAM})
-	kernelFD := slot(fdSlot{passedFile: passedFile{path: cfg.Kernel, flag: os.O_RDONLY}})
+	kernel := fdSlot{passedFile: passedFile{path: cfg.Kernel, flag: os.O_RDONLY}}
+	if cfg.Memory.Incoming {
+		kernel.kind = fdKernelStub
+	}
+	kernelFD := slot(kernel)
 	a := []string{
 		"-name", "guest=" + cfg.ID + ",debug-threads=on",
 		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
@@ -178,7 +183,7 @@ func buildArgs(cfg Config, chains []*image) ([]string, bootFDs) {
 		"-object", jsonArg(cfg.Memory.backend(cfg.MemoryMiB, procFD(ramFD))),
 		"-kernel", procFD(kernelFD),
 	)
-	if cfg.Initrd != "" {
+	if cfg.Initrd != "" && !cfg.Memory.Incoming {
 		fd := slot(fdSlot{passedFile: passedFile{path: cfg.Initrd, flag: os.O_RDONLY}})
 		a = append(a, "-initrd", procFD(fd))
 	}

@@ -241,6 +241,14 @@ func TestArgsIncomingSharedOff(t *testing.T) {
 		t.Errorf("kvm default cpu = %q", got)
 	}
 	m := mustNew(t, cfg)
+	// The guest's kernel is in the snapshot's RAM: QEMU gets a stub of it
+	// (kernelstub.go) and no initrd, not 17 MiB more of its own memory.
+	if s := slotAt(t, m, argsAfter(a, "-kernel")[0]); s.kind != fdKernelStub || s.path != cfg.Kernel {
+		t.Errorf("a restore's -kernel is %+v, want a stub of %s", s, cfg.Kernel)
+	}
+	if got := argsAfter(a, "-initrd"); len(got) != 0 {
+		t.Errorf("a restore has -initrd %q", got)
+	}
 	if priv, ok := m.cfg.privateMemory(); !ok || m.ramFile() != priv || filepath.Dir(priv) != "/dev/shm" {
 		t.Errorf("confined restore maps %s (private %s %v), want its own copy in /dev/shm", m.ramFile(), priv, ok)
 	}

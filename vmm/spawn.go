@@ -1,6 +1,7 @@
 package vmm
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -156,6 +157,10 @@ func (m *Machine) openSlots() (files []*os.File, console *os.File, retErr error)
 			console, f, err = os.Pipe()
 		case fdRAM:
 			f, err = m.openRAM()
+		case fdKernelStub:
+			if f, err = kernelStub(s.path); errors.Is(err, errNoBootHeader) {
+				f, err = os.Open(s.path)
+			}
 		default:
 			f, err = os.OpenFile(s.path, s.flag, 0)
 		}
