@@ -21,12 +21,14 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -119,7 +121,10 @@ func run(ctx context.Context, cfg *rest.Config, f flags) error {
 		CertDir: f.certDir,
 	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme:                  scheme,
+		Scheme: scheme,
+		// The reconciler watches pods: without a selector every pod of
+		// the cluster would be in memory, for the few of cryo's.
+		Cache:                   cache.Options{ByObject: map[client.Object]cache.ByObject{&corev1.Pod{}: controller.PodCache()}},
 		Metrics:                 metricsserver.Options{BindAddress: f.metricsAddr},
 		HealthProbeBindAddress:  f.probeAddr,
 		LeaderElection:          f.leaderElect,
@@ -151,6 +156,7 @@ func run(ctx context.Context, cfg *rest.Config, f flags) error {
 	}
 	r := &controller.Reconciler{
 		Client:         mgr.GetClient(),
+		APIReader:      mgr.GetAPIReader(),
 		Recorder:       mgr.GetEventRecorder("cryo-controller"),
 		Kubelet:        controller.NodeProxyKubelet{REST: cs.CoreV1().RESTClient()},
 		Open:           controller.StoreOpener(stores.Options{}),

@@ -95,7 +95,8 @@ func TestControllerWiring(t *testing.T) {
 			t.Errorf("webhook %s: no caBundle once ready", w.Name)
 		}
 	}
-	if patch := admit(t, hook); !strings.Contains(patch, `"cryo.dev/checkpoint-to":"s3://snapshots/cryo/team-a/pods:pod-web"`) {
+	if patch := admit(t, hook); !strings.Contains(patch, `"cryo.dev/checkpoint-to":"s3://snapshots/cryo/team-a/pods:pod-web"`) ||
+		!strings.Contains(patch, `"`+controller.LabelRuntimeClass+`":"cryo"`) {
 		t.Errorf("webhook patch %s", patch)
 	}
 
