@@ -70,7 +70,7 @@ func (r *Reconciler) start(ctx context.Context, cp *cryov1.Checkpoint) (reconcil
 // checkpoint target, or the refusal.
 func (r *Reconciler) checkPod(ctx context.Context, cp *cryov1.Checkpoint) (*corev1.Pod, string, string, error) {
 	var pod corev1.Pod
-	err := r.Client.Get(ctx, types.NamespacedName{Namespace: cp.Namespace, Name: cp.Spec.PodName}, &pod)
+	err := r.getPod(ctx, types.NamespacedName{Namespace: cp.Namespace, Name: cp.Spec.PodName}, &pod)
 	if apierrors.IsNotFound(err) {
 		return nil, "", "", refuse(cryov1.ReasonPodNotFound, "pod %s not found in namespace %s", cp.Spec.PodName, cp.Namespace)
 	}

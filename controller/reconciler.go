@@ -48,10 +48,14 @@ const (
 
 // Reconciler drives Checkpoints: Pending → Creating → Succeeded | Failed.
 type Reconciler struct {
-	Client   client.Client
-	Recorder events.EventRecorder
-	Kubelet  Kubelet
-	Open     OpenStore
+	// Client reads through the manager's cache, which holds only the pods
+	// labelled LabelRuntimeClass (PodCache).
+	Client client.Client
+	// APIReader reads a pod the cache does not hold (getPod); nil: none.
+	APIReader client.Reader
+	Recorder  events.EventRecorder
+	Kubelet   Kubelet
+	Open      OpenStore
 	// RuntimeClasses are the cryo RuntimeClass names.
 	RuntimeClasses []string
 	// StoreBase is the --default-store. A pod's checkpoint target is a
@@ -91,7 +95,9 @@ type owner struct {
 }
 
 // SetupWithManager registers the reconciler for Checkpoints (and the pods
-// they name, so a pod's deletion or phase change is seen).
+// they name, so a pod's deletion or phase change is seen at once). Only
+// labelled pods are watched; no step needs a pod's event, since each step
+// that waits requeues itself.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&cryov1.Checkpoint{}).

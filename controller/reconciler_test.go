@@ -190,6 +190,7 @@ type cluster struct {
 	ns       string
 	storeDir string
 	kubelet  *fakeKubelet
+	mgr      ctrl.Manager
 	stop     func()
 }
 
@@ -222,14 +223,18 @@ func (cl *cluster) start(k Kubelet, o clusterOpts) {
 		Logger:                 log.Log,
 		// Only this test's namespace: Checkpoints that earlier tests
 		// left behind (envtest runs no namespace controller) are not
-		// this controller's.
-		Cache: cache.Options{DefaultNamespaces: map[string]cache.Config{cl.ns: {}}},
+		// this controller's. Pods as main caches them.
+		Cache: cache.Options{
+			DefaultNamespaces: map[string]cache.Config{cl.ns: {}},
+			ByObject:          map[client.Object]cache.ByObject{&corev1.Pod{}: PodCache()},
+		},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	r := &Reconciler{
 		Client:             mgr.GetClient(),
+		APIReader:          mgr.GetAPIReader(),
 		Recorder:           mgr.GetEventRecorder("cryo-controller"),
 		Kubelet:            k,
 		Open:               StoreOpener(stores.Options{}),
@@ -242,6 +247,7 @@ func (cl *cluster) start(k Kubelet, o clusterOpts) {
 	if err := r.SetupWithManager(mgr); err != nil {
 		t.Fatal(err)
 	}
+	cl.mgr = mgr
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(ctx) }()
@@ -262,7 +268,8 @@ func (cl *cluster) target(pod string) string {
 }
 
 // pod creates a Running pod on node-1 (there is no kubelet: the status is
-// written directly).
+// written directly), labelled as the webhook labels a cryo pod unless
+// mutate gave it labels of its own.
 func (cl *cluster) pod(name string, mutate func(*corev1.Pod)) *corev1.Pod {
 	cl.t.Helper()
 	cryo := "cryo"
@@ -274,6 +281,9 @@ func (cl *cluster) pod(name string, mutate func(*corev1.Pod)) *corev1.Pod {
 	phase := corev1.PodRunning
 	if mutate != nil {
 		mutate(p)
+	}
+	if p.Labels == nil && isCryoPod(p, []string{"cryo"}) {
+		p.Labels = map[string]string{LabelRuntimeClass: *p.Spec.RuntimeClassName}
 	}
 	if p.Status.Phase != "" {
 		phase = p.Status.Phase
@@ -456,6 +466,12 @@ func TestCheckpointRefusals(t *testing.T) {
 	cl := newCluster(t, &fakeKubelet{}, clusterOpts{})
 	runc := "runc"
 	cl.pod("runc-pod", func(p *corev1.Pod) { p.Spec.RuntimeClassName = &runc })
+	// The label only puts a pod in the cache: one its creator forged on a
+	// runc pod gains nothing.
+	cl.pod("forged-label", func(p *corev1.Pod) {
+		p.Spec.RuntimeClassName = &runc
+		p.Labels = map[string]string{LabelRuntimeClass: "cryo"}
+	})
 	cl.pod("pending-pod", func(p *corev1.Pod) { p.Status.Phase = corev1.PodPending })
 	cl.pod("no-target", func(p *corev1.Pod) { p.Annotations = nil })
 	cl.pod("ok", nil)
@@ -473,6 +489,7 @@ func TestCheckpointRefusals(t *testing.T) {
 	}{
 		{name: "missing", pod: "ghost", reason: cryov1.ReasonPodNotFound, msg: "pod ghost not found in namespace " + cl.ns},
 		{name: "not-cryo", pod: "runc-pod", reason: cryov1.ReasonNotCryoPod, msg: "RuntimeClass runc, not a cryo one"},
+		{name: "forged-label", pod: "forged-label", reason: cryov1.ReasonNotCryoPod, msg: "RuntimeClass runc, not a cryo one"},
 		{name: "not-running", pod: "pending-pod", reason: cryov1.ReasonPodNotRunning, msg: "is Pending, not Running"},
 		{name: "no-target", pod: "no-target", reason: cryov1.ReasonNoCheckpointTarget, msg: "no cryo.dev/checkpoint-to"},
 		{name: "store", pod: "ok", reason: cryov1.ReasonStoreNotAllowed, msg: "spec.store s3://elsewhere/x is not the pod's checkpoint store",
@@ -697,5 +714,58 @@ func TestCheckpointRestartWaitsForACallInFlight(t *testing.T) {
 	cp := cl.waitPhase("c1", cryov1.PhaseCreating)
 	if n := second.calls.Load(); n != 0 {
 		t.Errorf("asked the kubelet %d times within the predecessor's call timeout (%ds from %s)", n, cp.Status.RequestTimeoutSeconds, cp.Status.RequestTime)
+	}
+}
+
+// TestPodCacheAndUnlabelledPods: the controller's cache holds the pods the
+// webhook labelled and no other, not a runc pod nor a cryo pod admitted
+// without the label (created before it existed, or while the webhook was
+// down); a Checkpoint of such a pod still succeeds, read from the API
+// server, and hibernates it.
+func TestPodCacheAndUnlabelledPods(t *testing.T) {
+	cl := newCluster(t, &fakeKubelet{}, clusterOpts{})
+	runc := "runc"
+	cl.pod("labelled", nil)
+	cl.pod("runc-pod", func(p *corev1.Pod) { p.Spec.RuntimeClassName = &runc })
+	old := cl.pod("old", func(p *corev1.Pod) { p.Labels = map[string]string{} })
+	// Events come in order: once the last pod is cached, any of the
+	// others that the cache took would be there too.
+	cl.pod("last", nil)
+
+	ctx := context.Background()
+	var names []string
+	for end := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		var pods corev1.PodList
+		if err := cl.mgr.GetCache().List(ctx, &pods, client.InNamespace(cl.ns)); err != nil {
+			t.Fatal(err)
+		}
+		names = names[:0]
+		for _, p := range pods.Items {
+			names = append(names, p.Name)
+			if len(p.ManagedFields) != 0 {
+				t.Errorf("cached pod %s keeps its managedFields", p.Name)
+			}
+		}
+		if slicesContain(names, "last") || time.Now().After(end) {
+			break
+		}
+	}
+	if len(names) != 2 || !slicesContain(names, "labelled") || !slicesContain(names, "last") {
+		t.Fatalf("the controller's cache holds pods %v, want only labelled and last", names)
+	}
+	var p corev1.Pod
+	if err := cl.mgr.GetCache().Get(ctx, client.ObjectKeyFromObject(old), &p); !apierrors.IsNotFound(err) {
+		t.Fatalf("cache Get of the unlabelled pod: %v, want NotFound", err)
+	}
+
+	no := false
+	cl.checkpoint("c1", "old", func(c *cryov1.Checkpoint) { c.Spec.KeepRunning = &no })
+	cp := cl.waitPhase("c1", cryov1.PhaseSucceeded)
+	if cp.Status.PodUID != string(old.UID) || cp.Status.Snapshot == "" {
+		t.Errorf("status %+v", cp.Status)
+	}
+	err := cl.c.Get(ctx, client.ObjectKeyFromObject(old), &p)
+	if err == nil && p.DeletionTimestamp.IsZero() {
+		t.Error("unlabelled pod not deleted after a keepRunning=false Checkpoint")
 	}
 }

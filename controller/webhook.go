@@ -23,7 +23,8 @@ const WebhookPath = "/mutate-v1-pod"
 
 // PodMutator is the mutating webhook for pods: it resolves a restore by
 // Checkpoint name into cryo.dev/restore-from and cryo.dev/restore-digest,
-// and gives cryo pods their default checkpoint target.
+// and gives cryo pods their default checkpoint target and the label
+// LabelRuntimeClass, which puts them in the controller's cache.
 type PodMutator struct {
 	// Reader reads Checkpoints; the API server itself (not a cache), so a
 	// Checkpoint that just succeeded is seen.
@@ -85,8 +86,15 @@ func (m *PodMutator) Mutate(ctx context.Context, namespace string, pod *corev1.P
 		setAnnotation(pod, AnnotationRestoreFrom, from)
 		setAnnotation(pod, AnnotationRestoreDigest, digest)
 	}
-	if (restore || isCryoPod(pod, m.RuntimeClasses)) && m.DefaultStore != "" && pod.Annotations[AnnotationCheckpointTo] == "" {
+	cryo := isCryoPod(pod, m.RuntimeClasses)
+	if (restore || cryo) && m.DefaultStore != "" && pod.Annotations[AnnotationCheckpointTo] == "" {
 		setAnnotation(pod, AnnotationCheckpointTo, DefaultTarget(m.DefaultStore, namespace, podNameForTag(pod)))
+	}
+	if cryo {
+		if pod.Labels == nil {
+			pod.Labels = map[string]string{}
+		}
+		pod.Labels[LabelRuntimeClass] = *pod.Spec.RuntimeClassName
 	}
 	return nil
 }

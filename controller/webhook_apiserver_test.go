@@ -99,12 +99,32 @@ func TestWebhookThroughTheAPIServer(t *testing.T) {
 	if err := c.Create(ctx, other); err != nil || len(other.Annotations) != 0 {
 		t.Errorf("runc pod: %v, annotations %v", err, other.Annotations)
 	}
+	own := newPod("own-target", &cryo, map[string]string{AnnotationCheckpointTo: "s3://snapshots/cryo/" + ns.Name + "/mine:x"})
+	if err := c.Create(ctx, own); err != nil || own.Annotations[AnnotationCheckpointTo] != "s3://snapshots/cryo/"+ns.Name+"/mine:x" {
+		t.Errorf("cryo pod with its own target: %v, annotations %v", err, own.Annotations)
+	}
+	// The label that puts a pod in the controller's cache: on every cryo
+	// pod, whichever entry admitted it, and on no other.
+	for _, p := range []*corev1.Pod{restored, fresh, own} {
+		if p.Labels[LabelRuntimeClass] != "cryo" {
+			t.Errorf("cryo pod %s: labels %v, want %s=cryo", p.Name, p.Labels, LabelRuntimeClass)
+		}
+	}
+	if _, ok := other.Labels[LabelRuntimeClass]; ok {
+		t.Errorf("runc pod labelled %v", other.Labels)
+	}
 
 	stopServer()
-	for _, p := range []*corev1.Pod{newPod("plain", nil, nil), newPod("cryo-while-down", &cryo, nil)} {
+	down := newPod("cryo-while-down", &cryo, nil)
+	for _, p := range []*corev1.Pod{newPod("plain", nil, nil), down} {
 		if err := c.Create(ctx, p); err != nil {
 			t.Errorf("pod %s with the webhook down: %v (only restores by name may be refused)", p.Name, err)
 		}
+	}
+	// Admitted unlabelled: the reconciler reads such a pod from the API
+	// server (TestCheckpointOfUnlabelledPod).
+	if _, ok := down.Labels[LabelRuntimeClass]; ok {
+		t.Errorf("pod admitted with the webhook down is labelled %v", down.Labels)
 	}
 	if err := c.Create(ctx, newPod("restore-while-down", &cryo, map[string]string{AnnotationRestoreCheckpoint: "turn-3"})); err == nil {
 		t.Error("a restore by name was admitted with the webhook down (failurePolicy Fail)")

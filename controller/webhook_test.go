@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"encoding/json"
+	"maps"
 	"strings"
 	"testing"
 	"time"
@@ -66,23 +67,26 @@ func TestWebhookDecisions(t *testing.T) {
 	for _, o := range objs {
 		b = b.WithObjects(o)
 	}
-	m := &PodMutator{Reader: b.Build(), DefaultStore: "s3://snapshots/cryo", RuntimeClasses: []string{"cryo"}, Now: func() time.Time { return now }}
-	cryo := "cryo"
+	m := &PodMutator{Reader: b.Build(), DefaultStore: "s3://snapshots/cryo", RuntimeClasses: []string{"cryo", "cryo-gpu"}, Now: func() time.Time { return now }}
+	cryo, cryoGPU, runc := "cryo", "cryo-gpu", "runc"
 	for _, tc := range []struct {
 		name    string
 		ann     map[string]string
 		class   *string
 		want    map[string]string // annotations that must be set
 		absent  string            // an annotation that must not be set
+		label   string            // LabelRuntimeClass's value, "" for none
 		wantErr string
 	}{
 		{name: "restore by name", ann: map[string]string{AnnotationRestoreCheckpoint: "good"}, class: &cryo, want: map[string]string{
 			AnnotationRestoreFrom: "s3://snapshots/cryo/team-a/pods:cp-uid-good", AnnotationRestoreDigest: testDigest,
-			AnnotationCheckpointTo: "s3://snapshots/cryo/team-a/pods:pod-dst"}},
+			AnnotationCheckpointTo: "s3://snapshots/cryo/team-a/pods:pod-dst"}, label: "cryo"},
 		{name: "kruise alias", ann: map[string]string{AnnotationKruiseRestoreFrom: "good-ttl"}, class: &cryo, want: map[string]string{
-			AnnotationRestoreFrom: "s3://snapshots/cryo/team-a/pods:cp-uid-good-ttl", AnnotationRestoreDigest: testDigest}},
+			AnnotationRestoreFrom: "s3://snapshots/cryo/team-a/pods:cp-uid-good-ttl", AnnotationRestoreDigest: testDigest}, label: "cryo"},
 		{name: "own checkpoint target kept", ann: map[string]string{AnnotationRestoreCheckpoint: "good", AnnotationCheckpointTo: "s3://mine/x:y"},
-			class: &cryo, want: map[string]string{AnnotationCheckpointTo: "s3://mine/x:y"}},
+			class: &cryo, want: map[string]string{AnnotationCheckpointTo: "s3://mine/x:y"}, label: "cryo"},
+		{name: "restore into a runc pod", ann: map[string]string{AnnotationRestoreCheckpoint: "good"}, class: &runc, want: map[string]string{
+			AnnotationRestoreFrom: "s3://snapshots/cryo/team-a/pods:cp-uid-good"}},
 		{name: "missing", ann: map[string]string{AnnotationRestoreCheckpoint: "nope"}, wantErr: `Checkpoint "nope" not found in namespace "team-a"`},
 		{name: "other namespace", ann: map[string]string{AnnotationRestoreCheckpoint: "theirs"}, wantErr: `Checkpoint "theirs" not found in namespace "team-a"`},
 		{name: "failed", ann: map[string]string{AnnotationRestoreCheckpoint: "broken"}, wantErr: `Checkpoint "broken" failed (NotCryoPod): pod src runs under RuntimeClass runc`},
@@ -91,8 +95,11 @@ func TestWebhookDecisions(t *testing.T) {
 		{name: "expired", ann: map[string]string{AnnotationRestoreCheckpoint: "expired"}, wantErr: `Checkpoint "expired" expired at 2026-12-05T11:59:00Z`},
 		{name: "two names", ann: map[string]string{AnnotationRestoreCheckpoint: "good", AnnotationKruiseRestoreFrom: "good-ttl"}, wantErr: "different Checkpoints"},
 		{name: "empty name", ann: map[string]string{AnnotationRestoreCheckpoint: ""}, wantErr: "is empty"},
-		{name: "cryo pod gets a target", class: &cryo, want: map[string]string{AnnotationCheckpointTo: "s3://snapshots/cryo/team-a/pods:pod-dst"}},
+		{name: "cryo pod gets a target", class: &cryo, want: map[string]string{AnnotationCheckpointTo: "s3://snapshots/cryo/team-a/pods:pod-dst"}, label: "cryo"},
+		{name: "cryo pod with its own target", ann: map[string]string{AnnotationCheckpointTo: "s3://mine/x:y"}, class: &cryo, label: "cryo"},
+		{name: "second cryo class", class: &cryoGPU, label: "cryo-gpu"},
 		{name: "other pod untouched", absent: AnnotationCheckpointTo},
+		{name: "runc pod untouched", class: &runc, absent: AnnotationCheckpointTo},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "dst", Annotations: tc.ann},
@@ -107,7 +114,10 @@ func TestWebhookDecisions(t *testing.T) {
 			if !resp.Allowed {
 				t.Fatalf("denied: %v", resp.Result)
 			}
-			got := applyPatch(t, pod, resp)
+			got, labels := applyPatch(t, pod, resp)
+			if labels[LabelRuntimeClass] != tc.label {
+				t.Errorf("label %s = %q, want %q (labels %v)", LabelRuntimeClass, labels[LabelRuntimeClass], tc.label, labels)
+			}
 			for k, v := range tc.want {
 				if got[k] != v {
 					t.Errorf("annotation %s = %q, want %q", k, got[k], v)
@@ -150,25 +160,34 @@ func admissionRequest(t *testing.T, ns string, pod *corev1.Pod) admission.Reques
 	}}
 }
 
-// applyPatch applies the response's JSON patch to the pod's annotations.
-func applyPatch(t *testing.T, pod *corev1.Pod, resp admission.Response) map[string]string {
+// applyPatch applies the response's JSON patch to the pod's
+// annotations and labels, the only fields the webhook may change.
+func applyPatch(t *testing.T, pod *corev1.Pod, resp admission.Response) (ann, labels map[string]string) {
 	t.Helper()
-	ann := map[string]string{}
-	for k, v := range pod.Annotations {
-		ann[k] = v
+	ann, labels = maps.Clone(pod.Annotations), maps.Clone(pod.Labels)
+	if ann == nil {
+		ann = map[string]string{}
 	}
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	unescape := strings.NewReplacer("~1", "/", "~0", "~")
 	for _, p := range resp.Patches {
+		m := map[string]map[string]string{"annotations": ann, "labels": labels}
+		field, key, _ := strings.Cut(strings.TrimPrefix(p.Path, "/metadata/"), "/")
+		dst, ok := m[field]
 		switch {
-		case p.Path == "/metadata/annotations" && p.Operation == "add":
+		case !ok || !strings.HasPrefix(p.Path, "/metadata/"):
+			t.Fatalf("unexpected patch %+v", p)
+		case key == "" && p.Operation == "add":
 			for k, v := range p.Value.(map[string]any) {
-				ann[k] = v.(string)
+				dst[k] = v.(string)
 			}
-		case strings.HasPrefix(p.Path, "/metadata/annotations/"):
-			k := strings.NewReplacer("~1", "/", "~0", "~").Replace(strings.TrimPrefix(p.Path, "/metadata/annotations/"))
-			ann[k] = p.Value.(string)
+		case key != "" && (p.Operation == "add" || p.Operation == "replace"):
+			dst[unescape.Replace(key)] = p.Value.(string)
 		default:
 			t.Fatalf("unexpected patch %+v", p)
 		}
 	}
-	return ann
+	return ann, labels
 }

@@ -43,6 +43,12 @@ const (
 // or SandboxNotFoundError on calls).
 type Gateway struct {
 	Server *Server
+	// Cache answers a request to a running sandbox without the API
+	// server: an informer cache holding the sandbox pods, indexed by
+	// IndexPods, and the Checkpoints. What it cannot answer (an unknown,
+	// starting, pausing, paused or resuming sandbox) goes through
+	// Server.Client. Nil: every request does.
+	Cache client.Reader
 	// Port is envd's port in the pod; 0 means EnvdPort (tests point it
 	// elsewhere).
 	Port int
@@ -175,10 +181,13 @@ func (g *Gateway) route(ctx context.Context, id string) (string, error) {
 func (g *Gateway) addr(ip string) string { return net.JoinHostPort(ip, strconv.Itoa(g.port())) }
 
 // find looks the sandbox up in every namespace. The common case, a
-// running pod, costs one list; ip is its address. Otherwise sb is what the
+// running pod, is the cache's; ip is its address. Otherwise sb is what the
 // sandbox's namespace holds of it (the API's own lookup), nil when it is
 // unknown there too.
 func (g *Gateway) find(ctx context.Context, id string) (ip string, sb *sandbox, err error) {
+	if ip := g.cached(ctx, id); ip != "" {
+		return ip, nil, nil
+	}
 	s := g.Server
 	var pods corev1.PodList
 	if err := s.Client.List(ctx, &pods, client.MatchingLabels{LabelSandbox: id}); err != nil {
@@ -209,12 +218,69 @@ func (g *Gateway) find(ctx context.Context, id string) (ip string, sb *sandbox, 
 	return "", sb, nil
 }
 
+// cached is the address of the sandbox's running pod as Cache has it, ""
+// when Cache has no say: no pod (unknown, paused, not yet seen), or its
+// newest live pod is starting or being checkpointed away. It keeps nothing
+// itself: each request reads the informer's current state, so a pod
+// deleted or replaced stops being served once its event arrives (the
+// informer's lag behind the API server), and nothing here lengthens that.
+// Its address can be reused only after the kubelet has seen the same
+// deletion and torn the pod down.
+func (g *Gateway) cached(ctx context.Context, id string) string {
+	if g.Cache == nil {
+		return ""
+	}
+	var pods corev1.PodList
+	if err := g.Cache.List(ctx, &pods, client.MatchingFields{IndexSandbox: id}); err != nil {
+		g.Server.Log.Error(err, "e2b gateway: cached pods", "sandbox", id)
+		return ""
+	}
+	var live *corev1.Pod
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		if p.DeletionTimestamp == nil && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed &&
+			(live == nil || generation(p.Annotations) > generation(live.Annotations)) {
+			live = p
+		}
+	}
+	if live == nil || live.Status.Phase != corev1.PodRunning || live.Status.PodIP == "" {
+		return ""
+	}
+	var cp cryov1.Checkpoint
+	switch err := g.Cache.Get(ctx, client.ObjectKeyFromObject(live), &cp); {
+	case apierrors.IsNotFound(err):
+	case err != nil:
+		g.Server.Log.Error(err, "e2b gateway: cached Checkpoint", "sandbox", id)
+		return ""
+	case checkpointsAway(&cp, live):
+		return ""
+	}
+	return live.Status.PodIP
+}
+
+// IndexSandbox is the field index of pods by their LabelSandbox that
+// Gateway.Cache needs.
+const IndexSandbox = "e2b.sandbox"
+
+// IndexPods adds IndexSandbox to a cache's pods, so that the gateway finds
+// a sandbox's pods without scanning every pod the cache holds.
+func IndexPods(ctx context.Context, fi client.FieldIndexer) error {
+	return fi.IndexField(ctx, &corev1.Pod{}, IndexSandbox, sandboxOf)
+}
+
+func sandboxOf(o client.Object) []string {
+	if id := o.GetLabels()[LabelSandbox]; id != "" {
+		return []string{id}
+	}
+	return nil
+}
+
 // sandboxPausing reports whether a running pod is being checkpointed
 // away: a Checkpoint of its own name (a pause: Checkpoint names are pod
 // names) with keepRunning false that has not failed. Until the controller
 // deletes the pod it still runs, but the VM is frozen for the snapshot and
 // the pod goes away after it. A pod's own fields cannot say so; the
-// Checkpoint can, at the cost of one Get per request.
+// Checkpoint can (read from the cache on the common path, see cached).
 func sandboxPausing(ctx context.Context, s *Server, p *corev1.Pod) bool {
 	var cp cryov1.Checkpoint
 	if err := s.Client.Get(ctx, client.ObjectKeyFromObject(p), &cp); err != nil {

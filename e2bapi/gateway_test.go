@@ -16,6 +16,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	cryov1 "github.com/cryo-runtime/cryo/api/v1alpha1"
@@ -56,12 +57,23 @@ func newEnvdStub(t *testing.T) *envdStub {
 	return e
 }
 
-// countingClient counts the pods created through it: the resumes. Each
-// takes a while, as on an API server, so that concurrent requests that
-// all saw the sandbox paused would all try.
+// countingClient counts the pods created through it (the resumes) and
+// the reads. Each create takes a while, as on an API server, so that
+// concurrent requests that all saw the sandbox paused would all try.
 type countingClient struct {
 	client.Client
-	pods atomic.Int32
+	pods  atomic.Int32
+	reads atomic.Int32
+}
+
+func (c *countingClient) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	c.reads.Add(1)
+	return c.Client.Get(ctx, key, obj, opts...)
+}
+
+func (c *countingClient) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
+	c.reads.Add(1)
+	return c.Client.List(ctx, list, opts...)
 }
 
 func (c *countingClient) Create(ctx context.Context, obj client.Object, opts ...client.CreateOption) error {
@@ -87,7 +99,9 @@ func newGatewayFixture(t *testing.T) *gatewayFixture {
 	cc := &countingClient{Client: f.cl}
 	srv := *f.srv
 	srv.Client = cc
-	gw := &Gateway{Server: &srv, Port: e.port, ReadyWait: 5 * time.Second}
+	// The cache is the fixture's store itself: never stale, and its
+	// reads are not counted as the API server's.
+	gw := &Gateway{Server: &srv, Cache: f.cl, Port: e.port, ReadyWait: 5 * time.Second}
 	ts := httptest.NewServer(gw)
 	t.Cleanup(ts.Close)
 	return &gatewayFixture{fixture: f, gw: gw, cc: cc, url: ts.URL, envd: e, client: ts.Client()}
@@ -329,4 +343,87 @@ func waitFor(cond func() bool) bool {
 		}
 	}
 	return false
+}
+
+// TestGatewayCache: a running sandbox is served from Gateway.Cache with no
+// read through the API server's client; a sandbox the cache shows
+// starting, pausing or going is left to that client.
+func TestGatewayCache(t *testing.T) {
+	f := newGatewayFixture(t)
+	id := f.create("key-a", `{"templateID":"base"}`)
+	f.running("team-a", podName(id, 0))
+	f.cc.reads.Store(0)
+	for range 10 {
+		if code, _, body := f.send(id, "GET", "/health", "", nil); code != 200 || !strings.HasPrefix(body, "GET /health") {
+			t.Fatalf("request to a running sandbox: %d %q", code, body)
+		}
+	}
+	if n := f.cc.reads.Load(); n != 0 {
+		t.Errorf("10 requests to a running sandbox read the API server %d times, want 0", n)
+	}
+	ctx := context.Background()
+	if ip := f.gw.cached(ctx, id); ip != "127.0.0.1" {
+		t.Fatalf("cached address %q", ip)
+	}
+	if ip := (&Gateway{Server: f.gw.Server}).cached(ctx, id); ip != "" {
+		t.Errorf("a gateway without a cache answered %q from it", ip)
+	}
+
+	// Being paused: the Checkpoint of the pod's name, keepRunning false.
+	no := false
+	cp := &cryov1.Checkpoint{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: podName(id, 0)}, Spec: cryov1.CheckpointSpec{PodName: podName(id, 0), KeepRunning: &no}}
+	if err := f.cl.Create(ctx, cp); err != nil {
+		t.Fatal(err)
+	}
+	if ip := f.gw.cached(ctx, id); ip != "" {
+		t.Errorf("a sandbox being paused served from the cache at %q", ip)
+	}
+	cp.Status.Phase = cryov1.PhaseFailed
+	if err := f.cl.Update(ctx, cp); err != nil {
+		t.Fatal(err)
+	}
+	if ip := f.gw.cached(ctx, id); ip != "127.0.0.1" {
+		t.Errorf("after a failed pause: cached address %q", ip)
+	}
+
+	// A newer generation starting (the fixture's kubelet leaves it
+	// Pending): the old pod is not the sandbox's.
+	p1 := f.pod("team-a", podName(id, 0)).DeepCopy()
+	p1.ObjectMeta = metav1.ObjectMeta{Namespace: "team-a", Name: podName(id, 1), Labels: p1.Labels,
+		Annotations: map[string]string{annGen: "1", annMetadata: `{"hang":"yes"}`}}
+	p1.Status = corev1.PodStatus{}
+	if err := f.cl.Create(ctx, p1); err != nil {
+		t.Fatal(err)
+	}
+	if !waitFor(func() bool { p1 = f.pod("team-a", podName(id, 1)); return p1.Status.Phase == corev1.PodPending }) {
+		t.Fatalf("generation 1: %+v", p1.Status)
+	}
+	if ip := f.gw.cached(ctx, id); ip != "" {
+		t.Errorf("generation 0 served at %q while generation 1 starts", ip)
+	}
+	p1.Status.Phase, p1.Status.PodIP = corev1.PodRunning, "127.0.0.2"
+	if err := f.cl.Status().Update(ctx, p1); err != nil {
+		t.Fatal(err)
+	}
+	if ip := f.gw.cached(ctx, id); ip != "127.0.0.2" {
+		t.Errorf("generation 1 running: cached address %q", ip)
+	}
+
+	// Being deleted: a finalizer keeps the object, with its address.
+	p1.Finalizers = []string{"test/hold"}
+	if err := f.cl.Update(ctx, p1); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.cl.Delete(ctx, p1); err != nil {
+		t.Fatal(err)
+	}
+	if ip := f.gw.cached(ctx, id); ip != "127.0.0.1" {
+		t.Errorf("generation 1 being deleted: cached address %q, want generation 0's", ip)
+	}
+	if err := f.cl.Delete(ctx, f.pod("team-a", podName(id, 0))); err != nil {
+		t.Fatal(err)
+	}
+	if ip := f.gw.cached(ctx, id); ip != "" {
+		t.Errorf("every pod gone or going: cached address %q", ip)
+	}
 }

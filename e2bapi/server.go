@@ -25,6 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	cryov1 "github.com/cryo-runtime/cryo/api/v1alpha1"
+	"github.com/cryo-runtime/cryo/controller"
 )
 
 const (
@@ -67,7 +68,8 @@ type Template struct {
 }
 
 // Server is the API. Client reads and writes the cluster without a cache,
-// so that no informer on Secrets or pods is started for it.
+// so that no informer on Secrets or on every pod is started for it (the
+// Gateway's common path reads a cache of cryo's pods instead).
 type Server struct {
 	Client       client.Client
 	Namespace    string // the controller's namespace, home of the key Secrets
@@ -396,11 +398,14 @@ func (s *Server) pod(ns, id string, gen int, tpl Template, env map[string]string
 		envs = append(envs, corev1.EnvVar{Name: k, Value: env[k]})
 	}
 	rc := s.RuntimeClass
+	// LabelRuntimeClass as the webhook sets it: the gateway's cache holds
+	// only pods with it, and the webhook may be down (its failurePolicy
+	// lets the pod through unlabelled).
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			Namespace:   ns,
 			Name:        podName(id, gen),
-			Labels:      map[string]string{LabelSandbox: id},
+			Labels:      map[string]string{LabelSandbox: id, controller.LabelRuntimeClass: rc},
 			Annotations: ann,
 		},
 		Spec: corev1.PodSpec{

@@ -3,6 +3,7 @@
 package integration
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -35,7 +36,25 @@ func TestControllerDeploys(t *testing.T) {
 	plain := harness.Pod("plain", nil, harness.Container("c", "sleep inf"))
 	plain["spec"].(map[string]any)["runtimeClassName"] = harness.RuncHandler
 	k.Apply(plain)
+	if l := k.MustKubectl("get", "pod", "plain", "-o", "jsonpath={.metadata.labels}"); strings.Contains(l, "cryo.dev/runtime-class") {
+		t.Errorf("a runc pod labelled %s", l)
+	}
 	k.MustKubectl("delete", "pod", "plain", "--wait=false")
+	// Every cryo pod is labelled for the controller's cache, one with a
+	// checkpoint target of its own too.
+	for _, ann := range []map[string]string{nil, {"cryo.dev/checkpoint-to": harness.DefaultStore + "/default/mine:x"}} {
+		var admitted struct {
+			Metadata struct {
+				Labels      map[string]string `json:"labels"`
+				Annotations map[string]string `json:"annotations"`
+			} `json:"metadata"`
+		}
+		out := c.DryRun("default", harness.Pod("labelled", ann, harness.Container("c", "sleep inf")))
+		if err := json.Unmarshal([]byte(out), &admitted); err != nil || admitted.Metadata.Labels["cryo.dev/runtime-class"] != "cryo" ||
+			admitted.Metadata.Annotations["cryo.dev/checkpoint-to"] == "" {
+			t.Errorf("a cryo pod with annotations %v, as admitted: %v\n%s\nwant the label cryo.dev/runtime-class=cryo and a checkpoint target", ann, err, out)
+		}
+	}
 
 	before := c.Pods()
 	c.Restart()

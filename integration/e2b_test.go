@@ -75,8 +75,8 @@ func TestE2BControlPlane(t *testing.T) {
 	t.Cleanup(func() { k.Kubectl("delete", "pod,checkpoint,secret", "-l", "cryo.dev/e2b-sandbox="+id, "--wait=false") })
 	t.Cleanup(func() { k.Kubectl("delete", "checkpoint,secret", "-l", "cryo.dev/e2b-snapshot="+id, "--wait=false") })
 	k.WaitReady(pod0, time.Now(), 3*time.Minute)
-	if rc := k.MustKubectl("get", "pod", pod0, "-o", "jsonpath={.spec.runtimeClassName} {.metadata.labels.cryo\\.dev/e2b-sandbox}"); rc != "cryo "+id {
-		t.Fatalf("sandbox pod: runtime class and label %q, want cryo %s", rc, id)
+	if rc := k.MustKubectl("get", "pod", pod0, "-o", "jsonpath={.spec.runtimeClassName} {.metadata.labels.cryo\\.dev/e2b-sandbox} {.metadata.labels.cryo\\.dev/runtime-class}"); rc != "cryo "+id+" cryo" {
+		t.Fatalf("sandbox pod: runtime class and labels %q, want cryo %s cryo", rc, id)
 	}
 	if tok := k.MustKubectl("get", "secret", "e2b-"+id, "-o", "jsonpath={.data.envdAccessToken}"); tok == "" {
 		t.Errorf("no envd token Secret e2b-%s", id)

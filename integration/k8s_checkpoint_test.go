@@ -65,6 +65,9 @@ func TestK8sCheckpoints(t *testing.T) {
 		if to := podAnnotation(t, k, "default", "agent", "cryo.dev/checkpoint-to"); !strings.HasPrefix(to, repo+":") {
 			t.Fatalf("webhook set cryo.dev/checkpoint-to %q, want a tag of %s", to, repo)
 		}
+		if l := k.MustKubectl("get", "pod", "agent", "-o", `jsonpath={.metadata.labels.cryo\.dev/runtime-class}`); l != "cryo" {
+			t.Fatalf("webhook set label cryo.dev/runtime-class %q, want cryo (the controller caches only labelled pods)", l)
+		}
 		uid := k.MustKubectl("get", "pod", "agent", "-o", "jsonpath={.metadata.uid}")
 		boot := k.Exec("agent", "agent", "cat", "/proc/sys/kernel/random/boot_id")
 		secret = k.Exec("agent", "agent", "cat", "/dev/shm/secret")
@@ -116,6 +119,10 @@ func TestK8sCheckpoints(t *testing.T) {
 
 	t.Run("keep running, and fork five", func(t *testing.T) {
 		k := k.T(t)
+		// Without its label (a pod admitted while the webhook was down)
+		// the pod is not in the controller's cache: the controller reads
+		// it from the API server.
+		k.MustKubectl("label", "pod", "agent", "cryo.dev/runtime-class-")
 		applyCheckpoint(t, k, "default", "agent-2", "agent", nil)
 		waitCheckpoint(t, k, "default", "agent-2", "Succeeded", 5*time.Minute)
 		if ph := k.MustKubectl("get", "pod", "agent", "-o", "jsonpath={.status.phase}"); ph != "Running" {

@@ -21,12 +21,14 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -81,37 +83,47 @@ func main() {
 // run runs the controller until ctx ends; cfg nil means the in-cluster
 // config or --kubeconfig.
 func run(ctx context.Context, cfg *rest.Config, f flags) error {
+	mgr, err := setup(ctx, cfg, f)
+	if err != nil {
+		return err
+	}
+	ctrl.Log.Info("starting", "defaultStore", f.defaultStore, "runtimeClasses", f.runtimeClasses, "namespace", f.namespace, "deadline", f.deadline)
+	return mgr.Start(ctx)
+}
+
+// setup checks the flags and builds the manager with everything added.
+func setup(ctx context.Context, cfg *rest.Config, f flags) (ctrl.Manager, error) {
 	if f.namespace == "" {
-		return errors.New("--namespace (or env POD_NAMESPACE) is required")
+		return nil, errors.New("--namespace (or env POD_NAMESPACE) is required")
 	}
 	classes := splitList(f.runtimeClasses)
 	if len(classes) == 0 {
-		return errors.New("--runtime-classes names no RuntimeClass")
+		return nil, errors.New("--runtime-classes names no RuntimeClass")
 	}
 	if f.e2bSandboxAddr != "" && f.e2bAddr == "" {
-		return errors.New("--e2b-sandbox-bind-address needs --e2b-api-bind-address: the gateway reaches the sandboxes the API creates")
+		return nil, errors.New("--e2b-sandbox-bind-address needs --e2b-api-bind-address: the gateway reaches the sandboxes the API creates")
 	}
 	if f.e2bAddr != "" {
 		if _, err := parseTemplates(f.e2bTemplates); err != nil {
-			return fmt.Errorf("--e2b-templates: %w", err)
+			return nil, fmt.Errorf("--e2b-templates: %w", err)
 		}
 	}
 	if f.defaultStore != "" {
 		if err := controller.CheckStoreBase(f.defaultStore); err != nil {
-			return fmt.Errorf("--default-store: %w", err)
+			return nil, fmt.Errorf("--default-store: %w", err)
 		}
 	}
 	scheme := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		return err
+		return nil, err
 	}
 	if err := cryov1.AddToScheme(scheme); err != nil {
-		return err
+		return nil, err
 	}
 	if cfg == nil {
 		var err error
 		if cfg, err = ctrl.GetConfig(); err != nil {
-			return fmt.Errorf("kubernetes client config: %w", err)
+			return nil, fmt.Errorf("kubernetes client config: %w", err)
 		}
 	}
 	certs := &controller.CertSync{
@@ -119,7 +131,10 @@ func run(ctx context.Context, cfg *rest.Config, f flags) error {
 		CertDir: f.certDir,
 	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme:                  scheme,
+		Scheme: scheme,
+		// The reconciler watches pods: without a selector every pod of
+		// the cluster would be in memory, for the few of cryo's.
+		Cache:                   cache.Options{ByObject: map[client.Object]cache.ByObject{&corev1.Pod{}: controller.PodCache()}},
 		Metrics:                 metricsserver.Options{BindAddress: f.metricsAddr},
 		HealthProbeBindAddress:  f.probeAddr,
 		LeaderElection:          f.leaderElect,
@@ -135,22 +150,23 @@ func run(ctx context.Context, cfg *rest.Config, f flags) error {
 		}),
 	})
 	if err != nil {
-		return fmt.Errorf("manager: %w", err)
+		return nil, fmt.Errorf("manager: %w", err)
 	}
 	certs.Reader = mgr.GetAPIReader()
 	if err := mgr.Add(certs); err != nil {
-		return err
+		return nil, err
 	}
 	caInjected := make(chan struct{})
 	if err := controller.AddCertRotator(mgr, f.namespace, f.certDir, caInjected); err != nil {
-		return fmt.Errorf("certificate rotator: %w", err)
+		return nil, fmt.Errorf("certificate rotator: %w", err)
 	}
 	cs, err := kubernetes.NewForConfig(mgr.GetConfig())
 	if err != nil {
-		return err
+		return nil, err
 	}
 	r := &controller.Reconciler{
 		Client:         mgr.GetClient(),
+		APIReader:      mgr.GetAPIReader(),
 		Recorder:       mgr.GetEventRecorder("cryo-controller"),
 		Kubelet:        controller.NodeProxyKubelet{REST: cs.CoreV1().RESTClient()},
 		Open:           controller.StoreOpener(stores.Options{}),
@@ -159,7 +175,7 @@ func run(ctx context.Context, cfg *rest.Config, f flags) error {
 		Deadline:       f.deadline,
 	}
 	if err := r.SetupWithManager(mgr); err != nil {
-		return fmt.Errorf("reconciler: %w", err)
+		return nil, fmt.Errorf("reconciler: %w", err)
 	}
 	mgr.GetWebhookServer().Register(controller.WebhookPath, &webhook.Admission{Handler: &controller.PodMutator{
 		Reader:         mgr.GetAPIReader(),
@@ -167,17 +183,17 @@ func run(ctx context.Context, cfg *rest.Config, f flags) error {
 		RuntimeClasses: classes,
 	}})
 	if f.e2bAddr != "" {
-		if err := addE2BAPI(mgr, f, classes[0], cs.CoreV1().RESTClient()); err != nil {
-			return fmt.Errorf("e2b API: %w", err)
+		if err := addE2BAPI(ctx, mgr, f, classes[0], cs.CoreV1().RESTClient()); err != nil {
+			return nil, fmt.Errorf("e2b API: %w", err)
 		}
 	}
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
-		return err
+		return nil, err
 	}
 	// Ready once the webhook serves its certificate and the API server
 	// holds the CA that verifies it: from then on the webhook answers.
 	if err := mgr.AddReadyzCheck("webhook-certificate", func(*http.Request) error { return certs.Ready() }); err != nil {
-		return err
+		return nil, err
 	}
 	if err := mgr.AddReadyzCheck("webhook-ca-injected", func(*http.Request) error {
 		select {
@@ -187,21 +203,22 @@ func run(ctx context.Context, cfg *rest.Config, f flags) error {
 			return errors.New("CA not yet in the MutatingWebhookConfiguration " + controller.WebhookConfigName)
 		}
 	}); err != nil {
-		return err
+		return nil, err
 	}
-	ctrl.Log.Info("starting", "defaultStore", f.defaultStore, "runtimeClasses", classes, "namespace", f.namespace, "deadline", f.deadline)
-	return mgr.Start(ctx)
+	return mgr, nil
 }
 
 // addE2BAPI serves E2B's API from this binary: it is a thin layer over
 // the Checkpoint resource that this binary reconciles, with the same
 // RBAC, image and Deployment; a second binary would only add a rollout.
-func addE2BAPI(mgr ctrl.Manager, f flags, runtimeClass string, core rest.Interface) error {
+func addE2BAPI(ctx context.Context, mgr ctrl.Manager, f flags, runtimeClass string, core rest.Interface) error {
 	templates, err := parseTemplates(f.e2bTemplates)
 	if err != nil {
 		return fmt.Errorf("--e2b-templates: %w", err)
 	}
 	// Uncached: a cache would watch every Secret and pod of the cluster.
+	// Only the gateway's common path reads the manager's cache, which
+	// holds cryo's pods (sandboxes among them) and the Checkpoints.
 	cl, err := client.New(mgr.GetConfig(), client.Options{Scheme: mgr.GetScheme()})
 	if err != nil {
 		return err
@@ -225,7 +242,17 @@ func addE2BAPI(mgr ctrl.Manager, f flags, runtimeClass string, core rest.Interfa
 		return err
 	}
 	if f.e2bSandboxAddr != "" {
-		if err := mgr.Add(&e2bapi.GatewayListener{Gateway: &e2bapi.Gateway{Server: srv}, Addr: f.e2bSandboxAddr}); err != nil {
+		// The informers start with the cache on every replica, not with
+		// the leader's reconciler: the gateway serves on all of them,
+		// after the caches synced.
+		if err := e2bapi.IndexPods(ctx, mgr.GetFieldIndexer()); err != nil {
+			return fmt.Errorf("index sandbox pods: %w", err)
+		}
+		if _, err := mgr.GetCache().GetInformer(ctx, &cryov1.Checkpoint{}); err != nil {
+			return fmt.Errorf("Checkpoint informer: %w", err)
+		}
+		gw := &e2bapi.Gateway{Server: srv, Cache: mgr.GetCache()}
+		if err := mgr.Add(&e2bapi.GatewayListener{Gateway: gw, Addr: f.e2bSandboxAddr}); err != nil {
 			return err
 		}
 	}

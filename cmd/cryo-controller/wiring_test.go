@@ -18,10 +18,12 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
+	nodev1 "k8s.io/api/node/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
@@ -30,13 +32,80 @@ import (
 	"github.com/cryo-runtime/cryo/controller"
 )
 
-// TestControllerWiring runs the controller as main does against a real
-// kube-apiserver and etcd (envtest; KUBEBUILDER_ASSETS, default
-// /var/cache/cryo/tools/bin from make deps) with the packaged CRD and
-// webhook configuration: it becomes ready (certificate made and served, CA
-// injected), its webhook answers, and its reconciler refuses a Checkpoint
-// of a missing pod.
+// TestControllerWiring runs the controller as main does (with the E2B API
+// and gateway) against a real kube-apiserver and etcd (envtest;
+// KUBEBUILDER_ASSETS, default /var/cache/cryo/tools/bin from make deps)
+// with the packaged CRD and webhook configuration: it becomes ready
+// (certificate made and served, CA injected), its webhook answers, its
+// reconciler refuses a Checkpoint of a missing pod, and its caches hold
+// what they should (testCaches). One manager per process: controller
+// names are global to it.
 func TestControllerWiring(t *testing.T) {
+	cfg, c := startAPIServer(t)
+	ctx := context.Background()
+	log := &requestLog{}
+	cfg = rest.CopyConfig(cfg)
+	cfg.Wrap(log.wrap)
+
+	probes, hook, gw := freePort(t), freePort(t), freePort(t)
+	f := flags{defaultStore: "s3://snapshots/cryo", runtimeClasses: "cryo", namespace: "cryo-system", webhookPort: hook,
+		probeAddr: fmt.Sprintf("127.0.0.1:%d", probes), metricsAddr: "0", leaderElect: true, deadline: time.Minute, certDir: t.TempDir(),
+		e2bTemplates: "base=busybox:1", e2bAddr: fmt.Sprintf("127.0.0.1:%d", freePort(t)), e2bSandboxAddr: fmt.Sprintf("127.0.0.1:%d", gw)}
+	rctx, stop := context.WithCancel(ctx)
+	mgr, err := setup(rctx, cfg, f)
+	if err != nil {
+		stop()
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(rctx) }()
+	t.Cleanup(func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("manager: %v", err)
+		}
+	})
+
+	waitReady(t, fmt.Sprintf("http://127.0.0.1:%d/readyz", probes), done)
+	var mwc admissionregistrationv1.MutatingWebhookConfiguration
+	if err := c.Get(ctx, types.NamespacedName{Name: controller.WebhookConfigName}, &mwc); err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range mwc.Webhooks {
+		if len(w.ClientConfig.CABundle) == 0 {
+			t.Errorf("webhook %s: no caBundle once ready", w.Name)
+		}
+	}
+	if patch := admit(t, hook); !strings.Contains(patch, `"cryo.dev/checkpoint-to":"s3://snapshots/cryo/team-a/pods:pod-web"`) ||
+		!strings.Contains(patch, `"`+controller.LabelRuntimeClass+`":"cryo"`) {
+		t.Errorf("webhook patch %s", patch)
+	}
+
+	cp := &cryov1.Checkpoint{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "c1"}, Spec: cryov1.CheckpointSpec{PodName: "ghost"}}
+	if err := c.Create(ctx, cp); err != nil {
+		t.Fatal(err)
+	}
+	for end := time.Now().Add(30 * time.Second); cp.Status.Phase != cryov1.PhaseFailed; time.Sleep(100 * time.Millisecond) {
+		if err := c.Get(ctx, client.ObjectKeyFromObject(cp), cp); err != nil {
+			t.Fatal(err)
+		}
+		if time.Now().After(end) {
+			t.Fatalf("Checkpoint of a missing pod: %+v", cp.Status)
+		}
+	}
+	if cp.Status.Reason != cryov1.ReasonPodNotFound {
+		t.Errorf("reason %s: %s", cp.Status.Reason, cp.Status.Message)
+	}
+
+	t.Run("caches", func(t *testing.T) { testCaches(t, mgr, c, log, gw) })
+}
+
+// startAPIServer starts a kube-apiserver and etcd (envtest) with the
+// packaged CRD, and creates the RuntimeClasses cryo and runc, the
+// namespaces cryo-system (with the webhook's empty Secret) and team-a, and
+// the packaged webhook configuration.
+func startAPIServer(t *testing.T) (*rest.Config, client.Client) {
+	t.Helper()
 	assets := os.Getenv("KUBEBUILDER_ASSETS")
 	if assets == "" {
 		assets = "/var/cache/cryo/tools/bin"
@@ -60,60 +129,19 @@ func TestControllerWiring(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
 	for _, o := range []client.Object{
+		&nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: "cryo"}, Handler: "cryo"},
+		&nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: "runc"}, Handler: "runc"},
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "cryo-system"}},
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "team-a"}},
 		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "cryo-system", Name: controller.CertSecretName}},
 		packagedWebhook(t, filepath.Join(pkg, "webhook.yaml")),
 	} {
-		if err := c.Create(ctx, o); err != nil {
+		if err := c.Create(context.Background(), o); err != nil {
 			t.Fatal(err)
 		}
 	}
-
-	probes, hook := freePort(t), freePort(t)
-	f := flags{defaultStore: "s3://snapshots/cryo", runtimeClasses: "cryo", namespace: "cryo-system", webhookPort: hook,
-		probeAddr: fmt.Sprintf("127.0.0.1:%d", probes), metricsAddr: "0", leaderElect: true, deadline: time.Minute, certDir: t.TempDir()}
-	rctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- run(rctx, cfg, f) }()
-	t.Cleanup(func() {
-		stop()
-		if err := <-done; err != nil {
-			t.Errorf("run: %v", err)
-		}
-	})
-
-	waitReady(t, fmt.Sprintf("http://127.0.0.1:%d/readyz", probes), done)
-	var mwc admissionregistrationv1.MutatingWebhookConfiguration
-	if err := c.Get(ctx, types.NamespacedName{Name: controller.WebhookConfigName}, &mwc); err != nil {
-		t.Fatal(err)
-	}
-	for _, w := range mwc.Webhooks {
-		if len(w.ClientConfig.CABundle) == 0 {
-			t.Errorf("webhook %s: no caBundle once ready", w.Name)
-		}
-	}
-	if patch := admit(t, hook); !strings.Contains(patch, `"cryo.dev/checkpoint-to":"s3://snapshots/cryo/team-a/pods:pod-web"`) {
-		t.Errorf("webhook patch %s", patch)
-	}
-
-	cp := &cryov1.Checkpoint{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "c1"}, Spec: cryov1.CheckpointSpec{PodName: "ghost"}}
-	if err := c.Create(ctx, cp); err != nil {
-		t.Fatal(err)
-	}
-	for end := time.Now().Add(30 * time.Second); cp.Status.Phase != cryov1.PhaseFailed; time.Sleep(100 * time.Millisecond) {
-		if err := c.Get(ctx, client.ObjectKeyFromObject(cp), cp); err != nil {
-			t.Fatal(err)
-		}
-		if time.Now().After(end) {
-			t.Fatalf("Checkpoint of a missing pod: %+v", cp.Status)
-		}
-	}
-	if cp.Status.Reason != cryov1.ReasonPodNotFound {
-		t.Errorf("reason %s: %s", cp.Status.Reason, cp.Status.Message)
-	}
+	return cfg, c
 }
 
 func packagedWebhook(t *testing.T, path string) *admissionregistrationv1.MutatingWebhookConfiguration {
@@ -161,12 +189,13 @@ func admit(t *testing.T, port int) string {
 	return string(review.Response.Patch)
 }
 
-func waitReady(t *testing.T, url string, done <-chan error) {
+func waitReady(t *testing.T, url string, done chan error) {
 	t.Helper()
 	var last string
 	for end := time.Now().Add(60 * time.Second); ; time.Sleep(200 * time.Millisecond) {
 		select {
 		case err := <-done:
+			done <- err // for the cleanup that waits for it
 			t.Fatalf("controller stopped: %v", err)
 		default:
 		}

@@ -176,6 +176,12 @@ func (c *Controller) waitWebhook(t testing.TB, timeout time.Duration) {
 // output and error text: what the webhook made of it.
 func (c *Controller) TryRestorePod(ns, name, checkpoint string) string {
 	pod := Pod(name, map[string]string{RestoreCheckpointAnnotation: checkpoint}, Container("c", "sleep inf"))
+	return c.DryRun(ns, pod)
+}
+
+// DryRun creates pod in ns as a dry run, through admission, and returns
+// kubectl's output (the pod as admitted, JSON) or its error text.
+func (c *Controller) DryRun(ns string, pod map[string]any) string {
 	pod["metadata"].(map[string]any)["namespace"] = ns
 	b, _ := json.Marshal(pod)
 	cmd := c.k.Cluster.KubectlCmd(context.WithoutCancel(c.k.t.Context()), "create", "--dry-run=server", "-o", "json", "-f", "-")

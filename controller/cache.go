@@ -1,0 +1,50 @@
+package controller
+
+import (
+	"context"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+)
+
+// LabelRuntimeClass marks a pod of one of cryo's RuntimeClasses; its value
+// is the class. The webhook sets it on every such pod it admits, and the
+// E2B API on the pods it makes. The controller's cache holds only the pods
+// that carry it (PodCache), so its memory follows cryo's pods, not the
+// cluster's. It chooses what is watched, never what is acted on: a pod's
+// creator can set or remove it, so the reconciler still checks
+// spec.runtimeClassName, and reads a pod without it from the API server.
+const LabelRuntimeClass = "cryo.dev/runtime-class"
+
+// PodCache is the manager's cache configuration for pods (cache.Options
+// ByObject): only those labelled LabelRuntimeClass, and without their
+// managedFields, which nothing here reads and which are often the larger
+// part of a pod.
+func PodCache() cache.ByObject {
+	return cache.ByObject{Label: labelledPods, Transform: cache.TransformStripManagedFields()}
+}
+
+var labelledPods = func() labels.Selector {
+	req, err := labels.NewRequirement(LabelRuntimeClass, selection.Exists, nil)
+	if err != nil {
+		panic(err) // a constant key
+	}
+	return labels.NewSelector().Add(*req)
+}()
+
+// getPod reads a pod from the cache and, when the cache does not hold it,
+// from the API server: a pod created before the label existed or while the
+// webhook was down has none, and one created a moment ago may not have
+// reached the cache yet. A pod not found is then the API server's answer.
+// Only a Checkpoint naming the pod costs that read.
+func (r *Reconciler) getPod(ctx context.Context, key types.NamespacedName, pod *corev1.Pod) error {
+	err := r.Client.Get(ctx, key, pod)
+	if apierrors.IsNotFound(err) && r.APIReader != nil {
+		err = r.APIReader.Get(ctx, key, pod)
+	}
+	return err
+}
