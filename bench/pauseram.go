@@ -93,10 +93,29 @@ func (c cloneRows) ratio(n int) string    { return fmt.Sprintf("%s_%d_over_1_qem
 func (c cloneRows) ramPss(n int) string   { return fmt.Sprintf("%s_%d_guest_ram_pss_total", c, n) }
 func (c cloneRows) ramRatio(n int) string { return fmt.Sprintf("%s_%d_over_1_guest_ram_pss", c, n) }
 
+// shimPss and shimIdlePss are the n clones' shims' summed Pss right after
+// the first execs and after shimIdleWait of idling (informational: a
+// sandbox costs its shim's memory beside its QEMU's).
+func (c cloneRows) shimPss(n int) string     { return fmt.Sprintf("%s_%d_shim_pss_total", c, n) }
+func (c cloneRows) shimIdlePss(n int) string { return fmt.Sprintf("%s_%d_shim_pss_idle_total", c, n) }
+
 // names are the rows for 1 and n clones, in report order.
 func (c cloneRows) names(n int) []string {
-	return []string{c.pss(1), c.pss(n), c.ratio(n), c.ramPss(1), c.ramPss(n), c.ramRatio(n)}
+	names := []string{c.pss(1), c.pss(n), c.ratio(n), c.ramPss(1), c.ramPss(n), c.ramRatio(n), c.shimPss(n)}
+	if c.measuresIdleShims() {
+		names = append(names, c.shimIdlePss(n))
+	}
+	return names
 }
+
+// measuresIdleShims: the lazy clones' shims serve their RAM (pagefs), and
+// what they keep once idle is the row; the others' are measured right
+// after the execs only (each wait costs shimIdleWait).
+func (c cloneRows) measuresIdleShims() bool { return c == idleClones }
+
+// shimIdleWait covers a shim's trims: its decoded chunks dropped after
+// 10 s unused, its heap trimmed every 30 s (shim/memory.go).
+const shimIdleWait = 45 * time.Second
 
 // warmReadRow is the warm clones' read of their fill, fill MiB.
 func warmReadRow(fill int) string { return fmt.Sprintf("lazy_warm_first_read_%dMiB", fill) }
@@ -320,11 +339,19 @@ func (r *runner) clones(rows cloneRows, cfgPath, url string, n int, first func(i
 	var m clonesPair
 	for i, k := range []int{1, n} {
 		var err error
-		if m[i], err = r.clonesPssOf(cfgPath, url, k, first); err != nil {
+		var idle time.Duration
+		if i == 1 && rows.measuresIdleShims() {
+			idle = shimIdleWait
+		}
+		if m[i], err = r.clonesPssOf(cfgPath, url, k, first, idle); err != nil {
 			return m, fmt.Errorf("%d lazy clones: %w", k, err)
 		}
 		r.r.add("pause_ram", rows.pss(k), "MiB", mib(m[i].pss))
 		r.r.add("pause_ram", rows.ramPss(k), "MiB", mib(m[i].ram))
+	}
+	r.r.add("pause_ram", rows.shimPss(n), "MiB", mib(m[1].shim))
+	if rows.measuresIdleShims() {
+		r.r.add("pause_ram", rows.shimIdlePss(n), "MiB", mib(m[1].shimIdle))
 	}
 	r.r.add("pause_ram", rows.ratio(n), "ratio", ratio(mib(m[1].pss), mib(m[0].pss)))
 	r.r.add("pause_ram", rows.ramRatio(n), "ratio", ratio(mib(m[1].ram), mib(m[0].ram)))
@@ -336,8 +363,12 @@ type clonesPair [2]clonesMem
 
 func (m clonesPair) summary(n int) string {
 	pss1, pssN, ram1, ramN := mib(m[0].pss), mib(m[1].pss), mib(m[0].ram), mib(m[1].ram)
-	return fmt.Sprintf("QEMU Pss 1: %.0f MiB, %d: %.0f MiB (%.2fx); of it guest RAM 1: %.0f MiB, %d: %.0f MiB (%.2fx)",
-		pss1, n, pssN, ratio(pssN, pss1), ram1, n, ramN, ratio(ramN, ram1))
+	s := fmt.Sprintf("QEMU Pss 1: %.0f MiB, %d: %.0f MiB (%.2fx); of it guest RAM 1: %.0f MiB, %d: %.0f MiB (%.2fx); the %d shims' Pss %.0f MiB",
+		pss1, n, pssN, ratio(pssN, pss1), ram1, n, ramN, ratio(ramN, ram1), n, mib(m[1].shim))
+	if m[1].shimIdle > 0 {
+		s += fmt.Sprintf(", %.0f MiB after %v idle", mib(m[1].shimIdle), shimIdleWait)
+	}
+	return s
 }
 
 // warmClonesPss: clonesPss for WarmClones lazy clones of a warm snapshot,
@@ -411,13 +442,14 @@ func checkFillRead(out string, fill int) error {
 }
 
 // clonesMem is the summed Pss of some clones' QEMUs and the part of it in
-// their guest RAM mappings, in bytes.
-type clonesMem struct{ pss, ram int64 }
+// their guest RAM mappings, and their shims' summed Pss right after the
+// first execs and after idling (0: not measured), in bytes.
+type clonesMem struct{ pss, ram, shim, shimIdle int64 }
 
 // clonesPssOf starts n lazy clones of url one after the other, each
 // answering first (its first exec) before the next starts, and sums
-// their memory.
-func (r *runner) clonesPssOf(cfgPath, url string, n int, first func(id string) error) (clonesMem, error) {
+// their memory; with idle > 0, their shims' again after idle.
+func (r *runner) clonesPssOf(cfgPath, url string, n int, first func(id string) error, idle time.Duration) (clonesMem, error) {
 	ids := make([]string, 0, n)
 	defer func() { r.remove(ids...) }()
 	for range n {
@@ -438,7 +470,12 @@ func (r *runner) clonesPssOf(cfgPath, url string, n int, first func(id string) e
 	if len(pids) != n {
 		return clonesMem{}, fmt.Errorf("%d QEMU processes running, want %d", len(pids), n)
 	}
-	return clonesMem{pss: qemuMem(pids).pss, ram: guestRAMPss(pids)}, nil
+	m := clonesMem{pss: qemuMem(pids).pss, ram: guestRAMPss(pids), shim: qemuMem(r.s.ShimPids()).pss}
+	if idle > 0 {
+		time.Sleep(idle)
+		m.shimIdle = qemuMem(r.s.ShimPids()).pss
+	}
+	return m, nil
 }
 
 // pauseRAMTargets checks issue 21's targets on the rows of pauseRAM: the

@@ -11,7 +11,8 @@ import (
 // procMem is the summed memory of some processes.
 type procMem struct{ rss, pss int64 }
 
-// qemuMem sums Rss and Pss (bytes) of pids from /proc/<pid>/smaps_rollup.
+// qemuMem sums Rss and Pss (bytes) of pids (QEMUs, or shims) from
+// /proc/<pid>/smaps_rollup.
 // Pss divides each shared page among the processes that map it, so the
 // sum is what the clones cost the node together.
 func qemuMem(pids []int) procMem {

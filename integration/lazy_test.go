@@ -4,6 +4,7 @@ package integration
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -18,6 +19,7 @@ import (
 	"github.com/cryo-runtime/cryo/integration/harness"
 	"github.com/cryo-runtime/cryo/nodecache"
 	"github.com/cryo-runtime/cryo/snapshot"
+	"github.com/cryo-runtime/cryo/stack"
 	"github.com/cryo-runtime/cryo/stores"
 )
 
@@ -163,6 +165,7 @@ func TestLazyRestore(t *testing.T) {
 	if out := e.MustCtr("task", "exec", "--exec-id", "r", "lz", "cat", "/data/file", "/data/file2"); strings.Fields(out)[1] != "more" {
 		t.Fatalf("disk after writes: %q", out)
 	}
+	idleShimMemory(t, "lz")
 
 	for _, id := range []string{"src", "lz", "eg"} {
 		e.MustCtr("task", "kill", "-s", "SIGKILL", id)
@@ -172,6 +175,42 @@ func TestLazyRestore(t *testing.T) {
 	}
 	noLeftovers(t, e)
 	noLazyLeftovers(t, e)
+}
+
+// idleShimMemory: a lazily restored sandbox's shim gives back, once the
+// sandbox idles, what its restore used: the decoded chunks it kept for
+// page faults, go-fuse's request buffers and the decode buffers, some
+// 60 MiB of anonymous memory right after the restore. At most
+// idleShimAnonMiB stays (the shim's own heap and the runtime).
+func idleShimMemory(t *testing.T, id string) {
+	t.Helper()
+	const idleShimAnonMiB = 16
+	pids := stack.ProcsMatching("containerd-shim-cryo-v2", id)
+	if len(pids) != 1 {
+		t.Fatalf("shims of %s: %v, want one", id, pids)
+	}
+	anon := func() int64 {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pids[0]))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := regexp.MustCompile(`(?m)^Anonymous:\s+(\d+) kB`).FindSubmatch(b)
+		if m == nil {
+			t.Fatalf("no Anonymous line in the shim's smaps_rollup:\n%s", b)
+		}
+		kib, _ := strconv.ParseInt(string(m[1]), 10, 64)
+		return kib >> 10
+	}
+	first, low := anon(), anon()
+	start := time.Now()
+	harness.WaitFor(60*time.Second, func() bool {
+		low = min(low, anon())
+		return low <= idleShimAnonMiB
+	})
+	t.Logf("shim of the lazy restore: %d MiB of anonymous memory after its first execs, %d MiB after %v idle", first, low, time.Since(start).Round(time.Second))
+	if low > idleShimAnonMiB {
+		t.Fatalf("the idle lazy sandbox's shim holds %d MiB of anonymous memory after 60 s (%d MiB after its first execs), want at most %d", low, first, idleShimAnonMiB)
+	}
 }
 
 // ramChunks returns the digests of the stored chunks of ref's "ram" file.

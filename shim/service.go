@@ -82,6 +82,7 @@ func NewTaskService(ctx context.Context, publisher shim.Publisher, sd shutdown.S
 		defer close(forwarded)
 		s.forward(ctx, publisher)
 	}()
+	go trimMemory(ctx)
 	sd.RegisterCallback(func(ctx context.Context) error {
 		s.mu.Lock()
 		sb := s.sb

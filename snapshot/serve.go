@@ -111,7 +111,9 @@ func grow(b []byte, n int64) []byte {
 // a fault cluster reads a chunk in max_read pieces (1 MiB), so the chunk it
 // is in is kept for the next pieces, not for ever (the page cache is the
 // real cache). It holds at most max bytes (and always the newest chunk),
-// however many files the snapshot serves.
+// however many files the snapshot serves, and nothing once it has not been
+// used for idle: an idle sandbox, which is most of them, would otherwise
+// keep up to 16 MiB of decoded chunks in its shim for its whole life.
 type decodedCache struct {
 	mu         sync.Mutex
 	max, bytes int64
@@ -122,7 +124,15 @@ type decodedCache struct {
 	// garbage, and the heap stays near its bound.
 	free      [][]byte
 	freeBytes int64
+
+	idle    time.Duration
+	lastUse time.Time
+	dropper *time.Timer // armed while the cache holds anything
 }
+
+// decodedIdle is how long the cache keeps its chunks unused: the pieces of
+// one fault cluster come within milliseconds of each other.
+const decodedIdle = 10 * time.Second
 
 // keepDecoded is how many decoded chunks the cache aims to keep (fewer
 // when they are large: decodedCacheSize).
@@ -136,7 +146,37 @@ func decodedCacheSize(cs, budget int64) int64 {
 }
 
 func newDecodedCache(max int64) *decodedCache {
-	return &decodedCache{max: max, m: map[decodedKey]*list.Element{}, lru: list.New()}
+	return &decodedCache{max: max, m: map[decodedKey]*list.Element{}, lru: list.New(), idle: decodedIdle}
+}
+
+// used records a use and arms the drop (c.mu held).
+func (c *decodedCache) used() {
+	c.lastUse = time.Now()
+	if c.dropper == nil {
+		c.dropper = time.AfterFunc(c.idle, c.dropIfIdle)
+	}
+}
+
+// dropIfIdle empties the cache, chunks and spare buffers, when it has not
+// been used for c.idle; else it looks again when that time has passed.
+func (c *decodedCache) dropIfIdle() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if unused := time.Since(c.lastUse); unused < c.idle {
+		c.dropper.Reset(c.idle - unused)
+		return
+	}
+	clear(c.m)
+	c.lru.Init()
+	c.bytes, c.free, c.freeBytes = 0, nil, 0
+	c.dropper = nil
+}
+
+// held is what the cache holds, chunks and spare buffers, in bytes.
+func (c *decodedCache) held() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.bytes + c.freeBytes
 }
 
 // read calls fn with chunk k under the cache's lock, if it is cached.
@@ -147,6 +187,7 @@ func (c *decodedCache) read(k decodedKey, fn func(raw []byte)) bool {
 	if !ok {
 		return false
 	}
+	c.used()
 	c.lru.MoveToFront(e)
 	fn(e.Value.(*decodedChunk).raw)
 	return true
@@ -160,6 +201,7 @@ func (c *decodedCache) put(k decodedKey, raw []byte) {
 		c.recycle(raw)
 		return
 	}
+	c.used()
 	c.m[k] = c.lru.PushFront(&decodedChunk{key: k, raw: raw})
 	c.bytes += int64(cap(raw))
 	for c.bytes > c.max && c.lru.Len() > 1 {
@@ -173,6 +215,7 @@ func (c *decodedCache) put(k decodedKey, raw []byte) {
 // recycle keeps b for a later decode if it fits (c.mu held).
 func (c *decodedCache) recycle(b []byte) {
 	if c.bytes+c.freeBytes+int64(cap(b)) <= c.max {
+		c.used()
 		c.free = append(c.free, b[:0])
 		c.freeBytes += int64(cap(b))
 	}

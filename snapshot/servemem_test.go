@@ -372,3 +372,53 @@ func TestServeRecycledBuffersConcurrent(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestDecodedCacheDropsWhenIdle: the chunks served reads decoded are kept
+// while reads come, and dropped, spare buffers too, once none came for the
+// cache's idle time: an idle sandbox's shim keeps no decoded chunk. Reads
+// after the drop decode again and are right.
+func TestDecodedCacheDropsWhenIdle(t *testing.T) {
+	ts := newTestSnap(t)
+	store := newMemStore()
+	ts.write(t, store, "v1", WriteOptions{})
+	s := open(t, store, "v1", ReadOptions{})
+	c := s.serving.cache
+	c.mu.Lock()
+	c.idle = 300 * time.Millisecond
+	c.mu.Unlock()
+	want, err := os.ReadFile(ts.paths.RAM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := serve(t, s, FileRAM)
+	read := func() {
+		p := make([]byte, 3*testCS)
+		if _, err := r.ReadAt(p, 0); err != nil || !bytes.Equal(p, want[:len(p)]) {
+			t.Fatalf("read: %v, or content differs", err)
+		}
+	}
+	read()
+	if c.held() == 0 {
+		t.Fatal("nothing cached after a read")
+	}
+	// Reads every 100 ms keep it.
+	for range 5 {
+		time.Sleep(100 * time.Millisecond)
+		read()
+	}
+	if c.held() == 0 {
+		t.Fatal("cache dropped while reads came every 100 ms (idle time 300 ms)")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for c.held() != 0 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := c.held(); n != 0 {
+		t.Fatalf("cache holds %d bytes after 5 s without a read", n)
+	}
+	fetches := store.fetches.Load()
+	read()
+	if store.fetches.Load() == fetches && c.held() == 0 {
+		t.Error("a read after the drop neither fetched nor cached")
+	}
+}
