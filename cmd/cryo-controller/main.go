@@ -245,11 +245,8 @@ func addE2BAPI(ctx context.Context, mgr ctrl.Manager, f flags, runtimeClass stri
 		// The informers start with the cache on every replica, not with
 		// the leader's reconciler: the gateway serves on all of them,
 		// after the caches synced.
-		if err := e2bapi.IndexPods(ctx, mgr.GetFieldIndexer()); err != nil {
-			return fmt.Errorf("index sandbox pods: %w", err)
-		}
-		if _, err := mgr.GetCache().GetInformer(ctx, &cryov1.Checkpoint{}); err != nil {
-			return fmt.Errorf("Checkpoint informer: %w", err)
+		if err := e2bapi.IndexSandboxes(ctx, mgr.GetFieldIndexer()); err != nil {
+			return fmt.Errorf("index sandbox pods and Checkpoints: %w", err)
 		}
 		gw := &e2bapi.Gateway{Server: srv, Cache: mgr.GetCache()}
 		if err := mgr.Add(&e2bapi.GatewayListener{Gateway: gw, Addr: f.e2bSandboxAddr}); err != nil {
