@@ -126,6 +126,13 @@ func setup(ctx context.Context, cfg *rest.Config, f flags) (ctrl.Manager, error)
 			return nil, fmt.Errorf("kubernetes client config: %w", err)
 		}
 	}
+	if f.e2bAddr != "" {
+		// Before anything starts: an E2B API without its label guard would
+		// let one tenant take another's sandbox traffic.
+		if err := checkLabelGuard(ctx, cfg, scheme); err != nil {
+			return nil, fmt.Errorf("e2b API: %w", err)
+		}
+	}
 	certs := &controller.CertSync{
 		Secret:  types.NamespacedName{Namespace: f.namespace, Name: controller.CertSecretName},
 		CertDir: f.certDir,
@@ -254,6 +261,23 @@ func addE2BAPI(ctx context.Context, mgr ctrl.Manager, f flags, runtimeClass stri
 		}
 	}
 	return mgr.Add(&e2bapi.Reaper{Server: srv})
+}
+
+// checkLabelGuard checks, through the API server, that the E2B label
+// guard is in force for the identity the controller runs as.
+func checkLabelGuard(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme) error {
+	cl, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	user, err := e2bapi.CheckLabelGuard(ctx, cl)
+	if err != nil {
+		return fmt.Errorf("label guard: %w", err)
+	}
+	ctrl.Log.Info("e2b label guard in force", "policy", e2bapi.LabelGuard, "controller", user)
+	return nil
 }
 
 // parseTemplates reads name=image pairs.
