@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -34,9 +36,10 @@ const (
 // Gateway is what E2B_SANDBOX_URL points at: it routes each request by its
 // E2b-Sandbox-Id header (or, for E2B_DOMAIN's <port>-<id>.<domain> hosts,
 // by its Host) to envd at <podIP>:EnvdPort of the sandbox's running pod, in
-// whatever namespace it is. It takes no API key: the SDK sends none to
-// envd, whose access token guards every call. A paused sandbox created
-// with autoResume is resumed by its first request, which waits for it.
+// whatever namespace it is (the one namespace holding the id: see find).
+// It takes no API key: the SDK sends none to envd, whose access token
+// guards every call. A paused sandbox created with autoResume is resumed
+// by its first request, which waits for it.
 //
 // Refusals are E2B's proxy's: 502 with {"sandboxId","message","code"},
 // which the SDK maps to "not running" (isRunning() false, a TimeoutError
@@ -44,10 +47,10 @@ const (
 type Gateway struct {
 	Server *Server
 	// Cache answers a request to a running sandbox without the API
-	// server: an informer cache holding the sandbox pods, indexed by
-	// IndexPods, and the Checkpoints. What it cannot answer (an unknown,
-	// starting, pausing, paused or resuming sandbox) goes through
-	// Server.Client. Nil: every request does.
+	// server: an informer cache holding the sandbox pods and the
+	// Checkpoints, indexed by IndexSandboxes. What it cannot answer (an
+	// unknown, starting, pausing, paused or resuming sandbox) goes
+	// through Server.Client. Nil: every request does.
 	Cache client.Reader
 	// Port is envd's port in the pod; 0 means EnvdPort (tests point it
 	// elsewhere).
@@ -182,8 +185,16 @@ func (g *Gateway) addr(ip string) string { return net.JoinHostPort(ip, strconv.I
 
 // find looks the sandbox up in every namespace. The common case, a
 // running pod, is the cache's; ip is its address. Otherwise sb is what the
-// sandbox's namespace holds of it (the API's own lookup), nil when it is
-// unknown there too.
+// sandbox's namespace holds of it, nil when it is unknown.
+//
+// Labels are whatever an object's creator wrote. LabelGuard keeps
+// LabelSandbox to the controller, and find does not rely on that alone:
+// a sandbox lives in one namespace, its API key's, so an id on objects of
+// two namespaces means that someone else labelled one of them (before the
+// guard was applied, or past it). Nothing tells which one is the sandbox:
+// find routes to neither. And it routes only to a pod named and classed as
+// the API makes them, so that a label added to someone's existing pod
+// never makes it the sandbox's.
 func (g *Gateway) find(ctx context.Context, id string) (ip string, sb *sandbox, err error) {
 	if ip := g.cached(ctx, id); ip != "" {
 		return ip, nil, nil
@@ -193,39 +204,65 @@ func (g *Gateway) find(ctx context.Context, id string) (ip string, sb *sandbox, 
 	if err := s.Client.List(ctx, &pods, client.MatchingLabels{LabelSandbox: id}); err != nil {
 		return "", nil, fmt.Errorf("list pods: %w", err)
 	}
-	ns := ""
+	var cps cryov1.CheckpointList
+	if err := s.Client.List(ctx, &cps, client.MatchingLabels{LabelSandbox: id}); err != nil {
+		return "", nil, fmt.Errorf("list Checkpoints: %w", err)
+	}
+	nss := namespaces(pods.Items, cps.Items)
+	switch {
+	case len(nss) == 0:
+		return "", nil, nil
+	case len(nss) > 1:
+		s.Log.Error(errors.New("sandbox id on objects of more than one namespace"),
+			"e2b gateway: refused; delete the pods and Checkpoints that cryo's E2B API did not make (docs/e2b.md#the-label-guard)",
+			"sandbox", id, "namespaces", nss)
+		return "", nil, refuse(http.StatusBadGateway, id, "sandbox %s: its id is on objects of more than one namespace, so it is not served until an administrator removes the foreign ones", id)
+	}
 	for i := range pods.Items {
 		p := &pods.Items[i]
-		ns = p.Namespace
-		if p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodRunning && p.Status.PodIP != "" && !sandboxPausing(ctx, s, p) {
+		if p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodRunning && p.Status.PodIP != "" && s.sandboxPod(p, id) && !sandboxPausing(ctx, s, p) {
 			return p.Status.PodIP, nil, nil
 		}
 	}
-	if ns == "" {
-		var cps cryov1.CheckpointList
-		if err := s.Client.List(ctx, &cps, client.MatchingLabels{LabelSandbox: id}); err != nil {
-			return "", nil, fmt.Errorf("list Checkpoints: %w", err)
-		}
-		if len(cps.Items) == 0 {
-			return "", nil, nil
-		}
-		ns = cps.Items[0].Namespace
+	sb, found := assemble(nss[0], id, pods.Items, cps.Items)
+	if sb.pod != nil && !s.sandboxPod(sb.pod, id) {
+		return "", nil, refuse(http.StatusBadGateway, id, "sandbox %s: pod %s is not one cryo's E2B API made (its name or RuntimeClass differ)", id, sb.pod.Name)
 	}
-	sb, found, err := s.lookup(ctx, ns, id)
-	if err != nil || !found && !pausingSandbox(sb) {
-		return "", nil, err
+	if !found && !pausingSandbox(sb) {
+		return "", nil, nil
 	}
 	return "", sb, nil
 }
 
+// sandboxPod: p has the name and the RuntimeClass that the API gives the
+// pods of sandbox id. A name is fixed at creation, before anyone but the
+// API knows the id.
+func (s *Server) sandboxPod(p *corev1.Pod, id string) bool {
+	return p.Name == podName(id, generation(p.Annotations)) &&
+		p.Spec.RuntimeClassName != nil && *p.Spec.RuntimeClassName == s.RuntimeClass
+}
+
+// namespaces are those of the objects, sorted, once each.
+func namespaces(pods []corev1.Pod, cps []cryov1.Checkpoint) []string {
+	set := map[string]bool{}
+	for i := range pods {
+		set[pods[i].Namespace] = true
+	}
+	for i := range cps {
+		set[cps[i].Namespace] = true
+	}
+	return slices.Sorted(maps.Keys(set))
+}
+
 // cached is the address of the sandbox's running pod as Cache has it, ""
-// when Cache has no say: no pod (unknown, paused, not yet seen), or its
-// newest live pod is starting or being checkpointed away. It keeps nothing
-// itself: each request reads the informer's current state, so a pod
-// deleted or replaced stops being served once its event arrives (the
-// informer's lag behind the API server), and nothing here lengthens that.
-// Its address can be reused only after the kubelet has seen the same
-// deletion and torn the pod down.
+// when Cache has no say: no pod (unknown, paused, not yet seen), its
+// newest live pod is starting, being checkpointed away or not shaped as
+// the API makes them, or the id is in more than one namespace (find
+// refuses it). It keeps nothing itself: each request reads the informer's
+// current state, so a pod deleted or replaced stops being served once its
+// event arrives (the informer's lag behind the API server), and nothing
+// here lengthens that. Its address can be reused only after the kubelet
+// has seen the same deletion and torn the pod down.
 func (g *Gateway) cached(ctx context.Context, id string) string {
 	if g.Cache == nil {
 		return ""
@@ -233,6 +270,14 @@ func (g *Gateway) cached(ctx context.Context, id string) string {
 	var pods corev1.PodList
 	if err := g.Cache.List(ctx, &pods, client.MatchingFields{IndexSandbox: id}); err != nil {
 		g.Server.Log.Error(err, "e2b gateway: cached pods", "sandbox", id)
+		return ""
+	}
+	var cps cryov1.CheckpointList
+	if err := g.Cache.List(ctx, &cps, client.MatchingFields{IndexSandbox: id}); err != nil {
+		g.Server.Log.Error(err, "e2b gateway: cached Checkpoints", "sandbox", id)
+		return ""
+	}
+	if len(namespaces(pods.Items, cps.Items)) > 1 {
 		return ""
 	}
 	var live *corev1.Pod
@@ -243,7 +288,7 @@ func (g *Gateway) cached(ctx context.Context, id string) string {
 			live = p
 		}
 	}
-	if live == nil || live.Status.Phase != corev1.PodRunning || live.Status.PodIP == "" {
+	if live == nil || live.Status.Phase != corev1.PodRunning || live.Status.PodIP == "" || !g.Server.sandboxPod(live, id) {
 		return ""
 	}
 	var cp cryov1.Checkpoint
@@ -258,14 +303,18 @@ func (g *Gateway) cached(ctx context.Context, id string) string {
 	return live.Status.PodIP
 }
 
-// IndexSandbox is the field index of pods by their LabelSandbox that
-// Gateway.Cache needs.
+// IndexSandbox is the field index of pods and Checkpoints by their
+// LabelSandbox that Gateway.Cache needs.
 const IndexSandbox = "e2b.sandbox"
 
-// IndexPods adds IndexSandbox to a cache's pods, so that the gateway finds
-// a sandbox's pods without scanning every pod the cache holds.
-func IndexPods(ctx context.Context, fi client.FieldIndexer) error {
-	return fi.IndexField(ctx, &corev1.Pod{}, IndexSandbox, sandboxOf)
+// IndexSandboxes adds IndexSandbox to a cache's pods and Checkpoints, so
+// that the gateway finds a sandbox's objects without scanning every one
+// the cache holds.
+func IndexSandboxes(ctx context.Context, fi client.FieldIndexer) error {
+	if err := fi.IndexField(ctx, &corev1.Pod{}, IndexSandbox, sandboxOf); err != nil {
+		return err
+	}
+	return fi.IndexField(ctx, &cryov1.Checkpoint{}, IndexSandbox, sandboxOf)
 }
 
 func sandboxOf(o client.Object) []string {

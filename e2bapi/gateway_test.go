@@ -427,3 +427,90 @@ func TestGatewayCache(t *testing.T) {
 		t.Errorf("every pod gone or going: cached address %q", ip)
 	}
 }
+
+// TestGatewayOneNamespace: a pod or Checkpoint of another namespace
+// labelled with a sandbox's id (made before the label guard, or past it)
+// gets none of the sandbox's traffic: the id is refused while two
+// namespaces hold it, whichever the cache or the API server shows, and
+// served again once the foreign object is gone.
+func TestGatewayOneNamespace(t *testing.T) {
+	f := newGatewayFixture(t)
+	ctx := context.Background()
+	id := f.create("key-a", `{"templateID":"base"}`)
+	f.running("team-a", podName(id, 0))
+	if code, _, body := f.send(id, "GET", "/health", "", nil); code != 200 {
+		t.Fatalf("request to the sandbox: %d %q", code, body)
+	}
+	// Shaped as the API's pods, and of a newer generation: the cache used
+	// to route to the newest pod with the label, whatever its namespace.
+	foreign := f.srv.pod("team-b", id, 7, Template{Image: "busybox:1"}, nil, map[string]string{annGen: "7"})
+	if err := f.cl.Create(ctx, foreign); err != nil {
+		t.Fatal(err)
+	}
+	if !waitFor(func() bool { return f.pod("team-b", foreign.Name).Status.PodIP != "" }) {
+		t.Fatal("the foreign pod does not run")
+	}
+	if ip := f.gw.cached(ctx, id); ip != "" {
+		t.Errorf("the cache routes an id held by two namespaces to %q", ip)
+	}
+	code, _, body := f.send(id, "GET", "/health", "", nil)
+	f.refusal(code, body, 502, id, "more than one namespace")
+	if err := f.cl.Delete(ctx, foreign); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, body := f.send(id, "GET", "/health", "", nil); code != 200 || !strings.HasPrefix(body, "GET /health") {
+		t.Errorf("once the foreign pod is gone: %d %q", code, body)
+	}
+
+	// Paused, with a foreign Checkpoint that asks to be resumed: neither
+	// is resumed, nothing is created.
+	f.controllerPauses("team-a", podName(id, 0))
+	if code := f.do("key-a", "POST", "/sandboxes/"+id+"/pause", `{}`, nil); code != http.StatusNoContent {
+		t.Fatalf("pause: %d", code)
+	}
+	cp := &cryov1.Checkpoint{ObjectMeta: metav1.ObjectMeta{Namespace: "team-b", Name: podName(id, 3),
+		Labels: map[string]string{LabelSandbox: id}, Annotations: map[string]string{annGen: "3", annAutoResume: "true", annTemplate: "base"}},
+		Spec: cryov1.CheckpointSpec{PodName: podName(id, 3)}, Status: cryov1.CheckpointStatus{Phase: cryov1.PhaseSucceeded}}
+	if err := f.cl.Create(ctx, cp); err != nil {
+		t.Fatal(err)
+	}
+	created := f.cc.pods.Load()
+	code, _, body = f.send(id, "GET", "/health", "", nil)
+	f.refusal(code, body, 502, id, "more than one namespace")
+	if n := f.cc.pods.Load(); n != created {
+		t.Errorf("the gateway created %d pods for an id held by two namespaces", n-created)
+	}
+	if err := f.cl.Delete(ctx, cp); err != nil {
+		t.Fatal(err)
+	}
+	code, _, body = f.send(id, "GET", "/health", "", nil)
+	f.refusal(code, body, 502, id, "paused")
+}
+
+// TestGatewayOnlyAPIPods: a pod is routed to only if it has the name and
+// RuntimeClass the API gives a sandbox's pods, so that a label put on a
+// pod made for something else does not make it a sandbox.
+func TestGatewayOnlyAPIPods(t *testing.T) {
+	f := newGatewayFixture(t)
+	ctx := context.Background()
+	cryo, runc := "cryo", "runc"
+	for _, p := range []*corev1.Pod{
+		{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "web", Labels: map[string]string{LabelSandbox: "sbxweb"}},
+			Spec: corev1.PodSpec{RuntimeClassName: &cryo, Containers: []corev1.Container{{Name: "c", Image: "busybox:1"}}}},
+		{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: podName("sbxrunc", 0), Labels: map[string]string{LabelSandbox: "sbxrunc"}},
+			Spec: corev1.PodSpec{RuntimeClassName: &runc, Containers: []corev1.Container{{Name: "c", Image: "busybox:1"}}}},
+	} {
+		if err := f.cl.Create(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+		if !waitFor(func() bool { return f.pod("team-a", p.Name).Status.PodIP != "" }) {
+			t.Fatalf("pod %s does not run", p.Name)
+		}
+		id := p.Labels[LabelSandbox]
+		if ip := f.gw.cached(ctx, id); ip != "" {
+			t.Errorf("pod %s served from the cache at %q", p.Name, ip)
+		}
+		code, _, body := f.send(id, "GET", "/health", "", nil)
+		f.refusal(code, body, 502, id, "not one cryo's E2B API made")
+	}
+}

@@ -473,38 +473,37 @@ func generation(ann map[string]string) int {
 // lookup finds sandbox id in ns; found is false when it is neither
 // running nor paused (unknown, killed, or a pause that has not finished).
 func (s *Server) lookup(ctx context.Context, ns, id string) (*sandbox, bool, error) {
-	sb := &sandbox{id: id, ns: ns}
 	var pods corev1.PodList
 	if err := s.Client.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{LabelSandbox: id}); err != nil {
 		return nil, false, fmt.Errorf("list pods: %w", err)
 	}
-	sb.pods = pods.Items
-	for i := range pods.Items {
-		p := &pods.Items[i]
+	var cps cryov1.CheckpointList
+	if err := s.Client.List(ctx, &cps, client.InNamespace(ns), client.MatchingLabels{LabelSandbox: id}); err != nil {
+		return nil, false, fmt.Errorf("list Checkpoints: %w", err)
+	}
+	sb, found := assemble(ns, id, pods.Items, cps.Items)
+	return sb, found, nil
+}
+
+// assemble is lookup's answer from the pods and Checkpoints labelled id
+// in ns.
+func assemble(ns, id string, pods []corev1.Pod, cps []cryov1.Checkpoint) (*sandbox, bool) {
+	sb := &sandbox{id: id, ns: ns, pods: pods, all: cps}
+	for i := range pods {
+		p := &pods[i]
 		if p.DeletionTimestamp == nil && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
 			if sb.pod == nil || generation(p.Annotations) > generation(sb.pod.Annotations) {
 				sb.pod = p
 			}
 		}
 	}
-	var cps cryov1.CheckpointList
-	if err := s.Client.List(ctx, &cps, client.InNamespace(ns), client.MatchingLabels{LabelSandbox: id}); err != nil {
-		return nil, false, fmt.Errorf("list Checkpoints: %w", err)
-	}
-	sb.all = cps.Items
-	for i := range cps.Items {
-		c := &cps.Items[i]
+	for i := range cps {
+		c := &cps[i]
 		if sb.last == nil || generation(c.Annotations) > generation(sb.last.Annotations) {
 			sb.last = c
 		}
 	}
-	if sb.pod != nil {
-		return sb, true, nil
-	}
-	if sb.last != nil && sb.last.Status.Phase == cryov1.PhaseSucceeded {
-		return sb, true, nil
-	}
-	return sb, false, nil
+	return sb, sb.pod != nil || (sb.last != nil && sb.last.Status.Phase == cryov1.PhaseSucceeded)
 }
 
 func livePods(pods []corev1.Pod) []corev1.Pod {

@@ -63,7 +63,7 @@ func newFixture(t *testing.T) *fixture {
 		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "cryo-system", Name: "other"}, Data: map[string][]byte{SecretKeyField: []byte("key-x")}},
 	).WithIndex(&corev1.Event{}, "involvedObject.name", func(o client.Object) []string {
 		return []string{o.(*corev1.Event).InvolvedObject.Name}
-	}).WithIndex(&corev1.Pod{}, IndexSandbox, sandboxOf).Build()
+	}).WithIndex(&corev1.Pod{}, IndexSandbox, sandboxOf).WithIndex(&cryov1.Checkpoint{}, IndexSandbox, sandboxOf).Build()
 	f.srv = &Server{
 		Client: f.cl, Namespace: "cryo-system", RuntimeClass: "cryo",
 		Templates:    map[string]Template{"base": {Image: "busybox:1", Command: []string{"sleep", "inf"}}},

@@ -18,7 +18,9 @@ import (
 // server from its pod (it injects its webhook's CA bundle through it),
 // and the API server calls its webhook at the pod's address: a pod naming
 // a Checkpoint that does not exist is refused, with the name in the
-// message. Restart brings a new pod up that answers the same way.
+// message. The E2B label guard is in force (the admin's pod with a
+// sandbox label refused) and the controller says so. Restart brings a new
+// pod up that answers the same way.
 func TestControllerDeploys(t *testing.T) {
 	k := harness.StartK8s(t)
 	c := k.StartController(t)
@@ -54,6 +56,18 @@ func TestControllerDeploys(t *testing.T) {
 			admitted.Metadata.Annotations["cryo.dev/checkpoint-to"] == "" {
 			t.Errorf("a cryo pod with annotations %v, as admitted: %v\n%s\nwant the label cryo.dev/runtime-class=cryo and a checkpoint target", ann, err, out)
 		}
+	}
+
+	// The E2B label guard came with the kustomization: the API server
+	// refuses the sandbox label to anyone but the controller (here, the
+	// test's admin), and the controller checked it before serving.
+	sbx := harness.Pod("e2b-stolen-0", nil, harness.Container("c", "sleep inf"))
+	sbx["metadata"].(map[string]any)["labels"] = map[string]any{"cryo.dev/e2b-sandbox": "stolen"}
+	if out := c.DryRun("default", sbx); !strings.Contains(out, "cryo-e2b-labels") || !strings.Contains(out, "label cryo.dev/e2b-sandbox: reserved") {
+		t.Errorf("a pod labelled with a sandbox id, created by the admin: %s\nwant the label guard's refusal", out)
+	}
+	if log := c.Logs(); !strings.Contains(log, "e2b label guard in force") || !strings.Contains(log, "system:serviceaccount:"+harness.ControllerNamespace+":cryo-controller") {
+		t.Errorf("the controller's log does not say the label guard is in force for its ServiceAccount:\n%s", log)
 	}
 
 	before := c.Pods()

@@ -192,6 +192,44 @@ func testCaches(t *testing.T, mgr manager.Manager, c client.Client, log *request
 		t.Error("a request for an unknown sandbox read nothing from the API server: the log is blind")
 	}
 
+	// A pod of another namespace with the sandbox's id, which the label
+	// guard would have refused to anyone but the controller (this test's
+	// identity): the id is refused while both hold it.
+	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "team-b"}}); err != nil {
+		t.Fatal(err)
+	}
+	foreign := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "team-b", Name: "e2b-sbx1-3",
+		Labels:      map[string]string{controller.LabelRuntimeClass: cryo, e2bapi.LabelSandbox: "sbx1"},
+		Annotations: map[string]string{"e2b.cryo.dev/generation": "3"}},
+		Spec: corev1.PodSpec{RuntimeClassName: &cryo, Containers: []corev1.Container{{Name: "c", Image: "busybox"}}}}
+	if err := c.Create(ctx, foreign); err != nil {
+		t.Fatal(err)
+	}
+	foreign.Status.Phase, foreign.Status.PodIP = corev1.PodRunning, "127.83.0.2"
+	if err := c.Status().Update(ctx, foreign); err != nil {
+		t.Fatal(err)
+	}
+	until := func(what string, ok func(int, string) bool) {
+		t.Helper()
+		var code int
+		var body string
+		for end := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			if code, body = send("sbx1"); ok(code, body) {
+				return
+			}
+			if time.Now().After(end) {
+				t.Fatalf("%s: gateway answers %d %q", what, code, body)
+			}
+		}
+	}
+	until("a foreign pod of the id in team-b", func(code int, body string) bool {
+		return code == http.StatusBadGateway && strings.Contains(body, "more than one namespace")
+	})
+	if err := c.Delete(ctx, foreign, client.GracePeriodSeconds(0)); err != nil {
+		t.Fatal(err)
+	}
+	until("the foreign pod deleted", func(code int, body string) bool { return code == 200 && body == "envd /health" })
+
 	// A deleted pod is served until its deletion reaches the cache (the
 	// informer's lag), not a moment longer.
 	if err := c.Delete(ctx, sbx, client.GracePeriodSeconds(0)); err != nil {

@@ -126,6 +126,13 @@ func setup(ctx context.Context, cfg *rest.Config, f flags) (ctrl.Manager, error)
 			return nil, fmt.Errorf("kubernetes client config: %w", err)
 		}
 	}
+	if f.e2bAddr != "" {
+		// Before anything starts: an E2B API without its label guard would
+		// let one tenant take another's sandbox traffic.
+		if err := checkLabelGuard(ctx, cfg, scheme); err != nil {
+			return nil, fmt.Errorf("e2b API: %w", err)
+		}
+	}
 	certs := &controller.CertSync{
 		Secret:  types.NamespacedName{Namespace: f.namespace, Name: controller.CertSecretName},
 		CertDir: f.certDir,
@@ -245,11 +252,8 @@ func addE2BAPI(ctx context.Context, mgr ctrl.Manager, f flags, runtimeClass stri
 		// The informers start with the cache on every replica, not with
 		// the leader's reconciler: the gateway serves on all of them,
 		// after the caches synced.
-		if err := e2bapi.IndexPods(ctx, mgr.GetFieldIndexer()); err != nil {
-			return fmt.Errorf("index sandbox pods: %w", err)
-		}
-		if _, err := mgr.GetCache().GetInformer(ctx, &cryov1.Checkpoint{}); err != nil {
-			return fmt.Errorf("Checkpoint informer: %w", err)
+		if err := e2bapi.IndexSandboxes(ctx, mgr.GetFieldIndexer()); err != nil {
+			return fmt.Errorf("index sandbox pods and Checkpoints: %w", err)
 		}
 		gw := &e2bapi.Gateway{Server: srv, Cache: mgr.GetCache()}
 		if err := mgr.Add(&e2bapi.GatewayListener{Gateway: gw, Addr: f.e2bSandboxAddr}); err != nil {
@@ -257,6 +261,23 @@ func addE2BAPI(ctx context.Context, mgr ctrl.Manager, f flags, runtimeClass stri
 		}
 	}
 	return mgr.Add(&e2bapi.Reaper{Server: srv})
+}
+
+// checkLabelGuard checks, through the API server, that the E2B label
+// guard is in force for the identity the controller runs as.
+func checkLabelGuard(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme) error {
+	cl, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	user, err := e2bapi.CheckLabelGuard(ctx, cl)
+	if err != nil {
+		return fmt.Errorf("label guard: %w", err)
+	}
+	ctrl.Log.Info("e2b label guard in force", "policy", e2bapi.LabelGuard, "controller", user)
+	return nil
 }
 
 // parseTemplates reads name=image pairs.

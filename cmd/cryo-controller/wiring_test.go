@@ -17,6 +17,7 @@ import (
 
 	admissionv1 "k8s.io/api/admission/v1"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	nodev1 "k8s.io/api/node/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -30,12 +31,15 @@ import (
 
 	cryov1 "github.com/cryo-runtime/cryo/api/v1alpha1"
 	"github.com/cryo-runtime/cryo/controller"
+	"github.com/cryo-runtime/cryo/e2bapi"
 )
 
 // TestControllerWiring runs the controller as main does (with the E2B API
 // and gateway) against a real kube-apiserver and etcd (envtest;
 // KUBEBUILDER_ASSETS, default /var/cache/cryo/tools/bin from make deps)
-// with the packaged CRD and webhook configuration: it becomes ready
+// with the packaged CRD, webhook configuration and E2B label guard: it
+// refuses to start without the guard or with one naming someone else
+// (labelGuard), then it becomes ready
 // (certificate made and served, CA injected), its webhook answers, its
 // reconciler refuses a Checkpoint of a missing pod, and its caches hold
 // what they should (testCaches). One manager per process: controller
@@ -52,6 +56,7 @@ func TestControllerWiring(t *testing.T) {
 		probeAddr: fmt.Sprintf("127.0.0.1:%d", probes), metricsAddr: "0", leaderElect: true, deadline: time.Minute, certDir: t.TempDir(),
 		e2bTemplates: "base=busybox:1", e2bAddr: fmt.Sprintf("127.0.0.1:%d", freePort(t)), e2bSandboxAddr: fmt.Sprintf("127.0.0.1:%d", gw)}
 	rctx, stop := context.WithCancel(ctx)
+	labelGuard(t, rctx, c, cfg, f)
 	mgr, err := setup(rctx, cfg, f)
 	if err != nil {
 		stop()
@@ -142,6 +147,52 @@ func startAPIServer(t *testing.T) (*rest.Config, client.Client) {
 		}
 	}
 	return cfg, c
+}
+
+// labelGuard: setup refuses to serve the E2B API until the packaged label
+// guard is in force for the identity the controller runs as (here the
+// test's admin, which the policy is then changed to name, its one change),
+// naming what is wrong.
+func labelGuard(t *testing.T, ctx context.Context, c client.Client, cfg *rest.Config, f flags) {
+	t.Helper()
+	refused := func(want string) {
+		t.Helper()
+		if _, err := setup(ctx, cfg, f); err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("setup = %v, want a refusal naming %q", err, want)
+		}
+	}
+	refused("ValidatingAdmissionPolicy " + e2bapi.LabelGuard + " not found")
+	b, err := os.ReadFile(filepath.Join("..", "..", "packaging", "kubernetes", "controller", "e2b-labels.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	docs := strings.Split(string(b), "\n---\n")
+	var pol admissionregistrationv1.ValidatingAdmissionPolicy
+	var bind admissionregistrationv1.ValidatingAdmissionPolicyBinding
+	if len(docs) != 2 || yaml.UnmarshalStrict([]byte(docs[0]), &pol) != nil || yaml.UnmarshalStrict([]byte(docs[1]), &bind) != nil {
+		t.Fatalf("e2b-labels.yaml: not a policy and its binding")
+	}
+	if err := c.Create(ctx, &pol); err != nil {
+		t.Fatal(err)
+	}
+	review := &authenticationv1.SelfSubjectReview{}
+	if err := c.Create(ctx, review); err != nil {
+		t.Fatal(err)
+	}
+	me := review.Status.UserInfo.Username
+	refused("the controller runs as \"" + me + "\"")
+	for i, v := range pol.Spec.Variables {
+		if v.Name == "controller" {
+			pol.Spec.Variables[i].Expression = "'" + me + "'"
+		}
+	}
+	if err := c.Update(ctx, &pol); err != nil {
+		t.Fatal(err)
+	}
+	refused("ValidatingAdmissionPolicyBinding " + e2bapi.LabelGuard + " not found")
+	if err := c.Create(ctx, &bind); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func packagedWebhook(t *testing.T, path string) *admissionregistrationv1.MutatingWebhookConfiguration {

@@ -1,0 +1,410 @@
+package e2bapi
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+	corev1 "k8s.io/api/core/v1"
+	nodev1 "k8s.io/api/node/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	"sigs.k8s.io/yaml"
+
+	cryov1 "github.com/cryo-runtime/cryo/api/v1alpha1"
+)
+
+const (
+	controllerUser = "system:serviceaccount:cryo-system:cryo-controller"
+	tenantUser     = "system:serviceaccount:team-b:agent"
+)
+
+// TestLabelGuardThroughTheAPIServer runs the label guard as shipped
+// (e2b-labels.yaml and rbac.yaml, unchanged) in a real kube-apiserver
+// (envtest; KUBEBUILDER_ASSETS, default /var/cache/cryo/tools/bin) with
+// three identities, impersonated: the controller's ServiceAccount with
+// its packaged ClusterRole, a tenant's ServiceAccount (team-b/agent) that
+// may create and edit pods, their status and Checkpoints in team-b, and
+// the admin. A victim sandbox runs in team-a. Before the guard the tenant
+// labels a pod and a Checkpoint of its own with the victim's id (the
+// defect); once it is applied, every way of setting the label is refused
+// naming it, the controller still makes what the API makes, and the
+// gateway, with a real informer cache, routes none of the victim's
+// traffic to the tenant's objects made before the guard.
+func TestLabelGuardThroughTheAPIServer(t *testing.T) {
+	cfg := startAPIServer(t)
+	scheme := testScheme(t)
+	admin := newClient(t, cfg, scheme)
+	ctx := t.Context()
+	for _, o := range []client.Object{
+		&nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: "cryo"}, Handler: "cryo"},
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "cryo-system"}},
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "team-a"}},
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "team-b"}},
+		&rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: "team-b", Name: "agent"}, Rules: []rbacv1.PolicyRule{
+			{APIGroups: []string{""}, Resources: []string{"pods", "pods/status"}, Verbs: []string{"get", "list", "create", "update", "patch", "delete"}},
+			{APIGroups: []string{cryov1.GroupVersion.Group}, Resources: []string{"checkpoints"}, Verbs: []string{"get", "list", "create", "update", "patch", "delete"}},
+		}},
+		&rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: "team-b", Name: "agent"},
+			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "agent"},
+			Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Namespace: "team-b", Name: "agent"}}},
+	} {
+		if err := admin.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	applyPackaged(t, admin, "rbac.yaml")
+	ctl := newClient(t, asServiceAccount(cfg, controllerUser), scheme)
+	tenant := newClient(t, asServiceAccount(cfg, tenantUser), scheme)
+	srv := &Server{Client: ctl, Namespace: "cryo-system", RuntimeClass: "cryo", Log: testr.New(t), PollInterval: 10 * time.Millisecond}
+	sandboxPod := func(ns, id string, gen int) *corev1.Pod {
+		return srv.pod(ns, id, gen, Template{Image: "busybox:1", Command: []string{"sleep", "inf"}}, nil, map[string]string{annGen: fmt.Sprint(gen)})
+	}
+	// The kubelet's part: a status update, labels untouched, which the
+	// guard lets through whoever sends it.
+	run := func(p *corev1.Pod, ip string) {
+		t.Helper()
+		p.Status.Phase, p.Status.PodIP = corev1.PodRunning, ip
+		if err := admin.Status().Update(ctx, p); err != nil {
+			t.Fatalf("pod %s/%s running at %s: %v", p.Namespace, p.Name, ip, err)
+		}
+	}
+
+	const id = "victim1"
+	victim := sandboxPod("team-a", id, 0)
+	if err := ctl.Create(ctx, victim); err != nil {
+		t.Fatal(err)
+	}
+	run(victim, "127.0.0.2")
+
+	// Before the guard: the tenant takes the id in its own namespace, a
+	// pod shaped as the API's (newer generation) and a Checkpoint.
+	early := sandboxPod("team-b", id, 7)
+	if err := tenant.Create(ctx, early); err != nil {
+		t.Fatalf("without the guard the tenant cannot label a pod (is the test's RBAC right?): %v", err)
+	}
+	run(early, "127.0.0.3")
+	earlyCP := &cryov1.Checkpoint{ObjectMeta: metav1.ObjectMeta{Namespace: "team-b", Name: podName(id, 6),
+		Labels: map[string]string{LabelSandbox: id}, Annotations: map[string]string{annGen: "6", annAutoResume: "true"}},
+		Spec: cryov1.CheckpointSpec{PodName: podName(id, 6)}}
+	if err := tenant.Create(ctx, earlyCP); err != nil {
+		t.Fatal(err)
+	}
+
+	pol, b := packagedGuard(t)
+	for _, o := range []client.Object{pol, b} {
+		if err := admin.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The API server loads a policy asynchronously: wait until it denies.
+	probe := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "team-b", Name: "probe", Labels: map[string]string{LabelSandbox: "probe"}},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "busybox:1"}}}}
+	if !eventually(30*time.Second, func() bool {
+		err := tenant.Create(ctx, probe.DeepCopy(), client.DryRunAll)
+		return apierrors.IsForbidden(err) && strings.Contains(err.Error(), LabelGuard)
+	}) {
+		t.Fatal("the packaged policy does not deny within 30s")
+	}
+	user, err := CheckLabelGuard(ctx, ctl)
+	if err != nil || user != controllerUser {
+		t.Errorf("CheckLabelGuard as the controller: %q, %v", user, err)
+	}
+	if user, err := CheckLabelGuard(ctx, tenant); err == nil || !strings.Contains(err.Error(), tenantUser) {
+		t.Errorf("CheckLabelGuard as the tenant: %q, %v; want an error naming %s", user, err, tenantUser)
+	}
+
+	t.Run("refused", func(t *testing.T) {
+		refused := func(what, label string, err error) {
+			t.Helper()
+			if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "label "+label+": reserved") ||
+				!strings.Contains(err.Error(), controllerUser) {
+				t.Errorf("%s: %v\nwant Forbidden naming the label %s and who may set it", what, err, label)
+			}
+		}
+		// (a) A new pod with the victim's id.
+		refused("tenant creates a pod with the id", LabelSandbox, tenant.Create(ctx, sandboxPod("team-b", id, 8)))
+		// (b) Its own existing pod, labelled by update, patch or status.
+		web := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "team-b", Name: "web"},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "busybox:1"}}}}
+		if err := tenant.Create(ctx, web); err != nil {
+			t.Fatalf("a pod without the labels: %v", err)
+		}
+		labelled := web.DeepCopy()
+		labelled.Labels = map[string]string{LabelSandbox: id}
+		refused("tenant updates its pod with the label", LabelSandbox, tenant.Update(ctx, labelled.DeepCopy()))
+		refused("tenant merge-patches the label onto its pod", LabelSandbox,
+			tenant.Patch(ctx, &corev1.Pod{ObjectMeta: web.ObjectMeta}, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"labels":{"`+LabelSandbox+`":"`+id+`"}}}`))))
+		refused("tenant puts the label in a status update", LabelSandbox, tenant.Status().Update(ctx, labelled.DeepCopy()))
+		var got corev1.Pod
+		if err := admin.Get(ctx, client.ObjectKeyFromObject(web), &got); err != nil || len(got.Labels) != 0 {
+			t.Errorf("pod web after the refusals: labels %v, %v", got.Labels, err)
+		}
+		// (c) A Checkpoint with any of the labels.
+		for _, l := range ReservedLabels {
+			cp := &cryov1.Checkpoint{ObjectMeta: metav1.ObjectMeta{Namespace: "team-b", Name: "cp-" + strings.ReplaceAll(l, "/", "-"), Labels: map[string]string{l: id}},
+				Spec: cryov1.CheckpointSpec{PodName: "web"}}
+			refused("tenant creates a Checkpoint labelled "+l, l, tenant.Create(ctx, cp))
+		}
+		// Its objects from before the guard keep their label; the value
+		// cannot move to yet another id.
+		moved := early.DeepCopy()
+		if err := tenant.Get(ctx, client.ObjectKeyFromObject(early), moved); err != nil {
+			t.Fatal(err)
+		}
+		moved.Labels[LabelSandbox] = "victim2"
+		refused("tenant changes the id of its pod", LabelSandbox, tenant.Update(ctx, moved))
+		// Only the controller: the admin is refused too.
+		refused("admin creates a pod with the id", LabelSandbox, admin.Create(ctx, sandboxPod("team-b", id, 9)))
+	})
+
+	t.Run("the controller and the rest", func(t *testing.T) {
+		// A sandbox of team-b's, its pause and a snapshot, as the API
+		// makes them, with the packaged RBAC.
+		own := sandboxPod("team-b", "own1", 0)
+		if err := ctl.Create(ctx, own); err != nil {
+			t.Fatalf("the controller creates a sandbox pod: %v", err)
+		}
+		for _, cp := range []*cryov1.Checkpoint{
+			{ObjectMeta: metav1.ObjectMeta{Namespace: "team-b", Name: own.Name, Labels: map[string]string{LabelSandbox: "own1"}},
+				Spec: cryov1.CheckpointSpec{PodName: own.Name, KeepRunning: ptr(false)}},
+			{ObjectMeta: metav1.ObjectMeta{Namespace: "team-b", Name: snapshotPrefix + "own1", Labels: map[string]string{LabelSnapshot: "own1", LabelSnapshotName: "mine"}},
+				Spec: cryov1.CheckpointSpec{PodName: own.Name, KeepRunning: ptr(true)}},
+		} {
+			if err := ctl.Create(ctx, cp); err != nil {
+				t.Errorf("the controller creates Checkpoint %s: %v", cp.Name, err)
+			}
+		}
+		sb := &sandbox{id: "own1", ns: "team-b", pod: own}
+		if err := srv.setEndAt(ctx, sb, time.Now().Add(time.Hour)); err != nil {
+			t.Errorf("the controller patches the sandbox's end time: %v", err)
+		}
+		// The tenant may still edit its sandbox's pod without touching the
+		// label, and drop it (only its own sandbox loses its route).
+		var p corev1.Pod
+		if err := tenant.Get(ctx, client.ObjectKeyFromObject(own), &p); err != nil {
+			t.Fatal(err)
+		}
+		p.Annotations["team-b/note"] = "mine"
+		if err := tenant.Update(ctx, &p); err != nil {
+			t.Errorf("tenant annotates its sandbox's pod: %v", err)
+		}
+		delete(p.Labels, LabelSandbox)
+		if err := tenant.Update(ctx, &p); err != nil {
+			t.Errorf("tenant removes the label from its sandbox's pod: %v", err)
+		}
+	})
+
+	t.Run("gateway", func(t *testing.T) {
+		testGatewayNamespaces(t, asServiceAccount(cfg, controllerUser), scheme, srv, admin, victim, early, earlyCP)
+	})
+}
+
+// testGatewayNamespaces serves the victim's id through a Gateway with a
+// real informer cache (the controller's identity): while the tenant's
+// objects made before the guard hold the id too, nothing is routed, and
+// the tenant's envd sees no request; once they are gone the victim is
+// served.
+func testGatewayNamespaces(t *testing.T, cfg *rest.Config, scheme *runtime.Scheme, srv *Server, admin client.Client, victim, early *corev1.Pod, earlyCP *cryov1.Checkpoint) {
+	ctx := t.Context()
+	id := victim.Labels[LabelSandbox]
+	var victimHits, tenantHits atomic.Int32
+	port := envdAt(t, "127.0.0.2", 0, &victimHits)
+	envdAt(t, "127.0.0.3", port, &tenantHits)
+
+	c, err := cache.New(cfg, cache.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := IndexSandboxes(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	cctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Start(cctx) }()
+	t.Cleanup(func() { stop(); <-done })
+	if !c.WaitForCacheSync(ctx) {
+		t.Fatal("cache not synced")
+	}
+	gw := &Gateway{Server: srv, Cache: c, Port: port, ReadyWait: 2 * time.Second}
+	ts := httptest.NewServer(gw)
+	t.Cleanup(ts.Close)
+	get := func() (int, string) {
+		req, _ := http.NewRequestWithContext(ctx, "GET", ts.URL+"/health", nil)
+		req.Header.Set(headerSandboxID, id)
+		resp, err := ts.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	expect := func(what string, code int, body string) {
+		t.Helper()
+		var gotCode int
+		var got string
+		if !eventually(10*time.Second, func() bool { gotCode, got = get(); return gotCode == code && strings.Contains(got, body) }) {
+			t.Errorf("%s: %d %s, want %d with %q", what, gotCode, got, code, body)
+		}
+	}
+
+	expect("the victim running, the tenant's pod of the id running in team-b", 502, "more than one namespace")
+	if n := tenantHits.Load(); n != 0 {
+		t.Fatalf("the tenant's envd got %d of the victim's requests", n)
+	}
+	if err := admin.Delete(ctx, early, client.GracePeriodSeconds(0)); err != nil {
+		t.Fatal(err)
+	}
+	// Still the tenant's Checkpoint in team-b.
+	expect("the tenant's Checkpoint left", 502, "more than one namespace")
+	if err := admin.Delete(ctx, earlyCP); err != nil {
+		t.Fatal(err)
+	}
+	expect("the foreign objects gone", 200, "victim envd")
+
+	// Paused: the victim's pause Checkpoint, its pod gone; a foreign pod of
+	// the id must not be taken for its resumed self. The foreign one is
+	// made with the controller's own rights here: the guard stops
+	// everyone else (above).
+	pause := &cryov1.Checkpoint{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: victim.Name, Labels: map[string]string{LabelSandbox: id},
+		Annotations: map[string]string{annGen: "0"}}, Spec: cryov1.CheckpointSpec{PodName: victim.Name, KeepRunning: ptr(false)}}
+	if err := srv.Client.Create(ctx, pause); err != nil {
+		t.Fatal(err)
+	}
+	pause.Status.Phase = cryov1.PhaseSucceeded
+	if err := admin.Status().Update(ctx, pause); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.Delete(ctx, victim, client.GracePeriodSeconds(0)); err != nil {
+		t.Fatal(err)
+	}
+	expect("paused", 502, "paused")
+	foreign := srv.pod("team-b", id, 1, Template{Image: "busybox:1"}, nil, map[string]string{annGen: "1"})
+	if err := srv.Client.Create(ctx, foreign); err != nil {
+		t.Fatal(err)
+	}
+	foreign.Status.Phase, foreign.Status.PodIP = corev1.PodRunning, "127.0.0.3"
+	if err := admin.Status().Update(ctx, foreign); err != nil {
+		t.Fatal(err)
+	}
+	expect("paused, a foreign pod of the id running", 502, "more than one namespace")
+	if n := tenantHits.Load(); n != 0 {
+		t.Errorf("the foreign envd got %d of the victim's requests", n)
+	}
+}
+
+// envdAt serves a stub envd at ip:port (0: any port) that counts its
+// requests and says whose it is; it returns the port.
+func envdAt(t *testing.T, ip string, port int, hits *atomic.Int32) int {
+	t.Helper()
+	l, err := net.Listen("tcp", net.JoinHostPort(ip, fmt.Sprint(port)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	who := map[string]string{"127.0.0.2": "victim", "127.0.0.3": "tenant"}[ip]
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		_, _ = io.WriteString(w, who+" envd "+r.URL.Path)
+	})}
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// startAPIServer starts a kube-apiserver and etcd (envtest) with the
+// packaged CRD; its config is the admin's.
+func startAPIServer(t *testing.T) *rest.Config {
+	t.Helper()
+	assets := os.Getenv("KUBEBUILDER_ASSETS")
+	if assets == "" {
+		assets = "/var/cache/cryo/tools/bin"
+	}
+	for _, bin := range []string{"kube-apiserver", "etcd"} {
+		if _, err := os.Stat(filepath.Join(assets, bin)); err != nil {
+			t.Fatalf("%s not found in %s (KUBEBUILDER_ASSETS): run make deps: %v", bin, assets, err)
+		}
+	}
+	env := &envtest.Environment{BinaryAssetsDirectory: assets, CRDDirectoryPaths: []string{filepath.Join(packaging, "crd.yaml")}, ErrorIfCRDPathMissing: true}
+	cfg, err := env.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Stop() })
+	return cfg
+}
+
+func testScheme(t *testing.T) *runtime.Scheme {
+	t.Helper()
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	if err := cryov1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	return scheme
+}
+
+func newClient(t *testing.T, cfg *rest.Config, scheme *runtime.Scheme) client.Client {
+	t.Helper()
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// asServiceAccount is cfg impersonating a ServiceAccount's user
+// (system:serviceaccount:<ns>:<name>) with the groups its tokens carry.
+func asServiceAccount(cfg *rest.Config, user string) *rest.Config {
+	c := rest.CopyConfig(cfg)
+	ns := strings.Split(user, ":")[2]
+	c.Impersonate = rest.ImpersonationConfig{UserName: user,
+		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"}}
+	return c
+}
+
+// applyPackaged creates every object of a packaged manifest.
+func applyPackaged(t *testing.T, c client.Client, file string) {
+	t.Helper()
+	for _, d := range yamlDocs(t, filepath.Join(packaging, file)) {
+		var u unstructured.Unstructured
+		if err := yaml.Unmarshal([]byte(d), &u.Object); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Create(t.Context(), &u); err != nil {
+			t.Fatalf("%s: %s %s: %v", file, u.GetKind(), u.GetName(), err)
+		}
+	}
+}
+
+func eventually(d time.Duration, cond func() bool) bool {
+	for end := time.Now().Add(d); ; time.Sleep(50 * time.Millisecond) {
+		if cond() {
+			return true
+		}
+		if time.Now().After(end) {
+			return false
+		}
+	}
+}
