@@ -66,7 +66,7 @@ func (s *Service) createContainer(ctx context.Context, cc *ContainerConfig) (_ *
 	if err := os.MkdirAll(c.rootfs, 0o711); err != nil {
 		return nil, err
 	}
-	dev, err := findDisk(ctx, s.sysBlock, cc.DiskSerial, s.diskTimeout)
+	dev, err := findDisk(ctx, s.sysBlock, s.devDir, cc.DiskSerial, s.diskTimeout)
 	if err != nil {
 		return nil, err
 	}
@@ -339,20 +339,25 @@ func decodeSpec(b []byte) (*specs.Spec, error) {
 }
 
 // findDisk waits for the virtio-blk disk with the given serial (it may just
-// have been hot-plugged) and returns its device node.
-func findDisk(ctx context.Context, sysBlock, serial string, timeout time.Duration) (string, error) {
+// have been hot-plugged) and returns its device node under devDir, once the
+// node opens: the disk's sysfs serial appears before the kernel has made
+// the disk live, and a mount in between fails with ENXIO.
+func findDisk(ctx context.Context, sysBlock, devDir, serial string, timeout time.Duration) (string, error) {
 	if serial == "" {
 		return "", fmt.Errorf("rootfs disk serial is empty: %w", errdefs.ErrInvalidArgument)
 	}
 	deadline := time.Now().Add(timeout)
+	var notReady error
 	for {
-		ms, _ := filepath.Glob(filepath.Join(sysBlock, "*", "serial"))
-		for _, m := range ms {
-			if b, err := os.ReadFile(m); err == nil && strings.TrimSpace(string(b)) == serial {
-				return "/dev/" + filepath.Base(filepath.Dir(m)), nil
+		if dev := diskBySerial(sysBlock, devDir, serial); dev != "" {
+			if notReady = openable(dev); notReady == nil {
+				return dev, nil
 			}
 		}
 		if time.Now().After(deadline) {
+			if notReady != nil {
+				return "", fmt.Errorf("disk with serial %q not ready after %v: %w", serial, timeout, notReady)
+			}
 			return "", fmt.Errorf("no disk with serial %q after %v: %w", serial, timeout, errdefs.ErrNotFound)
 		}
 		select {
@@ -361,4 +366,25 @@ func findDisk(ctx context.Context, sysBlock, serial string, timeout time.Duratio
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+}
+
+// diskBySerial is the device node of the disk whose sysfs serial is
+// serial, "" when there is none yet.
+func diskBySerial(sysBlock, devDir, serial string) string {
+	ms, _ := filepath.Glob(filepath.Join(sysBlock, "*", "serial"))
+	for _, m := range ms {
+		if b, err := os.ReadFile(m); err == nil && strings.TrimSpace(string(b)) == serial {
+			return filepath.Join(devDir, filepath.Base(filepath.Dir(m)))
+		}
+	}
+	return ""
+}
+
+// openable opens and closes dev read-only.
+func openable(dev string) error {
+	f, err := os.OpenFile(dev, os.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	return f.Close()
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -50,20 +51,32 @@ func TestValidID(t *testing.T) {
 }
 
 func TestFindDisk(t *testing.T) {
-	sys := t.TempDir()
+	sys, dev := t.TempDir(), t.TempDir()
 	os.MkdirAll(filepath.Join(sys, "vda"), 0o755)
 	os.MkdirAll(filepath.Join(sys, "vdb"), 0o755)
 	os.WriteFile(filepath.Join(sys, "vda", "serial"), []byte("boot\n"), 0o644)
-	go func() { // a disk that is hot-plugged a little later
+	os.WriteFile(filepath.Join(dev, "vda"), nil, 0o644)
+	go func() { // a disk that is hot-plugged a little later, its node later still
 		time.Sleep(50 * time.Millisecond)
 		os.WriteFile(filepath.Join(sys, "vdb", "serial"), []byte("rootfs0"), 0o644)
+		time.Sleep(100 * time.Millisecond)
+		os.WriteFile(filepath.Join(dev, "vdb"), nil, 0o644)
 	}()
-	dev, err := findDisk(context.Background(), sys, "rootfs0", 5*time.Second)
-	if err != nil || dev != "/dev/vdb" {
-		t.Fatalf("findDisk = %q, %v", dev, err)
+	start := time.Now()
+	got, err := findDisk(context.Background(), sys, dev, "rootfs0", 5*time.Second)
+	if err != nil || got != filepath.Join(dev, "vdb") {
+		t.Fatalf("findDisk = %q, %v", got, err)
 	}
-	if _, err := findDisk(context.Background(), sys, "nope", 30*time.Millisecond); !errdefs.IsNotFound(err) {
+	if time.Since(start) < 150*time.Millisecond {
+		t.Errorf("findDisk returned after %v, before the device node opened", time.Since(start))
+	}
+	if _, err := findDisk(context.Background(), sys, dev, "nope", 30*time.Millisecond); !errdefs.IsNotFound(err) {
 		t.Fatalf("missing disk: %v", err)
+	}
+	os.MkdirAll(filepath.Join(sys, "vdc"), 0o755)
+	os.WriteFile(filepath.Join(sys, "vdc", "serial"), []byte("nonode"), 0o644)
+	if _, err := findDisk(context.Background(), sys, dev, "nonode", 60*time.Millisecond); err == nil || !strings.Contains(err.Error(), "not ready") {
+		t.Fatalf("a disk whose node never opens: %v", err)
 	}
 }
 

@@ -26,6 +26,7 @@ type Config struct {
 	StateDir    string        // per-container state and root mounts: /run/cryo/c
 	CgroupRoot  string        // cgroup2 mount: /sys/fs/cgroup
 	SysBlock    string        // /sys/block, to find disks by serial
+	DevDir      string        // their device nodes: /dev
 	DiskTimeout time.Duration // how long to wait for a hot-plugged disk: 10s
 	// PowerOff is called by Shutdown after the reply went out.
 	PowerOff func()
@@ -37,6 +38,7 @@ type Service struct {
 	stateDir    string
 	cgroupRoot  string
 	sysBlock    string
+	devDir      string
 	diskTimeout time.Duration
 	powerOff    func()
 
@@ -51,7 +53,7 @@ var _ agentapi.AgentService = (*Service)(nil)
 // NewService returns the guest side of the agent API; r must be running.
 func NewService(r *Reaper, cfg Config) *Service {
 	s := &Service{
-		reaper: r, stateDir: cfg.StateDir, cgroupRoot: cfg.CgroupRoot, sysBlock: cfg.SysBlock,
+		reaper: r, stateDir: cfg.StateDir, cgroupRoot: cfg.CgroupRoot, sysBlock: cfg.SysBlock, devDir: cfg.DevDir,
 		diskTimeout: cfg.DiskTimeout, powerOff: cfg.PowerOff, containers: map[string]*container{},
 	}
 	if s.stateDir == "" {
@@ -59,6 +61,9 @@ func NewService(r *Reaper, cfg Config) *Service {
 	}
 	if s.cgroupRoot == "" {
 		s.cgroupRoot = "/sys/fs/cgroup"
+	}
+	if s.devDir == "" {
+		s.devDir = "/dev"
 	}
 	if s.sysBlock == "" {
 		s.sysBlock = "/sys/block"
