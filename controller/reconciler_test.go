@@ -29,6 +29,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	cryov1 "github.com/cryo-runtime/cryo/api/v1alpha1"
+	"github.com/cryo-runtime/cryo/controller/apitest"
 	"github.com/cryo-runtime/cryo/snapshot"
 	"github.com/cryo-runtime/cryo/stores"
 )
@@ -61,22 +62,7 @@ func TestMain(m *testing.M) {
 func apiServer(t *testing.T) client.Client {
 	t.Helper()
 	envOnce.Do(func() {
-		assets := os.Getenv("KUBEBUILDER_ASSETS")
-		if assets == "" {
-			assets = "/var/cache/cryo/tools/bin"
-		}
-		for _, bin := range []string{"kube-apiserver", "etcd"} {
-			if _, err := os.Stat(filepath.Join(assets, bin)); err != nil {
-				envErr = fmt.Errorf("%s not found in %s (KUBEBUILDER_ASSETS): run make deps: %w", bin, assets, err)
-				return
-			}
-		}
-		env = &envtest.Environment{
-			BinaryAssetsDirectory: assets,
-			CRDDirectoryPaths:     []string{filepath.Join("..", "packaging", "kubernetes", "controller", "crd.yaml")},
-			ErrorIfCRDPathMissing: true,
-		}
-		envCfg, envErr = env.Start()
+		env, envCfg, envErr = apitest.Start(filepath.Join("..", "packaging", "kubernetes", "controller", "crd.yaml"))
 		if envErr != nil {
 			return
 		}

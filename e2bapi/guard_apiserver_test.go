@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -27,10 +26,10 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
 
 	cryov1 "github.com/cryo-runtime/cryo/api/v1alpha1"
+	"github.com/cryo-runtime/cryo/controller/apitest"
 )
 
 const (
@@ -335,17 +334,7 @@ func envdAt(t *testing.T, ip string, port int, hits *atomic.Int32) int {
 // packaged CRD; its config is the admin's.
 func startAPIServer(t *testing.T) *rest.Config {
 	t.Helper()
-	assets := os.Getenv("KUBEBUILDER_ASSETS")
-	if assets == "" {
-		assets = "/var/cache/cryo/tools/bin"
-	}
-	for _, bin := range []string{"kube-apiserver", "etcd"} {
-		if _, err := os.Stat(filepath.Join(assets, bin)); err != nil {
-			t.Fatalf("%s not found in %s (KUBEBUILDER_ASSETS): run make deps: %v", bin, assets, err)
-		}
-	}
-	env := &envtest.Environment{BinaryAssetsDirectory: assets, CRDDirectoryPaths: []string{filepath.Join(packaging, "crd.yaml")}, ErrorIfCRDPathMissing: true}
-	cfg, err := env.Start()
+	env, cfg, err := apitest.Start(filepath.Join(packaging, "crd.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}

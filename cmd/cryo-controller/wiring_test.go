@@ -26,11 +26,11 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
 
 	cryov1 "github.com/cryo-runtime/cryo/api/v1alpha1"
 	"github.com/cryo-runtime/cryo/controller"
+	"github.com/cryo-runtime/cryo/controller/apitest"
 	"github.com/cryo-runtime/cryo/e2bapi"
 )
 
@@ -111,18 +111,8 @@ func TestControllerWiring(t *testing.T) {
 // the packaged webhook configuration.
 func startAPIServer(t *testing.T) (*rest.Config, client.Client) {
 	t.Helper()
-	assets := os.Getenv("KUBEBUILDER_ASSETS")
-	if assets == "" {
-		assets = "/var/cache/cryo/tools/bin"
-	}
-	for _, bin := range []string{"kube-apiserver", "etcd"} {
-		if _, err := os.Stat(filepath.Join(assets, bin)); err != nil {
-			t.Fatalf("%s not found in %s (KUBEBUILDER_ASSETS): run make deps: %v", bin, assets, err)
-		}
-	}
 	pkg := filepath.Join("..", "..", "packaging", "kubernetes", "controller")
-	env := &envtest.Environment{BinaryAssetsDirectory: assets, CRDDirectoryPaths: []string{filepath.Join(pkg, "crd.yaml")}, ErrorIfCRDPathMissing: true}
-	cfg, err := env.Start()
+	env, cfg, err := apitest.Start(filepath.Join(pkg, "crd.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,7 +23,7 @@ var order = [][]string{
 	{"internal/..."},
 	// leaves: no cryo imports beyond internal/
 	{"fingerprint", "network", "pagefs", "vmm/qmp", "vmm/devstate", "agent/api/v1", "agent/session", "shim/api/v1", "api/v1alpha1",
-		"agent/envd/spec", "agent/envd/spec/process", "agent/envd/spec/filesystem"},
+		"agent/envd/spec", "agent/envd/spec/process", "agent/envd/spec/filesystem", "controller/apitest"},
 	// envd's generated Connect services, then envd, E2B's sandbox-side API,
 	// which the guest agent serves
 	{"agent/envd/spec/process/processconnect", "agent/envd/spec/filesystem/filesystemconnect"},
