@@ -277,17 +277,12 @@ func (g *Gateway) cached(ctx context.Context, id string) string {
 		g.Server.Log.Error(err, "e2b gateway: cached Checkpoints", "sandbox", id)
 		return ""
 	}
-	if len(namespaces(pods.Items, cps.Items)) > 1 {
+	nss := namespaces(pods.Items, cps.Items)
+	if len(nss) != 1 {
 		return ""
 	}
-	var live *corev1.Pod
-	for i := range pods.Items {
-		p := &pods.Items[i]
-		if p.DeletionTimestamp == nil && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed &&
-			(live == nil || generation(p.Annotations) > generation(live.Annotations)) {
-			live = p
-		}
-	}
+	sb, _ := assemble(nss[0], id, pods.Items, cps.Items)
+	live := sb.pod // the newest live pod
 	if live == nil || live.Status.Phase != corev1.PodRunning || live.Status.PodIP == "" || !g.Server.sandboxPod(live, id) {
 		return ""
 	}
