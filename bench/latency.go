@@ -220,7 +220,7 @@ func (r *runner) fanOut() error {
 				}()
 			}
 			wg.Wait()
-			mem = qemuMem(r.s.QEMUPids())
+			mem = procsMem(r.s.QEMUPids())
 			qcpu = cpuTime(r.s.QEMUPids())
 			cpu = qcpu + cpuTime(r.s.ShimPids())
 			r.remove(ids...)

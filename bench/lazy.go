@@ -291,7 +291,7 @@ func (r *runner) lazyClones(link *stack.Link, s lazySnapshot) error {
 		time.Sleep(500 * time.Millisecond)
 	}
 	after, berr := link.Bytes()
-	mem := qemuMem(r.s.QEMUPids())
+	mem := procsMem(r.s.QEMUPids())
 	r.remove(ids...)
 	for i, err := range errs {
 		if err != nil {

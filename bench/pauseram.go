@@ -470,10 +470,10 @@ func (r *runner) clonesPssOf(cfgPath, url string, n int, first func(id string) e
 	if len(pids) != n {
 		return clonesMem{}, fmt.Errorf("%d QEMU processes running, want %d", len(pids), n)
 	}
-	m := clonesMem{pss: qemuMem(pids).pss, ram: guestRAMPss(pids), shim: qemuMem(r.s.ShimPids()).pss}
+	m := clonesMem{pss: procsMem(pids).pss, ram: guestRAMPss(pids), shim: procsMem(r.s.ShimPids()).pss}
 	if idle > 0 {
 		time.Sleep(idle)
-		m.shimIdle = qemuMem(r.s.ShimPids()).pss
+		m.shimIdle = procsMem(r.s.ShimPids()).pss
 	}
 	return m, nil
 }

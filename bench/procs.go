@@ -11,11 +11,10 @@ import (
 // procMem is the summed memory of some processes.
 type procMem struct{ rss, pss int64 }
 
-// qemuMem sums Rss and Pss (bytes) of pids (QEMUs, or shims) from
-// /proc/<pid>/smaps_rollup.
-// Pss divides each shared page among the processes that map it, so the
+// procsMem sums Rss and Pss (bytes) of pids (QEMUs, or shims) from
+// /proc/<pid>/smaps_rollup. Pss divides each shared page among the processes that map it, so the
 // sum is what the clones cost the node together.
-func qemuMem(pids []int) procMem {
+func procsMem(pids []int) procMem {
 	var m procMem
 	for _, pid := range pids {
 		f := procFields("/proc/"+strconv.Itoa(pid)+"/smaps_rollup", "Rss:", "Pss:")

@@ -27,7 +27,7 @@ func (r *runner) shimRSS() error {
 				hwm = max(hwm, vmHWM(pid))
 			}
 		}
-		q := qemuMem(r.s.QEMUPids())
+		q := procsMem(r.s.QEMUPids())
 		r.remove(id)
 		if hwm == 0 {
 			return fmt.Errorf("no shim process found for %s", id)

@@ -172,13 +172,6 @@ func (c *decodedCache) dropIfIdle() {
 	c.dropper = nil
 }
 
-// held is what the cache holds, chunks and spare buffers, in bytes.
-func (c *decodedCache) held() int64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.bytes + c.freeBytes
-}
-
 // read calls fn with chunk k under the cache's lock, if it is cached.
 func (c *decodedCache) read(k decodedKey, fn func(raw []byte)) bool {
 	c.mu.Lock()

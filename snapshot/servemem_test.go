@@ -422,3 +422,10 @@ func TestDecodedCacheDropsWhenIdle(t *testing.T) {
 		t.Error("a read after the drop neither fetched nor cached")
 	}
 }
+
+// held is what the cache holds, chunks and spare buffers, in bytes.
+func (c *decodedCache) held() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.bytes + c.freeBytes
+}
