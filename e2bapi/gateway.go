@@ -46,11 +46,12 @@ const (
 // or SandboxNotFoundError on calls).
 type Gateway struct {
 	Server *Server
-	// Cache answers a request to a running sandbox without the API
-	// server: an informer cache holding the sandbox pods and the
-	// Checkpoints, indexed by IndexSandboxes. What it cannot answer (an
-	// unknown, starting, pausing, paused or resuming sandbox) goes
-	// through Server.Client. Nil: every request does.
+	// Cache is where sandboxes are looked up (required): an informer
+	// cache holding the sandbox pods (the API labels them
+	// controller.LabelRuntimeClass, which the controller's cache
+	// selects) and the Checkpoints, indexed by IndexSandboxes. The API
+	// server, through Server.Client, is read only for a sandbox that
+	// Cache shows paused (find), and to resume one.
 	Cache client.Reader
 	// Port is envd's port in the pod; 0 means EnvdPort (tests point it
 	// elsewhere).
@@ -62,6 +63,7 @@ type Gateway struct {
 	Transport http.RoundTripper
 
 	resumes singleflight.Group
+	reads   singleflight.Group // paused's
 }
 
 // gatewayError is E2B's proxy's refusal body.
@@ -183,9 +185,13 @@ func (g *Gateway) route(ctx context.Context, id string) (string, error) {
 
 func (g *Gateway) addr(ip string) string { return net.JoinHostPort(ip, strconv.Itoa(g.port())) }
 
-// find looks the sandbox up in every namespace. The common case, a
-// running pod, is the cache's; ip is its address. Otherwise sb is what the
-// sandbox's namespace holds of it, nil when it is unknown.
+// find looks the sandbox up in every namespace, in Cache. ip is the
+// address of its running pod; otherwise sb is what its namespace holds of
+// it (starting, being paused, paused: to wait for, resume or refuse), nil
+// when it is unknown. An id that Cache does not hold costs the API server
+// nothing, whoever sends it and however often; nor does a sandbox that
+// runs, starts or is being paused. Only a sandbox that Cache shows paused
+// is read from the API server, one object by name (see paused).
 //
 // Labels are whatever an object's creator wrote. LabelGuard keeps
 // LabelSandbox to the controller, and find does not rely on that alone:
@@ -195,43 +201,104 @@ func (g *Gateway) addr(ip string) string { return net.JoinHostPort(ip, strconv.I
 // find routes to neither. And it routes only to a pod named and classed as
 // the API makes them, so that a label added to someone's existing pod
 // never makes it the sandbox's.
+//
+// Cache keeps nothing of its own: each request reads the informer's
+// current state, so a pod deleted or replaced stops being served once its
+// event arrives (the informer's lag behind the API server), and nothing
+// here lengthens that. Its address can be reused only after the kubelet
+// has seen the same deletion and torn the pod down.
 func (g *Gateway) find(ctx context.Context, id string) (ip string, sb *sandbox, err error) {
-	if ip := g.cached(ctx, id); ip != "" {
-		return ip, nil, nil
+	if g.Cache == nil {
+		return "", nil, errors.New("the gateway has no cache to find sandboxes in")
 	}
-	s := g.Server
 	var pods corev1.PodList
-	if err := s.Client.List(ctx, &pods, client.MatchingLabels{LabelSandbox: id}); err != nil {
-		return "", nil, fmt.Errorf("list pods: %w", err)
+	if err := g.Cache.List(ctx, &pods, client.MatchingFields{IndexSandbox: id}); err != nil {
+		return "", nil, fmt.Errorf("cached pods: %w", err)
 	}
 	var cps cryov1.CheckpointList
-	if err := s.Client.List(ctx, &cps, client.MatchingLabels{LabelSandbox: id}); err != nil {
-		return "", nil, fmt.Errorf("list Checkpoints: %w", err)
+	if err := g.Cache.List(ctx, &cps, client.MatchingFields{IndexSandbox: id}); err != nil {
+		return "", nil, fmt.Errorf("cached Checkpoints: %w", err)
 	}
 	nss := namespaces(pods.Items, cps.Items)
 	switch {
 	case len(nss) == 0:
 		return "", nil, nil
 	case len(nss) > 1:
-		s.Log.Error(errors.New("sandbox id on objects of more than one namespace"),
+		g.Server.Log.Error(errors.New("sandbox id on objects of more than one namespace"),
 			"e2b gateway: refused; delete the pods and Checkpoints that cryo's E2B API did not make (docs/e2b.md#the-label-guard)",
 			"sandbox", id, "namespaces", nss)
 		return "", nil, refuse(http.StatusBadGateway, id, "sandbox %s: its id is on objects of more than one namespace, so it is not served until an administrator removes the foreign ones", id)
 	}
-	for i := range pods.Items {
-		p := &pods.Items[i]
-		if p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodRunning && p.Status.PodIP != "" && s.sandboxPod(p, id) && !sandboxPausing(ctx, s, p) {
-			return p.Status.PodIP, nil, nil
-		}
-	}
 	sb, found := assemble(nss[0], id, pods.Items, cps.Items)
-	if sb.pod != nil && !s.sandboxPod(sb.pod, id) {
-		return "", nil, refuse(http.StatusBadGateway, id, "sandbox %s: pod %s is not one cryo's E2B API made (its name or RuntimeClass differ)", id, sb.pod.Name)
+	switch {
+	case sb.pod != nil:
+		return g.at(ctx, sb, sb.pod)
+	case pausingSandbox(sb):
+		return "", sb, nil // the pod gone or going, the snapshot not yet safe: wait
+	case !found:
+		return "", nil, nil // only ended pods, or failed pauses
 	}
-	if !found && !pausingSandbox(sb) {
-		return "", nil, nil
+	return g.paused(ctx, sb)
+}
+
+// at is the address of pod p, the newest live one of sb, if it takes
+// traffic; otherwise sb, to wait for (starting, or being checkpointed
+// away: a Checkpoint of its name, read from Cache).
+func (g *Gateway) at(ctx context.Context, sb *sandbox, p *corev1.Pod) (string, *sandbox, error) {
+	if p.Labels[LabelSandbox] != sb.id || !g.Server.sandboxPod(p, sb.id) {
+		return "", nil, refuse(http.StatusBadGateway, sb.id, "sandbox %s: pod %s is not one cryo's E2B API made (its name or RuntimeClass differ)", sb.id, p.Name)
 	}
-	return "", sb, nil
+	if p.Status.Phase != corev1.PodRunning || p.Status.PodIP == "" {
+		return "", sb, nil
+	}
+	var cp cryov1.Checkpoint
+	switch err := g.Cache.Get(ctx, client.ObjectKeyFromObject(p), &cp); {
+	case apierrors.IsNotFound(err):
+	case err != nil:
+		return "", nil, fmt.Errorf("cached Checkpoint %s: %w", p.Name, err)
+	case checkpointsAway(&cp, p):
+		return "", sb, nil
+	}
+	return p.Status.PodIP, nil, nil
+}
+
+// paused is a sandbox that Cache shows paused, as the API server has it
+// now. The gateway acts on that answer (it resumes the sandbox, or
+// refuses it as paused), so the cache's lag must not decide it: a
+// Sandbox.connect that resumed it, on this replica or another, returns
+// to the SDK, which calls the gateway next, possibly before the new pod's
+// event has reached this cache. A resume, whoever makes it, creates the
+// pod of the newest Checkpoint's next generation, so one read by name in
+// the namespace Cache holds the id in tells. That read also finds a
+// resumed pod that Cache never holds (its owner removed
+// controller.LabelRuntimeClass). Concurrent requests share it.
+func (g *Gateway) paused(ctx context.Context, sb *sandbox) (string, *sandbox, error) {
+	key := client.ObjectKey{Namespace: sb.ns, Name: podName(sb.id, generation(sb.last.Annotations)+1)}
+	v, err, _ := g.reads.Do(key.String(), func() (any, error) {
+		// Not the first request's context: its end must not fail the
+		// others sharing the read.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		var p corev1.Pod
+		if err := g.Server.Client.Get(ctx, key, &p); err != nil {
+			if apierrors.IsNotFound(err) {
+				return (*corev1.Pod)(nil), nil
+			}
+			return nil, fmt.Errorf("get pod %s: %w", key, err)
+		}
+		return &p, nil
+	})
+	if err != nil {
+		return "", nil, err
+	}
+	p := v.(*corev1.Pod)
+	if p == nil || p.DeletionTimestamp != nil || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+		return "", sb, nil
+	}
+	p = p.DeepCopy() // shared with the other requests
+	cur := *sb
+	cur.pod, cur.pods = p, append(slices.Clone(sb.pods), *p)
+	return g.at(ctx, &cur, p)
 }
 
 // sandboxPod: p has the name and the RuntimeClass that the API gives the
@@ -254,50 +321,6 @@ func namespaces(pods []corev1.Pod, cps []cryov1.Checkpoint) []string {
 	return slices.Sorted(maps.Keys(set))
 }
 
-// cached is the address of the sandbox's running pod as Cache has it, ""
-// when Cache has no say: no pod (unknown, paused, not yet seen), its
-// newest live pod is starting, being checkpointed away or not shaped as
-// the API makes them, or the id is in more than one namespace (find
-// refuses it). It keeps nothing itself: each request reads the informer's
-// current state, so a pod deleted or replaced stops being served once its
-// event arrives (the informer's lag behind the API server), and nothing
-// here lengthens that. Its address can be reused only after the kubelet
-// has seen the same deletion and torn the pod down.
-func (g *Gateway) cached(ctx context.Context, id string) string {
-	if g.Cache == nil {
-		return ""
-	}
-	var pods corev1.PodList
-	if err := g.Cache.List(ctx, &pods, client.MatchingFields{IndexSandbox: id}); err != nil {
-		g.Server.Log.Error(err, "e2b gateway: cached pods", "sandbox", id)
-		return ""
-	}
-	var cps cryov1.CheckpointList
-	if err := g.Cache.List(ctx, &cps, client.MatchingFields{IndexSandbox: id}); err != nil {
-		g.Server.Log.Error(err, "e2b gateway: cached Checkpoints", "sandbox", id)
-		return ""
-	}
-	nss := namespaces(pods.Items, cps.Items)
-	if len(nss) != 1 {
-		return ""
-	}
-	sb, _ := assemble(nss[0], id, pods.Items, cps.Items)
-	live := sb.pod // the newest live pod
-	if live == nil || live.Status.Phase != corev1.PodRunning || live.Status.PodIP == "" || !g.Server.sandboxPod(live, id) {
-		return ""
-	}
-	var cp cryov1.Checkpoint
-	switch err := g.Cache.Get(ctx, client.ObjectKeyFromObject(live), &cp); {
-	case apierrors.IsNotFound(err):
-	case err != nil:
-		g.Server.Log.Error(err, "e2b gateway: cached Checkpoint", "sandbox", id)
-		return ""
-	case checkpointsAway(&cp, live):
-		return ""
-	}
-	return live.Status.PodIP
-}
-
 // IndexSandbox is the field index of pods and Checkpoints by their
 // LabelSandbox that Gateway.Cache needs.
 const IndexSandbox = "e2b.sandbox"
@@ -317,20 +340,6 @@ func sandboxOf(o client.Object) []string {
 		return []string{id}
 	}
 	return nil
-}
-
-// sandboxPausing reports whether a running pod is being checkpointed
-// away: a Checkpoint of its own name (a pause: Checkpoint names are pod
-// names) with keepRunning false that has not failed. Until the controller
-// deletes the pod it still runs, but the VM is frozen for the snapshot and
-// the pod goes away after it. A pod's own fields cannot say so; the
-// Checkpoint can (read from the cache on the common path, see cached).
-func sandboxPausing(ctx context.Context, s *Server, p *corev1.Pod) bool {
-	var cp cryov1.Checkpoint
-	if err := s.Client.Get(ctx, client.ObjectKeyFromObject(p), &cp); err != nil {
-		return false
-	}
-	return checkpointsAway(&cp, p)
 }
 
 func checkpointsAway(cp *cryov1.Checkpoint, p *corev1.Pod) bool {

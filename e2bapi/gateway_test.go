@@ -362,11 +362,23 @@ func TestGatewayCache(t *testing.T) {
 		t.Errorf("10 requests to a running sandbox read the API server %d times, want 0", n)
 	}
 	ctx := context.Background()
-	if ip := f.gw.cached(ctx, id); ip != "127.0.0.1" {
+	cached := func() string {
+		t.Helper()
+		reads := f.cc.reads.Load()
+		ip, _, err := f.gw.find(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := f.cc.reads.Load() - reads; n != 0 {
+			t.Errorf("find of a sandbox the cache shows live read the API server %d times", n)
+		}
+		return ip
+	}
+	if ip := cached(); ip != "127.0.0.1" {
 		t.Fatalf("cached address %q", ip)
 	}
-	if ip := (&Gateway{Server: f.gw.Server}).cached(ctx, id); ip != "" {
-		t.Errorf("a gateway without a cache answered %q from it", ip)
+	if _, _, err := (&Gateway{Server: f.gw.Server}).find(ctx, id); err == nil {
+		t.Errorf("a gateway without a cache found the sandbox")
 	}
 
 	// Being paused: the Checkpoint of the pod's name, keepRunning false.
@@ -375,14 +387,14 @@ func TestGatewayCache(t *testing.T) {
 	if err := f.cl.Create(ctx, cp); err != nil {
 		t.Fatal(err)
 	}
-	if ip := f.gw.cached(ctx, id); ip != "" {
+	if ip := cached(); ip != "" {
 		t.Errorf("a sandbox being paused served from the cache at %q", ip)
 	}
 	cp.Status.Phase = cryov1.PhaseFailed
 	if err := f.cl.Update(ctx, cp); err != nil {
 		t.Fatal(err)
 	}
-	if ip := f.gw.cached(ctx, id); ip != "127.0.0.1" {
+	if ip := cached(); ip != "127.0.0.1" {
 		t.Errorf("after a failed pause: cached address %q", ip)
 	}
 
@@ -398,14 +410,14 @@ func TestGatewayCache(t *testing.T) {
 	if !waitFor(func() bool { p1 = f.pod("team-a", podName(id, 1)); return p1.Status.Phase == corev1.PodPending }) {
 		t.Fatalf("generation 1: %+v", p1.Status)
 	}
-	if ip := f.gw.cached(ctx, id); ip != "" {
+	if ip := cached(); ip != "" {
 		t.Errorf("generation 0 served at %q while generation 1 starts", ip)
 	}
 	p1.Status.Phase, p1.Status.PodIP = corev1.PodRunning, "127.0.0.2"
 	if err := f.cl.Status().Update(ctx, p1); err != nil {
 		t.Fatal(err)
 	}
-	if ip := f.gw.cached(ctx, id); ip != "127.0.0.2" {
+	if ip := cached(); ip != "127.0.0.2" {
 		t.Errorf("generation 1 running: cached address %q", ip)
 	}
 
@@ -417,13 +429,13 @@ func TestGatewayCache(t *testing.T) {
 	if err := f.cl.Delete(ctx, p1); err != nil {
 		t.Fatal(err)
 	}
-	if ip := f.gw.cached(ctx, id); ip != "127.0.0.1" {
+	if ip := cached(); ip != "127.0.0.1" {
 		t.Errorf("generation 1 being deleted: cached address %q, want generation 0's", ip)
 	}
 	if err := f.cl.Delete(ctx, f.pod("team-a", podName(id, 0))); err != nil {
 		t.Fatal(err)
 	}
-	if ip := f.gw.cached(ctx, id); ip != "" {
+	if ip := cached(); ip != "" {
 		t.Errorf("every pod gone or going: cached address %q", ip)
 	}
 }
@@ -450,8 +462,8 @@ func TestGatewayOneNamespace(t *testing.T) {
 	if !waitFor(func() bool { return f.pod("team-b", foreign.Name).Status.PodIP != "" }) {
 		t.Fatal("the foreign pod does not run")
 	}
-	if ip := f.gw.cached(ctx, id); ip != "" {
-		t.Errorf("the cache routes an id held by two namespaces to %q", ip)
+	if ip, _, err := f.gw.find(ctx, id); ip != "" || err == nil {
+		t.Errorf("an id held by two namespaces found at %q (%v)", ip, err)
 	}
 	code, _, body := f.send(id, "GET", "/health", "", nil)
 	f.refusal(code, body, 502, id, "more than one namespace")
@@ -507,8 +519,8 @@ func TestGatewayOnlyAPIPods(t *testing.T) {
 			t.Fatalf("pod %s does not run", p.Name)
 		}
 		id := p.Labels[LabelSandbox]
-		if ip := f.gw.cached(ctx, id); ip != "" {
-			t.Errorf("pod %s served from the cache at %q", p.Name, ip)
+		if ip, _, err := f.gw.find(ctx, id); ip != "" || err == nil {
+			t.Errorf("pod %s found at %q (%v)", p.Name, ip, err)
 		}
 		code, _, body := f.send(id, "GET", "/health", "", nil)
 		f.refusal(code, body, 502, id, "not one cryo's E2B API made")

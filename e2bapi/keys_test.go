@@ -7,6 +7,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -66,5 +67,32 @@ func TestKeyLookup(t *testing.T) {
 	}
 	if code := f.do("key-c", "GET", "/v2/sandboxes", "", &e); code != http.StatusUnauthorized {
 		t.Errorf("deleted key: %d, want 401 at once", code)
+	}
+}
+
+// TestKeyCacheTransform: the key cache keeps of a key Secret what
+// authenticate reads, not kubectl's last-applied copy of it nor any other
+// data, and passes a deletion's tombstone through.
+func TestKeyCacheTransform(t *testing.T) {
+	sec := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "cryo-system", Name: "team-c", ResourceVersion: "7",
+			Labels: map[string]string{LabelAPIKey: "h", "app": "x"},
+			Annotations: map[string]string{AnnotationKeyNamespace: "team-c",
+				"kubectl.kubernetes.io/last-applied-configuration": `{"data":{"apiKey":"a2V5LWM="}}`},
+			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubectl"}}},
+		Data: map[string][]byte{SecretKeyField: []byte("key-c"), "other": []byte("x")},
+	}
+	o, err := keyOnly(sec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := o.(*corev1.Secret)
+	if len(got.Annotations) != 1 || got.Annotations[AnnotationKeyNamespace] != "team-c" || len(got.Labels) != 1 || got.Labels[LabelAPIKey] != "h" ||
+		len(got.Data) != 1 || string(got.Data[SecretKeyField]) != "key-c" || got.ManagedFields != nil || got.Name != "team-c" || got.ResourceVersion != "7" {
+		t.Errorf("cached key Secret %+v", got)
+	}
+	tomb := toolscache.DeletedFinalStateUnknown{Key: "cryo-system/team-c", Obj: sec}
+	if o, err := keyOnly(tomb); err != nil || o != any(tomb) {
+		t.Errorf("a tombstone: %v %v", o, err)
 	}
 }

@@ -9,6 +9,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	cryov1 "github.com/cryo-runtime/cryo/api/v1alpha1"
 )
 
 // parseQuery decodes the SDK's metadata filter: URLSearchParams of
@@ -66,6 +68,12 @@ func (l *Listener) Start(ctx context.Context) error {
 // leader only, so that two replicas never pause one sandbox twice.
 type Reaper struct {
 	Server *Server
+	// Cache is what each tick reads (required): the Gateway's, holding
+	// the sandbox pods and the Checkpoints, indexed by IndexSandboxes.
+	// A tick costs the API server nothing until a sandbox's end has
+	// passed there; then its namespace's objects are read once before
+	// acting (Reap).
+	Cache client.Reader
 }
 
 func (r *Reaper) Start(ctx context.Context) error {
@@ -85,28 +93,44 @@ func (r *Reaper) Start(ctx context.Context) error {
 	}
 }
 
-// Reap ends every expired running sandbox once.
+// Reap ends every expired running sandbox once. Cache picks the
+// candidates: an expired pod that is its sandbox's newest live one and
+// not already being paused. Only then is the sandbox read from the API
+// server, and the decision made again on that: the cache may not yet show
+// a timeout just extended (setTimeout, connect) or a pause just begun, and
+// acting on a stale view would kill a sandbox its owner just kept, or
+// pause one twice.
 func (r *Reaper) Reap(ctx context.Context) {
 	s := r.Server
 	var pods corev1.PodList
-	if err := s.Client.List(ctx, &pods, client.HasLabels{LabelSandbox}); err != nil {
-		s.Log.Error(err, "e2b reaper: list pods")
+	if err := r.Cache.List(ctx, &pods, client.HasLabels{LabelSandbox}); err != nil {
+		s.Log.Error(err, "e2b reaper: cached pods")
 		return
 	}
 	now := s.now()
-	for _, p := range pods.Items {
-		end, err := time.Parse(time.RFC3339Nano, p.Annotations[annEndAt])
-		if p.DeletionTimestamp != nil || err != nil || now.Before(end) {
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		id := p.Labels[LabelSandbox]
+		if !expired(p, now) {
 			continue
 		}
-		sb, ok, err := s.lookup(ctx, p.Namespace, p.Labels[LabelSandbox])
-		if err != nil || !ok || sb.pod == nil || sb.pod.Name != p.Name {
+		cached, err := r.cached(ctx, p.Namespace, id)
+		if err != nil {
+			s.Log.Error(err, "e2b reaper: cached sandbox", "namespace", p.Namespace, "sandbox", id)
 			continue
 		}
-		if p.Annotations[annAutoPause] == "true" {
-			if sb.last != nil && sb.last.Name == p.Name {
-				continue // its pause is under way
-			}
+		if !due(cached, p.Name, now) {
+			continue
+		}
+		sb, ok, err := s.lookup(ctx, p.Namespace, id)
+		if err != nil {
+			s.Log.Error(err, "e2b reaper: read sandbox", "namespace", p.Namespace, "sandbox", id)
+			continue
+		}
+		if !ok || !due(sb, p.Name, now) {
+			continue
+		}
+		if sb.pod.Annotations[annAutoPause] == "true" {
 			go func() {
 				if err := s.checkpoint(ctx, sb); err != nil {
 					s.Log.Error(err, "e2b reaper: pause", "namespace", p.Namespace, "sandbox", sb.id)
@@ -119,4 +143,33 @@ func (r *Reaper) Reap(ctx context.Context) {
 		}
 		s.Log.Info("sandbox timed out", "namespace", p.Namespace, "sandbox", sb.id)
 	}
+}
+
+// cached is what Cache holds of sandbox id in ns.
+func (r *Reaper) cached(ctx context.Context, ns, id string) (*sandbox, error) {
+	var pods corev1.PodList
+	if err := r.Cache.List(ctx, &pods, client.InNamespace(ns), client.MatchingFields{IndexSandbox: id}); err != nil {
+		return nil, err
+	}
+	var cps cryov1.CheckpointList
+	if err := r.Cache.List(ctx, &cps, client.InNamespace(ns), client.MatchingFields{IndexSandbox: id}); err != nil {
+		return nil, err
+	}
+	sb, _ := assemble(ns, id, pods.Items, cps.Items)
+	return sb, nil
+}
+
+// due: pod name is sb's newest live pod, its end has passed, and no pause
+// of it is under way (a Checkpoint of its name that has not failed: the
+// API names a pause after its pod). A pause under way wins over a kill:
+// its owner asked for it, and killing would fail it half way.
+func due(sb *sandbox, name string, now time.Time) bool {
+	return sb.pod != nil && sb.pod.Name == name && expired(sb.pod, now) &&
+		!(sb.last != nil && sb.last.Name == name && sb.last.Status.Phase != cryov1.PhaseFailed)
+}
+
+// expired: the pod's end time has passed and it is not being deleted.
+func expired(p *corev1.Pod, now time.Time) bool {
+	end, err := time.Parse(time.RFC3339Nano, p.Annotations[annEndAt])
+	return p.DeletionTimestamp == nil && err == nil && !now.Before(end)
 }

@@ -68,10 +68,15 @@ type Template struct {
 }
 
 // Server is the API. Client reads and writes the cluster without a cache,
-// so that no informer on Secrets or on every pod is started for it (the
-// Gateway's common path reads a cache of cryo's pods instead).
+// so that no informer on every Secret or pod is started for it: a request
+// reads only its key's namespace, and acts on its newest state. The
+// Gateway and the Reaper read a cache of cryo's pods and the Checkpoints
+// instead, and authenticate a cache of the key Secrets (Keys).
 type Server struct {
-	Client       client.Client
+	Client client.Client
+	// Keys reads the API key Secrets: a cache configured by KeyCache.
+	// Nil: Client (each request lists them from the API server).
+	Keys         client.Reader
 	Namespace    string // the controller's namespace, home of the key Secrets
 	RuntimeClass string
 	Templates    map[string]Template

@@ -336,7 +336,7 @@ func TestTimeoutAndReap(t *testing.T) {
 	}
 	f.now = f.now.Add(time.Minute)
 	f.controllerPauses("team-a", podName(pause, 0))
-	(&Reaper{Server: f.srv}).Reap(context.Background())
+	(&Reaper{Server: f.srv, Cache: f.cl}).Reap(context.Background())
 	var e apiError
 	if code := f.do("key-a", "GET", "/sandboxes/"+kill, "", &e); code != http.StatusNotFound {
 		t.Errorf("expired sandbox: %d, want killed", code)

@@ -54,6 +54,10 @@ type flags struct {
 	e2bAddr        string
 	e2bTemplates   string
 	e2bSandboxAddr string
+	// e2bReapInterval is how often the E2B reaper looks for expired
+	// sandboxes; 0 means its default. Tests shorten it; it has no
+	// command-line flag.
+	e2bReapInterval time.Duration
 }
 
 func main() {
@@ -224,17 +228,38 @@ func addE2BAPI(ctx context.Context, mgr ctrl.Manager, f flags, runtimeClass stri
 		return fmt.Errorf("--e2b-templates: %w", err)
 	}
 	// Uncached: a cache would watch every Secret and pod of the cluster.
-	// Only the gateway's common path reads the manager's cache, which
-	// holds cryo's pods (sandboxes among them) and the Checkpoints.
+	// The gateway and the reaper read the manager's cache, which holds
+	// cryo's pods (sandboxes among them) and the Checkpoints; the key
+	// lookup a cache of the key Secrets alone.
 	cl, err := client.New(mgr.GetConfig(), client.Options{Scheme: mgr.GetScheme()})
 	if err != nil {
 		return err
 	}
+	opts := e2bapi.KeyCache(f.namespace)
+	opts.Scheme, opts.Mapper = mgr.GetScheme(), mgr.GetRESTMapper()
+	keys, err := cache.New(mgr.GetConfig(), opts)
+	if err != nil {
+		return fmt.Errorf("key Secrets' cache: %w", err)
+	}
+	if _, err := keys.GetInformer(ctx, &corev1.Secret{}); err != nil {
+		return fmt.Errorf("key Secrets' informer: %w", err)
+	}
+	if err := mgr.Add(startedCache{keys}); err != nil {
+		return err
+	}
+	// The informers start with the cache on every replica, not with the
+	// leader's reconciler: the gateway serves on all of them, after the
+	// caches synced.
+	if err := e2bapi.IndexSandboxes(ctx, mgr.GetFieldIndexer()); err != nil {
+		return fmt.Errorf("index sandbox pods and Checkpoints: %w", err)
+	}
 	srv := &e2bapi.Server{
 		Client:       cl,
+		Keys:         keys,
 		Namespace:    f.namespace,
 		RuntimeClass: runtimeClass,
 		Templates:    templates,
+		ReapInterval: f.e2bReapInterval,
 		Log:          ctrl.Log.WithName("e2b"),
 		// envd's /init is a pod-network call: the Deployment's pod
 		// reaches the sandboxes' addresses, as the gateway does.
@@ -249,19 +274,19 @@ func addE2BAPI(ctx context.Context, mgr ctrl.Manager, f flags, runtimeClass stri
 		return err
 	}
 	if f.e2bSandboxAddr != "" {
-		// The informers start with the cache on every replica, not with
-		// the leader's reconciler: the gateway serves on all of them,
-		// after the caches synced.
-		if err := e2bapi.IndexSandboxes(ctx, mgr.GetFieldIndexer()); err != nil {
-			return fmt.Errorf("index sandbox pods and Checkpoints: %w", err)
-		}
 		gw := &e2bapi.Gateway{Server: srv, Cache: mgr.GetCache()}
 		if err := mgr.Add(&e2bapi.GatewayListener{Gateway: gw, Addr: f.e2bSandboxAddr}); err != nil {
 			return err
 		}
 	}
-	return mgr.Add(&e2bapi.Reaper{Server: srv})
+	return mgr.Add(&e2bapi.Reaper{Server: srv, Cache: mgr.GetCache()})
 }
+
+// startedCache is a cache the manager starts with its own, on every
+// replica (not only the leader), and waits for before the API serves.
+type startedCache struct{ cache.Cache }
+
+func (c startedCache) GetCache() cache.Cache { return c.Cache }
 
 // checkLabelGuard checks, through the API server, that the E2B label
 // guard is in force for the identity the controller runs as.

@@ -54,7 +54,8 @@ func TestControllerWiring(t *testing.T) {
 	probes, hook, gw := freePort(t), freePort(t), freePort(t)
 	f := flags{defaultStore: "s3://snapshots/cryo", runtimeClasses: "cryo", namespace: "cryo-system", webhookPort: hook,
 		probeAddr: fmt.Sprintf("127.0.0.1:%d", probes), metricsAddr: "0", leaderElect: true, deadline: time.Minute, certDir: t.TempDir(),
-		e2bTemplates: "base=busybox:1", e2bAddr: fmt.Sprintf("127.0.0.1:%d", freePort(t)), e2bSandboxAddr: fmt.Sprintf("127.0.0.1:%d", gw)}
+		e2bTemplates: "base=busybox:1", e2bAddr: fmt.Sprintf("127.0.0.1:%d", freePort(t)), e2bSandboxAddr: fmt.Sprintf("127.0.0.1:%d", gw),
+		e2bReapInterval: 50 * time.Millisecond}
 	rctx, stop := context.WithCancel(ctx)
 	labelGuard(t, rctx, c, cfg, f)
 	mgr, err := setup(rctx, cfg, f)
@@ -103,6 +104,7 @@ func TestControllerWiring(t *testing.T) {
 	}
 
 	t.Run("caches", func(t *testing.T) { testCaches(t, mgr, c, log, gw) })
+	t.Run("costs", func(t *testing.T) { testCosts(t, mgr, c, log, gw, f.e2bAddr, f.e2bReapInterval) })
 }
 
 // startAPIServer starts a kube-apiserver and etcd (envtest) with the

@@ -1,0 +1,184 @@
+package e2bapi
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	cryov1 "github.com/cryo-runtime/cryo/api/v1alpha1"
+	"github.com/cryo-runtime/cryo/controller"
+)
+
+// labelledCache plays the controller's cache, which holds only the pods
+// labelled controller.LabelRuntimeClass.
+type labelledCache struct{ client.Reader }
+
+func (c labelledCache) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	if err := c.Reader.Get(ctx, key, obj, opts...); err != nil {
+		return err
+	}
+	if p, ok := obj.(*corev1.Pod); ok && p.Labels[controller.LabelRuntimeClass] == "" {
+		return apierrors.NewNotFound(corev1.Resource("pods"), key.Name)
+	}
+	return nil
+}
+
+func (c labelledCache) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
+	if err := c.Reader.List(ctx, list, opts...); err != nil {
+		return err
+	}
+	if pl, ok := list.(*corev1.PodList); ok {
+		var kept []corev1.Pod
+		for _, p := range pl.Items {
+			if p.Labels[controller.LabelRuntimeClass] != "" {
+				kept = append(kept, p)
+			}
+		}
+		pl.Items = kept
+	}
+	return nil
+}
+
+// TestGatewayCost: what a gateway request costs the API server (the
+// Server's client, counted; the cache's reads are not): nothing for ids
+// that name no sandbox, however many; one read by name for a sandbox the
+// cache shows paused, which also finds the resumed pod of a sandbox that
+// the cache does not hold, and serves it.
+func TestGatewayCost(t *testing.T) {
+	f := newGatewayFixture(t)
+	f.gw.Cache = labelledCache{f.cl}
+	f.cc.reads.Store(0)
+	for i := range 50 {
+		id := fmt.Sprintf("madeup%d", i)
+		code, _, body := f.send(id, "GET", "/health", "", nil)
+		f.refusal(code, body, 502, id, "The sandbox was not found")
+	}
+	if n := f.cc.reads.Load(); n != 0 {
+		t.Errorf("50 requests for unknown ids read the API server %d times, want 0", n)
+	}
+
+	id := f.create("key-a", `{"templateID":"base"}`)
+	f.controllerPauses("team-a", podName(id, 0))
+	if code := f.do("key-a", "POST", "/sandboxes/"+id+"/pause", `{}`, nil); code != http.StatusNoContent {
+		t.Fatalf("pause: %d", code)
+	}
+	f.cc.reads.Store(0)
+	for range 5 {
+		code, _, body := f.send(id, "GET", "/health", "", nil)
+		f.refusal(code, body, 502, id, "paused")
+	}
+	if n := f.cc.reads.Load(); n != 5 {
+		t.Errorf("5 requests for a paused sandbox read the API server %d times, want 5", n)
+	}
+
+	// Resumed by Sandbox.connect, and its owner removed the label that
+	// puts its pod in the cache: the cache shows it paused still.
+	if code := f.do("key-a", "POST", "/v2/sandboxes/"+id+"/connect", `{}`, nil); code != http.StatusCreated {
+		t.Fatalf("connect: %d", code)
+	}
+	p := f.pod("team-a", podName(id, 1))
+	delete(p.Labels, controller.LabelRuntimeClass)
+	if err := f.cl.Update(context.Background(), p); err != nil {
+		t.Fatal(err)
+	}
+	f.cc.reads.Store(0)
+	if code, _, body := f.send(id, "GET", "/health", "", nil); code != 200 || !strings.HasPrefix(body, "GET /health") {
+		t.Errorf("request to the resumed sandbox the cache does not hold: %d %q", code, body)
+	}
+	if n := f.cc.reads.Load(); n != 1 {
+		t.Errorf("it read the API server %d times, want 1", n)
+	}
+	if n := f.cc.pods.Load(); n != 0 {
+		t.Errorf("the gateway created %d pods for a sandbox that runs", n)
+	}
+}
+
+// TestReaperCost: a tick reads the cache only, whatever it holds (a
+// sandbox with time left, an expired one whose pause is under way, an
+// ended pod); a sandbox whose end has passed in the cache is read from the
+// API server before anything is done to it, so that a timeout extended
+// since (the cache lags) is kept.
+func TestReaperCost(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	keep := f.create("key-a", `{"templateID":"base","timeout":3600}`)
+	pausing := f.create("key-a", `{"templateID":"base","timeout":10,"autoPause":true}`)
+	cp := &cryov1.Checkpoint{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: podName(pausing, 0), Labels: map[string]string{LabelSandbox: pausing},
+		Annotations: map[string]string{annGen: "0"}}, Spec: cryov1.CheckpointSpec{PodName: podName(pausing, 0), KeepRunning: ptr(false)}}
+	if err := f.cl.Create(ctx, cp); err != nil {
+		t.Fatal(err)
+	}
+	ended := f.create("key-a", `{"templateID":"base","timeout":10}`)
+	p := f.pod("team-a", podName(ended, 0))
+	p.Status.Phase = corev1.PodFailed
+	if err := f.cl.Status().Update(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	extended := f.create("key-a", `{"templateID":"base","timeout":10}`)
+	stale := staleCache(t, f)
+	if code := f.do("key-a", "POST", "/sandboxes/"+extended+"/timeout", `{"timeout":3600}`, nil); code != http.StatusNoContent {
+		t.Fatalf("timeout: %d", code)
+	}
+
+	f.now = f.now.Add(time.Minute)
+	cc := &countingClient{Client: f.cl}
+	srv := *f.srv
+	srv.Client = cc
+	r := &Reaper{Server: &srv, Cache: f.cl}
+	reads := func() int32 { return cc.reads.Swap(0) }
+	for range 20 {
+		r.Reap(ctx)
+	}
+	if n := reads(); n != 0 {
+		t.Errorf("20 ticks read the API server %d times, want 0", n)
+	}
+	for _, id := range []string{keep, pausing, extended} {
+		if p := f.pod("team-a", podName(id, 0)); p.DeletionTimestamp != nil {
+			t.Errorf("sandbox %s reaped", id)
+		}
+	}
+
+	// The cache from before the timeout was extended.
+	r.Cache = stale
+	r.Reap(ctx)
+	if n := reads(); n != 2 {
+		t.Errorf("a tick with one sandbox expired in the cache read the API server %d times, want 2 (its pods and Checkpoints)", n)
+	}
+	var d listedBody
+	if code := f.do("key-a", "GET", "/sandboxes/"+extended, "", &d); code != 200 || d.State != "running" {
+		t.Errorf("the sandbox whose timeout was extended after the cache's copy: %d %+v, want running", code, d)
+	}
+}
+
+// staleCache is a copy of the pods and Checkpoints f holds now, indexed
+// as Gateway.Cache: a cache that has not seen what happens next.
+func staleCache(t *testing.T, f *fixture) client.Reader {
+	t.Helper()
+	ctx := context.Background()
+	var pods corev1.PodList
+	var cps cryov1.CheckpointList
+	if err := f.cl.List(ctx, &pods); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.cl.List(ctx, &cps); err != nil {
+		t.Fatal(err)
+	}
+	var objs []client.Object
+	for i := range pods.Items {
+		objs = append(objs, &pods.Items[i])
+	}
+	for i := range cps.Items {
+		objs = append(objs, &cps.Items[i])
+	}
+	return fake.NewClientBuilder().WithScheme(f.cl.Scheme()).WithObjects(objs...).
+		WithIndex(&corev1.Pod{}, IndexSandbox, sandboxOf).WithIndex(&cryov1.Checkpoint{}, IndexSandbox, sandboxOf).Build()
+}
