@@ -29,6 +29,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	cryov1 "github.com/cryo-runtime/cryo/api/v1alpha1"
+	"github.com/cryo-runtime/cryo/controller"
 	"github.com/cryo-runtime/cryo/controller/apitest"
 )
 
@@ -115,14 +116,21 @@ func TestLabelGuardThroughTheAPIServer(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// The API server loads a policy asynchronously: wait until it denies.
+	// With the guard of cryo.dev/runtime-class, as the kustomization
+	// installs them together: the API's pods pass both.
+	applyPackaged(t, admin, "runtime-class-label.yaml")
+	// The API server loads a policy asynchronously: wait until both deny.
 	probe := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "team-b", Name: "probe", Labels: map[string]string{LabelSandbox: "probe"}},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "busybox:1"}}}}
+	classless := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "team-b", Name: "probe", Labels: map[string]string{controller.LabelRuntimeClass: "cryo"}},
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "busybox:1"}}}}
 	if !eventually(30*time.Second, func() bool {
 		err := tenant.Create(ctx, probe.DeepCopy(), client.DryRunAll)
-		return apierrors.IsForbidden(err) && strings.Contains(err.Error(), LabelGuard)
+		err2 := tenant.Create(ctx, classless.DeepCopy(), client.DryRunAll)
+		return apierrors.IsForbidden(err) && strings.Contains(err.Error(), LabelGuard) &&
+			apierrors.IsInvalid(err2) && strings.Contains(err2.Error(), "cryo-runtime-class-label")
 	}) {
-		t.Fatal("the packaged policy does not deny within 30s")
+		t.Fatal("the packaged policies do not deny within 30s")
 	}
 	user, err := CheckLabelGuard(ctx, ctl)
 	if err != nil || user != controllerUser {

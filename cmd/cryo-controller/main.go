@@ -104,6 +104,10 @@ func setup(ctx context.Context, cfg *rest.Config, f flags) (ctrl.Manager, error)
 	if len(classes) == 0 {
 		return nil, errors.New("--runtime-classes names no RuntimeClass")
 	}
+	podCache, err := controller.PodCache(classes)
+	if err != nil {
+		return nil, fmt.Errorf("--runtime-classes: %w", err)
+	}
 	if f.e2bSandboxAddr != "" && f.e2bAddr == "" {
 		return nil, errors.New("--e2b-sandbox-bind-address needs --e2b-api-bind-address: the gateway reaches the sandboxes the API creates")
 	}
@@ -145,7 +149,7 @@ func setup(ctx context.Context, cfg *rest.Config, f flags) (ctrl.Manager, error)
 		Scheme: scheme,
 		// The reconciler watches pods: without a selector every pod of
 		// the cluster would be in memory, for the few of cryo's.
-		Cache:                   cache.Options{ByObject: map[client.Object]cache.ByObject{&corev1.Pod{}: controller.PodCache()}},
+		Cache:                   cache.Options{ByObject: map[client.Object]cache.ByObject{&corev1.Pod{}: podCache}},
 		Metrics:                 metricsserver.Options{BindAddress: f.metricsAddr},
 		HealthProbeBindAddress:  f.probeAddr,
 		LeaderElection:          f.leaderElect,
