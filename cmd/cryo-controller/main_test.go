@@ -24,6 +24,7 @@ func TestRunRefusesBadFlags(t *testing.T) {
 		{"e2b template without image", func(f *flags) { f.e2bAddr, f.e2bTemplates = ":3000", "base" }, "--e2b-templates"},
 		{"e2b gateway without the API", func(f *flags) { f.e2bSandboxAddr = ":3001" }, "--e2b-api-bind-address"},
 		{"e2b no templates", func(f *flags) { f.e2bAddr, f.e2bTemplates = ":3000", "" }, "--e2b-templates"},
+		{"e2b guard never checked", func(f *flags) { f.e2bAddr, f.e2bTemplates = ":3000", "base=busybox:1" }, "--e2b-label-guard-interval"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := good
