@@ -28,7 +28,8 @@ const labelPolicy = "cryo-runtime-class-label"
 // and edit pods and their status in its namespace. Before the policy the
 // tenant puts a runc pod in the controller's cache by labelling it (the
 // defect); after it, a pod whose label is not its runtimeClassName is
-// refused naming the label, however it is written and by whom, while the
+// refused naming the label, however it is written (a Binding too) and by
+// whom, while the
 // webhook's label on the tenant's own cryo pods passes, a label is removed
 // and put back, and a pod labelled before the policy still takes its
 // status updates. With the webhook down, only a label the tenant wrote
@@ -72,7 +73,7 @@ func TestRuntimeClassLabelThroughTheAPIServer(t *testing.T) {
 	// The API server loads a policy asynchronously: wait until it denies.
 	if !eventually(30*time.Second, func() bool {
 		err := tenant.Create(ctx, newPod("probe", &runc, labelled("cryo")), client.DryRunAll)
-		return apierrors.IsInvalid(err) && strings.Contains(err.Error(), labelPolicy)
+		return apierrors.IsInvalid(err) && strings.Contains(err.Error(), labelPolicy) && strings.Contains(err.Error(), "label "+LabelRuntimeClass+": value")
 	}) {
 		t.Fatal("the packaged policy does not deny within 30s")
 	}
@@ -127,6 +128,31 @@ func TestRuntimeClassLabelThroughTheAPIServer(t *testing.T) {
 	early.Labels[LabelRuntimeClass] = "cryo-gpu"
 	refused("changing the label of a pod labelled before the policy", tenant.Update(ctx, early))
 
+	// A Binding's labels land on its pod: one with the label is refused,
+	// by either path (the tenant may bind, as for a scheduler of its own);
+	// the scheduler's, without labels, passes.
+	bind := func(p *corev1.Pod, labels map[string]string, legacy bool) error {
+		b := &corev1.Binding{ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: p.Name, Labels: labels},
+			Target: corev1.ObjectReference{Kind: "Node", Name: "node-1"}}
+		if legacy {
+			return tenant.Create(ctx, b)
+		}
+		return tenant.SubResource("binding").Create(ctx, p, b)
+	}
+	unbound := newPod("unbound", &runc, nil)
+	if err := tenant.Create(ctx, unbound); err != nil {
+		t.Fatal(err)
+	}
+	refused("a Binding labelling a runc pod cryo (pods/binding)", bind(unbound, labelled("cryo"), false))
+	refused("a Binding labelling a runc pod cryo (bindings)", bind(unbound, labelled("cryo"), true))
+	refused("a Binding labelling a runc pod runc", bind(unbound, labelled("runc"), false))
+	if err := bind(unbound, nil, false); err != nil {
+		t.Errorf("a Binding without labels, as the scheduler's: %v", err)
+	}
+	if err := admin.Get(ctx, client.ObjectKeyFromObject(unbound), unbound); err != nil || unbound.Spec.NodeName != "node-1" || len(unbound.Labels) != 0 {
+		t.Errorf("pod after the Bindings: node %q, labels %v, %v", unbound.Spec.NodeName, unbound.Labels, err)
+	}
+
 	// The webhook down: a label the tenant writes right passes, a wrong
 	// one is left as written and refused.
 	stopWebhook()
@@ -138,13 +164,14 @@ func TestRuntimeClassLabelThroughTheAPIServer(t *testing.T) {
 }
 
 // tenantClient is a client as the ServiceAccount agent of namespace ns,
-// which may create and edit pods and their status there.
+// which may create and edit pods and their status there, and bind them.
 func tenantClient(t *testing.T, admin client.Client, ns string) client.Client {
 	t.Helper()
 	ctx := context.Background()
 	for _, o := range []client.Object{
 		&rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "agent"}, Rules: []rbacv1.PolicyRule{
 			{APIGroups: []string{""}, Resources: []string{"pods", "pods/status"}, Verbs: []string{"get", "list", "create", "update", "patch", "delete"}},
+			{APIGroups: []string{""}, Resources: []string{"bindings", "pods/binding"}, Verbs: []string{"create"}},
 		}},
 		&rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "agent"},
 			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "agent"},

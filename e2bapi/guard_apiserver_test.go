@@ -44,13 +44,14 @@ const (
 // (envtest; KUBEBUILDER_ASSETS, default /var/cache/cryo/tools/bin) with
 // three identities, impersonated: the controller's ServiceAccount with
 // its packaged ClusterRole, a tenant's ServiceAccount (team-b/agent) that
-// may create and edit pods, their status and Checkpoints in team-b, and
-// the admin. A victim sandbox runs in team-a. Before the guard the tenant
+// may create, edit and bind pods, edit their status and Checkpoints in
+// team-b, and the admin. A victim sandbox runs in team-a. Before the guard the tenant
 // labels a pod and a Checkpoint of its own with the victim's id (the
 // defect); once it is applied, every way of setting the label is refused
 // naming it, the controller still makes what the API makes, and the
 // gateway, with a real informer cache, routes none of the victim's
-// traffic to the tenant's objects made before the guard.
+// traffic to the tenant's objects made before the guard. Last, the guard
+// is deleted and restored under a GuardMonitor (testGuardRechecked).
 func TestLabelGuardThroughTheAPIServer(t *testing.T) {
 	cfg := startAPIServer(t)
 	scheme := testScheme(t)
@@ -63,6 +64,8 @@ func TestLabelGuardThroughTheAPIServer(t *testing.T) {
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "team-b"}},
 		&rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: "team-b", Name: "agent"}, Rules: []rbacv1.PolicyRule{
 			{APIGroups: []string{""}, Resources: []string{"pods", "pods/status"}, Verbs: []string{"get", "list", "create", "update", "patch", "delete"}},
+			// as for a scheduler of its own
+			{APIGroups: []string{""}, Resources: []string{"bindings", "pods/binding"}, Verbs: []string{"create"}},
 			{APIGroups: []string{cryov1.GroupVersion.Group}, Resources: []string{"checkpoints"}, Verbs: []string{"get", "list", "create", "update", "patch", "delete"}},
 		}},
 		&rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: "team-b", Name: "agent"},
@@ -129,7 +132,7 @@ func TestLabelGuardThroughTheAPIServer(t *testing.T) {
 		err := tenant.Create(ctx, probe.DeepCopy(), client.DryRunAll)
 		err2 := tenant.Create(ctx, classless.DeepCopy(), client.DryRunAll)
 		return apierrors.IsForbidden(err) && strings.Contains(err.Error(), LabelGuard) &&
-			apierrors.IsInvalid(err2) && strings.Contains(err2.Error(), "cryo-runtime-class-label")
+			apierrors.IsInvalid(err2) && strings.Contains(err2.Error(), "cryo-runtime-class-label") && strings.Contains(err2.Error(), "label "+controller.LabelRuntimeClass+": value")
 	}) {
 		t.Fatal("the packaged policies do not deny within 30s")
 	}
@@ -163,6 +166,11 @@ func TestLabelGuardThroughTheAPIServer(t *testing.T) {
 		refused("tenant merge-patches the label onto its pod", LabelSandbox,
 			tenant.Patch(ctx, &corev1.Pod{ObjectMeta: web.ObjectMeta}, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"labels":{"`+LabelSandbox+`":"`+id+`"}}}`))))
 		refused("tenant puts the label in a status update", LabelSandbox, tenant.Status().Update(ctx, labelled.DeepCopy()))
+		// A Binding's labels land on its pod.
+		binding := &corev1.Binding{ObjectMeta: metav1.ObjectMeta{Namespace: "team-b", Name: "web", Labels: map[string]string{LabelSandbox: id}},
+			Target: corev1.ObjectReference{Kind: "Node", Name: "node-1"}}
+		refused("tenant binds its pod with the label (pods/binding)", LabelSandbox, tenant.SubResource("binding").Create(ctx, web.DeepCopy(), binding.DeepCopy()))
+		refused("tenant binds its pod with the label (bindings)", LabelSandbox, tenant.Create(ctx, binding.DeepCopy()))
 		var got corev1.Pod
 		if err := admin.Get(ctx, client.ObjectKeyFromObject(web), &got); err != nil || len(got.Labels) != 0 {
 			t.Errorf("pod web after the refusals: labels %v, %v", got.Labels, err)

@@ -75,6 +75,23 @@ func TestControllerDeploys(t *testing.T) {
 	if out := c.DryRun("default", forged); !strings.Contains(out, "cryo-runtime-class-label") || !strings.Contains(out, "label cryo.dev/runtime-class: value 'cryo'") {
 		t.Errorf("a runc pod labelled cryo.dev/runtime-class=cryo: %s\nwant the runtime-class label guard's refusal", out)
 	}
+	// kube-controller-manager type-checks each policy's expressions against
+	// the kinds it matches (pods, Bindings, Checkpoints): a warning is an
+	// expression that may fail at run time, and with failurePolicy Fail a
+	// failure refuses every pod, or every scheduling.
+	for _, pol := range []string{"cryo-e2b-labels", "cryo-runtime-class-label"} {
+		var tc string
+		if !harness.WaitFor(time.Minute, func() bool {
+			tc = k.MustKubectl("get", "validatingadmissionpolicy", pol, "-o", "jsonpath={.status.typeChecking}")
+			return tc != ""
+		}) {
+			t.Errorf("policy %s: not type-checked within a minute", pol)
+		} else if strings.Contains(tc, "expressionWarnings") {
+			t.Errorf("policy %s: type-checking warnings: %s", pol, tc)
+		} else {
+			t.Logf("policy %s: type-checked: %s", pol, tc)
+		}
+	}
 	if log := c.Logs(); !strings.Contains(log, "e2b label guard in force") || !strings.Contains(log, "system:serviceaccount:"+harness.ControllerNamespace+":cryo-controller") {
 		t.Errorf("the controller's log does not say the label guard is in force for its ServiceAccount:\n%s", log)
 	}
