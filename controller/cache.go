@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -14,27 +15,36 @@ import (
 // LabelRuntimeClass marks a pod of one of cryo's RuntimeClasses; its value
 // is the class. The webhook sets it on every such pod it admits, and the
 // E2B API on the pods it makes. The controller's cache holds only the pods
-// that carry it (PodCache), so its memory follows cryo's pods, not the
-// cluster's. It chooses what is watched, never what is acted on: a pod's
-// creator can set or remove it, so the reconciler still checks
-// spec.runtimeClassName, and reads a pod without it from the API server.
+// that carry it with one of its classes (PodCache), so its memory follows
+// cryo's pods, not the cluster's. The ValidatingAdmissionPolicy
+// cryo-runtime-class-label (packaging/kubernetes/controller) lets a pod
+// carry it only with its own spec.runtimeClassName as the value, so a
+// tenant cannot put a runc pod in the cache.
+//
+// It chooses what is watched, never what is acted on: a pod's creator can
+// remove it, and without that policy set it, so the reconciler still
+// checks spec.runtimeClassName, and reads a pod without it from the API
+// server.
 const LabelRuntimeClass = "cryo.dev/runtime-class"
 
 // PodCache is the manager's cache configuration for pods (cache.Options
-// ByObject): only those labelled LabelRuntimeClass, and without their
-// managedFields, which nothing here reads and which are often the larger
-// part of a pod.
-func PodCache() cache.ByObject {
-	return cache.ByObject{Label: labelledPods, Transform: cache.TransformStripManagedFields()}
-}
-
-var labelledPods = func() labels.Selector {
-	req, err := labels.NewRequirement(LabelRuntimeClass, selection.Exists, nil)
-	if err != nil {
-		panic(err) // a constant key
+// ByObject): only those labelled LabelRuntimeClass with one of classes
+// (the controller's cryo RuntimeClasses), and without their managedFields,
+// which nothing here reads and which are often the larger part of a pod.
+// The value is matched, not only the key: the admission policy makes the
+// value the pod's real RuntimeClass, and any class may be named there, so
+// only the list decides which classes are cryo's. A class that cannot be a
+// label value is an error (the webhook could not label its pods either).
+func PodCache(classes []string) (cache.ByObject, error) {
+	if len(classes) == 0 {
+		return cache.ByObject{}, fmt.Errorf("no cryo RuntimeClass to select pods by")
 	}
-	return labels.NewSelector().Add(*req)
-}()
+	req, err := labels.NewRequirement(LabelRuntimeClass, selection.In, classes)
+	if err != nil {
+		return cache.ByObject{}, fmt.Errorf("RuntimeClasses %v as values of label %s: %w", classes, LabelRuntimeClass, err)
+	}
+	return cache.ByObject{Label: labels.NewSelector().Add(*req), Transform: cache.TransformStripManagedFields()}, nil
+}
 
 // getPod reads a pod from the cache and, when the cache does not hold it,
 // from the API server: a pod created before the label existed or while the

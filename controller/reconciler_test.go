@@ -202,6 +202,10 @@ func newCluster(t *testing.T, k *fakeKubelet, o clusterOpts) *cluster {
 func (cl *cluster) start(k Kubelet, o clusterOpts) {
 	t := cl.t
 	t.Helper()
+	pods, err := PodCache([]string{"cryo"})
+	if err != nil {
+		t.Fatal(err)
+	}
 	mgr, err := ctrl.NewManager(envCfg, ctrl.Options{
 		Scheme:                 testScheme(t),
 		Metrics:                metricsserver.Options{BindAddress: "0"},
@@ -212,7 +216,7 @@ func (cl *cluster) start(k Kubelet, o clusterOpts) {
 		// this controller's. Pods as main caches them.
 		Cache: cache.Options{
 			DefaultNamespaces: map[string]cache.Config{cl.ns: {}},
-			ByObject:          map[client.Object]cache.ByObject{&corev1.Pod{}: PodCache()},
+			ByObject:          map[client.Object]cache.ByObject{&corev1.Pod{}: pods},
 		},
 	})
 	if err != nil {
@@ -704,7 +708,8 @@ func TestCheckpointRestartWaitsForACallInFlight(t *testing.T) {
 }
 
 // TestPodCacheAndUnlabelledPods: the controller's cache holds the pods the
-// webhook labelled and no other, not a runc pod nor a cryo pod admitted
+// webhook labelled and no other, not a runc pod (labelled with its own
+// class or not) nor a cryo pod admitted
 // without the label (created before it existed, or while the webhook was
 // down); a Checkpoint of such a pod still succeeds, read from the API
 // server, and hibernates it.
@@ -713,6 +718,12 @@ func TestPodCacheAndUnlabelledPods(t *testing.T) {
 	runc := "runc"
 	cl.pod("labelled", nil)
 	cl.pod("runc-pod", func(p *corev1.Pod) { p.Spec.RuntimeClassName = &runc })
+	// Labelled with its own class, as the admission policy allows: the
+	// cache selects cryo's classes only.
+	cl.pod("runc-labelled", func(p *corev1.Pod) {
+		p.Spec.RuntimeClassName = &runc
+		p.Labels = map[string]string{LabelRuntimeClass: runc}
+	})
 	old := cl.pod("old", func(p *corev1.Pod) { p.Labels = map[string]string{} })
 	// Events come in order: once the last pod is cached, any of the
 	// others that the cache took would be there too.

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -35,11 +36,6 @@ func TestWebhookThroughTheAPIServer(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	dir := t.TempDir()
-	ca := serveCerts(t, dir)
-	port := freePort(t)
-	installWebhook(t, c, ns.Name, ca, port)
-
 	cp := &cryov1.Checkpoint{ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: "turn-3"}, Spec: cryov1.CheckpointSpec{PodName: "agent"}}
 	if err := c.Create(ctx, cp); err != nil {
 		t.Fatal(err)
@@ -49,23 +45,7 @@ func TestWebhookThroughTheAPIServer(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	srv := webhook.NewServer(webhook.Options{Host: "127.0.0.1", Port: port, CertDir: dir})
-	srv.Register(WebhookPath, &webhook.Admission{Handler: &PodMutator{Reader: c, DefaultStore: "s3://snapshots/cryo", RuntimeClasses: []string{"cryo"}}})
-	sctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- srv.Start(sctx) }()
-	stopped := false
-	stopServer := func() {
-		if !stopped {
-			stopped = true
-			stop()
-			if err := <-done; err != nil {
-				t.Errorf("webhook server: %v", err)
-			}
-		}
-	}
-	t.Cleanup(stopServer)
-	waitListening(t, port)
+	stopServer := startWebhook(t, c, ns.Name, &PodMutator{Reader: c, DefaultStore: "s3://snapshots/cryo", RuntimeClasses: []string{"cryo"}})
 
 	cryo, runc := "cryo", "runc"
 	newPod := func(name string, class *string, ann map[string]string) *corev1.Pod {
@@ -129,6 +109,34 @@ func TestWebhookThroughTheAPIServer(t *testing.T) {
 	if err := c.Create(ctx, newPod("restore-while-down", &cryo, map[string]string{AnnotationRestoreCheckpoint: "turn-3"})); err == nil {
 		t.Error("a restore by name was admitted with the webhook down (failurePolicy Fail)")
 	}
+}
+
+// startWebhook serves m as the packaged webhook configuration does, for
+// the pods of namespace ns, until the returned function (or the test's
+// cleanup) stops it.
+func startWebhook(t *testing.T, c client.Client, ns string, m *PodMutator) (stop func()) {
+	t.Helper()
+	dir := t.TempDir()
+	ca := serveCerts(t, dir)
+	port := freePort(t)
+	installWebhook(t, c, ns, ca, port)
+	srv := webhook.NewServer(webhook.Options{Host: "127.0.0.1", Port: port, CertDir: dir})
+	srv.Register(WebhookPath, &webhook.Admission{Handler: m})
+	sctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Start(sctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("webhook server: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	waitListening(t, port)
+	return stop
 }
 
 // serveCerts writes a serving certificate for localhost into dir and

@@ -80,6 +80,10 @@ func refuse(code int, id, format string, args ...any) *gatewayError {
 }
 
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if err := g.Server.unguarded(); err != nil {
+		writeJSON(w, http.StatusServiceUnavailable, refuse(http.StatusServiceUnavailable, r.Header.Get(headerSandboxID), "%v", err))
+		return
+	}
 	id, err := g.target(r)
 	if err == nil {
 		var addr string

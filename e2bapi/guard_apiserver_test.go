@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr/testr"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	nodev1 "k8s.io/api/node/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -29,6 +30,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	cryov1 "github.com/cryo-runtime/cryo/api/v1alpha1"
+	"github.com/cryo-runtime/cryo/controller"
 	"github.com/cryo-runtime/cryo/controller/apitest"
 )
 
@@ -42,13 +44,14 @@ const (
 // (envtest; KUBEBUILDER_ASSETS, default /var/cache/cryo/tools/bin) with
 // three identities, impersonated: the controller's ServiceAccount with
 // its packaged ClusterRole, a tenant's ServiceAccount (team-b/agent) that
-// may create and edit pods, their status and Checkpoints in team-b, and
-// the admin. A victim sandbox runs in team-a. Before the guard the tenant
+// may create, edit and bind pods, edit their status and Checkpoints in
+// team-b, and the admin. A victim sandbox runs in team-a. Before the guard the tenant
 // labels a pod and a Checkpoint of its own with the victim's id (the
 // defect); once it is applied, every way of setting the label is refused
 // naming it, the controller still makes what the API makes, and the
 // gateway, with a real informer cache, routes none of the victim's
-// traffic to the tenant's objects made before the guard.
+// traffic to the tenant's objects made before the guard. Last, the guard
+// is deleted and restored under a GuardMonitor (testGuardRechecked).
 func TestLabelGuardThroughTheAPIServer(t *testing.T) {
 	cfg := startAPIServer(t)
 	scheme := testScheme(t)
@@ -61,6 +64,8 @@ func TestLabelGuardThroughTheAPIServer(t *testing.T) {
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "team-b"}},
 		&rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: "team-b", Name: "agent"}, Rules: []rbacv1.PolicyRule{
 			{APIGroups: []string{""}, Resources: []string{"pods", "pods/status"}, Verbs: []string{"get", "list", "create", "update", "patch", "delete"}},
+			// as for a scheduler of its own
+			{APIGroups: []string{""}, Resources: []string{"bindings", "pods/binding"}, Verbs: []string{"create"}},
 			{APIGroups: []string{cryov1.GroupVersion.Group}, Resources: []string{"checkpoints"}, Verbs: []string{"get", "list", "create", "update", "patch", "delete"}},
 		}},
 		&rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: "team-b", Name: "agent"},
@@ -115,14 +120,21 @@ func TestLabelGuardThroughTheAPIServer(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// The API server loads a policy asynchronously: wait until it denies.
+	// With the guard of cryo.dev/runtime-class, as the kustomization
+	// installs them together: the API's pods pass both.
+	applyPackaged(t, admin, "runtime-class-label.yaml")
+	// The API server loads a policy asynchronously: wait until both deny.
 	probe := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "team-b", Name: "probe", Labels: map[string]string{LabelSandbox: "probe"}},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "busybox:1"}}}}
+	classless := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "team-b", Name: "probe", Labels: map[string]string{controller.LabelRuntimeClass: "cryo"}},
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "busybox:1"}}}}
 	if !eventually(30*time.Second, func() bool {
 		err := tenant.Create(ctx, probe.DeepCopy(), client.DryRunAll)
-		return apierrors.IsForbidden(err) && strings.Contains(err.Error(), LabelGuard)
+		err2 := tenant.Create(ctx, classless.DeepCopy(), client.DryRunAll)
+		return apierrors.IsForbidden(err) && strings.Contains(err.Error(), LabelGuard) &&
+			apierrors.IsInvalid(err2) && strings.Contains(err2.Error(), "cryo-runtime-class-label") && strings.Contains(err2.Error(), "label "+controller.LabelRuntimeClass+": value")
 	}) {
-		t.Fatal("the packaged policy does not deny within 30s")
+		t.Fatal("the packaged policies do not deny within 30s")
 	}
 	user, err := CheckLabelGuard(ctx, ctl)
 	if err != nil || user != controllerUser {
@@ -154,6 +166,11 @@ func TestLabelGuardThroughTheAPIServer(t *testing.T) {
 		refused("tenant merge-patches the label onto its pod", LabelSandbox,
 			tenant.Patch(ctx, &corev1.Pod{ObjectMeta: web.ObjectMeta}, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"labels":{"`+LabelSandbox+`":"`+id+`"}}}`))))
 		refused("tenant puts the label in a status update", LabelSandbox, tenant.Status().Update(ctx, labelled.DeepCopy()))
+		// A Binding's labels land on its pod.
+		binding := &corev1.Binding{ObjectMeta: metav1.ObjectMeta{Namespace: "team-b", Name: "web", Labels: map[string]string{LabelSandbox: id}},
+			Target: corev1.ObjectReference{Kind: "Node", Name: "node-1"}}
+		refused("tenant binds its pod with the label (pods/binding)", LabelSandbox, tenant.SubResource("binding").Create(ctx, web.DeepCopy(), binding.DeepCopy()))
+		refused("tenant binds its pod with the label (bindings)", LabelSandbox, tenant.Create(ctx, binding.DeepCopy()))
 		var got corev1.Pod
 		if err := admin.Get(ctx, client.ObjectKeyFromObject(web), &got); err != nil || len(got.Labels) != 0 {
 			t.Errorf("pod web after the refusals: labels %v, %v", got.Labels, err)
@@ -216,6 +233,89 @@ func TestLabelGuardThroughTheAPIServer(t *testing.T) {
 	t.Run("gateway", func(t *testing.T) {
 		testGatewayNamespaces(t, asServiceAccount(cfg, controllerUser), scheme, srv, admin, victim, early, earlyCP)
 	})
+
+	t.Run("re-checked", func(t *testing.T) {
+		testGuardRechecked(t, ctl, startCache(t, asServiceAccount(cfg, controllerUser), scheme), admin, b)
+	})
+}
+
+// testGuardRechecked runs a GuardMonitor as the controller (its packaged
+// RBAC: get by name) in front of an API and a gateway: once an admin
+// deletes the binding both answer 503 naming it within the poll interval,
+// and serve again within it once the binding is back.
+func testGuardRechecked(t *testing.T, ctl client.Client, cached client.Reader, admin client.Client, bind *admissionregistrationv1.ValidatingAdmissionPolicyBinding) {
+	ctx := t.Context()
+	const every = 200 * time.Millisecond
+	m := &GuardMonitor{Client: ctl, Interval: every, Log: testr.New(t)}
+	if err := m.Check(ctx); err != nil {
+		t.Fatalf("first check as the controller: %v", err)
+	}
+	mctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- m.Start(mctx) }()
+	t.Cleanup(func() { stop(); <-done })
+	srv := &Server{Client: ctl, Namespace: "cryo-system", RuntimeClass: "cryo", Log: testr.New(t), Guard: m}
+	api := httptest.NewServer(srv.Handler())
+	t.Cleanup(api.Close)
+	gw := httptest.NewServer(&Gateway{Server: srv, Cache: cached})
+	t.Cleanup(gw.Close)
+	// answers are the API's and the gateway's codes and bodies for a
+	// request that, served, each refuses for a reason of its own (an
+	// unknown key, an unknown sandbox).
+	answers := func() (int, string, int, string) {
+		get := func(u string) (int, string) {
+			req, _ := http.NewRequestWithContext(ctx, "GET", u, nil)
+			req.Header.Set("X-API-Key", "no-such-key")
+			req.Header.Set(headerSandboxID, "nosuch1")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			return resp.StatusCode, string(b)
+		}
+		c1, b1 := get(api.URL + "/v2/sandboxes")
+		c2, b2 := get(gw.URL + "/health")
+		return c1, b1, c2, b2
+	}
+	// within waits until both answer as want says, and fails unless they
+	// do within the poll interval and a check's time (a second).
+	within := func(what string, want func(int, string, int, string) bool) {
+		t.Helper()
+		start := time.Now()
+		var c1, c2 int
+		var b1, b2 string
+		if !eventually(every+time.Second, func() bool { c1, b1, c2, b2 = answers(); return want(c1, b1, c2, b2) }) {
+			t.Fatalf("%s: the API answers %d %s, the gateway %d %s", what, c1, b1, c2, b2)
+		}
+		t.Logf("%s: after %s (poll interval %s)", what, time.Since(start).Round(time.Millisecond), every)
+	}
+	served := func(c1 int, _ string, c2 int, b2 string) bool {
+		return c1 == http.StatusUnauthorized && c2 == http.StatusBadGateway && strings.Contains(b2, "not found")
+	}
+	if c1, b1, c2, b2 := answers(); !served(c1, b1, c2, b2) {
+		t.Fatalf("with the guard: the API answers %d %s, the gateway %d %s", c1, b1, c2, b2)
+	}
+
+	var cur admissionregistrationv1.ValidatingAdmissionPolicyBinding
+	if err := admin.Get(ctx, client.ObjectKeyFromObject(bind), &cur); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.Delete(ctx, &cur); err != nil {
+		t.Fatal(err)
+	}
+	want := "ValidatingAdmissionPolicyBinding " + LabelGuard + " not found"
+	within("binding deleted", func(c1 int, b1 string, c2 int, b2 string) bool {
+		return c1 == http.StatusServiceUnavailable && strings.Contains(b1, want) &&
+			c2 == http.StatusServiceUnavailable && strings.Contains(b2, want)
+	})
+	restored := bind.DeepCopy()
+	restored.ResourceVersion, restored.UID = "", ""
+	if err := admin.Create(ctx, restored); err != nil {
+		t.Fatal(err)
+	}
+	within("binding restored", served)
 }
 
 // testGatewayNamespaces serves the victim's id through a Gateway with a
@@ -230,21 +330,7 @@ func testGatewayNamespaces(t *testing.T, cfg *rest.Config, scheme *runtime.Schem
 	port := envdAt(t, "127.0.0.2", 0, &victimHits)
 	envdAt(t, "127.0.0.3", port, &tenantHits)
 
-	c, err := cache.New(cfg, cache.Options{Scheme: scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := IndexSandboxes(ctx, c); err != nil {
-		t.Fatal(err)
-	}
-	cctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- c.Start(cctx) }()
-	t.Cleanup(func() { stop(); <-done })
-	if !c.WaitForCacheSync(ctx) {
-		t.Fatal("cache not synced")
-	}
-	gw := &Gateway{Server: srv, Cache: c, Port: port, ReadyWait: 2 * time.Second}
+	gw := &Gateway{Server: srv, Cache: startCache(t, cfg, scheme), Port: port, ReadyWait: 2 * time.Second}
 	ts := httptest.NewServer(gw)
 	t.Cleanup(ts.Close)
 	get := func() (int, string) {
@@ -310,6 +396,28 @@ func testGatewayNamespaces(t *testing.T, cfg *rest.Config, scheme *runtime.Schem
 	if n := tenantHits.Load(); n != 0 {
 		t.Errorf("the foreign envd got %d of the victim's requests", n)
 	}
+}
+
+// startCache runs an informer cache as cfg's user, indexed as the
+// gateway's, until the test ends.
+func startCache(t *testing.T, cfg *rest.Config, scheme *runtime.Scheme) cache.Cache {
+	t.Helper()
+	ctx := t.Context()
+	c, err := cache.New(cfg, cache.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := IndexSandboxes(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	cctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Start(cctx) }()
+	t.Cleanup(func() { stop(); <-done })
+	if !c.WaitForCacheSync(ctx) {
+		t.Fatal("cache not synced")
+	}
+	return c
 }
 
 // envdAt serves a stub envd at ip:port (0: any port) that counts its

@@ -99,6 +99,10 @@ type Server struct {
 	// /api/v1/nodes/<node>/proxy/stats/summary); nil: metrics report
 	// usage as zero.
 	NodeStats func(ctx context.Context, node string) ([]byte, error)
+	// Guard, when set, is asked before every request of the API and the
+	// gateway: while it finds the label guard missing or wrong, both
+	// answer 503 naming what is wrong (unguarded).
+	Guard *GuardMonitor
 }
 
 // apiError is E2B's error body.
@@ -166,8 +170,11 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, h func(ctx contex
 	if r.Body != nil {
 		r.Body = http.MaxBytesReader(w, r.Body, maxBody)
 	}
-	code, body, err := 0, any(nil), error(nil)
-	ns, err := s.authenticate(ctx, r.Header.Get("X-API-Key"))
+	code, body := 0, any(nil)
+	ns, err := "", s.unguarded()
+	if err == nil {
+		ns, err = s.authenticate(ctx, r.Header.Get("X-API-Key"))
+	}
 	if err == nil {
 		code, body, err = h(ctx, ns, r)
 	}

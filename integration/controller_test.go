@@ -19,7 +19,8 @@ import (
 // and the API server calls its webhook at the pod's address: a pod naming
 // a Checkpoint that does not exist is refused, with the name in the
 // message. The E2B label guard is in force (the admin's pod with a
-// sandbox label refused) and the controller says so. Restart brings a new
+// sandbox label refused) and the controller says so; so is the guard of
+// cryo.dev/runtime-class (a runc pod labelled cryo refused). Restart brings a new
 // pod up that answers the same way.
 func TestControllerDeploys(t *testing.T) {
 	k := harness.StartK8s(t)
@@ -65,6 +66,31 @@ func TestControllerDeploys(t *testing.T) {
 	sbx["metadata"].(map[string]any)["labels"] = map[string]any{"cryo.dev/e2b-sandbox": "stolen"}
 	if out := c.DryRun("default", sbx); !strings.Contains(out, "cryo-e2b-labels") || !strings.Contains(out, "label cryo.dev/e2b-sandbox: reserved") {
 		t.Errorf("a pod labelled with a sandbox id, created by the admin: %s\nwant the label guard's refusal", out)
+	}
+	// So did the guard of cryo.dev/runtime-class: a runc pod cannot claim
+	// a cryo class to enter the controller's cache.
+	forged := harness.Pod("forged", nil, harness.Container("c", "sleep inf"))
+	forged["spec"].(map[string]any)["runtimeClassName"] = harness.RuncHandler
+	forged["metadata"].(map[string]any)["labels"] = map[string]any{"cryo.dev/runtime-class": "cryo"}
+	if out := c.DryRun("default", forged); !strings.Contains(out, "cryo-runtime-class-label") || !strings.Contains(out, "label cryo.dev/runtime-class: value 'cryo'") {
+		t.Errorf("a runc pod labelled cryo.dev/runtime-class=cryo: %s\nwant the runtime-class label guard's refusal", out)
+	}
+	// kube-controller-manager type-checks each policy's expressions against
+	// the kinds it matches (pods, Bindings, Checkpoints): a warning is an
+	// expression that may fail at run time, and with failurePolicy Fail a
+	// failure refuses every pod, or every scheduling.
+	for _, pol := range []string{"cryo-e2b-labels", "cryo-runtime-class-label"} {
+		var tc string
+		if !harness.WaitFor(time.Minute, func() bool {
+			tc = k.MustKubectl("get", "validatingadmissionpolicy", pol, "-o", "jsonpath={.status.typeChecking}")
+			return tc != ""
+		}) {
+			t.Errorf("policy %s: not type-checked within a minute", pol)
+		} else if strings.Contains(tc, "expressionWarnings") {
+			t.Errorf("policy %s: type-checking warnings: %s", pol, tc)
+		} else {
+			t.Logf("policy %s: type-checked: %s", pol, tc)
+		}
 	}
 	if log := c.Logs(); !strings.Contains(log, "e2b label guard in force") || !strings.Contains(log, "system:serviceaccount:"+harness.ControllerNamespace+":cryo-controller") {
 		t.Errorf("the controller's log does not say the label guard is in force for its ServiceAccount:\n%s", log)

@@ -58,6 +58,7 @@ type flags struct {
 	// sandboxes; 0 means its default. Tests shorten it; it has no
 	// command-line flag.
 	e2bReapInterval time.Duration
+	e2bGuardEvery   time.Duration
 }
 
 func main() {
@@ -73,6 +74,7 @@ func main() {
 	flag.StringVar(&f.certDir, "cert-dir", filepath.Join(os.TempDir(), "cryo-controller-certs"), "where the webhook's certificate is written")
 	flag.StringVar(&f.e2bAddr, "e2b-api-bind-address", "", "address of E2B's control-plane REST API (docs/e2b.md), e.g. :3000; empty: not served")
 	flag.StringVar(&f.e2bSandboxAddr, "e2b-sandbox-bind-address", "", "address of the sandbox gateway that E2B_SANDBOX_URL points at (envd of each sandbox, docs/e2b.md), e.g. :3001; empty: not served; needs --e2b-api-bind-address")
+	flag.DurationVar(&f.e2bGuardEvery, "e2b-label-guard-interval", e2bapi.DefaultGuardInterval, "how often the E2B API checks that its label guard is in force; it answers 503 while not")
 	flag.StringVar(&f.e2bTemplates, "e2b-templates", "base=busybox:1", "E2B templates, comma-separated name=image; each runs `sleep inf` under --runtime-classes' first class")
 	zopts := zap.Options{}
 	zopts.BindFlags(flag.CommandLine)
@@ -104,12 +106,19 @@ func setup(ctx context.Context, cfg *rest.Config, f flags) (ctrl.Manager, error)
 	if len(classes) == 0 {
 		return nil, errors.New("--runtime-classes names no RuntimeClass")
 	}
+	podCache, err := controller.PodCache(classes)
+	if err != nil {
+		return nil, fmt.Errorf("--runtime-classes: %w", err)
+	}
 	if f.e2bSandboxAddr != "" && f.e2bAddr == "" {
 		return nil, errors.New("--e2b-sandbox-bind-address needs --e2b-api-bind-address: the gateway reaches the sandboxes the API creates")
 	}
 	if f.e2bAddr != "" {
 		if _, err := parseTemplates(f.e2bTemplates); err != nil {
 			return nil, fmt.Errorf("--e2b-templates: %w", err)
+		}
+		if f.e2bGuardEvery <= 0 {
+			return nil, errors.New("--e2b-label-guard-interval must be positive")
 		}
 	}
 	if f.defaultStore != "" {
@@ -130,10 +139,12 @@ func setup(ctx context.Context, cfg *rest.Config, f flags) (ctrl.Manager, error)
 			return nil, fmt.Errorf("kubernetes client config: %w", err)
 		}
 	}
+	var guard *e2bapi.GuardMonitor
 	if f.e2bAddr != "" {
 		// Before anything starts: an E2B API without its label guard would
-		// let one tenant take another's sandbox traffic.
-		if err := checkLabelGuard(ctx, cfg, scheme); err != nil {
+		// let one tenant take another's sandbox traffic. Then on, the
+		// guard's monitor keeps checking.
+		if guard, err = checkLabelGuard(ctx, cfg, scheme, f.e2bGuardEvery); err != nil {
 			return nil, fmt.Errorf("e2b API: %w", err)
 		}
 	}
@@ -145,7 +156,7 @@ func setup(ctx context.Context, cfg *rest.Config, f flags) (ctrl.Manager, error)
 		Scheme: scheme,
 		// The reconciler watches pods: without a selector every pod of
 		// the cluster would be in memory, for the few of cryo's.
-		Cache:                   cache.Options{ByObject: map[client.Object]cache.ByObject{&corev1.Pod{}: controller.PodCache()}},
+		Cache:                   cache.Options{ByObject: map[client.Object]cache.ByObject{&corev1.Pod{}: podCache}},
 		Metrics:                 metricsserver.Options{BindAddress: f.metricsAddr},
 		HealthProbeBindAddress:  f.probeAddr,
 		LeaderElection:          f.leaderElect,
@@ -194,7 +205,7 @@ func setup(ctx context.Context, cfg *rest.Config, f flags) (ctrl.Manager, error)
 		RuntimeClasses: classes,
 	}})
 	if f.e2bAddr != "" {
-		if err := addE2BAPI(ctx, mgr, f, classes[0], cs.CoreV1().RESTClient()); err != nil {
+		if err := addE2BAPI(ctx, mgr, f, classes[0], cs.CoreV1().RESTClient(), guard); err != nil {
 			return nil, fmt.Errorf("e2b API: %w", err)
 		}
 	}
@@ -222,7 +233,7 @@ func setup(ctx context.Context, cfg *rest.Config, f flags) (ctrl.Manager, error)
 // addE2BAPI serves E2B's API from this binary: it is a thin layer over
 // the Checkpoint resource that this binary reconciles, with the same
 // RBAC, image and Deployment; a second binary would only add a rollout.
-func addE2BAPI(ctx context.Context, mgr ctrl.Manager, f flags, runtimeClass string, core rest.Interface) error {
+func addE2BAPI(ctx context.Context, mgr ctrl.Manager, f flags, runtimeClass string, core rest.Interface, guard *e2bapi.GuardMonitor) error {
 	templates, err := parseTemplates(f.e2bTemplates)
 	if err != nil {
 		return fmt.Errorf("--e2b-templates: %w", err)
@@ -269,6 +280,10 @@ func addE2BAPI(ctx context.Context, mgr ctrl.Manager, f flags, runtimeClass stri
 			defer cancel()
 			return core.Get().AbsPath("/api/v1/nodes", node, "proxy", "stats", "summary").DoRaw(ctx)
 		},
+		Guard: guard,
+	}
+	if err := mgr.Add(guard); err != nil {
+		return err
 	}
 	if err := mgr.Add(&e2bapi.Listener{Server: srv, Addr: f.e2bAddr}); err != nil {
 		return err
@@ -289,20 +304,18 @@ type startedCache struct{ cache.Cache }
 func (c startedCache) GetCache() cache.Cache { return c.Cache }
 
 // checkLabelGuard checks, through the API server, that the E2B label
-// guard is in force for the identity the controller runs as.
-func checkLabelGuard(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme) error {
+// guard is in force for the identity the controller runs as, and returns
+// the monitor that keeps checking it every interval once the manager runs.
+func checkLabelGuard(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, every time.Duration) (*e2bapi.GuardMonitor, error) {
 	cl, err := client.New(cfg, client.Options{Scheme: scheme})
 	if err != nil {
-		return err
+		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	user, err := e2bapi.CheckLabelGuard(ctx, cl)
-	if err != nil {
-		return fmt.Errorf("label guard: %w", err)
+	m := &e2bapi.GuardMonitor{Client: cl, Interval: every, Log: ctrl.Log.WithName("e2b")}
+	if err := m.Check(ctx); err != nil {
+		return nil, fmt.Errorf("label guard: %w", err)
 	}
-	ctrl.Log.Info("e2b label guard in force", "policy", e2bapi.LabelGuard, "controller", user)
-	return nil
+	return m, nil
 }
 
 // parseTemplates reads name=image pairs.

@@ -17,11 +17,14 @@ func TestRunRefusesBadFlags(t *testing.T) {
 	}{
 		{"no namespace", func(f *flags) { f.namespace = "" }, "--namespace"},
 		{"no runtime class", func(f *flags) { f.runtimeClasses = " , " }, "--runtime-classes"},
+		// The class is the value of the label the cache selects by.
+		{"runtime class not a label value", func(f *flags) { f.runtimeClasses = "cryo," + strings.Repeat("c", 64) }, "--runtime-classes"},
 		{"store with a tag", func(f *flags) { f.defaultStore = "s3://snapshots/cryo:v1" }, "--default-store"},
 		{"store not a url", func(f *flags) { f.defaultStore = "/var/lib/cryo" }, "--default-store"},
 		{"e2b template without image", func(f *flags) { f.e2bAddr, f.e2bTemplates = ":3000", "base" }, "--e2b-templates"},
 		{"e2b gateway without the API", func(f *flags) { f.e2bSandboxAddr = ":3001" }, "--e2b-api-bind-address"},
 		{"e2b no templates", func(f *flags) { f.e2bAddr, f.e2bTemplates = ":3000", "" }, "--e2b-templates"},
+		{"e2b guard never checked", func(f *flags) { f.e2bAddr, f.e2bTemplates = ":3000", "base=busybox:1" }, "--e2b-label-guard-interval"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := good

@@ -41,9 +41,10 @@ import (
 // refuses to start without the guard or with one naming someone else
 // (labelGuard), then it becomes ready
 // (certificate made and served, CA injected), its webhook answers, its
-// reconciler refuses a Checkpoint of a missing pod, and its caches hold
-// what they should (testCaches). One manager per process: controller
-// names are global to it.
+// reconciler refuses a Checkpoint of a missing pod, its caches hold what
+// they should (testCaches), and its E2B API and gateway answer 503 while
+// the guard's binding is deleted (guardRechecked). One manager per
+// process: controller names are global to it.
 func TestControllerWiring(t *testing.T) {
 	cfg, c := startAPIServer(t)
 	ctx := context.Background()
@@ -55,7 +56,7 @@ func TestControllerWiring(t *testing.T) {
 	f := flags{defaultStore: "s3://snapshots/cryo", runtimeClasses: "cryo", namespace: "cryo-system", webhookPort: hook,
 		probeAddr: fmt.Sprintf("127.0.0.1:%d", probes), metricsAddr: "0", leaderElect: true, deadline: time.Minute, certDir: t.TempDir(),
 		e2bTemplates: "base=busybox:1", e2bAddr: fmt.Sprintf("127.0.0.1:%d", freePort(t)), e2bSandboxAddr: fmt.Sprintf("127.0.0.1:%d", gw),
-		e2bReapInterval: 50 * time.Millisecond}
+		e2bReapInterval: 50 * time.Millisecond, e2bGuardEvery: 300 * time.Millisecond}
 	rctx, stop := context.WithCancel(ctx)
 	labelGuard(t, rctx, c, cfg, f)
 	mgr, err := setup(rctx, cfg, f)
@@ -105,6 +106,57 @@ func TestControllerWiring(t *testing.T) {
 
 	t.Run("caches", func(t *testing.T) { testCaches(t, mgr, c, log, gw) })
 	t.Run("costs", func(t *testing.T) { testCosts(t, mgr, c, log, gw, f.e2bAddr, f.e2bReapInterval) })
+	t.Run("label guard re-checked", func(t *testing.T) { guardRechecked(t, c, f) })
+}
+
+// guardRechecked: once the label guard's binding is deleted, the E2B API
+// and the gateway answer every request 503 naming it within the poll
+// interval (and a check's time), and serve again once it is back.
+func guardRechecked(t *testing.T, c client.Client, f flags) {
+	ctx := context.Background()
+	get := func(u string) (int, string) {
+		req, _ := http.NewRequestWithContext(ctx, "GET", u, nil)
+		req.Header.Set("E2b-Sandbox-Id", "nosuch1")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	// Served, the API refuses the missing key, the gateway the unknown id.
+	until := func(what string, apiCode, gwCode int, body string) {
+		t.Helper()
+		start := time.Now()
+		var c1, c2 int
+		var b1, b2 string
+		for end := start.Add(f.e2bGuardEvery + time.Second); ; time.Sleep(20 * time.Millisecond) {
+			c1, b1 = get("http://" + f.e2bAddr + "/v2/sandboxes")
+			c2, b2 = get("http://" + f.e2bSandboxAddr + "/health")
+			if c1 == apiCode && c2 == gwCode && strings.Contains(b1, body) && strings.Contains(b2, body) {
+				t.Logf("%s: after %s (poll interval %s)", what, time.Since(start).Round(time.Millisecond), f.e2bGuardEvery)
+				return
+			}
+			if time.Now().After(end) {
+				t.Fatalf("%s: the API answers %d %s, the gateway %d %s; want %d and %d with %q", what, c1, b1, c2, b2, apiCode, gwCode, body)
+			}
+		}
+	}
+	until("with the guard", http.StatusUnauthorized, http.StatusBadGateway, "")
+	var bind admissionregistrationv1.ValidatingAdmissionPolicyBinding
+	if err := c.Get(ctx, types.NamespacedName{Name: e2bapi.LabelGuard}, &bind); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Delete(ctx, &bind); err != nil {
+		t.Fatal(err)
+	}
+	until("binding deleted", http.StatusServiceUnavailable, http.StatusServiceUnavailable, "ValidatingAdmissionPolicyBinding "+e2bapi.LabelGuard+" not found")
+	bind.ResourceVersion, bind.UID = "", ""
+	if err := c.Create(ctx, &bind); err != nil {
+		t.Fatal(err)
+	}
+	until("binding restored", http.StatusUnauthorized, http.StatusBadGateway, "")
 }
 
 // startAPIServer starts a kube-apiserver and etcd (envtest) with the
