@@ -104,9 +104,10 @@ func TestGatewayCost(t *testing.T) {
 
 // TestReaperCost: a tick reads the cache only, whatever it holds (a
 // sandbox with time left, an expired one whose pause is under way, an
-// ended pod); a sandbox whose end has passed in the cache is read from the
-// API server before anything is done to it, so that a timeout extended
-// since (the cache lags) is kept.
+// ended one before its timeout); a sandbox whose end has passed in the
+// cache is read from the API server before anything is done to it, so
+// that a timeout extended since (the cache lags) is kept. An ended
+// sandbox at its timeout costs the same two reads, once, and is removed.
 func TestReaperCost(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
@@ -117,7 +118,7 @@ func TestReaperCost(t *testing.T) {
 	if err := f.cl.Create(ctx, cp); err != nil {
 		t.Fatal(err)
 	}
-	ended := f.create("key-a", `{"templateID":"base","timeout":10}`)
+	ended := f.create("key-a", `{"templateID":"base","timeout":3600}`)
 	p := f.pod("team-a", podName(ended, 0))
 	p.Status.Phase = corev1.PodFailed
 	if err := f.cl.Status().Update(ctx, p); err != nil {
@@ -141,7 +142,7 @@ func TestReaperCost(t *testing.T) {
 	if n := reads(); n != 0 {
 		t.Errorf("20 ticks read the API server %d times, want 0", n)
 	}
-	for _, id := range []string{keep, pausing, extended} {
+	for _, id := range []string{keep, pausing, extended, ended} {
 		if p := f.pod("team-a", podName(id, 0)); p.DeletionTimestamp != nil {
 			t.Errorf("sandbox %s reaped", id)
 		}
@@ -156,6 +157,25 @@ func TestReaperCost(t *testing.T) {
 	var d listedBody
 	if code := f.do("key-a", "GET", "/sandboxes/"+extended, "", &d); code != 200 || d.State != "running" {
 		t.Errorf("the sandbox whose timeout was extended after the cache's copy: %d %+v, want running", code, d)
+	}
+
+	// The ended sandbox's timeout: one tick reads it and removes it, the
+	// next finds nothing to do.
+	f.now = f.now.Add(time.Hour)
+	for _, id := range []string{keep, extended} {
+		if err := f.cl.Delete(ctx, f.pod("team-a", podName(id, 0))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.Cache = f.cl
+	r.Reap(ctx)
+	if n := reads(); n != 2 {
+		t.Errorf("the tick that removed an ended sandbox read the API server %d times, want 2", n)
+	}
+	f.removed(ended)
+	r.Reap(ctx)
+	if n := reads(); n != 0 {
+		t.Errorf("the tick after read the API server %d times, want 0", n)
 	}
 }
 
