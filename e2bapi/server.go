@@ -74,6 +74,10 @@ type Template struct {
 // instead, and authenticate a cache of the key Secrets (Keys).
 type Server struct {
 	Client client.Client
+	// Cache is where Sandbox.list reads the sandboxes: the Gateway's,
+	// holding the sandbox pods and the Checkpoints. Nil: Client (a list
+	// then costs two lists of the API server).
+	Cache client.Reader
 	// Keys reads the API key Secrets: a cache configured by KeyCache.
 	// Nil: Client (each request lists them from the API server).
 	Keys         client.Reader
