@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -104,9 +106,10 @@ func TestGatewayCost(t *testing.T) {
 
 // TestReaperCost: a tick reads the cache only, whatever it holds (a
 // sandbox with time left, an expired one whose pause is under way, an
-// ended pod); a sandbox whose end has passed in the cache is read from the
-// API server before anything is done to it, so that a timeout extended
-// since (the cache lags) is kept.
+// ended one before its timeout); a sandbox whose end has passed in the
+// cache is read from the API server before anything is done to it, so
+// that a timeout extended since (the cache lags) is kept. An ended
+// sandbox at its timeout costs the same two reads, once, and is removed.
 func TestReaperCost(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
@@ -117,7 +120,7 @@ func TestReaperCost(t *testing.T) {
 	if err := f.cl.Create(ctx, cp); err != nil {
 		t.Fatal(err)
 	}
-	ended := f.create("key-a", `{"templateID":"base","timeout":10}`)
+	ended := f.create("key-a", `{"templateID":"base","timeout":3600}`)
 	p := f.pod("team-a", podName(ended, 0))
 	p.Status.Phase = corev1.PodFailed
 	if err := f.cl.Status().Update(ctx, p); err != nil {
@@ -141,7 +144,7 @@ func TestReaperCost(t *testing.T) {
 	if n := reads(); n != 0 {
 		t.Errorf("20 ticks read the API server %d times, want 0", n)
 	}
-	for _, id := range []string{keep, pausing, extended} {
+	for _, id := range []string{keep, pausing, extended, ended} {
 		if p := f.pod("team-a", podName(id, 0)); p.DeletionTimestamp != nil {
 			t.Errorf("sandbox %s reaped", id)
 		}
@@ -156,6 +159,25 @@ func TestReaperCost(t *testing.T) {
 	var d listedBody
 	if code := f.do("key-a", "GET", "/sandboxes/"+extended, "", &d); code != 200 || d.State != "running" {
 		t.Errorf("the sandbox whose timeout was extended after the cache's copy: %d %+v, want running", code, d)
+	}
+
+	// The ended sandbox's timeout: one tick reads it and removes it, the
+	// next finds nothing to do.
+	f.now = f.now.Add(time.Hour)
+	for _, id := range []string{keep, extended} {
+		if err := f.cl.Delete(ctx, f.pod("team-a", podName(id, 0))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.Cache = f.cl
+	r.Reap(ctx)
+	if n := reads(); n != 2 {
+		t.Errorf("the tick that removed an ended sandbox read the API server %d times, want 2", n)
+	}
+	f.removed(ended)
+	r.Reap(ctx)
+	if n := reads(); n != 0 {
+		t.Errorf("the tick after read the API server %d times, want 0", n)
 	}
 }
 
@@ -181,4 +203,76 @@ func staleCache(t *testing.T, f *fixture) client.Reader {
 	}
 	return fake.NewClientBuilder().WithScheme(f.cl.Scheme()).WithObjects(objs...).
 		WithIndex(&corev1.Pod{}, IndexSandbox, sandboxOf).WithIndex(&cryov1.Checkpoint{}, IndexSandbox, sandboxOf).Build()
+}
+
+// TestListCost: Sandbox.list reads Server.Cache, which holds only the
+// pods labelled controller.LabelRuntimeClass, and nothing of the API
+// server, however many sandboxes the namespace has (it read two lists
+// plus two per sandbox); it lists what the API server's reads listed:
+// the key's namespace's running and paused sandboxes, not the ended
+// ones, nor another namespace's. Without a cache, a list costs two
+// reads.
+func TestListCost(t *testing.T) {
+	f := newFixture(t)
+	var running []string
+	for range 5 {
+		running = append(running, f.create("key-a", `{"templateID":"base"}`))
+	}
+	paused := f.create("key-a", `{"templateID":"base"}`)
+	f.controllerPauses("team-a", podName(paused, 0))
+	if code := f.do("key-a", "POST", "/sandboxes/"+paused+"/pause", `{}`, nil); code != http.StatusNoContent {
+		t.Fatalf("pause: %d", code)
+	}
+	ended := f.create("key-a", `{"templateID":"base"}`)
+	f.podEnds("team-a", podName(ended, 0), corev1.PodFailed)
+	foreign := f.create("key-b", `{"templateID":"base"}`)
+
+	// What the API server's reads list, for comparison.
+	var want, wantPaused []listedBody
+	f.do("key-a", "GET", "/v2/sandboxes", "", &want)
+	f.do("key-a", "GET", "/v2/sandboxes?state=paused", "", &wantPaused)
+
+	cc := &countingClient{Client: f.cl}
+	srv := *f.srv
+	srv.Client, srv.Cache, srv.Keys = cc, labelledCache{f.cl}, f.cl
+	ts := httptest.NewServer(srv.Handler())
+	t.Cleanup(ts.Close)
+	f.url = ts.URL
+	const n = 20
+	for range n {
+		var got []listedBody
+		if code := f.do("key-a", "GET", "/v2/sandboxes", "", &got); code != 200 || !reflect.DeepEqual(got, want) {
+			t.Fatalf("list from the cache: %d %+v, want %+v", code, got, want)
+		}
+	}
+	if r := cc.reads.Swap(0); r != 0 {
+		t.Errorf("%d lists read the API server %d times, want 0", n, r)
+	}
+	var got []listedBody
+	if f.do("key-a", "GET", "/v2/sandboxes?state=paused", "", &got); len(got) != 1 || got[0].SandboxID != paused || !reflect.DeepEqual(got, wantPaused) {
+		t.Errorf("paused: %+v", got)
+	}
+	ids := map[string]bool{}
+	for _, d := range want {
+		ids[d.SandboxID] = true
+	}
+	for _, id := range running {
+		if !ids[id] {
+			t.Errorf("running sandbox %s not listed", id)
+		}
+	}
+	if len(want) != len(running)+1 || ids[ended] || ids[foreign] {
+		t.Errorf("listed %v: want the %d running and the paused sandbox only", ids, len(running))
+	}
+	if f.do("key-b", "GET", "/v2/sandboxes", "", &got); len(got) != 1 || got[0].SandboxID != foreign {
+		t.Errorf("key-b lists %+v, want its own sandbox only", got)
+	}
+
+	srv.Cache = nil
+	if code := f.do("key-a", "GET", "/v2/sandboxes", "", &got); code != 200 || !reflect.DeepEqual(got, want) {
+		t.Errorf("list without a cache: %d %+v", code, got)
+	}
+	if r := cc.reads.Swap(0); r != 2 {
+		t.Errorf("a list without a cache read the API server %d times, want 2", r)
+	}
 }

@@ -240,7 +240,7 @@ func (g *Gateway) find(ctx context.Context, id string) (ip string, sb *sandbox, 
 	case pausingSandbox(sb):
 		return "", sb, nil // the pod gone or going, the snapshot not yet safe: wait
 	case !found:
-		return "", nil, nil // only ended pods, or failed pauses
+		return "", nil, nil // ended (endedPod), or only failed pauses
 	}
 	return g.paused(ctx, sb)
 }
@@ -275,7 +275,8 @@ func (g *Gateway) at(ctx context.Context, sb *sandbox, p *corev1.Pod) (string, *
 // pod of the newest Checkpoint's next generation, so one read by name in
 // the namespace Cache holds the id in tells. That read also finds a
 // resumed pod that Cache never holds (its owner removed
-// controller.LabelRuntimeClass). Concurrent requests share it.
+// controller.LabelRuntimeClass), and one that has ended since: then the
+// sandbox is gone. Concurrent requests share it.
 func (g *Gateway) paused(ctx context.Context, sb *sandbox) (string, *sandbox, error) {
 	key := client.ObjectKey{Namespace: sb.ns, Name: podName(sb.id, generation(sb.last.Annotations)+1)}
 	v, err, _ := g.reads.Do(key.String(), func() (any, error) {
@@ -296,8 +297,13 @@ func (g *Gateway) paused(ctx context.Context, sb *sandbox) (string, *sandbox, er
 		return "", nil, err
 	}
 	p := v.(*corev1.Pod)
-	if p == nil || p.DeletionTimestamp != nil || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+	switch {
+	case p == nil || p.DeletionTimestamp != nil:
 		return "", sb, nil
+	case podEnded(p):
+		// Resumed, then its VM or its container died: the sandbox has
+		// ended (endedPod), and is resumed no more.
+		return "", nil, nil
 	}
 	p = p.DeepCopy() // shared with the other requests
 	cur := *sb
@@ -374,8 +380,14 @@ func (g *Gateway) resume(ctx context.Context, sb *sandbox) error {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 		defer cancel()
 		cur, found, err := g.Server.lookup(ctx, ns, sb.id)
-		if err != nil || !found || cur.pod != nil {
-			return nil, err // gone, or already resumed
+		switch {
+		case err != nil:
+			return nil, err
+		case !found && !pausingSandbox(cur):
+			// Killed, or ended, since the cache's view.
+			return nil, refuse(http.StatusBadGateway, sb.id, "The sandbox was not found")
+		case !found || cur.pod != nil:
+			return nil, nil // being paused again, or already resumed
 		}
 		token, err := g.Server.token(ctx, ns, tokenSecretName(sb.id))
 		if err != nil {

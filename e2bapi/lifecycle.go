@@ -64,7 +64,12 @@ func (l *Listener) Start(ctx context.Context) error {
 }
 
 // Reaper ends the sandboxes whose timeout has passed: it kills them, or
-// pauses them when they were created with autoPause. It runs on the
+// pauses them when they were created with autoPause. A sandbox that ended
+// on its own (its pod Failed or Succeeded: its VM or its container died)
+// is gone for the API at once (assemble), and removed by the reaper at its
+// timeout as a kill removes it, whatever its onTimeout: there is nothing
+// left to pause. Until then its pod stays for whoever wants to know why it
+// died (kubectl describe, its events and logs). The reaper runs on the
 // leader only, so that two replicas never pause one sandbox twice.
 type Reaper struct {
 	Server *Server
@@ -93,13 +98,14 @@ func (r *Reaper) Start(ctx context.Context) error {
 	}
 }
 
-// Reap ends every expired running sandbox once. Cache picks the
-// candidates: an expired pod that is its sandbox's newest live one and
-// not already being paused. Only then is the sandbox read from the API
-// server, and the decision made again on that: the cache may not yet show
-// a timeout just extended (setTimeout, connect) or a pause just begun, and
-// acting on a stale view would kill a sandbox its owner just kept, or
-// pause one twice.
+// Reap ends every expired sandbox once: a running one is killed or
+// paused, an ended one removed. Cache picks the candidates: an expired
+// pod that is its sandbox's newest live one and not already being paused,
+// or the pod an ended sandbox ended with. Only then is the sandbox read
+// from the API server, and the decision made again on that: the cache may
+// not yet show a timeout just extended (setTimeout, connect) or a pause
+// just begun, and acting on a stale view would kill a sandbox its owner
+// just kept, or pause one twice.
 func (r *Reaper) Reap(ctx context.Context) {
 	s := r.Server
 	var pods corev1.PodList
@@ -122,15 +128,15 @@ func (r *Reaper) Reap(ctx context.Context) {
 		if !due(cached, p.Name, now) {
 			continue
 		}
-		sb, ok, err := s.lookup(ctx, p.Namespace, id)
+		sb, _, err := s.lookup(ctx, p.Namespace, id)
 		if err != nil {
 			s.Log.Error(err, "e2b reaper: read sandbox", "namespace", p.Namespace, "sandbox", id)
 			continue
 		}
-		if !ok || !due(sb, p.Name, now) {
+		if !due(sb, p.Name, now) {
 			continue
 		}
-		if sb.pod.Annotations[annAutoPause] == "true" {
+		if sb.pod != nil && sb.pod.Annotations[annAutoPause] == "true" {
 			go func() {
 				if err := s.checkpoint(ctx, sb); err != nil {
 					s.Log.Error(err, "e2b reaper: pause", "namespace", p.Namespace, "sandbox", sb.id)
@@ -140,6 +146,11 @@ func (r *Reaper) Reap(ctx context.Context) {
 		}
 		if err := s.remove(ctx, sb); err != nil {
 			s.Log.Error(err, "e2b reaper: kill", "namespace", p.Namespace, "sandbox", sb.id)
+			continue
+		}
+		if e := endedPod(sb); e != nil {
+			s.Log.Info("ended sandbox removed at its timeout", "namespace", p.Namespace, "sandbox", sb.id, "pod", e.Name, "phase", e.Status.Phase)
+			continue
 		}
 		s.Log.Info("sandbox timed out", "namespace", p.Namespace, "sandbox", sb.id)
 	}
@@ -161,9 +172,13 @@ func (r *Reaper) cached(ctx context.Context, ns, id string) (*sandbox, error) {
 
 // due: pod name is sb's newest live pod, its end has passed, and no pause
 // of it is under way (a Checkpoint of its name that has not failed: the
-// API names a pause after its pod). A pause under way wins over a kill:
-// its owner asked for it, and killing would fail it half way.
+// API names a pause after its pod); or sb ended with pod name, and its
+// end has passed. A pause under way wins over a kill: its owner asked for
+// it, and killing would fail it half way.
 func due(sb *sandbox, name string, now time.Time) bool {
+	if e := endedPod(sb); e != nil {
+		return e.Name == name && expired(e, now)
+	}
 	return sb.pod != nil && sb.pod.Name == name && expired(sb.pod, now) &&
 		!(sb.last != nil && sb.last.Name == name && sb.last.Status.Phase != cryov1.PhaseFailed)
 }
@@ -172,4 +187,42 @@ func due(sb *sandbox, name string, now time.Time) bool {
 func expired(p *corev1.Pod, now time.Time) bool {
 	end, err := time.Parse(time.RFC3339Nano, p.Annotations[annEndAt])
 	return p.DeletionTimestamp == nil && err == nil && !now.Before(end)
+}
+
+// endedPod is the pod sb ended with, nil when sb has not ended. A sandbox
+// ends when its VM or its container dies: its newest pod (the highest
+// generation of those not being deleted) is Failed or Succeeded, and
+// nothing pauses or paused it there (a Checkpoint of that pod's name
+// that has not failed: keepRunning false stops the VM before the pod is
+// deleted; or a newer Checkpoint). As on E2B, an ended sandbox is gone:
+// not found, not listed, not routed to, and never resumed from an earlier
+// pause, which would bring back a state its owner went past without
+// saying so.
+func endedPod(sb *sandbox) *corev1.Pod {
+	if sb == nil || sb.pod != nil {
+		return nil
+	}
+	var newest *corev1.Pod
+	for i := range sb.pods {
+		p := &sb.pods[i]
+		if p.DeletionTimestamp == nil && (newest == nil || generation(p.Annotations) > generation(newest.Annotations)) {
+			newest = p
+		}
+	}
+	if newest == nil || !podEnded(newest) {
+		return nil
+	}
+	for i := range sb.all {
+		c := &sb.all[i]
+		if (c.Name == newest.Name && c.Status.Phase != cryov1.PhaseFailed) || generation(c.Annotations) > generation(newest.Annotations) {
+			return nil
+		}
+	}
+	return newest
+}
+
+// podEnded: p's containers have all stopped for good (restartPolicy
+// Never): its VM or container died.
+func podEnded(p *corev1.Pod) bool {
+	return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
 }

@@ -49,17 +49,13 @@ func (s *Server) list(ctx context.Context, ns string, r *http.Request) (int, any
 	if order != "" && order != "asc" && order != "desc" {
 		return 0, nil, errf(http.StatusBadRequest, "order: %q is neither asc nor desc", order)
 	}
-	ids, err := s.ids(ctx, ns)
+	sbs, err := s.sandboxes(ctx, ns)
 	if err != nil {
 		return 0, nil, err
 	}
 	var all []listedBody
-	for _, id := range ids {
-		sb, ok, err := s.lookup(ctx, ns, id)
-		if err != nil {
-			return 0, nil, err
-		}
-		if !ok || !states[sb.state()] {
+	for _, sb := range sbs {
+		if !states[sb.state()] {
 			continue
 		}
 		d := s.detail(sb)
@@ -142,27 +138,48 @@ func matches(have, want map[string]string) bool {
 	return true
 }
 
-// ids are the sandbox ids with a pod or a Checkpoint in ns, sorted.
-func (s *Server) ids(ctx context.Context, ns string) ([]string, error) {
-	seen := map[string]bool{}
+// sandboxes are those of ns, running or paused, as Server.Cache holds
+// them: two reads of the cache, however many sandboxes, where a read of
+// each from the API server cost two lists apiece. A list may lag the
+// API's other answers by the informer's delay (milliseconds): a sandbox
+// just killed may be listed once more, as on any eventually consistent
+// list.
+func (s *Server) sandboxes(ctx context.Context, ns string) ([]*sandbox, error) {
+	r := s.cache()
 	var pods corev1.PodList
-	if err := s.Client.List(ctx, &pods, client.InNamespace(ns), client.HasLabels{LabelSandbox}); err != nil {
+	if err := r.List(ctx, &pods, client.InNamespace(ns), client.HasLabels{LabelSandbox}); err != nil {
 		return nil, fmt.Errorf("list pods: %w", err)
 	}
-	for _, p := range pods.Items {
-		seen[p.Labels[LabelSandbox]] = true
-	}
 	var cps cryov1.CheckpointList
-	if err := s.Client.List(ctx, &cps, client.InNamespace(ns), client.HasLabels{LabelSandbox}); err != nil {
+	if err := r.List(ctx, &cps, client.InNamespace(ns), client.HasLabels{LabelSandbox}); err != nil {
 		return nil, fmt.Errorf("list Checkpoints: %w", err)
 	}
+	podsOf := map[string][]corev1.Pod{}
+	for _, p := range pods.Items {
+		podsOf[p.Labels[LabelSandbox]] = append(podsOf[p.Labels[LabelSandbox]], p)
+	}
+	cpsOf := map[string][]cryov1.Checkpoint{}
 	for _, c := range cps.Items {
-		seen[c.Labels[LabelSandbox]] = true
+		cpsOf[c.Labels[LabelSandbox]] = append(cpsOf[c.Labels[LabelSandbox]], c)
 	}
-	out := make([]string, 0, len(seen))
-	for id := range seen {
-		out = append(out, id)
+	for id := range cpsOf {
+		if _, ok := podsOf[id]; !ok {
+			podsOf[id] = nil // paused: no pod
+		}
 	}
-	sort.Strings(out)
+	var out []*sandbox
+	for id, ps := range podsOf {
+		if sb, found := assemble(ns, id, ps, cpsOf[id]); found {
+			out = append(out, sb)
+		}
+	}
 	return out, nil
+}
+
+// cache is where lists read: Cache, else (tests) Client.
+func (s *Server) cache() client.Reader {
+	if s.Cache != nil {
+		return s.Cache
+	}
+	return s.Client
 }

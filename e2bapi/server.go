@@ -74,6 +74,10 @@ type Template struct {
 // instead, and authenticate a cache of the key Secrets (Keys).
 type Server struct {
 	Client client.Client
+	// Cache is where Sandbox.list reads the sandboxes: the Gateway's,
+	// holding the sandbox pods and the Checkpoints. Nil: Client (a list
+	// then costs two lists of the API server).
+	Cache client.Reader
 	// Keys reads the API key Secrets: a cache configured by KeyCache.
 	// Nil: Client (each request lists them from the API server).
 	Keys         client.Reader
@@ -483,7 +487,8 @@ func generation(ann map[string]string) int {
 }
 
 // lookup finds sandbox id in ns; found is false when it is neither
-// running nor paused (unknown, killed, or a pause that has not finished).
+// running nor paused (unknown, killed, ended: see endedPod, or a pause
+// that has not finished).
 func (s *Server) lookup(ctx context.Context, ns, id string) (*sandbox, bool, error) {
 	var pods corev1.PodList
 	if err := s.Client.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{LabelSandbox: id}); err != nil {
@@ -515,7 +520,7 @@ func assemble(ns, id string, pods []corev1.Pod, cps []cryov1.Checkpoint) (*sandb
 			sb.last = c
 		}
 	}
-	return sb, sb.pod != nil || (sb.last != nil && sb.last.Status.Phase == cryov1.PhaseSucceeded)
+	return sb, sb.pod != nil || (sb.last != nil && sb.last.Status.Phase == cryov1.PhaseSucceeded && endedPod(sb) == nil)
 }
 
 func livePods(pods []corev1.Pod) []corev1.Pod {

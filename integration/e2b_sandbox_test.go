@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -95,7 +96,9 @@ func (c *e2bCluster) controllerLog() string {
 // a sandbox from it; fork; list by state; the refusals (unknown id, a
 // wrong envd token, a bad key, another namespace's key); an autoPause
 // sandbox then connect; an autoResume sandbox resumed by the gateway on
-// its first envd call; kill.
+// its first envd call, whose VM then dies: gone for the SDK at once (not
+// resumed from its pause), its pod, Checkpoint and Secret removed by the
+// reaper at its timeout; kill.
 func TestE2BSandbox(t *testing.T) {
 	c := startE2B(t, "e2b_sandbox.mjs")
 	k := c.k
@@ -144,6 +147,23 @@ func TestE2BSandbox(t *testing.T) {
 		t.Errorf("the pod the gateway resumed: restore-checkpoint and auto-resume %q, want e2b-%s-0 true", got, arID)
 	}
 
+	// The autoresume sandbox dies: its VM killed. It is gone for the
+	// SDK at once, its objects stay until its timeout, and the reaper
+	// removes them then.
+	_, tm := c.step(t, "timeout", arID, "")
+	endAt, err := time.Parse(time.RFC3339Nano, fmt.Sprint(tm["endAt"]))
+	if err != nil {
+		t.Fatalf("timeout printed %v: %v", tm, err)
+	}
+	died := killVM(t, k, "e2b-"+arID+"-1")
+	c.step(t, "ended", arID, "")
+	if time.Now().After(endAt) {
+		t.Fatalf("the ended sandbox's timeout (%s) passed before the checks: they did not test an ended sandbox", endAt)
+	}
+	if got := k.MustKubectl("get", "pod,checkpoint,secret", "-l", "cryo.dev/e2b-sandbox="+arID, "-o", "name"); strings.Count(got, "\n") != 2 {
+		t.Errorf("the ended sandbox's objects before its timeout: %q, want its pod, its pause's Checkpoint and its token Secret", got)
+	}
+
 	c.step(t, "kill", id, state)
 	if !harness.WaitFor(time.Minute, func() bool {
 		out, _, err := k.Kubectl("get", "pod,checkpoint", "-l", "cryo.dev/e2b-sandbox="+id, "-o", "name")
@@ -152,6 +172,41 @@ func TestE2BSandbox(t *testing.T) {
 		out, _, _ := k.Kubectl("get", "pod,checkpoint", "-l", "cryo.dev/e2b-sandbox="+id)
 		t.Errorf("after kill the sandbox still has:\n%s", out)
 	}
+
+	if !harness.WaitFor(time.Until(endAt)+time.Minute, func() bool {
+		out, _, err := k.Kubectl("get", "pod,checkpoint,secret", "-l", "cryo.dev/e2b-sandbox="+arID, "-o", "name")
+		return err == nil && strings.TrimSpace(out) == ""
+	}) {
+		out, _, _ := k.Kubectl("get", "pod,checkpoint,secret", "-l", "cryo.dev/e2b-sandbox="+arID)
+		t.Fatalf("a minute after its timeout the ended sandbox still has:\n%s", out)
+	}
+	t.Logf("the ended sandbox removed %s after its VM died, %s after its timeout", time.Since(died).Round(time.Second), time.Since(endAt).Round(time.Second))
+	if logs, _, _ := k.Kubectl("-n", harness.ControllerNamespace, "logs", "-l", "app.kubernetes.io/name=cryo-controller", "--tail=-1"); !strings.Contains(logs, "ended sandbox removed at its timeout") || !strings.Contains(logs, arID) {
+		t.Errorf("the controller's log has no removal of ended sandbox %s: the reaper killed it as a running one", arID)
+	}
+}
+
+// killVM kills the QEMU of pod (its VM dies, as on a crash) and waits
+// until the kubelet has ended the pod; it returns when the VM died.
+func killVM(t *testing.T, k *harness.K8s, pod string) time.Time {
+	t.Helper()
+	q := sandboxQEMU(k.MustCrictl("pods", "-q", "--name", "^"+pod+"$", "--state", "ready"))
+	if len(q) != 1 {
+		t.Fatalf("QEMU of pod %s: %v, want one", pod, q)
+	}
+	if err := syscall.Kill(q[0], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	died := time.Now()
+	var phase string
+	if !harness.WaitFor(2*time.Minute, func() bool {
+		phase, _, _ = k.Kubectl("get", "pod", pod, "-o", "jsonpath={.status.phase}")
+		return phase == "Failed" || phase == "Succeeded"
+	}) {
+		t.Fatalf("pod %s is %q 2 minutes after its VM was killed, want Failed", pod, phase)
+	}
+	t.Logf("pod %s %s %s after its VM was killed", pod, phase, time.Since(died).Round(time.Millisecond))
+	return died
 }
 
 // counterIn reads the background counter's file in a sandbox's pod

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -36,7 +37,8 @@ const (
 // clients in log: the gateway's requests for ids that name no sandbox,
 // the reaper's ticks and requests with made-up API keys cost nothing; a
 // request for a paused sandbox costs one read of a pod by name; a
-// sandbox the reaper ends costs one read of its namespace's objects. The
+// sandbox the reaper ends costs one read of its namespace's objects;
+// Sandbox.list reads nothing, however many sandboxes it lists. The
 // controller was set up with the reaper every reapEvery.
 func testCosts(t *testing.T, mgr manager.Manager, c client.Client, log *requestLog, gw int, api string, reapEvery time.Duration) {
 	ctx := context.Background()
@@ -240,6 +242,46 @@ func testCosts(t *testing.T, mgr manager.Manager, c client.Client, log *requestL
 		t.Errorf("%d requests with made-up keys and one with a key listed Secrets %d times: %v", n, len(reads), reads)
 	}
 	t.Logf("%d requests with made-up keys, 1 with a key: %d Secret lists", n, len(secretReads(mark)))
+
+	// (d) Sandbox.list with the key: N lists of team-a's sandboxes (the
+	// running, the paused, and one whose pod ended, which is not listed)
+	// from the manager's cache.
+	ended := sandbox("ended1", map[string]string{annEndAt: at(2 * time.Hour)})
+	ended.Status.Phase = corev1.PodFailed
+	if err := c.Status().Update(ctx, ended); err != nil {
+		t.Fatal(err)
+	}
+	cached(ended, func() bool { return ended.Status.Phase == corev1.PodFailed })
+	time.Sleep(200 * time.Millisecond) // the reconciler's reads of it done
+	list := func() map[string]string {
+		t.Helper()
+		req, _ := http.NewRequest("GET", "http://"+api+"/v2/sandboxes", nil)
+		req.Header.Set("X-API-Key", key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var l []struct{ SandboxID, State string }
+		if err := json.NewDecoder(resp.Body).Decode(&l); resp.StatusCode != http.StatusOK || err != nil {
+			t.Fatalf("list: %d %v", resp.StatusCode, err)
+		}
+		out := map[string]string{}
+		for _, d := range l {
+			out[d.SandboxID] = d.State
+		}
+		return out
+	}
+	mark, _ = log.reads(0)
+	for range n {
+		if got := list(); got["running1"] != "running" || got["paused1"] != "paused" || got["ended1"] != "" || got["soon1"] != "" {
+			t.Fatalf("Sandbox.list of team-a: %v, want running1 running, paused1 paused, and neither ended1 nor soon1 (killed)", got)
+		}
+	}
+	if reads := storeReads(mark); len(reads) != 0 {
+		t.Errorf("%d lists read the API server %d times: %v", n, len(reads), reads)
+	}
+	t.Logf("%d Sandbox.list calls (team-a: 2 sandboxes listed, 1 ended): %d reads of pods or Checkpoints", n, len(storeReads(mark)))
 	if err := c.Delete(ctx, sec); err != nil {
 		t.Fatal(err)
 	}

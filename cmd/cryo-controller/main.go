@@ -266,6 +266,7 @@ func addE2BAPI(ctx context.Context, mgr ctrl.Manager, f flags, runtimeClass stri
 	}
 	srv := &e2bapi.Server{
 		Client:       cl,
+		Cache:        mgr.GetCache(),
 		Keys:         keys,
 		Namespace:    f.namespace,
 		RuntimeClass: runtimeClass,

@@ -212,6 +212,30 @@ const steps = {
     return { id: sbx.sandboxId }
   },
 
+  // A short timeout for the autoresume sandbox, whose VM the test kills
+  // next: it prints the end the reaper removes it at.
+  async timeout() {
+    await Sandbox.setTimeout(id, 60_000)
+    return { endAt: (await Sandbox.getInfo(id)).endAt }
+  },
+
+  // The sandbox's VM died (the test killed it): it is gone, as on E2B,
+  // although it was paused once and has autoResume: not found, not
+  // listed, not running for envd, and not resumed by the gateway from the
+  // pause before it died.
+  async ended() {
+    await refused(() => Sandbox.getInfo(id), notFound, 'getInfo of an ended sandbox')
+    await refused(() => Sandbox.setTimeout(id, 60_000), notFound, 'setTimeout of an ended sandbox')
+    await refused(() => Sandbox.connect(id, long), notFound, 'connect to an ended sandbox')
+    const all = await listed({ metadata: { run: process.env.RUN } })
+    expect(!all.some((s) => s.sandboxId === id), `list has the ended ${id} as ${JSON.stringify(all.filter((s) => s.sandboxId === id))}`)
+    const t0 = Date.now()
+    const gone = new Sandbox({ sandboxId: id, envdVersion: '0.5.7' })
+    expect((await gone.isRunning()) === false, 'isRunning of an ended sandbox')
+    expect(Date.now() - t0 < 10_000, `isRunning of an ended sandbox took ${Date.now() - t0} ms: the gateway tried to resume it`)
+    return {}
+  },
+
   async refusals() {
     await refused(() => Sandbox.getInfo('nosuchsandbox'), notFound, 'getInfo of an unknown id')
     await refused(() => Sandbox.connect('nosuchsandbox'), notFound, 'connect to an unknown id')
