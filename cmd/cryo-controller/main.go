@@ -239,7 +239,7 @@ func addE2BAPI(ctx context.Context, mgr ctrl.Manager, f flags, runtimeClass stri
 		return fmt.Errorf("--e2b-templates: %w", err)
 	}
 	// Uncached: a cache would watch every Secret and pod of the cluster.
-	// The gateway and the reaper read the manager's cache, which holds
+	// The gateway, the reaper and Sandbox.list read the manager's cache, which holds
 	// cryo's pods (sandboxes among them) and the Checkpoints; the key
 	// lookup a cache of the key Secrets alone.
 	cl, err := client.New(mgr.GetConfig(), client.Options{Scheme: mgr.GetScheme()})
