@@ -6,7 +6,7 @@
 # the tests: their leak checks would count another run's leftovers
 # (TestBenchQuick looks for /dev/shm/cryo-bench-*), and Shape refuses a
 # loopback that is already shaped. It touches only what a test or bench
-# stack names (cryo-it-*, cryo-bench-*) and what Shape makes.
+# stack names (cryo-it-*, cryo-bench-*, cryo-cri-*) and what Shape makes.
 set -uo pipefail
 
 stack_re='/(tmp|run|dev/shm)/cryo-(it|bench)[-/]'
@@ -59,9 +59,27 @@ if tc qdisc show dev lo 2>/dev/null | grep -q '^qdisc htb 1: root' &&
 	tc qdisc del dev lo root
 fi
 
-# host-local's leases of the CRI suite's pods (harness.CRI IPAMDir) live
-# under the harness's network namespace name.
-for d in /tmp/cryo-it-* /tmp/cryo-bench-* /run/cryo-it /run/cryo-bench /dev/shm/cryo-it-* /dev/shm/cryo-bench-* /var/lib/cni/networks/cryo-cri-*; do
+# A CRI stack's network namespace (harness.CRI NetNSName), with its
+# bridge in it.
+for n in $(ip netns list 2>/dev/null | awk '$1 ~ /^cryo-cri-/ {print $1}'); do
+	echo "ci-clean: removing network namespace $n" >&2
+	ip netns del "$n"
+done
+
+# host-local's leases of the CRI suite's pods (harness.CRI IPAMDir) and
+# libcni's results of a CRI stack's pods are named after the stack's CNI
+# network, its network namespace's name (cryo-cri-*-<pod id>-eth0); the
+# loopback network's result of the same pod only by the pod's id. The
+# stacks' task FIFOs are in their directories.
+for f in /var/lib/cni/results/cryo-cri-*; do
+	[ -e "$f" ] || continue
+	id=${f%-*}
+	lo=/var/lib/cni/results/cni-loopback-${id##*-}-lo
+	[ -e "$lo" ] || continue
+	echo "ci-clean: removing $lo" >&2
+	rm -f "$lo"
+done
+for d in /tmp/cryo-it-* /tmp/cryo-bench-* /run/cryo-it /run/cryo-bench /dev/shm/cryo-it-* /dev/shm/cryo-bench-* /var/lib/cni/networks/cryo-cri-* /var/lib/cni/results/cryo-cri-*; do
 	[ -e "$d" ] || continue
 	echo "ci-clean: removing $d" >&2
 	rm -rf "$d"

@@ -44,6 +44,9 @@ cri_up() {
 		[ -e "$f" ] || { echo "demo-cri: $f missing: run make build deps-demo" >&2; return 1; }
 	done
 	CRI_DIR=$(mktemp -d /tmp/cryo-demo-cri.XXXX)
+	# The guest RAM files: the demo's own tmpfs directory (cri_down removes
+	# it), not the default /dev/shm.
+	mkdir -m 0700 "/dev/shm/${CRI_DIR##*/}"
 	ip netns add "$CRI_NETNS"
 	ip -n "$CRI_NETNS" link set lo up
 	cat > "$CRI_DIR/cryo.toml" <<TOML
@@ -52,6 +55,7 @@ kernel = "$CRI_GUEST/vmlinuz"
 initrd = "$CRI_GUEST/initrd.img"
 accel = "tcg"
 default_memory = 512
+memory_dir = "/dev/shm/${CRI_DIR##*/}"
 
 [runtime]
 state_root = "$CRI_STATE_ROOT"
@@ -147,9 +151,17 @@ cri_down() {
 	ip netns del "$CRI_NETNS" 2>/dev/null
 	if [ -n "${CRI_DIR:-}" ]; then
 		grep " $CRI_DIR/" /proc/self/mountinfo | awk '{print $5}' | sort -r | xargs -r -n1 umount -l 2>/dev/null
-		rm -rf "$CRI_DIR"
+		rm -rf "$CRI_DIR" "/dev/shm/${CRI_DIR##*/}"
 	fi
 	rm -rf "$CRI_STATE_ROOT"
+	# libcni's results of a pod whose network was never torn down: the
+	# demo network's (cryo-demo-<pod id>-eth0) and the loopback's.
+	local f id
+	for f in /var/lib/cni/results/cryo-demo-*; do
+		[ -e "$f" ] || continue
+		id=${f%-*}
+		rm -f "$f" "/var/lib/cni/results/cni-loopback-${id##*-}-lo"
+	done
 	set -e
 }
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The demo: a private containerd with the cryo runtime runs a container in a
-# QEMU VM and prints its output. Everything lives under $DEMO_DIR and is
+# QEMU VM and prints its output. Everything lives under $DEMO_DIR (the guest
+# RAM files under /dev/shm/, in a directory of the same name) and is
 # removed at the end.
 #
 # Needs: `make build deps-demo` (make demo does both); run as root.
@@ -11,6 +12,9 @@ GUEST=${CRYO_GUEST_DIR:-$ROOT/_output/guest}
 TOOLS=${CRYO_TOOLS:-/var/cache/cryo/tools}
 DEMO_DIR=$(mktemp -d /tmp/cryo-demo.XXXX)
 STATE_ROOT=/run/cryo-demo
+# The guest RAM files (tmpfs): the demo's own directory, not the default
+# /dev/shm, so that none outlives it.
+MEMORY_DIR=/dev/shm/$(basename "$DEMO_DIR")
 export PATH="$BIN:$TOOLS/bin:$PATH"
 NS=cryo-demo
 # ctr prints containerd's deprecation warnings on every call (a cgroup v1
@@ -18,6 +22,9 @@ NS=cryo-demo
 # on. containerd's own log (in $DEMO_DIR) still records them.
 export CONTAINERD_SUPPRESS_DEPRECATION_WARNINGS=1
 CTR="ctr -a $DEMO_DIR/containerd.sock -n $NS"
+# ctr's task I/O FIFOs go under $DEMO_DIR, not to the host's
+# /run/containerd/fifo, where a detached container's stay after it.
+EXEC="$CTR task exec --fifo-dir $DEMO_DIR/fifo"
 CRYOCTL="cryoctl --config $DEMO_DIR/cryo.toml"
 IMAGE=cryo.local/busybox:1
 
@@ -29,7 +36,7 @@ cleanup() {
 	[ -n "${CPID:-}" ] && kill "$CPID" 2>/dev/null && wait "$CPID" 2>/dev/null
 	pkill -9 -f "qemu-system.*$STATE_ROOT" 2>/dev/null
 	grep " $DEMO_DIR/" /proc/self/mountinfo | awk '{print $5}' | sort -r | xargs -r -n1 umount -l 2>/dev/null
-	rm -rf "$DEMO_DIR" "$STATE_ROOT"
+	rm -rf "$DEMO_DIR" "$STATE_ROOT" "$MEMORY_DIR"
 }
 trap cleanup EXIT
 
@@ -44,6 +51,7 @@ kernel = "$GUEST/vmlinuz"
 initrd = "$GUEST/initrd.img"
 accel = "tcg"
 default_memory = 512
+memory_dir = "$MEMORY_DIR"
 
 [runtime]
 state_root = "$STATE_ROOT"
@@ -57,6 +65,7 @@ cache_dir = "$DEMO_DIR/cache"
 allowed = ["file://$DEMO_DIR/store/"]
 TOML
 cat "$DEMO_DIR/cryo.toml"
+mkdir -m 0700 "$MEMORY_DIR"
 
 say "start a private containerd with the cryo runtime"
 truncate -s 256M "$DEMO_DIR/scratch.ext4" && mkfs.ext4 -q -F "$DEMO_DIR/scratch.ext4"
@@ -72,7 +81,7 @@ $CTR image import "$DEMO_DIR/busybox.tar" >/dev/null
 $CTR image ls -q
 
 say "run a container in a VM: ctr run --runtime io.containerd.cryo.v2"
-RUN="$CTR run --runtime io.containerd.cryo.v2 --runtime-config-path $DEMO_DIR/cryo.toml"
+RUN="$CTR run --fifo-dir $DEMO_DIR/fifo --runtime io.containerd.cryo.v2 --runtime-config-path $DEMO_DIR/cryo.toml"
 echo "host kernel:  $(uname -r)"
 set +e
 $RUN --rm "$IMAGE" demo1 sh -c 'echo "hello from a cryo VM"; echo "guest kernel: $(uname -r)"; exit 3'
@@ -83,7 +92,7 @@ echo "exit code $code"
 
 now() { date +%s.%N; }
 first_exec() { # wait until the container answers an exec
-	for i in $(seq 600); do $CTR task exec --exec-id "probe$i" "$1" true >/dev/null 2>&1 && return 0; sleep 0.05; done
+	for i in $(seq 600); do $EXEC --exec-id "probe$i" "$1" true >/dev/null 2>&1 && return 0; sleep 0.05; done
 	return 1
 }
 
@@ -94,7 +103,7 @@ $RUN -d "$IMAGE" agent sh -c "$WORK"
 first_exec agent
 t_cold=$(echo "$(now) - $t0" | bc)
 sleep 2
-echo "source:   counter $($CTR task exec --exec-id s1 agent cat /dev/shm/n), secret $($CTR task exec --exec-id s2 agent cat /dev/shm/secret), boot $($CTR task exec --exec-id s3 agent cat /proc/sys/kernel/random/boot_id)"
+echo "source:   counter $($EXEC --exec-id s1 agent cat /dev/shm/n), secret $($EXEC --exec-id s2 agent cat /dev/shm/secret), boot $($EXEC --exec-id s3 agent cat /proc/sys/kernel/random/boot_id)"
 
 say "checkpoint it: cryoctl checkpoint agent --to file://$DEMO_DIR/store/agent:v1"
 $CRYOCTL checkpoint -n $NS agent --to "file://$DEMO_DIR/store/agent:v1"
@@ -105,7 +114,7 @@ t0=$(now)
 $RUN -d --annotation "cryo.dev/restore-from=file://$DEMO_DIR/store/agent:v1" "$IMAGE" clone sh -c 'echo this never runs: the clone continues the checkpointed workload'
 first_exec clone
 t_restore=$(echo "$(now) - $t0" | bc)
-echo "clone:    counter $($CTR task exec --exec-id c1 clone cat /dev/shm/n), secret $($CTR task exec --exec-id c2 clone cat /dev/shm/secret), boot $($CTR task exec --exec-id c3 clone cat /proc/sys/kernel/random/boot_id)"
+echo "clone:    counter $($EXEC --exec-id c1 clone cat /dev/shm/n), secret $($EXEC --exec-id c2 clone cat /dev/shm/secret), boot $($EXEC --exec-id c3 clone cat /proc/sys/kernel/random/boot_id)"
 echo "(same secret and boot id, counter carried on: a restore, not a reboot)"
 
 say "cold boot vs restore, to first exec"

@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -74,6 +75,7 @@ type Stack struct {
 	// that Close removes every RAM file the Stack's sandboxes left (the shim
 	// names them by a hash of their state dir, which no two stacks share).
 	MemoryDir string
+	FIFODir   string // the task I/O FIFOs of the Stack's ctr commands (ctrArgs)
 	Cfg       configs.Config
 	LogPath   string
 	Tools     string
@@ -204,6 +206,7 @@ func Start(ctx context.Context, o Options) (_ *Stack, retErr error) {
 		StateRoot: "/run/" + strings.TrimSuffix(o.Prefix, "-") + "/" + filepath.Base(dir)[len(o.Prefix):],
 		LogPath:   filepath.Join(dir, "containerd.log"),
 		MemoryDir: "/dev/shm/" + filepath.Base(dir),
+		FIFODir:   filepath.Join(dir, "fifo"),
 
 		ShimSocketDir: o.ShimSocketDir,
 	}
@@ -378,7 +381,7 @@ func (s *Stack) CtrOK(args ...string) (string, error) {
 func (s *Stack) ctr(parent context.Context, timeout time.Duration, args ...string) (string, string, error) {
 	ctx, cancel := context.WithTimeout(parent, timeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, s.Bin("ctr"), append([]string{"-a", s.Socket, "-n", s.Namespace}, args...)...)
+	cmd := exec.CommandContext(ctx, s.Bin("ctr"), append([]string{"-a", s.Socket, "-n", s.Namespace}, ctrArgs(s.FIFODir, args)...)...)
 	cmd.Env = append(os.Environ(), "PATH="+s.path)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
@@ -393,13 +396,38 @@ func (s *Stack) ctr(parent context.Context, timeout time.Duration, args ...strin
 	return out.String(), errb.String(), err
 }
 
+// ctrArgs adds --fifo-dir fifoDir to the ctr commands that make a task's
+// I/O FIFOs (run, task start, task exec). Without it they go to the host's
+// /run/containerd/fifo, and ctr removes them only when it waits for the
+// process or deletes a task whose shim still answers: a detached exec's,
+// or those of a task whose shim was killed, stayed there for good. Under
+// the Stack's directory they go with it. `ctr container restore` has no
+// such flag; `ctr task rm` of the restored task removes its FIFOs.
+func ctrArgs(fifoDir string, args []string) []string {
+	at := 0
+	switch {
+	case len(args) > 0 && args[0] == "run":
+		at = 1
+	case len(args) > 1 && slices.Contains([]string{"task", "tasks", "t"}, args[0]) && slices.Contains([]string{"start", "exec"}, args[1]):
+		at = 2
+	default:
+		return args
+	}
+	for _, a := range args[at:] {
+		if a == "--fifo-dir" || strings.HasPrefix(a, "--fifo-dir=") || a == "--log-uri" || strings.HasPrefix(a, "--log-uri=") {
+			return args // the caller's own choice (ctr refuses both together)
+		}
+	}
+	return slices.Concat(args[:at], []string{"--fifo-dir", fifoDir}, args[at:])
+}
+
 // CtrTTY runs ctr with a pseudo-terminal as its stdin and stdout (through
 // util-linux's script), as a user at a terminal would: `ctr ... -t` needs one.
 func (s *Stack) CtrTTY(args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(s.ctx, 2*time.Minute)
 	defer cancel()
 	q := []string{"ctr", "-a", s.Socket, "-n", s.Namespace}
-	for _, a := range args {
+	for _, a := range ctrArgs(s.FIFODir, args) {
 		q = append(q, "'"+strings.ReplaceAll(a, "'", `'\''`)+"'")
 	}
 	cmd := exec.CommandContext(ctx, "script", "-qec", strings.Join(q, " "), "/dev/null")

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -60,12 +61,14 @@ type CRI struct {
 	ShimSocketDir string
 	// IPAMDir, when set before start, is host-local's dataDir instead of
 	// one under Env.Dir (tests that look for the pod's address in
-	// /var/lib/cni set "/var/lib/cni/networks"); the network is then named
-	// after NetNSName and cleanup removes its directory there.
+	// /var/lib/cni set "/var/lib/cni/networks"); cleanup removes the
+	// network's directory there.
 	IPAMDir string
 	// Runc, when set before start, adds the runtime handler "runc"
 	// (stack.CRIConfig.RuncRoot) for pods that run without a VM.
 	Runc bool
+
+	lastPods []string // the pods cleanup found (removePods)
 }
 
 // StartCRI starts a private containerd with CRI enabled. Cleanup removes
@@ -110,6 +113,8 @@ func StartCRIWith(t testing.TB, c *CRI, opts ...Option) *CRI {
 	if c.IPAMDir != "" {
 		t.Cleanup(func() { _ = os.RemoveAll(filepath.Join(c.IPAMDir, c.NetNSName)) })
 	}
+	// Registered before containerd's: it runs once containerd has stopped.
+	t.Cleanup(func() { c.checkCNICache(t) })
 	c.Env = start(t, stack.Options{Namespace: CRINamespace, NetNS: c.NetNS, ContainerdConfig: c.containerdConfig, ShimSocketDir: c.ShimSocketDir}, opts...)
 	t.Cleanup(c.removePods)
 	Need(t, c.Path(), "crictl", "bridge", "host-local", "loopback")
@@ -197,13 +202,13 @@ func (c *CRI) containerdConfig(e *stack.Stack, scratch string) (string, error) {
 	if err := os.MkdirAll(netd, 0o755); err != nil {
 		return "", err
 	}
-	network, ipam := "cryo-it", filepath.Join(e.Dir, "ipam")
+	ipam := filepath.Join(e.Dir, "ipam")
 	if c.IPAMDir != "" {
-		network, ipam = c.NetNSName, c.IPAMDir
+		ipam = c.IPAMDir
 	}
 	conf := map[string]any{
 		"cniVersion": "1.0.0",
-		"name":       network,
+		"name":       c.NetNSName, // this Env's own: what CNI keeps on the host is named after it
 		"plugins": []any{map[string]any{
 			"type": "bridge", "bridge": c.Bridge, "isGateway": true, "ipMasq": false, "hairpinMode": true,
 			"ipam": map[string]any{
@@ -362,6 +367,39 @@ func (c *CRI) StartContainer(pod, ctrConfig, podConfig string) string {
 	return id
 }
 
+// cniCacheDir is where libcni keeps the result of each pod's network
+// setup (<network>-<pod id>-<interface>): containerd's CRI plugin (through
+// go-cni) cannot move it.
+const cniCacheDir = "/var/lib/cni/results"
+
+// checkCNICache fails the test with the CNI results of this Env's pods left
+// on the host after containerd stopped, and removes them. containerd
+// removes a pod's results when it tears the pod's network down, so one left
+// is a pod that was never stopped. Only this Env's can be counted: its
+// network is named after NetNSName, which no other Env shares, and the
+// loopback network's results (cni-loopback-<pod id>-lo) are looked up by
+// the ids of the pods cleanup found, random 64-digit hex.
+func (c *CRI) checkCNICache(t testing.TB) {
+	left, _ := filepath.Glob(filepath.Join(cniCacheDir, c.NetNSName+"-*"))
+	for _, id := range c.lastPods {
+		if len(id) < 12 || strings.Trim(id, "0123456789abcdef") != "" {
+			continue
+		}
+		m, _ := filepath.Glob(filepath.Join(cniCacheDir, "*-"+id+"*"))
+		for _, p := range m {
+			if !slices.Contains(left, p) {
+				left = append(left, p)
+			}
+		}
+	}
+	for _, p := range left {
+		_ = os.Remove(p)
+	}
+	if len(left) > 0 {
+		t.Errorf("after the test: CNI results left on the host (removed): %s", strings.Join(left, " "))
+	}
+}
+
 // removePods stops and removes every pod while containerd still runs, so
 // the shims shut their VMs down and CNI releases the addresses.
 func (c *CRI) removePods() {
@@ -372,7 +410,8 @@ func (c *CRI) removePods() {
 	if err != nil {
 		return
 	}
-	for _, id := range strings.Fields(out) {
+	c.lastPods = strings.Fields(out)
+	for _, id := range c.lastPods {
 		_, _, _ = c.Crictl("stopp", id)
 		_, _, _ = c.Crictl("rmp", "-f", id)
 	}
