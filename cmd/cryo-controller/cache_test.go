@@ -163,15 +163,7 @@ func testCaches(t *testing.T, mgr manager.Manager, c client.Client, log *request
 
 	// (b) The gateway: 20 requests to the running sandbox.
 	send := func(id string) (int, string) {
-		req, _ := http.NewRequest("GET", fmt.Sprintf("http://127.0.0.1:%d/health", gw), nil)
-		req.Header.Set("E2b-Sandbox-Id", id)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
+		return sandboxGet(t, fmt.Sprintf("http://127.0.0.1:%d/health", gw), id)
 	}
 	mark, _ := log.reads(0)
 	for range 20 {
@@ -251,4 +243,22 @@ func testCaches(t *testing.T, mgr manager.Manager, c client.Client, log *request
 		t.Errorf("request once the deletion is cached: %d %q, want not found", code, body)
 	}
 	t.Logf("the deleted sandbox pod left the cache %s after the API server took the deletion; the next request was refused", lag.Round(100*time.Microsecond))
+}
+
+// sandboxGet GETs u as a request to sandbox id (E2B's sandbox header) and
+// returns the status and the body.
+func sandboxGet(t *testing.T, u, id string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest("GET", u, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("E2b-Sandbox-Id", id)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
 }

@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -111,15 +110,7 @@ func testCosts(t *testing.T, mgr manager.Manager, c client.Client, log *requestL
 	// (a) The gateway: N requests for ids that name no sandbox.
 	const n = 50
 	send := func(id string) (int, string) {
-		req, _ := http.NewRequest("GET", fmt.Sprintf("http://127.0.0.1:%d/health", gw), nil)
-		req.Header.Set("E2b-Sandbox-Id", id)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
+		return sandboxGet(t, fmt.Sprintf("http://127.0.0.1:%d/health", gw), id)
 	}
 	mark, _ := log.reads(0)
 	var ids []string

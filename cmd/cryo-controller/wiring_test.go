@@ -114,17 +114,7 @@ func TestControllerWiring(t *testing.T) {
 // interval (and a check's time), and serve again once it is back.
 func guardRechecked(t *testing.T, c client.Client, f flags) {
 	ctx := context.Background()
-	get := func(u string) (int, string) {
-		req, _ := http.NewRequestWithContext(ctx, "GET", u, nil)
-		req.Header.Set("E2b-Sandbox-Id", "nosuch1")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
+	get := func(u string) (int, string) { return sandboxGet(t, u, "nosuch1") }
 	// Served, the API refuses the missing key, the gateway the unknown id.
 	until := func(what string, apiCode, gwCode int, body string) {
 		t.Helper()
