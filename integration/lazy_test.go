@@ -34,7 +34,7 @@ func eagerNode(c *configs.Config) { c.Restore.Mode, c.Restore.AllowedModes = con
 
 const lazyMode = "--annotation=cryo.dev/restore-mode=lazy"
 
-// noMounts fails if a pagefs mount or a RAM layer of the Env is left.
+// noLazyLeftovers fails if a pagefs mount or a RAM layer of the Env is left.
 func noLazyLeftovers(t *testing.T, e *harness.Env) {
 	t.Helper()
 	b, _ := os.ReadFile("/proc/self/mounts")
