@@ -215,15 +215,11 @@ func (g *Gateway) find(ctx context.Context, id string) (ip string, sb *sandbox, 
 	if g.Cache == nil {
 		return "", nil, errors.New("the gateway has no cache to find sandboxes in")
 	}
-	var pods corev1.PodList
-	if err := g.Cache.List(ctx, &pods, client.MatchingFields{IndexSandbox: id}); err != nil {
-		return "", nil, fmt.Errorf("cached pods: %w", err)
+	pods, cps, err := sandboxObjects(ctx, g.Cache, client.MatchingFields{IndexSandbox: id})
+	if err != nil {
+		return "", nil, fmt.Errorf("cache: %w", err)
 	}
-	var cps cryov1.CheckpointList
-	if err := g.Cache.List(ctx, &cps, client.MatchingFields{IndexSandbox: id}); err != nil {
-		return "", nil, fmt.Errorf("cached Checkpoints: %w", err)
-	}
-	nss := namespaces(pods.Items, cps.Items)
+	nss := namespaces(pods, cps)
 	switch {
 	case len(nss) == 0:
 		return "", nil, nil
@@ -233,7 +229,7 @@ func (g *Gateway) find(ctx context.Context, id string) (ip string, sb *sandbox, 
 			"sandbox", id, "namespaces", nss)
 		return "", nil, refuse(http.StatusBadGateway, id, "sandbox %s: its id is on objects of more than one namespace, so it is not served until an administrator removes the foreign ones", id)
 	}
-	sb, found := assemble(nss[0], id, pods.Items, cps.Items)
+	sb, found := assemble(nss[0], id, pods, cps)
 	switch {
 	case sb.pod != nil:
 		return g.at(ctx, sb, sb.pod)

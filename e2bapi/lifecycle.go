@@ -158,15 +158,11 @@ func (r *Reaper) Reap(ctx context.Context) {
 
 // cached is what Cache holds of sandbox id in ns.
 func (r *Reaper) cached(ctx context.Context, ns, id string) (*sandbox, error) {
-	var pods corev1.PodList
-	if err := r.Cache.List(ctx, &pods, client.InNamespace(ns), client.MatchingFields{IndexSandbox: id}); err != nil {
+	pods, cps, err := sandboxObjects(ctx, r.Cache, client.InNamespace(ns), client.MatchingFields{IndexSandbox: id})
+	if err != nil {
 		return nil, err
 	}
-	var cps cryov1.CheckpointList
-	if err := r.Cache.List(ctx, &cps, client.InNamespace(ns), client.MatchingFields{IndexSandbox: id}); err != nil {
-		return nil, err
-	}
-	sb, _ := assemble(ns, id, pods.Items, cps.Items)
+	sb, _ := assemble(ns, id, pods, cps)
 	return sb, nil
 }
 

@@ -146,20 +146,16 @@ func matches(have, want map[string]string) bool {
 // list.
 func (s *Server) sandboxes(ctx context.Context, ns string) ([]*sandbox, error) {
 	r := s.cache()
-	var pods corev1.PodList
-	if err := r.List(ctx, &pods, client.InNamespace(ns), client.HasLabels{LabelSandbox}); err != nil {
-		return nil, fmt.Errorf("list pods: %w", err)
-	}
-	var cps cryov1.CheckpointList
-	if err := r.List(ctx, &cps, client.InNamespace(ns), client.HasLabels{LabelSandbox}); err != nil {
-		return nil, fmt.Errorf("list Checkpoints: %w", err)
+	pods, cps, err := sandboxObjects(ctx, r, client.InNamespace(ns), client.HasLabels{LabelSandbox})
+	if err != nil {
+		return nil, err
 	}
 	podsOf := map[string][]corev1.Pod{}
-	for _, p := range pods.Items {
+	for _, p := range pods {
 		podsOf[p.Labels[LabelSandbox]] = append(podsOf[p.Labels[LabelSandbox]], p)
 	}
 	cpsOf := map[string][]cryov1.Checkpoint{}
-	for _, c := range cps.Items {
+	for _, c := range cps {
 		cpsOf[c.Labels[LabelSandbox]] = append(cpsOf[c.Labels[LabelSandbox]], c)
 	}
 	for id := range cpsOf {

@@ -490,16 +490,26 @@ func generation(ann map[string]string) int {
 // running nor paused (unknown, killed, ended: see endedPod, or a pause
 // that has not finished).
 func (s *Server) lookup(ctx context.Context, ns, id string) (*sandbox, bool, error) {
+	pods, cps, err := sandboxObjects(ctx, s.Client, client.InNamespace(ns), client.MatchingLabels{LabelSandbox: id})
+	if err != nil {
+		return nil, false, err
+	}
+	sb, found := assemble(ns, id, pods, cps)
+	return sb, found, nil
+}
+
+// sandboxObjects are the pods and the Checkpoints that opts select in r
+// (the API server or a cache): what assemble makes sandboxes of.
+func sandboxObjects(ctx context.Context, r client.Reader, opts ...client.ListOption) ([]corev1.Pod, []cryov1.Checkpoint, error) {
 	var pods corev1.PodList
-	if err := s.Client.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{LabelSandbox: id}); err != nil {
-		return nil, false, fmt.Errorf("list pods: %w", err)
+	if err := r.List(ctx, &pods, opts...); err != nil {
+		return nil, nil, fmt.Errorf("list pods: %w", err)
 	}
 	var cps cryov1.CheckpointList
-	if err := s.Client.List(ctx, &cps, client.InNamespace(ns), client.MatchingLabels{LabelSandbox: id}); err != nil {
-		return nil, false, fmt.Errorf("list Checkpoints: %w", err)
+	if err := r.List(ctx, &cps, opts...); err != nil {
+		return nil, nil, fmt.Errorf("list Checkpoints: %w", err)
 	}
-	sb, found := assemble(ns, id, pods.Items, cps.Items)
-	return sb, found, nil
+	return pods.Items, cps.Items, nil
 }
 
 // assemble is lookup's answer from the pods and Checkpoints labelled id
