@@ -2,7 +2,6 @@ package controller
 
 import (
 	"context"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -16,7 +15,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/yaml"
+
+	"github.com/cryo-runtime/cryo/controller/apitest"
 )
 
 // labelPolicy is the packaged guard of LabelRuntimeClass.
@@ -71,7 +71,7 @@ func TestRuntimeClassLabelThroughTheAPIServer(t *testing.T) {
 		}
 	}
 	// The API server loads a policy asynchronously: wait until it denies.
-	if !eventually(30*time.Second, func() bool {
+	if !apitest.Eventually(30*time.Second, func() bool {
 		err := tenant.Create(ctx, newPod("probe", &runc, labelled("cryo")), client.DryRunAll)
 		return apierrors.IsInvalid(err) && strings.Contains(err.Error(), labelPolicy) && strings.Contains(err.Error(), "label "+LabelRuntimeClass+": value")
 	}) {
@@ -196,15 +196,9 @@ func tenantClient(t *testing.T, admin client.Client, ns string) client.Client {
 // server and make pods it would refuse, as anyone could before it).
 func installLabelPolicy(t *testing.T, c client.Client, ns string) {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join("..", "packaging", "kubernetes", "controller", "runtime-class-label.yaml"))
+	pol, bind, err := apitest.Policy(filepath.Join("..", "packaging", "kubernetes", "controller", "runtime-class-label.yaml"))
 	if err != nil {
 		t.Fatal(err)
-	}
-	docs := strings.Split(string(b), "\n---\n")
-	var pol admissionregistrationv1.ValidatingAdmissionPolicy
-	var bind admissionregistrationv1.ValidatingAdmissionPolicyBinding
-	if len(docs) != 2 || yaml.UnmarshalStrict([]byte(docs[0]), &pol) != nil || yaml.UnmarshalStrict([]byte(docs[1]), &bind) != nil {
-		t.Fatal("runtime-class-label.yaml: not a policy and its binding")
 	}
 	if pol.Name != labelPolicy || bind.Spec.PolicyName != labelPolicy || bind.Spec.MatchResources != nil ||
 		len(bind.Spec.ValidationActions) != 1 || bind.Spec.ValidationActions[0] != admissionregistrationv1.Deny {
@@ -220,16 +214,5 @@ func installLabelPolicy(t *testing.T, c client.Client, ns string) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = c.Delete(context.Background(), o) })
-	}
-}
-
-func eventually(d time.Duration, cond func() bool) bool {
-	for end := time.Now().Add(d); ; time.Sleep(50 * time.Millisecond) {
-		if cond() {
-			return true
-		}
-		if time.Now().After(end) {
-			return false
-		}
 	}
 }

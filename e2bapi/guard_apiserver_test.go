@@ -128,7 +128,7 @@ func TestLabelGuardThroughTheAPIServer(t *testing.T) {
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "busybox:1"}}}}
 	classless := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "team-b", Name: "probe", Labels: map[string]string{controller.LabelRuntimeClass: "cryo"}},
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "busybox:1"}}}}
-	if !eventually(30*time.Second, func() bool {
+	if !apitest.Eventually(30*time.Second, func() bool {
 		err := tenant.Create(ctx, probe.DeepCopy(), client.DryRunAll)
 		err2 := tenant.Create(ctx, classless.DeepCopy(), client.DryRunAll)
 		return apierrors.IsForbidden(err) && strings.Contains(err.Error(), LabelGuard) &&
@@ -286,7 +286,7 @@ func testGuardRechecked(t *testing.T, ctl client.Client, cached client.Reader, a
 		start := time.Now()
 		var c1, c2 int
 		var b1, b2 string
-		if !eventually(every+time.Second, func() bool { c1, b1, c2, b2 = answers(); return want(c1, b1, c2, b2) }) {
+		if !apitest.Eventually(every+time.Second, func() bool { c1, b1, c2, b2 = answers(); return want(c1, b1, c2, b2) }) {
 			t.Fatalf("%s: the API answers %d %s, the gateway %d %s", what, c1, b1, c2, b2)
 		}
 		t.Logf("%s: after %s (poll interval %s)", what, time.Since(start).Round(time.Millisecond), every)
@@ -348,7 +348,7 @@ func testGatewayNamespaces(t *testing.T, cfg *rest.Config, scheme *runtime.Schem
 		t.Helper()
 		var gotCode int
 		var got string
-		if !eventually(10*time.Second, func() bool { gotCode, got = get(); return gotCode == code && strings.Contains(got, body) }) {
+		if !apitest.Eventually(10*time.Second, func() bool { gotCode, got = get(); return gotCode == code && strings.Contains(got, body) }) {
 			t.Errorf("%s: %d %s, want %d with %q", what, gotCode, got, code, body)
 		}
 	}
@@ -491,17 +491,6 @@ func applyPackaged(t *testing.T, c client.Client, file string) {
 		}
 		if err := c.Create(t.Context(), &u); err != nil {
 			t.Fatalf("%s: %s %s: %v", file, u.GetKind(), u.GetName(), err)
-		}
-	}
-}
-
-func eventually(d time.Duration, cond func() bool) bool {
-	for end := time.Now().Add(d); ; time.Sleep(50 * time.Millisecond) {
-		if cond() {
-			return true
-		}
-		if time.Now().After(end) {
-			return false
 		}
 	}
 }

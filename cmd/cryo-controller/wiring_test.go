@@ -196,15 +196,9 @@ func labelGuard(t *testing.T, ctx context.Context, c client.Client, cfg *rest.Co
 		}
 	}
 	refused("ValidatingAdmissionPolicy " + e2bapi.LabelGuard + " not found")
-	b, err := os.ReadFile(filepath.Join("..", "..", "packaging", "kubernetes", "controller", "e2b-labels.yaml"))
+	pol, bind, err := apitest.Policy(filepath.Join("..", "..", "packaging", "kubernetes", "controller", "e2b-labels.yaml"))
 	if err != nil {
 		t.Fatal(err)
-	}
-	docs := strings.Split(string(b), "\n---\n")
-	var pol admissionregistrationv1.ValidatingAdmissionPolicy
-	var bind admissionregistrationv1.ValidatingAdmissionPolicyBinding
-	if len(docs) != 2 || yaml.UnmarshalStrict([]byte(docs[0]), &pol) != nil || yaml.UnmarshalStrict([]byte(docs[1]), &bind) != nil {
-		t.Fatalf("e2b-labels.yaml: not a policy and its binding")
 	}
 	if err := c.Create(ctx, &pol); err != nil {
 		t.Fatal(err)

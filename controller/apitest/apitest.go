@@ -7,9 +7,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
+	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	"sigs.k8s.io/yaml"
 )
 
 // DefaultAssets is where `make deps` installs kube-apiserver and etcd.
@@ -35,4 +39,34 @@ func Start(crdPaths ...string) (*envtest.Environment, *rest.Config, error) {
 		return nil, nil, err
 	}
 	return env, cfg, nil
+}
+
+// Policy reads a packaged ValidatingAdmissionPolicy file: the policy, a
+// "---" line, and its binding, both decoded strictly.
+func Policy(path string) (admissionregistrationv1.ValidatingAdmissionPolicy, admissionregistrationv1.ValidatingAdmissionPolicyBinding, error) {
+	var pol admissionregistrationv1.ValidatingAdmissionPolicy
+	var bind admissionregistrationv1.ValidatingAdmissionPolicyBinding
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return pol, bind, err
+	}
+	docs := strings.Split(string(b), "\n---\n")
+	if len(docs) != 2 || yaml.UnmarshalStrict([]byte(docs[0]), &pol) != nil || yaml.UnmarshalStrict([]byte(docs[1]), &bind) != nil {
+		return pol, bind, fmt.Errorf("%s: not a policy and its binding", filepath.Base(path))
+	}
+	return pol, bind, nil
+}
+
+// Eventually polls cond every 50 ms until it holds (true) or d has passed
+// (false): the API server applies policies, bindings and caches a moment
+// after they are written.
+func Eventually(d time.Duration, cond func() bool) bool {
+	for end := time.Now().Add(d); ; time.Sleep(50 * time.Millisecond) {
+		if cond() {
+			return true
+		}
+		if time.Now().After(end) {
+			return false
+		}
+	}
 }
