@@ -141,10 +141,7 @@ func setup(ctx context.Context, cfg *rest.Config, f flags) (ctrl.Manager, error)
 	}
 	var guard *e2bapi.GuardMonitor
 	if f.e2bAddr != "" {
-		// Before anything starts: an E2B API without its label guard would
-		// let one tenant take another's sandbox traffic. Then on, the
-		// guard's monitor keeps checking.
-		if guard, err = checkLabelGuard(ctx, cfg, scheme, f.e2bGuardEvery); err != nil {
+		if guard, err = labelGuardMonitor(ctx, cfg, scheme, f.e2bGuardEvery); err != nil {
 			return nil, fmt.Errorf("e2b API: %w", err)
 		}
 	}
@@ -304,18 +301,21 @@ type startedCache struct{ cache.Cache }
 
 func (c startedCache) GetCache() cache.Cache { return c.Cache }
 
-// checkLabelGuard checks, through the API server, that the E2B label
-// guard is in force for the identity the controller runs as, and returns
-// the monitor that keeps checking it every interval once the manager runs.
-func checkLabelGuard(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, every time.Duration) (*e2bapi.GuardMonitor, error) {
+// labelGuardMonitor checks, through the API server, whether the E2B
+// label guard is in force for the identity the controller runs as, before
+// anything serves, and returns the monitor that keeps checking it every
+// interval once the manager runs. A guard missing or wrong is logged and
+// the E2B API and gateway answer 503 until it is in force; the controller
+// starts anyway: its Checkpoint reconciler and webhook do not depend on
+// the guard, and a controller that refused to start would take them down
+// with the E2B API.
+func labelGuardMonitor(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, every time.Duration) (*e2bapi.GuardMonitor, error) {
 	cl, err := client.New(cfg, client.Options{Scheme: scheme})
 	if err != nil {
 		return nil, err
 	}
 	m := &e2bapi.GuardMonitor{Client: cl, Interval: every, Log: ctrl.Log.WithName("e2b")}
-	if err := m.Check(ctx); err != nil {
-		return nil, fmt.Errorf("label guard: %w", err)
-	}
+	_ = m.Check(ctx) // logs what is wrong; Err holds it for the API
 	return m, nil
 }
 

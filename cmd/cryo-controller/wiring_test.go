@@ -37,14 +37,15 @@ import (
 // TestControllerWiring runs the controller as main does (with the E2B API
 // and gateway) against a real kube-apiserver and etcd (envtest;
 // KUBEBUILDER_ASSETS, default /var/cache/cryo/tools/bin from make deps)
-// with the packaged CRD, webhook configuration and E2B label guard: it
-// refuses to start without the guard or with one naming someone else
-// (labelGuard), then it becomes ready
-// (certificate made and served, CA injected), its webhook answers, its
-// reconciler refuses a Checkpoint of a missing pod, its caches hold what
-// they should (testCaches), and its E2B API and gateway answer 503 while
-// the guard's binding is deleted (guardRechecked). One manager per
-// process: controller names are global to it.
+// with the packaged CRD and webhook configuration, before the E2B label
+// guard is applied: it becomes ready (certificate made and served, CA
+// injected), its webhook answers and its reconciler refuses a Checkpoint
+// of a missing pod all the same, while its E2B API and gateway answer 503
+// naming what is wrong with the guard until it is in force (labelGuard);
+// then its caches hold what they should (testCaches), and its E2B API and
+// gateway answer 503 again while the guard's binding is deleted
+// (guardRechecked). One manager per process: controller names are global
+// to it.
 func TestControllerWiring(t *testing.T) {
 	cfg, c := startAPIServer(t)
 	ctx := context.Background()
@@ -58,7 +59,6 @@ func TestControllerWiring(t *testing.T) {
 		e2bTemplates: "base=busybox:1", e2bAddr: fmt.Sprintf("127.0.0.1:%d", freePort(t)), e2bSandboxAddr: fmt.Sprintf("127.0.0.1:%d", gw),
 		e2bReapInterval: 50 * time.Millisecond, e2bGuardEvery: 300 * time.Millisecond}
 	rctx, stop := context.WithCancel(ctx)
-	labelGuard(t, rctx, c, cfg, f)
 	mgr, err := setup(rctx, cfg, f)
 	if err != nil {
 		stop()
@@ -104,6 +104,7 @@ func TestControllerWiring(t *testing.T) {
 		t.Errorf("reason %s: %s", cp.Status.Reason, cp.Status.Message)
 	}
 
+	labelGuard(t, c, f)
 	t.Run("caches", func(t *testing.T) { testCaches(t, mgr, c, log, gw) })
 	t.Run("costs", func(t *testing.T) { testCosts(t, mgr, c, log, gw, f.e2bAddr, f.e2bReapInterval) })
 	t.Run("label guard re-checked", func(t *testing.T) { guardRechecked(t, c, f) })
@@ -114,26 +115,7 @@ func TestControllerWiring(t *testing.T) {
 // interval (and a check's time), and serve again once it is back.
 func guardRechecked(t *testing.T, c client.Client, f flags) {
 	ctx := context.Background()
-	get := func(u string) (int, string) { return sandboxGet(t, u, "nosuch1") }
-	// Served, the API refuses the missing key, the gateway the unknown id.
-	until := func(what string, apiCode, gwCode int, body string) {
-		t.Helper()
-		start := time.Now()
-		var c1, c2 int
-		var b1, b2 string
-		for end := start.Add(f.e2bGuardEvery + time.Second); ; time.Sleep(20 * time.Millisecond) {
-			c1, b1 = get("http://" + f.e2bAddr + "/v2/sandboxes")
-			c2, b2 = get("http://" + f.e2bSandboxAddr + "/health")
-			if c1 == apiCode && c2 == gwCode && strings.Contains(b1, body) && strings.Contains(b2, body) {
-				t.Logf("%s: after %s (poll interval %s)", what, time.Since(start).Round(time.Millisecond), f.e2bGuardEvery)
-				return
-			}
-			if time.Now().After(end) {
-				t.Fatalf("%s: the API answers %d %s, the gateway %d %s; want %d and %d with %q", what, c1, b1, c2, b2, apiCode, gwCode, body)
-			}
-		}
-	}
-	until("with the guard", http.StatusUnauthorized, http.StatusBadGateway, "")
+	e2bAnswers(t, f, "with the guard", http.StatusUnauthorized, http.StatusBadGateway, "")
 	var bind admissionregistrationv1.ValidatingAdmissionPolicyBinding
 	if err := c.Get(ctx, types.NamespacedName{Name: e2bapi.LabelGuard}, &bind); err != nil {
 		t.Fatal(err)
@@ -141,12 +123,33 @@ func guardRechecked(t *testing.T, c client.Client, f flags) {
 	if err := c.Delete(ctx, &bind); err != nil {
 		t.Fatal(err)
 	}
-	until("binding deleted", http.StatusServiceUnavailable, http.StatusServiceUnavailable, "ValidatingAdmissionPolicyBinding "+e2bapi.LabelGuard+" not found")
+	e2bAnswers(t, f, "binding deleted", http.StatusServiceUnavailable, http.StatusServiceUnavailable, "ValidatingAdmissionPolicyBinding "+e2bapi.LabelGuard+" not found")
 	bind.ResourceVersion, bind.UID = "", ""
 	if err := c.Create(ctx, &bind); err != nil {
 		t.Fatal(err)
 	}
-	until("binding restored", http.StatusUnauthorized, http.StatusBadGateway, "")
+	e2bAnswers(t, f, "binding restored", http.StatusUnauthorized, http.StatusBadGateway, "")
+}
+
+// e2bAnswers waits, up to the guard's poll interval and a second, until
+// the E2B API answers a sandbox list apiCode and the gateway a request for
+// an unknown sandbox gwCode, both with body in what they say. Served, the
+// API refuses the missing key (401), the gateway the unknown id (502).
+func e2bAnswers(t *testing.T, f flags, what string, apiCode, gwCode int, body string) {
+	t.Helper()
+	get := func(u string) (int, string) { return sandboxGet(t, u, "nosuch1") }
+	start := time.Now()
+	for end := start.Add(f.e2bGuardEvery + time.Second); ; time.Sleep(20 * time.Millisecond) {
+		c1, b1 := get("http://" + f.e2bAddr + "/v2/sandboxes")
+		c2, b2 := get("http://" + f.e2bSandboxAddr + "/health")
+		if c1 == apiCode && c2 == gwCode && strings.Contains(b1, body) && strings.Contains(b2, body) {
+			t.Logf("%s: after %s (poll interval %s)", what, time.Since(start).Round(time.Millisecond), f.e2bGuardEvery)
+			return
+		}
+		if time.Now().After(end) {
+			t.Fatalf("%s: the API answers %d %s, the gateway %d %s; want %d and %d with %q", what, c1, b1, c2, b2, apiCode, gwCode, body)
+		}
+	}
 }
 
 // startAPIServer starts a kube-apiserver and etcd (envtest) with the
@@ -183,19 +186,19 @@ func startAPIServer(t *testing.T) (*rest.Config, client.Client) {
 	return cfg, c
 }
 
-// labelGuard: setup refuses to serve the E2B API until the packaged label
-// guard is in force for the identity the controller runs as (here the
-// test's admin, which the policy is then changed to name, its one change),
-// naming what is wrong.
-func labelGuard(t *testing.T, ctx context.Context, c client.Client, cfg *rest.Config, f flags) {
+// labelGuard: a controller started before the packaged label guard was
+// applied answers every E2B request 503 naming what is wrong with the
+// guard, step by step as an admin applies it for the identity the
+// controller runs as (here the test's admin, which the policy is then
+// changed to name, its one change), and serves once it is in force.
+func labelGuard(t *testing.T, c client.Client, f flags) {
 	t.Helper()
-	refused := func(want string) {
+	ctx := context.Background()
+	refused := func(what, want string) {
 		t.Helper()
-		if _, err := setup(ctx, cfg, f); err == nil || !strings.Contains(err.Error(), want) {
-			t.Fatalf("setup = %v, want a refusal naming %q", err, want)
-		}
+		e2bAnswers(t, f, what, http.StatusServiceUnavailable, http.StatusServiceUnavailable, want)
 	}
-	refused("ValidatingAdmissionPolicy " + e2bapi.LabelGuard + " not found")
+	refused("no policy", "ValidatingAdmissionPolicy "+e2bapi.LabelGuard+" not found")
 	pol, bind, err := apitest.Policy(filepath.Join("..", "..", "packaging", "kubernetes", "controller", "e2b-labels.yaml"))
 	if err != nil {
 		t.Fatal(err)
@@ -208,7 +211,8 @@ func labelGuard(t *testing.T, ctx context.Context, c client.Client, cfg *rest.Co
 		t.Fatal(err)
 	}
 	me := review.Status.UserInfo.Username
-	refused("the controller runs as \"" + me + "\"")
+	// JSON-escaped, as both answer it.
+	refused("policy naming another controller", `the controller runs as \"`+me+`\"`)
 	for i, v := range pol.Spec.Variables {
 		if v.Name == "controller" {
 			pol.Spec.Variables[i].Expression = "'" + me + "'"
@@ -217,10 +221,11 @@ func labelGuard(t *testing.T, ctx context.Context, c client.Client, cfg *rest.Co
 	if err := c.Update(ctx, &pol); err != nil {
 		t.Fatal(err)
 	}
-	refused("ValidatingAdmissionPolicyBinding " + e2bapi.LabelGuard + " not found")
+	refused("no binding", "ValidatingAdmissionPolicyBinding "+e2bapi.LabelGuard+" not found")
 	if err := c.Create(ctx, &bind); err != nil {
 		t.Fatal(err)
 	}
+	e2bAnswers(t, f, "guard in force", http.StatusUnauthorized, http.StatusBadGateway, "")
 }
 
 func packagedWebhook(t *testing.T, path string) *admissionregistrationv1.MutatingWebhookConfiguration {
