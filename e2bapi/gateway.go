@@ -235,9 +235,10 @@ func (g *Gateway) find(ctx context.Context, id string) (ip string, sb *sandbox, 
 		return g.at(ctx, sb, sb.pod)
 	case pausingSandbox(sb):
 		return "", sb, nil // the pod gone or going, the snapshot not yet safe: wait
-	case !found:
+	case !found && resumedGone(sb) == "":
 		return "", nil, nil // ended (endedPod), or only failed pauses
 	}
+	// Paused, or resumed and gone as Cache has it: paused reads which.
 	return g.paused(ctx, sb)
 }
 
@@ -273,27 +274,35 @@ func (g *Gateway) at(ctx context.Context, sb *sandbox, p *corev1.Pod) (string, *
 // resumed pod that Cache never holds (its owner removed
 // controller.LabelRuntimeClass), and one that has ended since: then the
 // sandbox is gone. Concurrent requests share it.
+//
+// A sandbox that Cache shows resumed as that pod (resumedGone: its mark
+// without the pod) is read the same way: the pod there, the cache had not
+// seen it yet; gone or going, the sandbox went with it, unless a pause of
+// it, which Cache may not show either, made the Checkpoint of its name:
+// that is read too, in this case only (settle's reads).
 func (g *Gateway) paused(ctx context.Context, sb *sandbox) (string, *sandbox, error) {
 	key := client.ObjectKey{Namespace: sb.ns, Name: podName(sb.id, generation(sb.last.Annotations)+1)}
-	v, err, _ := g.reads.Do(key.String(), func() (any, error) {
+	marked := resumedGone(sb) == key.Name
+	type objects struct {
+		pod *corev1.Pod
+		cp  *cryov1.Checkpoint
+	}
+	v, err, _ := g.reads.Do(fmt.Sprintf("%s/%t", key, marked), func() (any, error) {
 		// Not the first request's context: its end must not fail the
 		// others sharing the read.
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
-		var p corev1.Pod
-		if err := g.Server.Client.Get(ctx, key, &p); err != nil {
-			if apierrors.IsNotFound(err) {
-				return (*corev1.Pod)(nil), nil
-			}
-			return nil, fmt.Errorf("get pod %s: %w", key, err)
-		}
-		return &p, nil
+		p, cp, err := g.Server.resumedObjects(ctx, key, marked)
+		return objects{p, cp}, err
 	})
 	if err != nil {
 		return "", nil, err
 	}
-	p := v.(*corev1.Pod)
+	p := v.(objects).pod
 	switch {
+	case (p == nil || p.DeletionTimestamp != nil) && marked && v.(objects).cp == nil:
+		// Resumed as p, and p deleted outside a pause: gone.
+		return "", nil, nil
 	case p == nil || p.DeletionTimestamp != nil:
 		return "", sb, nil
 	case podEnded(p):

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	cryov1 "github.com/cryo-runtime/cryo/api/v1alpha1"
@@ -69,7 +70,9 @@ func (l *Listener) Start(ctx context.Context) error {
 // is gone for the API at once (assemble), and removed by the reaper at its
 // timeout as a kill removes it, whatever its onTimeout: there is nothing
 // left to pause. Until then its pod stays for whoever wants to know why it
-// died (kubectl describe, its events and logs). The reaper runs on the
+// died (kubectl describe, its events and logs). A sandbox gone with its
+// resumed pod (resumedGone) is removed in the same way, at the end time
+// its resume gave it (reapResumedGone). The reaper runs on the
 // leader only, so that two replicas never pause one sandbox twice.
 type Reaper struct {
 	Server *Server
@@ -154,6 +157,63 @@ func (r *Reaper) Reap(ctx context.Context) {
 		}
 		s.Log.Info("sandbox timed out", "namespace", p.Namespace, "sandbox", sb.id)
 	}
+	r.reapResumedGone(ctx, now)
+}
+
+// reapResumedGone removes, as a kill does, every sandbox gone with its
+// resumed pod (resumedGone) once the end time its resume gave it has
+// passed: such a sandbox may have no pod left for Reap's loop to find, so
+// its marked Checkpoint is the candidate. As there, the cache picks and
+// the API server confirms (lookup settles the mark with a read of the
+// pod). A resumed sandbox that runs on past that time (setTimeout) is not
+// gone, and costs nothing but the cache's reads.
+func (r *Reaper) reapResumedGone(ctx context.Context, now time.Time) {
+	s := r.Server
+	var cps cryov1.CheckpointList
+	if err := r.Cache.List(ctx, &cps, client.HasLabels{LabelSandbox}); err != nil {
+		s.Log.Error(err, "e2b reaper: cached Checkpoints")
+		return
+	}
+	for i := range cps.Items {
+		c := &cps.Items[i]
+		id := c.Labels[LabelSandbox]
+		if c.Annotations[annResumedAs] == "" || !passed(c, annResumedEndAt, now) {
+			continue
+		}
+		cached, err := r.cached(ctx, c.Namespace, id)
+		if err != nil {
+			s.Log.Error(err, "e2b reaper: cached sandbox", "namespace", c.Namespace, "sandbox", id)
+			continue
+		}
+		if !resumedDue(cached, c.Name, now) {
+			continue
+		}
+		sb, _, err := s.lookup(ctx, c.Namespace, id)
+		if err != nil {
+			s.Log.Error(err, "e2b reaper: read sandbox", "namespace", c.Namespace, "sandbox", id)
+			continue
+		}
+		if !resumedDue(sb, c.Name, now) {
+			continue
+		}
+		if err := s.remove(ctx, sb); err != nil {
+			s.Log.Error(err, "e2b reaper: kill", "namespace", c.Namespace, "sandbox", id)
+			continue
+		}
+		s.Log.Info("sandbox whose resumed pod was deleted removed at its timeout", "namespace", c.Namespace, "sandbox", id, "pod", c.Annotations[annResumedAs])
+	}
+}
+
+// resumedDue: sb is gone with its resumed pod (resumedGone), its newest
+// Checkpoint is name, and the end time its resume gave it has passed.
+func resumedDue(sb *sandbox, name string, now time.Time) bool {
+	return resumedGone(sb) != "" && sb.last.Name == name && passed(sb.last, annResumedEndAt, now)
+}
+
+// passed: o's time annotation ann has passed and o is not being deleted.
+func passed(o metav1.Object, ann string, now time.Time) bool {
+	end, err := time.Parse(time.RFC3339Nano, o.GetAnnotations()[ann])
+	return o.GetDeletionTimestamp() == nil && err == nil && !now.Before(end)
 }
 
 // cached is what Cache holds of sandbox id in ns.
@@ -215,6 +275,34 @@ func endedPod(sb *sandbox) *corev1.Pod {
 		}
 	}
 	return newest
+}
+
+// resumedGone is the pod that sb's newest state went with, "" when
+// there is none: sb's newest Checkpoint, a pause's that Succeeded, was
+// resumed as pod P (annResumedAs, the next generation's name), P is gone
+// or being deleted, and nothing newer exists (a pause of P would be a
+// newer Checkpoint, named P). So P was deleted outside a pause (kubectl
+// delete, an eviction, a node drain), and the state it ran on to went
+// with it. As for a sandbox that ended (endedPod), E2B's sandbox whose VM
+// is gone is gone: resuming the Checkpoint again would bring back a state
+// its owner went past without saying so. An ended P that is still there
+// is endedPod's. The mark alone is no proof: lists (a cache's, or the API
+// server's pods then Checkpoints) can show it before P, so the API
+// settles it with a read of P before acting on it (settle).
+func resumedGone(sb *sandbox) string {
+	if sb == nil || sb.pod != nil || sb.last == nil || sb.last.Status.Phase != cryov1.PhaseSucceeded {
+		return ""
+	}
+	p := sb.last.Annotations[annResumedAs]
+	if p == "" || p != podName(sb.id, generation(sb.last.Annotations)+1) {
+		return "" // not a mark the API wrote
+	}
+	for i := range sb.pods {
+		if sb.pods[i].Name == p && sb.pods[i].DeletionTimestamp == nil {
+			return ""
+		}
+	}
+	return p
 }
 
 // podEnded: p's containers have all stopped for good (restartPolicy

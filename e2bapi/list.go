@@ -165,7 +165,15 @@ func (s *Server) sandboxes(ctx context.Context, ns string) ([]*sandbox, error) {
 	}
 	var out []*sandbox
 	for id, ps := range podsOf {
-		if sb, found := assemble(ns, id, ps, cpsOf[id]); found {
+		// settle reads the API server only for a sandbox the cache
+		// shows resumed and gone (resumedGone), which it may show
+		// before the resumed pod.
+		sb, found := assemble(ns, id, ps, cpsOf[id])
+		sb, found, err := s.settle(ctx, sb, found)
+		if err != nil {
+			return nil, err
+		}
+		if found {
 			out = append(out, sb)
 		}
 	}

@@ -199,10 +199,13 @@ func (s *Server) resume(ctx context.Context, sb *sandbox, timeoutSec *int64, tok
 			ann[k] = v
 		}
 	}
+	// The marks are of this Checkpoint, not of the sandbox's state.
+	delete(ann, annResumedAs)
+	delete(ann, annResumedEndAt)
 	ann[annGen] = strconv.Itoa(gen)
 	ann[annEndAt] = s.now().Add(timeout).UTC().Format(time.RFC3339Nano)
 	ann[controller.AnnotationRestoreCheckpoint] = cp.Name
-	l := launch{ns: cp.Namespace, id: sb.id, gen: gen, tpl: tpl, podEnv: env, env: env, ann: ann, token: token}
+	l := launch{ns: cp.Namespace, id: sb.id, gen: gen, tpl: tpl, podEnv: env, env: env, ann: ann, token: token, resumes: cp}
 	if err := s.start(ctx, l); err != nil {
 		return err
 	}

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"sort"
 	"strconv"
 	"time"
@@ -22,6 +23,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	cryov1 "github.com/cryo-runtime/cryo/api/v1alpha1"
@@ -52,6 +54,14 @@ const (
 	// annFrom names the Checkpoint a sandbox was created from (a snapshot
 	// or a fork); it is the templateID the SDK is shown.
 	annFrom = "e2b.cryo.dev/from"
+	// annResumedAs, on a pause Checkpoint, names the pod a resume
+	// restored it as (its next generation), and annResumedEndAt the end
+	// time that resume gave it. They outlive that pod: a Checkpoint so
+	// marked, newest of its sandbox, whose pod is gone without a pause of
+	// it, is a sandbox whose newest state went with its pod (resumedGone).
+	// Set once the pod's create succeeded, removed if that resume fails.
+	annResumedAs    = "e2b.cryo.dev/resumed-as"
+	annResumedEndAt = "e2b.cryo.dev/resumed-end-at"
 
 	// envdVersion is what the SDK is told the sandbox runs (the envd
 	// contract): closeStdin and octet-stream uploads, no file metadata.
@@ -349,6 +359,9 @@ type launch struct {
 	token  string
 	// newSecret: the sandbox id is new, so is its token Secret.
 	newSecret bool
+	// resumes is the pause Checkpoint a resume restores as this pod;
+	// start marks it (markResumed).
+	resumes *cryov1.Checkpoint
 }
 
 // start creates the pod of l, waits until it runs and hands envd its
@@ -380,12 +393,47 @@ func (s *Server) start(ctx context.Context, l launch) (retErr error) {
 			}
 		}
 	}()
+	if l.resumes != nil {
+		if err := s.markResumed(ctx, l.resumes, pod, true); err != nil {
+			return err
+		}
+		// Run before the pod's delete above (defers run last first): a
+		// mark naming a pod that is gone would make the sandbox gone,
+		// where a failed resume leaves it paused.
+		defer func() {
+			if retErr != nil {
+				if err := s.markResumed(undo, l.resumes, pod, false); err != nil {
+					s.Log.Error(err, "undo a failed sandbox start", "sandbox", l.id, "checkpoint", l.resumes.Name)
+				}
+			}
+		}()
+	}
 	running, err := s.waitRunning(ctx, l.ns, pod.Name)
 	if err != nil {
 		return fmt.Errorf("sandbox %s: %w", l.id, err)
 	}
 	if err := s.initEnvd(ctx, running, l.token, l.env); err != nil {
 		return fmt.Errorf("sandbox %s: %w", l.id, err)
+	}
+	return nil
+}
+
+// markResumed sets (on) or removes (off) the mark on cp, the pause
+// Checkpoint that pod restores, that a resume made pod its sandbox's next
+// generation, with the end time that resume gave it. A merge patch of the
+// two annotations alone: nothing else of cp changes, whatever cp's copy
+// here holds.
+func (s *Server) markResumed(ctx context.Context, cp *cryov1.Checkpoint, pod *corev1.Pod, on bool) error {
+	ann := map[string]*string{annResumedAs: nil, annResumedEndAt: nil}
+	if on {
+		ann[annResumedAs], ann[annResumedEndAt] = ptr(pod.Name), ptr(pod.Annotations[annEndAt])
+	}
+	body, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": ann}})
+	if err != nil {
+		return err
+	}
+	if err := s.Client.Patch(ctx, cp.DeepCopy(), client.RawPatch(types.MergePatchType, body)); err != nil {
+		return fmt.Errorf("mark Checkpoint %s resumed as pod %s: %w", cp.Name, pod.Name, err)
 	}
 	return nil
 }
@@ -487,15 +535,74 @@ func generation(ann map[string]string) int {
 }
 
 // lookup finds sandbox id in ns; found is false when it is neither
-// running nor paused (unknown, killed, ended: see endedPod, or a pause
-// that has not finished).
+// running nor paused (unknown, killed, ended: see endedPod, gone with
+// its resumed pod: see resumedGone, or a pause that has not finished).
 func (s *Server) lookup(ctx context.Context, ns, id string) (*sandbox, bool, error) {
 	pods, cps, err := sandboxObjects(ctx, s.Client, client.InNamespace(ns), client.MatchingLabels{LabelSandbox: id})
 	if err != nil {
 		return nil, false, err
 	}
 	sb, found := assemble(ns, id, pods, cps)
+	return s.settle(ctx, sb, found)
+}
+
+// settle is sb as the API server has it when sb, from lists of the API
+// server or of a cache, looks resumed and gone (resumedGone): the lists
+// can miss a resume's pod that its mark already names. The API server's
+// lists are of pods, then of Checkpoints, so a resume between them shows
+// the mark without the pod; a cache's informers for pods and Checkpoints
+// trail it each at its own pace. One read of that pod by name tells; when
+// it is gone or going, one read of the Checkpoint a pause of it would
+// have made (its name) tells whether a pause took it away, which a cache
+// lagging behind the pause would not show. This state is rare (a resumed
+// pod deleted outside a pause, or the moment of a resume), so every other
+// sandbox costs nothing more.
+func (s *Server) settle(ctx context.Context, sb *sandbox, found bool) (*sandbox, bool, error) {
+	name := resumedGone(sb)
+	if name == "" {
+		return sb, found, nil
+	}
+	pod, cp, err := s.resumedObjects(ctx, client.ObjectKey{Namespace: sb.ns, Name: name}, true)
+	if err != nil {
+		return nil, false, err
+	}
+	pods, cps := sb.pods, sb.all
+	if pod != nil {
+		pods = append(slices.DeleteFunc(slices.Clone(pods), func(p corev1.Pod) bool { return p.Name == name }), *pod)
+	}
+	if cp != nil {
+		cps = append(slices.DeleteFunc(slices.Clone(cps), func(c cryov1.Checkpoint) bool { return c.Name == name }), *cp)
+	}
+	sb, found = assemble(sb.ns, sb.id, pods, cps)
 	return sb, found, nil
+}
+
+// resumedObjects reads, from the API server, pod key and, when it is
+// gone or going and checkpoint is set, the Checkpoint of the same name
+// unless that failed: what settle and the gateway need to know of a
+// sandbox resumed as that pod. Either is nil when it is not there.
+func (s *Server) resumedObjects(ctx context.Context, key client.ObjectKey, checkpoint bool) (*corev1.Pod, *cryov1.Checkpoint, error) {
+	var pod *corev1.Pod
+	var p corev1.Pod
+	switch err := s.Client.Get(ctx, key, &p); {
+	case err == nil:
+		pod = &p
+	case !apierrors.IsNotFound(err):
+		return nil, nil, fmt.Errorf("get pod %s: %w", key, err)
+	}
+	if !checkpoint || (pod != nil && pod.DeletionTimestamp == nil) {
+		return pod, nil, nil
+	}
+	var cp cryov1.Checkpoint
+	switch err := s.Client.Get(ctx, key, &cp); {
+	case apierrors.IsNotFound(err):
+		return pod, nil, nil
+	case err != nil:
+		return nil, nil, fmt.Errorf("get Checkpoint %s: %w", key, err)
+	case cp.Status.Phase == cryov1.PhaseFailed:
+		return pod, nil, nil
+	}
+	return pod, &cp, nil
 }
 
 // sandboxObjects are the pods and the Checkpoints that opts select in r
@@ -530,7 +637,7 @@ func assemble(ns, id string, pods []corev1.Pod, cps []cryov1.Checkpoint) (*sandb
 			sb.last = c
 		}
 	}
-	return sb, sb.pod != nil || (sb.last != nil && sb.last.Status.Phase == cryov1.PhaseSucceeded && endedPod(sb) == nil)
+	return sb, sb.pod != nil || (sb.last != nil && sb.last.Status.Phase == cryov1.PhaseSucceeded && endedPod(sb) == nil && resumedGone(sb) == "")
 }
 
 func livePods(pods []corev1.Pod) []corev1.Pod {

@@ -98,7 +98,9 @@ func (c *e2bCluster) controllerLog() string {
 // sandbox then connect; an autoResume sandbox resumed by the gateway on
 // its first envd call, whose VM then dies: gone for the SDK at once (not
 // resumed from its pause), its pod, Checkpoint and Secret removed by the
-// reaper at its timeout; kill.
+// reaper at its timeout; the first sandbox's resumed pod deleted with
+// kubectl: gone for the SDK (connect, getInfo, setTimeout not found, not
+// listed, not running), not resumed from its pause; kill.
 func TestE2BSandbox(t *testing.T) {
 	c := startE2B(t, "e2b_sandbox.mjs")
 	k := c.k
@@ -163,6 +165,15 @@ func TestE2BSandbox(t *testing.T) {
 	if got := k.MustKubectl("get", "pod,checkpoint,secret", "-l", "cryo.dev/e2b-sandbox="+arID, "-o", "name"); strings.Count(got, "\n") != 2 {
 		t.Errorf("the ended sandbox's objects before its timeout: %q, want its pod, its pause's Checkpoint and its token Secret", got)
 	}
+
+	// Its resumed pod deleted outside the API (kubectl delete pod, as an
+	// eviction or a drain does): the sandbox is gone, as one that died,
+	// not back at the pause it was resumed from; kill still removes it.
+	if got := k.MustKubectl("get", "checkpoint", pod0, "-o", "jsonpath={.metadata.annotations.e2b\\.cryo\\.dev/resumed-as}"); got != pod1 {
+		t.Errorf("Checkpoint %s: resumed-as %q, want %s", pod0, got, pod1)
+	}
+	k.MustKubectl("delete", "pod", pod1)
+	c.step(t, "ended", id, "")
 
 	c.step(t, "kill", id, state)
 	if !harness.WaitFor(time.Minute, func() bool {
