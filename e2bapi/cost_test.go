@@ -7,12 +7,14 @@ import (
 	"net/http/httptest"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
@@ -274,5 +276,195 @@ func TestListCost(t *testing.T) {
 	}
 	if r := cc.reads.Swap(0); r != 2 {
 		t.Errorf("a list without a cache read the API server %d times, want 2", r)
+	}
+}
+
+// laggingCache plays the informer's cache over the store r: it shows each
+// object only from the lag+1st read of it on (its event's lag behind the
+// create).
+type laggingCache struct {
+	client.Reader
+	lag   int
+	mu    sync.Mutex
+	reads map[string]int
+}
+
+func (c *laggingCache) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	c.mu.Lock()
+	k := fmt.Sprintf("%T %s", obj, key)
+	c.reads[k]++
+	n := c.reads[k]
+	c.mu.Unlock()
+	if n <= c.lag {
+		return apierrors.NewNotFound(schema.GroupResource{}, key.Name)
+	}
+	return c.Reader.Get(ctx, key, obj, opts...)
+}
+
+// TestWaitCost: what the API server does while a call waits for a pod to
+// run or a Checkpoint to finish, when the Server reads the cache (which
+// shows each new object a few reads late): nothing for a create whose pod
+// pends for 0.2 s and then sits on its node without an address for 2.5 s
+// but the one list of its Events that diagnoses a pod refused on its
+// node; one read for a pod deleted before it ran (the API server's
+// NotFound, which alone fails the wait); for a pause that waits a second
+// for its Checkpoint, the lookup's two lists and one read confirming the
+// pod gone. A Checkpoint that failed is deleted and named as without the
+// cache, and a pod the cache never shows is still seen to run, at a read
+// every uncachedEvery. Reading the API server every poll() (10 ms here),
+// the create cost some 270 reads, the deleted pod some 30, the pause
+// some 100.
+func TestWaitCost(t *testing.T) {
+	f := newFixture(t)
+	cc := &countingClient{Client: f.cl}
+	lag := &laggingCache{Reader: f.cl, lag: 5, reads: map[string]int{}}
+	srv := *f.srv
+	srv.Client, srv.Keys, srv.Cache = cc, f.cl, lag
+	srv.PollInterval, srv.StartWait = 10*time.Millisecond, 10*time.Second
+	ts := httptest.NewServer(srv.Handler())
+	t.Cleanup(ts.Close)
+	f.url = ts.URL
+	ctx := context.Background()
+	nextPod := func() string { return podName(fmt.Sprintf("sbx%d", f.ids.Load()+1), 0) }
+	// kubelet plays the kubelet for pod ns/name, once the fixture's
+	// cluster has made it pend: each step after its delay.
+	type step struct {
+		after time.Duration
+		do    func(p *corev1.Pod) error
+	}
+	kubelet := func(name string, steps ...step) chan struct{} {
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for {
+				var p corev1.Pod
+				if err := f.cl.Get(ctx, client.ObjectKey{Namespace: "team-a", Name: name}, &p); err == nil && p.Status.Phase == corev1.PodPending {
+					break
+				}
+				time.Sleep(time.Millisecond)
+			}
+			for _, s := range steps {
+				time.Sleep(s.after)
+				var p corev1.Pod
+				if err := f.cl.Get(ctx, client.ObjectKey{Namespace: "team-a", Name: name}, &p); err != nil {
+					t.Error(err)
+					return
+				}
+				if err := s.do(&p); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+		return done
+	}
+	onNode := step{200 * time.Millisecond, func(p *corev1.Pod) error {
+		p.Spec.NodeName = "node-1"
+		if err := f.cl.Update(ctx, p); err != nil {
+			return err
+		}
+		p.Status.PodIP = ""
+		return f.cl.Status().Update(ctx, p)
+	}}
+	runs := func(after time.Duration) step {
+		return step{after, func(p *corev1.Pod) error {
+			p.Status.Phase, p.Status.PodIP = corev1.PodRunning, "127.0.0.1"
+			return f.cl.Status().Update(ctx, p)
+		}}
+	}
+
+	// A create whose pod takes 2.7 s to run.
+	done := kubelet(nextPod(), onNode, runs(2500*time.Millisecond))
+	cc.reads.Store(0)
+	start := time.Now()
+	id := f.create("key-a", `{"metadata":{"hang":"yes"}}`)
+	<-done
+	took := time.Since(start)
+	if n := cc.reads.Load(); n > 1 {
+		t.Errorf("a create whose pod ran after %s read the API server %d times, want at most 1 (its Events)", took.Round(time.Millisecond), n)
+	}
+	t.Logf("create, pod running after %s: %d reads", took.Round(time.Millisecond), cc.reads.Load())
+
+	// A pod deleted while it pends.
+	name := nextPod()
+	done = kubelet(name, step{300 * time.Millisecond, func(p *corev1.Pod) error { return f.cl.Delete(ctx, p) }})
+	cc.reads.Store(0)
+	var e apiError
+	if code := f.do("key-a", "POST", "/v2/sandboxes", `{"metadata":{"hang":"yes"}}`, &e); code != http.StatusBadGateway || !strings.Contains(e.Message, "pod "+name+" was deleted before it ran") {
+		t.Errorf("create of a pod deleted while it pends: %d %+v", code, e)
+	}
+	<-done
+	if n := cc.reads.Load(); n != 1 {
+		t.Errorf("a pod deleted before it ran: %d reads, want 1", n)
+	}
+
+	// A pause whose Checkpoint takes a second.
+	pod := podName(id, 0)
+	paused := make(chan struct{})
+	go func() {
+		defer close(paused)
+		for {
+			var cp cryov1.Checkpoint
+			if err := f.cl.Get(ctx, client.ObjectKey{Namespace: "team-a", Name: pod}, &cp); err == nil {
+				time.Sleep(time.Second)
+				cp.Status.Phase = cryov1.PhaseSucceeded
+				if err := f.cl.Update(ctx, &cp); err != nil {
+					t.Error(err)
+				}
+				if err := f.cl.Delete(ctx, f.pod("team-a", pod)); err != nil {
+					t.Error(err)
+				}
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	cc.reads.Store(0)
+	if code := f.do("key-a", "POST", "/sandboxes/"+id+"/pause", `{}`, nil); code != http.StatusNoContent {
+		t.Errorf("pause: %d", code)
+	}
+	<-paused
+	if n := cc.reads.Load(); n != 3 {
+		t.Errorf("a pause that waited a second for its Checkpoint: %d reads, want 3 (the lookup's 2, the pod's deletion confirmed)", n)
+	}
+
+	// A pause whose Checkpoint fails.
+	id = f.create("key-a", `{}`)
+	pod = podName(id, 0)
+	go func() {
+		for {
+			var cp cryov1.Checkpoint
+			if err := f.cl.Get(ctx, client.ObjectKey{Namespace: "team-a", Name: pod}, &cp); err == nil {
+				cp.Status.Phase, cp.Status.Reason, cp.Status.Message = cryov1.PhaseFailed, "Boom", "the node said no"
+				if err := f.cl.Update(ctx, &cp); err != nil {
+					t.Error(err)
+				}
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	cc.reads.Store(0)
+	if code := f.do("key-a", "POST", "/sandboxes/"+id+"/pause", `{}`, &e); code != http.StatusInternalServerError ||
+		e.Message != "pause of sandbox "+id+": Checkpoint "+pod+" failed: Boom: the node said no" {
+		t.Errorf("pause whose Checkpoint failed: %d %+v", code, e)
+	}
+	if err := f.cl.Get(ctx, client.ObjectKey{Namespace: "team-a", Name: pod}, &cryov1.Checkpoint{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the failed Checkpoint: %v, want deleted", err)
+	}
+	if n := cc.reads.Load(); n != 2 {
+		t.Errorf("a pause whose Checkpoint failed: %d reads, want 2 (the lookup's)", n)
+	}
+
+	// A cache that never shows the pod (its owner removed its label).
+	lag.lag = 1 << 30
+	done = kubelet(nextPod(), runs(300*time.Millisecond))
+	cc.reads.Store(0)
+	start = time.Now()
+	f.create("key-a", `{"metadata":{"hang":"yes"}}`)
+	<-done
+	took = time.Since(start)
+	if n := cc.reads.Load(); n != 1 || took < uncachedEvery {
+		t.Errorf("a create whose pod the cache never shows: %d reads after %s, want 1 after %s", n, took.Round(time.Millisecond), uncachedEvery)
 	}
 }

@@ -3,6 +3,7 @@ package e2bapi
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -63,13 +64,15 @@ func (s *Server) checkpoint(ctx context.Context, sb *sandbox) error {
 		return err
 	}
 	// keepRunning false: the controller deletes the pod once the snapshot
-	// is safe; the pause is done when it is gone.
+	// is safe; the pause is done when it is gone. The pod has been there
+	// all along, so the cache's miss is asked about at once: the API
+	// server's NotFound is the one that counts.
 	wait := s.pauseWait()
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
+	w := s.watch(client.ObjectKeyFromObject(sb.pod), sb.pod.UID, true)
 	for {
-		var p corev1.Pod
-		err := s.Client.Get(ctx, client.ObjectKeyFromObject(sb.pod), &p)
+		_, err := read[corev1.Pod](ctx, w)
 		if apierrors.IsNotFound(err) {
 			return nil
 		}
@@ -90,21 +93,32 @@ func (s *Server) pauseWait() time.Duration {
 
 // waitCheckpoint waits until cp has Succeeded. A failed one is deleted,
 // so that the next attempt can reuse its name, and the error carries the
-// controller's reason.
+// controller's reason. It reads cp from Server.Cache (see watched), which
+// shows cp a moment after its create.
 func (s *Server) waitCheckpoint(ctx context.Context, cp *cryov1.Checkpoint, what string) (*cryov1.Checkpoint, error) {
 	wait := s.pauseWait()
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
+	w := s.watch(client.ObjectKeyFromObject(cp), cp.UID, false)
+	var cur cryov1.Checkpoint // as last read
 	for {
-		var cur cryov1.Checkpoint
-		if err := s.Client.Get(ctx, client.ObjectKeyFromObject(cp), &cur); err != nil {
+		c, err := read[cryov1.Checkpoint](ctx, w)
+		switch {
+		case err == nil:
+			cur = *c
+		case !errors.Is(err, errNotCached):
 			return nil, fmt.Errorf("%s: %w", what, err)
 		}
 		switch cur.Status.Phase {
 		case cryov1.PhaseSucceeded:
 			return &cur, nil
 		case cryov1.PhaseFailed:
-			if err := s.Client.Delete(context.WithoutCancel(ctx), &cur); err != nil && !apierrors.IsNotFound(err) {
+			// This one only: the cache may lag behind a newer attempt.
+			var pre []client.DeleteOption
+			if cur.UID != "" {
+				pre = append(pre, client.Preconditions{UID: &cur.UID})
+			}
+			if err := s.Client.Delete(context.WithoutCancel(ctx), &cur, pre...); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 				s.Log.Error(err, "delete failed Checkpoint", "checkpoint", cp.Name)
 			}
 			return nil, fmt.Errorf("%s: Checkpoint %s failed: %s: %s", what, cp.Name, cur.Status.Reason, cur.Status.Message)
@@ -148,7 +162,7 @@ func (s *Server) connect(ctx context.Context, ns string, r *http.Request) (int, 
 	if sb.pod != nil {
 		// A pod another call is starting: the SDK talks to envd next.
 		if sb.pod.Status.Phase != corev1.PodRunning || sb.pod.Status.PodIP == "" {
-			if _, err := s.waitRunning(ctx, ns, sb.pod.Name); err != nil {
+			if _, err := s.waitRunning(ctx, ns, sb.pod.Name, sb.pod.UID); err != nil {
 				return 0, nil, err
 			}
 		}

@@ -408,7 +408,7 @@ func (s *Server) start(ctx context.Context, l launch) (retErr error) {
 			}
 		}()
 	}
-	running, err := s.waitRunning(ctx, l.ns, pod.Name)
+	running, err := s.waitRunning(ctx, l.ns, pod.Name, pod.UID)
 	if err != nil {
 		return fmt.Errorf("sandbox %s: %w", l.id, err)
 	}

@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -17,6 +18,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -36,6 +38,7 @@ const (
 	initTimeout  = 5 * time.Second
 	initBackoff  = time.Second
 	eventsEvery  = 2 * time.Second
+	eventsMax    = 30 * time.Second
 )
 
 // newToken is a sandbox's envd access token: 32 random bytes, hex.
@@ -99,22 +102,27 @@ func (s *Server) startWait() time.Duration {
 	return 5 * time.Minute
 }
 
-// waitRunning waits until pod ns/name runs and has an address: envd
-// answers there. A pod that ended or vanished fails at once, naming why.
-func (s *Server) waitRunning(ctx context.Context, ns, name string) (*corev1.Pod, error) {
+// waitRunning waits until pod ns/name (uid, when known) runs and has an
+// address: envd answers there. A pod that ended or vanished fails at
+// once, naming why. It reads the pod from Server.Cache (see watched).
+func (s *Server) waitRunning(ctx context.Context, ns, name string, uid types.UID) (*corev1.Pod, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.startWait())
 	defer cancel()
+	w := s.watch(client.ObjectKey{Namespace: ns, Name: name}, uid, false)
 	var sandboxErr string
-	nextEvents := time.Now()
+	var p corev1.Pod // as last read: a timeout names its phase
+	var nextEvents time.Time
+	eventsWait := eventsEvery
 	for {
-		var p corev1.Pod
-		if err := s.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &p); err != nil {
-			if apierrors.IsNotFound(err) {
-				return nil, errf(http.StatusBadGateway, "pod %s was deleted before it ran", name)
-			}
-			if ctx.Err() == nil {
-				return nil, fmt.Errorf("get pod %s: %w", name, err)
-			}
+		cur, err := read[corev1.Pod](ctx, w)
+		switch {
+		case err == nil:
+			p = *cur
+		case errors.Is(err, errNotCached):
+		case apierrors.IsNotFound(err):
+			return nil, errf(http.StatusBadGateway, "pod %s was deleted before it ran", name)
+		case ctx.Err() == nil:
+			return nil, fmt.Errorf("get pod %s: %w", name, err)
 		}
 		switch {
 		case p.Status.Phase == corev1.PodRunning && p.Status.PodIP != "":
@@ -126,10 +134,22 @@ func (s *Server) waitRunning(ctx context.Context, ns, name string) (*corev1.Pod,
 		}
 		// The runtime's refusal of the pod itself (cryo's of a bad
 		// annotation) is only an Event, retried by the kubelet for ever.
-		if p.Status.PodIP == "" && p.Spec.NodeName != "" && time.Now().After(nextEvents) {
-			nextEvents = time.Now().Add(eventsEvery)
-			if sandboxErr = s.sandboxFailure(ctx, &p); strings.Contains(sandboxErr, "code = InvalidArgument") {
-				return nil, errf(http.StatusBadGateway, "pod %s will not start: %s", name, sandboxErr)
+		// Events are not cached (an informer on every Event of the
+		// cluster would cost more than it saves): they are listed from
+		// the API server once the pod has been on its node eventsEvery
+		// without an address, then ever less often (eventsMax), the
+		// refusal repeating anyway, so that a pod pulling a large image
+		// costs a few lists and not one every eventsEvery.
+		if p.Status.PodIP == "" && p.Spec.NodeName != "" {
+			switch now := time.Now(); {
+			case nextEvents.IsZero():
+				nextEvents = now.Add(eventsWait)
+			case now.After(nextEvents):
+				eventsWait = min(2*eventsWait, eventsMax)
+				nextEvents = now.Add(eventsWait)
+				if sandboxErr = s.sandboxFailure(ctx, &p); strings.Contains(sandboxErr, "code = InvalidArgument") {
+					return nil, errf(http.StatusBadGateway, "pod %s will not start: %s", name, sandboxErr)
+				}
 			}
 		}
 		select {

@@ -5,7 +5,9 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -273,6 +275,11 @@ func testCosts(t *testing.T, mgr manager.Manager, c client.Client, log *requestL
 		t.Errorf("%d lists read the API server %d times: %v", n, len(reads), reads)
 	}
 	t.Logf("%d Sandbox.list calls (team-a: 2 sandboxes listed, 1 ended): %d reads of pods or Checkpoints", n, len(storeReads(mark)))
+
+	// (e) Waits, with the key: a create whose pod is on its node at once
+	// and runs 3 s later (the test plays the kubelet), then a pause of
+	// it, which the controller's reconciler fails (no kubelet here).
+	testWaitCosts(t, c, log, api, key)
 	if err := c.Delete(ctx, sec); err != nil {
 		t.Fatal(err)
 	}
@@ -290,4 +297,117 @@ func newLoggedClient(t *testing.T, mgr manager.Manager) client.Client {
 		t.Fatal(err)
 	}
 	return c
+}
+
+// testWaitCosts: a call waiting for its pod to run, or for its
+// Checkpoint, reads the manager's cache (which shows a new object only
+// once its event arrives), not the API server: a create whose pod sits
+// on its node without an address for 3 s reads the pod never and lists
+// its Events at most once (the diagnosis of a pod the runtime refuses);
+// a pause reads the sandbox's objects once (lookup) and its Checkpoint
+// never, and a Checkpoint that failed is deleted and named as before.
+// Reading the API server every poll() (250 ms), the create cost 13 reads
+// of its pod and 2 Event lists, the pause a read of its Checkpoint every
+// poll() until it failed (2 here).
+func testWaitCosts(t *testing.T, c client.Client, log *requestLog, api, key string) {
+	ctx := context.Background()
+	const podIP = "127.83.0.2"
+	envd, err := net.Listen("tcp", net.JoinHostPort(podIP, fmt.Sprint(e2bapi.EnvdPort)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) })}
+	served := make(chan struct{})
+	go func() { _ = srv.Serve(envd); close(served) }()
+	defer func() { _ = srv.Close(); <-served }()
+	do := func(method, path, body string, out any) int {
+		t.Helper()
+		req, _ := http.NewRequest(method, "http://"+api+path, strings.NewReader(body))
+		req.Header.Set("X-API-Key", key)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		if out != nil {
+			if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+				t.Fatalf("%s %s: %d: %v", method, path, resp.StatusCode, err)
+			}
+		}
+		return resp.StatusCode
+	}
+
+	// The kubelet: binds the pod at once, runs it 3 s later.
+	const pending = 3 * time.Second
+	kubelet := make(chan error, 1)
+	go func() {
+		kubelet <- func() error {
+			for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+				var pods corev1.PodList
+				if err := c.List(ctx, &pods, client.InNamespace("team-a")); err != nil {
+					return err
+				}
+				for _, p := range pods.Items {
+					if p.Annotations["e2b.cryo.dev/metadata"] != `{"cost":"wait"}` {
+						continue
+					}
+					b := &corev1.Binding{ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name}, Target: corev1.ObjectReference{Kind: "Node", Name: "node-1"}}
+					if err := c.SubResource("binding").Create(ctx, &p, b); err != nil {
+						return fmt.Errorf("bind: %w", err)
+					}
+					time.Sleep(pending)
+					if err := c.Get(ctx, client.ObjectKeyFromObject(&p), &p); err != nil {
+						return err
+					}
+					p.Status.Phase, p.Status.PodIP = corev1.PodRunning, podIP
+					return c.Status().Update(ctx, &p)
+				}
+			}
+			return errors.New("no pod created within 10s")
+		}()
+	}()
+	mark, _ := log.reads(0)
+	start := time.Now()
+	var sb struct{ SandboxID string }
+	code := do("POST", "/v2/sandboxes", `{"templateID":"base","metadata":{"cost":"wait"}}`, &sb)
+	took := time.Since(start)
+	if err := <-kubelet; err != nil {
+		t.Fatal(err)
+	}
+	if code != http.StatusCreated || sb.SandboxID == "" {
+		t.Fatalf("create: %d %+v", code, sb)
+	}
+	pod := "e2b-" + sb.SandboxID + "-0"
+	_, podReads := log.reads(mark, "/pods/"+pod)
+	_, events := log.reads(mark, "/events")
+	if len(podReads) != 0 || len(events) > 1 || took < pending {
+		t.Errorf("a create whose pod ran after %s (answered after %s) read its pod %d times and listed Events %d times, want 0 and at most 1: %v %v",
+			pending, took.Round(time.Millisecond), len(podReads), len(events), podReads, events)
+	}
+	t.Logf("a create whose pod ran after %s: %d reads of the pod, %d Event lists", took.Round(time.Millisecond), len(podReads), len(events))
+
+	mark, _ = log.reads(0)
+	var e struct{ Message string }
+	code = do("POST", "/sandboxes/"+sb.SandboxID+"/pause", `{}`, &e)
+	if code != http.StatusInternalServerError || !strings.Contains(e.Message, "Checkpoint "+pod+" failed: ") {
+		t.Errorf("pause with no kubelet: %d %q, want the Checkpoint's failure", code, e.Message)
+	}
+	_, reads := log.reads(mark, sb.SandboxID)
+	if len(reads) != 2 {
+		t.Errorf("the pause read %v, want the lookup's pods and Checkpoints of the id only", reads)
+	}
+	t.Logf("a pause whose Checkpoint failed (%s): %d reads (%v)", e.Message, len(reads), reads)
+	for end := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		err := c.Get(ctx, client.ObjectKey{Namespace: "team-a", Name: pod}, &cryov1.Checkpoint{})
+		if apierrors.IsNotFound(err) {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("the failed Checkpoint not deleted within 10s: %v", err)
+		}
+	}
+	if code := do("DELETE", "/sandboxes/"+sb.SandboxID, "", nil); code != http.StatusNoContent {
+		t.Errorf("kill: %d", code)
+	}
 }
