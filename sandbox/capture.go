@@ -25,6 +25,9 @@ import (
 // while the sandbox runs on.
 type capture struct {
 	pause time.Duration
+	// parts is where the pause went, for the log: a pause longer than
+	// its device state says which step to look at.
+	parts pauseParts
 	ram   string // RAM copy or link; "" when RAM is in the device state or served
 	// gen is a served RAM sealed in the pause: read after it, closed once
 	// published, abandoned if the checkpoint failed (guestMemory.lost).
@@ -37,6 +40,33 @@ type capture struct {
 	record   *sandboxRecord
 	fp       fingerprint.Fingerprint
 	extra    []string // files to remove afterwards
+}
+
+// pauseParts are the steps of a pause window, each's duration.
+type pauseParts struct {
+	stop, disks, ramSync, state, ramCapture, resume time.Duration
+}
+
+// fields are the parts measured as log fields. A shared clone's stop
+// and device state are inside its live save: not measured apart.
+func (p pauseParts) fields() log.Fields {
+	f := log.Fields{}
+	for name, d := range map[string]time.Duration{"pause_stop": p.stop, "pause_disks": p.disks, "pause_ram_sync": p.ramSync,
+		"pause_state": p.state, "pause_ram_capture": p.ramCapture, "pause_resume": p.resume} {
+		if d > 0 {
+			f[name] = d
+		}
+	}
+	return f
+}
+
+// since is the time since *t, and moves *t to now: the next part starts
+// where this one ended.
+func since(t *time.Time) time.Duration {
+	now := time.Now()
+	d := now.Sub(*t)
+	*t = now
+	return d
 }
 
 type frozenDisk struct {
@@ -121,9 +151,11 @@ func pauseWindow(ctx context.Context, vm pauser, ram guestMemory, diskDir string
 	if err != nil {
 		return nil, err
 	}
+	t := time.Now()
 	if err := ram.capture(c, exit); err != nil {
 		return nil, err
 	}
+	c.parts.ramCapture = since(&t)
 	c.fp = vm.Fingerprint()
 	if !keepStopped {
 		if err := vm.Resume(ctx); err != nil {
@@ -131,6 +163,7 @@ func pauseWindow(ctx context.Context, vm pauser, ram guestMemory, diskDir string
 		}
 	}
 	resumed = true
+	c.parts.resume = since(&t)
 	c.pause = time.Since(t0)
 	return c, nil
 }
@@ -142,12 +175,15 @@ func pauseWindow(ctx context.Context, vm pauser, ram guestMemory, diskDir string
 // disks freeze there.
 func stopAndSave(ctx context.Context, vm pauser, ram guestMemory, c *capture, diskDir string) (time.Time, error) {
 	stopped := func(ctx context.Context) error {
+		t := time.Now()
 		if err := c.freezeDisks(ctx, vm, diskDir); err != nil {
 			return err
 		}
+		c.parts.disks = since(&t)
 		if err := ram.sync(); err != nil {
 			return fmt.Errorf("write back guest ram: %w", err)
 		}
+		c.parts.ramSync = since(&t)
 		return nil
 	}
 	if s, ok := ram.(stateSplitter); ok {
@@ -162,9 +198,11 @@ func stopAndSave(ctx context.Context, vm pauser, ram guestMemory, c *capture, di
 	if err := vm.Pause(ctx); err != nil {
 		return t0, fmt.Errorf("stop vm: %w", err)
 	}
+	c.parts.stop = time.Since(t0)
 	if err := stopped(ctx); err != nil {
 		return t0, err
 	}
+	t := time.Now()
 	f, err := os.OpenFile(c.devstate, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return t0, err
@@ -173,6 +211,7 @@ func stopAndSave(ctx context.Context, vm pauser, ram guestMemory, c *capture, di
 	if err := vm.SaveState(ctx, f); err != nil {
 		return t0, fmt.Errorf("save device state: %w", err)
 	}
+	c.parts.state = time.Since(t)
 	return t0, nil
 }
 

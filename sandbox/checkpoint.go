@@ -217,7 +217,7 @@ func (c *checkpointing) capture(ctx context.Context, u *undo) error {
 			}
 		})
 	}
-	log.G(ctx).WithFields(log.Fields{"pause_window": cp.pause, "exit": c.req.Exit}).Info("checkpoint captured")
+	log.G(ctx).WithFields(log.Fields{"pause_window": cp.pause, "exit": c.req.Exit}).WithFields(cp.parts.fields()).Info("checkpoint captured")
 	c.res.PauseWindow = cp.pause
 	return nil
 }

@@ -53,10 +53,16 @@ type fakeServed struct {
 	calls   *[]string
 	file    *pagefs.File
 	sealErr error
+	// syncTakes is how long the in-pause write-back takes.
+	syncTakes time.Duration
 }
 
 func (s fakeServed) preSync() error { *s.calls = append(*s.calls, "presync"); return nil }
-func (s fakeServed) sync() error    { *s.calls = append(*s.calls, "sync"); return nil }
+func (s fakeServed) sync() error {
+	*s.calls = append(*s.calls, "sync")
+	time.Sleep(s.syncTakes)
+	return nil
+}
 func (s fakeServed) lost(_ context.Context, c *capture) {
 	*s.calls = append(*s.calls, "lost")
 	if c.gen != nil {
@@ -102,13 +108,13 @@ func layered(t *testing.T, src pagefs.Source) *pagefs.File {
 // TestPauseWindowServed: a served RAM is readied (written back, pass
 // after pass) before the pause and written back once in it, sealed after
 // the device state is saved and before the VM continues, and neither
-// copied nor put in the stream. A failure resumes the VM, then tells the
-// RAM the checkpoint is lost.
+// copied nor put in the stream; the pause's parts say where it went. A
+// failure resumes the VM, then tells the RAM the checkpoint is lost.
 func TestPauseWindowServed(t *testing.T) {
 	var calls []string
 	vm := fakeVM{calls: &calls,
 		disks: []vmm.Disk{{ID: "root", Path: "/nonexistent/root.qcow2", Format: "qcow2"}, {ID: "base", ReadOnly: true}}}
-	ram := fakeServed{calls: &calls, file: layered(t, bytesSource{bytes.NewReader(make([]byte, 1<<20))})}
+	ram := fakeServed{calls: &calls, file: layered(t, bytesSource{bytes.NewReader(make([]byte, 1<<20))}), syncTakes: 20 * time.Millisecond}
 	work := t.TempDir()
 	c, err := pauseWindow(context.Background(), vm, ram, t.TempDir(), &sandboxRecord{}, work, false, false)
 	if err != nil {
@@ -121,6 +127,13 @@ func TestPauseWindowServed(t *testing.T) {
 	}
 	if c.gen == nil || c.ram != "" || c.record.RAMInStream {
 		t.Errorf("capture: generation %v, ram file %q, ram in stream %v; want a generation only", c.gen != nil, c.ram, c.record.RAMInStream)
+	}
+	p := c.parts
+	if sum := p.stop + p.disks + p.ramSync + p.state + p.ramCapture + p.resume; p.ramSync < ram.syncTakes || sum > c.pause || p.state <= 0 || p.ramCapture <= 0 {
+		t.Errorf("pause %s in parts %+v (sum %s): want the in-pause sync's %s in ram_sync, every step measured, the sum within the pause", c.pause, p, sum, ram.syncTakes)
+	}
+	if f := p.fields(); f["pause_ram_sync"] != p.ramSync || len(f) < 5 {
+		t.Errorf("log fields %v", f)
 	}
 	c.cleanup()
 	if c.gen != nil {
