@@ -332,6 +332,9 @@ func TestArgsBackingChainIsPassed(t *testing.T) {
 		if got := setFiles(t, m, a, file["filename"].(string)); n["driver"] != w.format || !slices.Equal(got, w.files) || (i > 0) != (n["read-only"] == true) {
 			t.Errorf("chain[%d] = %v with files %q, want %s with %q", i, n, got, w.format, w.files)
 		}
+		if file["drop-cache"] != false {
+			t.Errorf("chain[%d]'s file %v: want drop-cache false (a cont after a checkpoint would drop its host page cache)", i, file)
+		}
 		b, has := n["backing"]
 		switch {
 		case i < 2 && !has:

@@ -314,7 +314,7 @@ func (m *Machine) createOverlay(ctx context.Context, cur Disk, path, node, newNo
 	}
 	add := map[string]any{
 		"driver": "qcow2", "node-name": newNode, "backing": nil,
-		"file": map[string]any{"driver": "file", "filename": fdsetPath(sets[0])},
+		"file": fileNode(fdsetPath(sets[0]), false),
 	}
 	if err := m.execute(ctx, "blockdev-add", add, nil); err != nil {
 		m.removeFDSets(ctx, sets)

@@ -272,6 +272,9 @@ func TestSnapshotDiskNodeNames(t *testing.T) {
 		if b, ok := add["backing"]; !ok || b != nil || add["node-name"] != newNode || add["driver"] != "qcow2" {
 			t.Errorf("snapshot %d blockdev-add %v: want the overlay with backing null", i, add)
 		}
+		if f, _ := add["file"].(map[string]any); f == nil || f["drop-cache"] != false {
+			t.Errorf("snapshot %d blockdev-add %v: want its file with drop-cache false", i, add)
+		}
 		if a := args(t, reqs[2]); a["node"] != oldNode || a["overlay"] != newNode {
 			t.Errorf("snapshot %d blockdev-snapshot %v", i, a)
 		}
