@@ -123,20 +123,8 @@ func (r *Reaper) Reap(ctx context.Context) {
 		if !expired(p, now) {
 			continue
 		}
-		cached, err := r.cached(ctx, p.Namespace, id)
-		if err != nil {
-			s.Log.Error(err, "e2b reaper: cached sandbox", "namespace", p.Namespace, "sandbox", id)
-			continue
-		}
-		if !due(cached, p.Name, now) {
-			continue
-		}
-		sb, _, err := s.lookup(ctx, p.Namespace, id)
-		if err != nil {
-			s.Log.Error(err, "e2b reaper: read sandbox", "namespace", p.Namespace, "sandbox", id)
-			continue
-		}
-		if !due(sb, p.Name, now) {
+		sb := r.confirm(ctx, p.Namespace, id, func(sb *sandbox) bool { return due(sb, p.Name, now) })
+		if sb == nil {
 			continue
 		}
 		if sb.pod != nil && sb.pod.Annotations[annAutoPause] == "true" {
@@ -180,20 +168,8 @@ func (r *Reaper) reapResumedGone(ctx context.Context, now time.Time) {
 		if c.Annotations[annResumedAs] == "" || !passed(c, annResumedEndAt, now) {
 			continue
 		}
-		cached, err := r.cached(ctx, c.Namespace, id)
-		if err != nil {
-			s.Log.Error(err, "e2b reaper: cached sandbox", "namespace", c.Namespace, "sandbox", id)
-			continue
-		}
-		if !resumedDue(cached, c.Name, now) {
-			continue
-		}
-		sb, _, err := s.lookup(ctx, c.Namespace, id)
-		if err != nil {
-			s.Log.Error(err, "e2b reaper: read sandbox", "namespace", c.Namespace, "sandbox", id)
-			continue
-		}
-		if !resumedDue(sb, c.Name, now) {
+		sb := r.confirm(ctx, c.Namespace, id, func(sb *sandbox) bool { return resumedDue(sb, c.Name, now) })
+		if sb == nil {
 			continue
 		}
 		if err := s.remove(ctx, sb); err != nil {
@@ -214,6 +190,31 @@ func resumedDue(sb *sandbox, name string, now time.Time) bool {
 func passed(o metav1.Object, ann string, now time.Time) bool {
 	end, err := time.Parse(time.RFC3339Nano, o.GetAnnotations()[ann])
 	return o.GetDeletionTimestamp() == nil && err == nil && !now.Before(end)
+}
+
+// confirm is sandbox id in ns as the API server has it, if both Cache
+// and then the API server find it due; nil otherwise (errors logged).
+// Cache picks for nothing; the API server has the last word, because
+// Cache may not yet show a timeout just extended or a pause just begun.
+func (r *Reaper) confirm(ctx context.Context, ns, id string, due func(*sandbox) bool) *sandbox {
+	s := r.Server
+	cached, err := r.cached(ctx, ns, id)
+	if err != nil {
+		s.Log.Error(err, "e2b reaper: cached sandbox", "namespace", ns, "sandbox", id)
+		return nil
+	}
+	if !due(cached) {
+		return nil
+	}
+	sb, _, err := s.lookup(ctx, ns, id)
+	if err != nil {
+		s.Log.Error(err, "e2b reaper: read sandbox", "namespace", ns, "sandbox", id)
+		return nil
+	}
+	if !due(sb) {
+		return nil
+	}
+	return sb
 }
 
 // cached is what Cache holds of sandbox id in ns.
