@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -40,16 +41,16 @@ func (c labelledCache) List(ctx context.Context, list client.ObjectList, opts ..
 	if err := c.Reader.List(ctx, list, opts...); err != nil {
 		return err
 	}
-	if pl, ok := list.(*corev1.PodList); ok {
-		var kept []corev1.Pod
-		for _, p := range pl.Items {
-			if p.Labels[controller.LabelRuntimeClass] != "" {
-				kept = append(kept, p)
-			}
-		}
-		pl.Items = kept
-	}
+	dropPods(list, func(p *corev1.Pod) bool { return p.Labels[controller.LabelRuntimeClass] == "" })
 	return nil
+}
+
+// dropPods removes from list, when it is a pod list, the pods drop says
+// a test's reader does not show.
+func dropPods(list client.ObjectList, drop func(*corev1.Pod) bool) {
+	if pl, ok := list.(*corev1.PodList); ok {
+		pl.Items = slices.DeleteFunc(pl.Items, func(p corev1.Pod) bool { return drop(&p) })
+	}
 }
 
 // TestGatewayCost: what a gateway request costs the API server (the

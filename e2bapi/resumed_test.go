@@ -152,15 +152,7 @@ func (c laggingPods) List(ctx context.Context, list client.ObjectList, opts ...c
 	if err := c.Client.List(ctx, list, opts...); err != nil {
 		return err
 	}
-	if pl, ok := list.(*corev1.PodList); ok {
-		var kept []corev1.Pod
-		for _, p := range pl.Items {
-			if p.Name != c.name {
-				kept = append(kept, p)
-			}
-		}
-		pl.Items = kept
-	}
+	dropPods(list, func(p *corev1.Pod) bool { return p.Name == c.name })
 	return nil
 }
 
