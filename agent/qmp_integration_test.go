@@ -21,9 +21,17 @@ type qmpConn struct {
 
 func dialQMP(t *testing.T, path string) *qmpConn {
 	t.Helper()
-	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})
-	if err != nil {
-		t.Fatalf("dial qmp: %v", err)
+	// QEMU binds the socket before it listens: the file can exist while a
+	// dial is still refused, for a moment.
+	var c *net.UnixConn
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		var err error
+		if c, err = net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"}); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("dial qmp: %v", err)
+		}
 	}
 	t.Cleanup(func() { c.Close() })
 	c.SetDeadline(time.Now().Add(2 * time.Minute))
@@ -112,14 +120,7 @@ func (vm *testVM) restore(t *testing.T, path, name string) *testVM {
 	t.Logf("device and RAM state: %d MiB", fi.Size()>>20)
 	nvm := launch(t, vm.dir, name, vm.args, f)
 	// The source was stopped, so the loaded VM stays paused until cont.
-	var q *qmpConn
-	for deadline := time.Now().Add(10 * time.Second); q == nil; time.Sleep(10 * time.Millisecond) {
-		if _, err := os.Stat(nvm.qmp); err == nil {
-			q = dialQMP(t, nvm.qmp)
-		} else if time.Now().After(deadline) {
-			t.Fatal("no qmp socket")
-		}
-	}
+	q := dialQMP(t, nvm.qmp)
 	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(10 * time.Millisecond) {
 		var st struct{ Status string }
 		json.Unmarshal(q.run(t, `{"execute":"query-status"}`, nil), &st)
