@@ -266,8 +266,10 @@ func oneSwitch(labels string) bool {
 
 // TestSharedCloneCheckpointWhileWriting: a shared clone's checkpoint is
 // live (the RAM streams while the guest runs, the VM stops for the last
-// pass): taken while a guest process rewrites 16 MiB of its RAM, a MiB at
-// a time, alternating two patterns, it restores to one instant. The
+// pass; under TCG the VM stops first, vmm's stopsFirst): taken while a
+// guest process rewrites 16 MiB of its RAM, a MiB at a time, alternating
+// two patterns, it restores to one instant, and the restored guest runs
+// (a page of its kernel's that the save lost crashed it). The
 // restore's post-restore hook stops the writer at once (its dd ends its
 // MiB), and then every MiB before the writer's position holds the new
 // pattern and every one after it the old: a page the checkpoint took

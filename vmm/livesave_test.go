@@ -64,12 +64,15 @@ func liveFile(t *testing.T) *os.File {
 	return w
 }
 
-// TestSaveStateLiveSequence: the guest is not stopped by the caller; the
-// capabilities ask for a pause before the switchover, Stopped runs there,
-// once, with QEMU's STOP time, and the save continues to completion.
+// TestSaveStateLiveSequence: under KVM the guest is not stopped by the
+// caller; the capabilities ask for a pause before the switchover, Stopped
+// runs there, once, with QEMU's STOP time, and the save continues to
+// completion.
 func TestSaveStateLiveSequence(t *testing.T) {
 	l := &liveServer{switchoverAfter: 3}
-	m, srv := fakeMachine(t, unitConfig(t), l.handle)
+	cfg := unitConfig(t)
+	cfg.Accel = "kvm"
+	m, srv := fakeMachine(t, cfg, l.handle)
 	var stops []time.Time
 	err := m.SaveStateLive(context.Background(), liveFile(t), LiveSave{Converge: time.Minute, Stopped: func(_ context.Context, stop time.Time) error {
 		stops = append(stops, stop)
@@ -92,6 +95,33 @@ func TestSaveStateLiveSequence(t *testing.T) {
 	if s := string(reqs[0].Arguments); !strings.Contains(s, `"capability":"pause-before-switchover","state":true`) ||
 		!strings.Contains(s, `"capability":"x-ignore-shared","state":true`) {
 		t.Errorf("capabilities = %s", s)
+	}
+}
+
+// TestSaveStateLiveStopsFirstUnderTCG: under TCG the VM stops right
+// before the migration starts (QEMU 7.2's TCG dirty tracking loses
+// writes), and Stopped gets the time of that stop.
+func TestSaveStateLiveStopsFirstUnderTCG(t *testing.T) {
+	l := &liveServer{switchoverAfter: 3}
+	cfg := unitConfig(t)
+	cfg.Accel = "tcg"
+	m, srv := fakeMachine(t, cfg, l.handle)
+	before := time.Now()
+	var stop time.Time
+	err := m.SaveStateLive(context.Background(), liveFile(t), LiveSave{Converge: time.Minute, Stopped: func(_ context.Context, s time.Time) error {
+		stop = s
+		return nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmds := srv.Commands()
+	i := slices.Index(cmds, "stop")
+	if i < 0 || i+1 >= len(cmds) || cmds[i+1] != "migrate" {
+		t.Errorf("commands = %v: want stop right before migrate", cmds)
+	}
+	if stop.Before(before) || stop.After(time.Now()) {
+		t.Errorf("Stopped got %v, want the stop's time (after %v)", stop, before)
 	}
 }
 
