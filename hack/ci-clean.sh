@@ -2,14 +2,16 @@
 # Clears what earlier runs of cryo's tests and bench left on this machine
 # when they were killed mid-run (a CI job or a work session that ended
 # under them): their QEMU, containerd and shim processes, their mounts, the
-# loopback shaping of stack.Shape, and their directories. CI runs it before
-# the tests: their leak checks would count another run's leftovers
-# (TestBenchQuick looks for /dev/shm/cryo-bench-*), and Shape refuses a
-# loopback that is already shaped. It touches only what a test or bench
-# stack names (cryo-it-*, cryo-bench-*, cryo-cri-*) and what Shape makes.
+# loopback shaping of stack.Shape, the etcd and kube-apiserver of the
+# controller's and the E2B API's envtest unit tests, and their directories.
+# CI runs it before the tests: their leak checks would count another run's
+# leftovers (TestBenchQuick looks for /dev/shm/cryo-bench-*), and Shape
+# refuses a loopback that is already shaped. It touches only what a test or
+# bench stack names (cryo-it-*, cryo-bench-*, cryo-cri-*), what Shape makes
+# and what envtest names (k8s_test_framework_*).
 set -uo pipefail
 
-stack_re='/(tmp|run|dev/shm)/cryo-(it|bench)[-/]'
+stack_re='/(tmp|run|dev/shm)/cryo-(it|bench)[-/]|/tmp/k8s_test_framework_[0-9]'
 
 # Processes first: a live QEMU keeps its files and mounts busy.
 for p in /proc/[0-9]*; do
@@ -79,7 +81,7 @@ for f in /var/lib/cni/results/cryo-cri-*; do
 	echo "ci-clean: removing $lo" >&2
 	rm -f "$lo"
 done
-for d in /tmp/cryo-it-* /tmp/cryo-bench-* /run/cryo-it /run/cryo-bench /dev/shm/cryo-it-* /dev/shm/cryo-bench-* /var/lib/cni/networks/cryo-cri-* /var/lib/cni/results/cryo-cri-*; do
+for d in /tmp/k8s_test_framework_* /tmp/cryo-it-* /tmp/cryo-bench-* /run/cryo-it /run/cryo-bench /dev/shm/cryo-it-* /dev/shm/cryo-bench-* /var/lib/cni/networks/cryo-cri-* /var/lib/cni/results/cryo-cri-*; do
 	[ -e "$d" ] || continue
 	echo "ci-clean: removing $d" >&2
 	rm -rf "$d"
