@@ -109,14 +109,7 @@ func restoredPrivate(t *testing.T, id string) *Machine {
 	if err := src.SaveState(ctx, w); err != nil {
 		t.Fatalf("SaveState: %v", err)
 	}
-	ram := cfg.Memory.Path + ".saved"
-	if err := os.Link(cfg.Memory.Path, ram); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.Remove(ram) })
-	if err := src.Shutdown(ctx); err != nil {
-		t.Fatal(err)
-	}
+	ram := keepRAM(t, src)
 	dcfg := cfg
 	dcfg.StateDir = t.TempDir()
 	dcfg.Memory = Memory{Mode: MemoryPrivate, Path: ram, Incoming: true}

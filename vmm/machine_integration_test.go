@@ -117,15 +117,7 @@ func TestSaveStateLoadStateRestoresGuest(t *testing.T) {
 		t.Errorf("source status after SaveState = %q, want postmigrate (paused)", s)
 	}
 
-	// Keep the RAM: hard-link the owned file, then stop the source.
-	ram := cfg.Memory.Path + ".saved"
-	if err := os.Link(cfg.Memory.Path, ram); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.Remove(ram) })
-	if err := src.Shutdown(ctx); err != nil {
-		t.Fatal(err)
-	}
+	ram := keepRAM(t, src)
 	var st0 syscall.Stat_t
 	if err := syscall.Stat(ram, &st0); err != nil || st0.Uid != 0 || st0.Gid != 0 {
 		t.Errorf("kept RAM file owned by %d:%d (%v) after its qemu's uid was freed, want root", st0.Uid, st0.Gid, err)
@@ -348,6 +340,24 @@ func waitGuest(t *testing.T, a *agentConn, cmd string, ok func(string) bool) str
 }
 
 // rawDisk creates a zeroed raw image of n MiB.
+// keepRAM keeps the RAM of a saved machine: it hard-links the owned file
+// (removed when the test ends), then stops the machine, whose own file
+// goes with it.
+func keepRAM(t *testing.T, src *Machine) string {
+	t.Helper()
+	ram := src.Config().Memory.Path + ".saved"
+	if err := os.Link(src.Config().Memory.Path, ram); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(ram) })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := src.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return ram
+}
+
 func rawDisk(t *testing.T, n int64) string {
 	t.Helper()
 	f, err := os.CreateTemp(t.TempDir(), "disk-*.raw")
@@ -386,16 +396,9 @@ func TestRestoreWithHotpluggedDisk(t *testing.T) {
 		t.Fatal(err)
 	}
 	w.Close()
-	ram := cfg.Memory.Path + ".saved"
-	if err := os.Link(cfg.Memory.Path, ram); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.Remove(ram) })
 	disks := src.Disks()
 	saved := src.Fingerprint()
-	if err := src.Shutdown(ctx); err != nil {
-		t.Fatal(err)
-	}
+	ram := keepRAM(t, src)
 
 	dcfg := cfg
 	dcfg.StateDir, dcfg.Memory = t.TempDir(), Memory{Mode: MemoryPrivate, Path: ram, Incoming: true}
