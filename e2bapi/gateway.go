@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sync/singleflight"
@@ -61,9 +62,18 @@ type Gateway struct {
 	ReadyWait time.Duration
 	// Transport reaches the pods; nil means one with a dial timeout.
 	Transport http.RoundTripper
+	// MaxWaiting bounds the requests that wait at once for one sandbox
+	// to take traffic; 0 means 64. The gateway takes no key, and each
+	// waiting request holds a connection for up to ReadyWait: past the
+	// bound a request is refused at once (429), and what waits for one
+	// sandbox cannot grow with what a client sends.
+	MaxWaiting int
 
 	resumes singleflight.Group
 	reads   singleflight.Group // paused's
+
+	mu      sync.Mutex
+	waiting map[string]int // requests waiting, by sandbox id
 }
 
 // gatewayError is E2B's proxy's refusal body.
@@ -178,6 +188,12 @@ func (g *Gateway) route(ctx context.Context, id string) (string, error) {
 			return "", refuse(http.StatusBadGateway, id, "sandbox %s is being paused", id)
 		}
 		// Starting, pausing (to be resumed next) or resuming: wait.
+		if !waited {
+			if !g.enterWait(id) {
+				return "", refuse(http.StatusTooManyRequests, id, "sandbox %s: %d requests already wait for it to take traffic", id, g.maxWaiting())
+			}
+			defer g.leaveWait(id)
+		}
 		waited = true
 		select {
 		case <-ctx.Done():
@@ -188,6 +204,36 @@ func (g *Gateway) route(ctx context.Context, id string) (string, error) {
 }
 
 func (g *Gateway) addr(ip string) string { return net.JoinHostPort(ip, strconv.Itoa(g.port())) }
+
+func (g *Gateway) maxWaiting() int {
+	if g.MaxWaiting > 0 {
+		return g.MaxWaiting
+	}
+	return 64
+}
+
+// enterWait counts a request that waits for sandbox id, false when
+// MaxWaiting already do.
+func (g *Gateway) enterWait(id string) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.waiting[id] >= g.maxWaiting() {
+		return false
+	}
+	if g.waiting == nil {
+		g.waiting = map[string]int{}
+	}
+	g.waiting[id]++
+	return true
+}
+
+func (g *Gateway) leaveWait(id string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.waiting[id]--; g.waiting[id] <= 0 {
+		delete(g.waiting, id)
+	}
+}
 
 // find looks the sandbox up in every namespace, in Cache. ip is the
 // address of its running pod; otherwise sb is what its namespace holds of

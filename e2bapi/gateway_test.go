@@ -244,6 +244,66 @@ func TestGatewayWaitsForStart(t *testing.T) {
 	}
 }
 
+// TestGatewayWaitingBounded: no more than MaxWaiting requests wait at
+// once for one sandbox to take traffic; the next is refused at once (429),
+// and another sandbox's requests still wait. Once the sandbox runs, those
+// that waited reach it, and nothing is counted as waiting any more.
+func TestGatewayWaitingBounded(t *testing.T) {
+	f := newGatewayFixture(t)
+	f.gw.MaxWaiting = 2
+	id := f.create("key-a", `{"templateID":"base"}`)
+	other := f.create("key-a", `{"templateID":"base"}`)
+	for _, id := range []string{id, other} { // as if restarting
+		p := f.pod("team-a", podName(id, 0))
+		p.Status.Phase, p.Status.PodIP = corev1.PodPending, ""
+		if err := f.cl.Status().Update(context.Background(), p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	get := func(id string) <-chan int {
+		code := make(chan int, 1)
+		go func() {
+			req, _ := http.NewRequest("GET", f.url+"/health", nil)
+			req.Header.Set("E2b-Sandbox-Id", id)
+			resp, err := f.client.Do(req)
+			if err != nil {
+				code <- 0
+				return
+			}
+			resp.Body.Close()
+			code <- resp.StatusCode
+		}()
+		return code
+	}
+	waits := []<-chan int{get(id), get(id)}
+	deadline := time.Now().Add(5 * time.Second)
+	for f.waitingFor(id) < 2 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if n := f.waitingFor(id); n != 2 {
+		t.Fatalf("%d requests wait for the starting sandbox, want 2", n)
+	}
+	code, _, body := f.send(id, "GET", "/health", "", nil)
+	f.refusal(code, body, http.StatusTooManyRequests, id, "2 requests already wait")
+	waits = append(waits, get(other))
+	f.running("team-a", podName(id, 0))
+	f.running("team-a", podName(other, 0))
+	for i, w := range waits {
+		if c := <-w; c != http.StatusOK {
+			t.Errorf("waiting request %d: %d, want 200 once the sandbox runs", i, c)
+		}
+	}
+	if n := f.waitingFor(id) + f.waitingFor(other); n != 0 {
+		t.Errorf("%d requests still counted as waiting", n)
+	}
+}
+
+func (f *gatewayFixture) waitingFor(id string) int {
+	f.gw.mu.Lock()
+	defer f.gw.mu.Unlock()
+	return f.gw.waiting[id]
+}
+
 func TestGatewayPausedWithoutAutoResume(t *testing.T) {
 	f := newGatewayFixture(t)
 	id := f.create("key-a", `{"templateID":"base","autoPause":true}`)
