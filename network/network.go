@@ -19,6 +19,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/cryo-runtime/cryo/internal/netdump"
 )
 
 // DefaultTapName is the tap created in the pod's network namespace.
@@ -80,7 +82,7 @@ func Setup(ctx context.Context, nsPath string, opts Options) (_ *Endpoint, retEr
 		return nil, err
 	}
 	defer closeH()
-	links, err := h.LinkList()
+	links, err := netdump.Retry(h.LinkList)
 	if err != nil {
 		return nil, fmt.Errorf("list links in %s: %w", nsPath, err)
 	}
@@ -90,12 +92,12 @@ func Setup(ctx context.Context, nsPath string, opts Options) (_ *Endpoint, retEr
 	}
 	va := veth.Attrs()
 	ep := &Endpoint{NetNS: nsPath, Name: va.Name, TapName: opts.TapName, MAC: va.HardwareAddr, MTU: va.MTU}
-	addrs, err := h.AddrList(veth, netlink.FAMILY_ALL)
+	addrs, err := netdump.Retry(func() ([]netlink.Addr, error) { return h.AddrList(veth, netlink.FAMILY_ALL) })
 	if err != nil {
 		return nil, fmt.Errorf("addresses of %s: %w", va.Name, err)
 	}
 	ep.Addresses = addresses(addrs)
-	rs, err := h.RouteList(veth, netlink.FAMILY_ALL)
+	rs, err := netdump.Retry(func() ([]netlink.Route, error) { return h.RouteList(veth, netlink.FAMILY_ALL) })
 	if err != nil {
 		return nil, fmt.Errorf("routes of %s: %w", va.Name, err)
 	}

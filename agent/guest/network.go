@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/types/known/emptypb"
 
 	agentapi "github.com/cryo-runtime/cryo/agent/api/v1"
+	"github.com/cryo-runtime/cryo/internal/netdump"
 )
 
 // The VM's network namespace is the pod's: containers share it, so the
@@ -75,7 +76,7 @@ func nicFor(mac net.HardwareAddr) (netlink.Link, error) {
 
 // soleNIC returns the guest's only Ethernet interface besides loopback.
 func soleNIC() (netlink.Link, error) {
-	links, err := netlink.LinkList()
+	links, err := netdump.Retry(netlink.LinkList)
 	if err != nil {
 		return nil, err
 	}
@@ -108,7 +109,7 @@ func setMAC(link netlink.Link, mac net.HardwareAddr) error {
 }
 
 func linkByMAC(mac net.HardwareAddr) (netlink.Link, error) {
-	links, err := netlink.LinkList()
+	links, err := netdump.Retry(netlink.LinkList)
 	if err != nil {
 		return nil, err
 	}
@@ -134,7 +135,7 @@ func parseAddrs(cidrs []string) ([]*netlink.Addr, error) {
 
 // setAddrs makes want the link's addresses, keeping IPv6 link-local ones.
 func setAddrs(link netlink.Link, want []*netlink.Addr) error {
-	have, err := netlink.AddrList(link, netlink.FAMILY_ALL)
+	have, err := netdump.Retry(func() ([]netlink.Addr, error) { return netlink.AddrList(link, netlink.FAMILY_ALL) })
 	if err != nil {
 		return err
 	}
@@ -167,7 +168,9 @@ func (s *Service) UpdateRoutes(ctx context.Context, req *agentapi.UpdateRoutesRe
 		}
 		want = append(want, nr)
 	}
-	have, err := netlink.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
+	have, err := netdump.Retry(func() ([]netlink.Route, error) {
+		return netlink.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
+	})
 	if err != nil {
 		return nil, fmt.Errorf("list routes: %w", err)
 	}
