@@ -339,7 +339,6 @@ func waitGuest(t *testing.T, a *agentConn, cmd string, ok func(string) bool) str
 	}
 }
 
-// rawDisk creates a zeroed raw image of n MiB.
 // keepRAM keeps the RAM of a saved machine: it hard-links the owned file
 // (removed when the test ends), then stops the machine, whose own file
 // goes with it.
@@ -358,6 +357,7 @@ func keepRAM(t *testing.T, src *Machine) string {
 	return ram
 }
 
+// rawDisk creates a zeroed raw image of n MiB.
 func rawDisk(t *testing.T, n int64) string {
 	t.Helper()
 	f, err := os.CreateTemp(t.TempDir(), "disk-*.raw")
