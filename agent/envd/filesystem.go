@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	securejoin "github.com/cyphar/filepath-securejoin"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -36,10 +37,6 @@ const (
 	newFileMode = 0o644
 	newDirMode  = 0o755
 )
-
-// maxSymlinks bounds the resolution of a symlink's target (the kernel's
-// own limit for a path walk is 40).
-const maxSymlinks = 40
 
 // filesystemService is filesystem.Filesystem for the Server's container.
 type filesystemService struct {
@@ -311,44 +308,37 @@ func (r *fsRequest) entry(p string) (*rpc.EntryInfo, os.FileMode, error) {
 }
 
 // resolve is p with every symlink resolved as the container sees it (its
-// root is "/"); where that fails p itself, as E2B's envd answers. It is
-// for showing only: every access goes through openInRoot again.
+// root is "/"); where that fails, or leads to nothing (a dangling link),
+// p itself, as E2B's envd (filepath.EvalSymlinks) answers. It is for
+// showing only: every access goes through openInRoot again.
 func (r *fsRequest) resolve(p string) string {
-	resolved := "/"
-	rest := strings.Split(p, "/")
-	links := 0
-	for len(rest) > 0 {
-		c := rest[0]
-		rest = rest[1:]
-		switch c {
-		case "", ".":
-			continue
-		case "..":
-			resolved = path.Dir(resolved)
-			continue
-		}
-		next := path.Join(resolved, c)
-		target, err := r.readlink(resolved, c)
-		if err != nil {
-			if errors.Is(err, unix.EINVAL) { // not a symlink
-				resolved = next
-				continue
-			}
-			return p
-		}
-		if links++; links > maxSymlinks {
-			return p
-		}
-		if path.IsAbs(target) {
-			resolved = "/"
-		}
-		rest = append(strings.Split(target, "/"), rest...)
+	fs := containerFS{r}
+	resolved, err := securejoin.SecureJoinVFS("/", p, fs)
+	if err != nil {
+		return p
+	}
+	if _, err := fs.Lstat(resolved); err != nil {
+		return p
 	}
 	return resolved
 }
 
-func (r *fsRequest) readlink(dir, name string) (string, error) {
-	d, err := r.open(dir, unix.O_PATH|unix.O_DIRECTORY, 0)
+// containerFS is the container's filesystem as securejoin walks it: each
+// component's parent is opened inside the container's root (openInRoot),
+// so a symlink the walk has not reached yet cannot lead it out.
+type containerFS struct{ r *fsRequest }
+
+func (c containerFS) Lstat(p string) (os.FileInfo, error) {
+	d, name, err := c.r.openParent(p)
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	return os.Lstat(fmt.Sprintf("/proc/self/fd/%d/%s", d.Fd(), name))
+}
+
+func (c containerFS) Readlink(p string) (string, error) {
+	d, name, err := c.r.openParent(p)
 	if err != nil {
 		return "", err
 	}
@@ -356,7 +346,7 @@ func (r *fsRequest) readlink(dir, name string) (string, error) {
 	buf := make([]byte, unix.PathMax)
 	n, err := unix.Readlinkat(int(d.Fd()), name, buf)
 	if err != nil {
-		return "", err
+		return "", &os.PathError{Op: "readlink", Path: p, Err: err}
 	}
 	return string(buf[:n]), nil
 }

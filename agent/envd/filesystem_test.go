@@ -165,10 +165,26 @@ func TestSymlinksStayInRoot(t *testing.T) {
 	symlinkHost(t, "/etc/passwd", e.host("/home/user/passwd"))
 	symlinkHost(t, "../../../../../../etc/passwd", e.host("/home/user/rel"))
 	symlinkHost(t, outside, e.host("/home/user/out"))
+	symlinkHost(t, "passwd", e.host("/home/user/chain"))
+	symlinkHost(t, "out/secret", e.host("/home/user/dangle"))
+	symlinkHost(t, "loop2", e.host("/home/user/loop1"))
+	symlinkHost(t, "/home/user/loop1", e.host("/home/user/loop2"))
 	e.codecs(t, func(t *testing.T, c filesystemconnect.FilesystemClient) {
 		resp, err := c.Stat(context.Background(), fsReq(&rpc.StatRequest{Path: "/home/user/rel"}, ""))
 		if err != nil || resp.Msg.GetEntry().GetSymlinkTarget() != "/etc/passwd" || resp.Msg.GetEntry().GetSize() != int64(len("../../../../../../etc/passwd")) {
 			t.Fatalf("Stat(rel) = %v, %v", resp, err)
+		}
+		// A link to a link resolves inside the root too; a dangling link
+		// and a loop show the link's own path, as E2B's envd answers.
+		resp, err = c.Stat(context.Background(), fsReq(&rpc.StatRequest{Path: "/home/user/chain"}, ""))
+		if err != nil || resp.Msg.GetEntry().GetSymlinkTarget() != "/etc/passwd" {
+			t.Fatalf("Stat(chain) = %v, %v", resp, err)
+		}
+		for _, p := range []string{"/home/user/dangle", "/home/user/loop1"} {
+			resp, err = c.Stat(context.Background(), fsReq(&rpc.StatRequest{Path: p}, ""))
+			if err != nil || resp.Msg.GetEntry().GetSymlinkTarget() != p {
+				t.Fatalf("Stat(%s) = %v, %v", p, resp, err)
+			}
 		}
 		// The host's directory is not there inside the root.
 		_, err = c.ListDir(context.Background(), fsReq(&rpc.ListDirRequest{Path: "/home/user/out"}, ""))
