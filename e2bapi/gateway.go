@@ -68,12 +68,21 @@ type Gateway struct {
 	// bound a request is refused at once (429), and what waits for one
 	// sandbox cannot grow with what a client sends.
 	MaxWaiting int
+	// MaxInFlight bounds the requests that the sandboxes of one namespace
+	// (one tenant: an API key's) have in flight through the gateway at
+	// once, each holding two connections and their buffers for as long as
+	// envd answers (a process's output stream, a watch, a file transfer);
+	// 0 means 1024. Past it the tenant's next request is refused at once
+	// (429), and the other tenants' go on: no one tenant holds the
+	// gateway's connections and memory.
+	MaxInFlight int
 
 	resumes singleflight.Group
 	reads   singleflight.Group // paused's
 
-	mu      sync.Mutex
-	waiting map[string]int // requests waiting, by sandbox id
+	mu       sync.Mutex
+	waiting  map[string]int // requests waiting, by sandbox id
+	inFlight map[string]int // requests proxied, by namespace
 }
 
 // gatewayError is E2B's proxy's refusal body.
@@ -96,9 +105,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	id, err := g.target(r)
 	if err == nil {
-		var addr string
-		if addr, err = g.route(r.Context(), id); err == nil {
-			g.proxy(id, addr).ServeHTTP(w, r)
+		if err = g.forward(w, r, id); err == nil {
 			return
 		}
 	}
@@ -108,6 +115,21 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		ge = refuse(http.StatusBadGateway, id, "sandbox %s: %v", id, err)
 	}
 	writeJSON(w, ge.Code, ge)
+}
+
+// forward proxies r to sandbox id's envd, counted against its namespace's
+// MaxInFlight while envd answers; an error when it cannot, nothing written.
+func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, id string) error {
+	addr, ns, err := g.route(r.Context(), id)
+	if err != nil {
+		return err
+	}
+	if !g.enterFlight(ns) {
+		return refuse(http.StatusTooManyRequests, id, "sandbox %s: its team has %d requests in flight through the gateway, the most it may", id, g.maxInFlight())
+	}
+	defer g.leaveFlight(ns)
+	g.proxy(id, addr).ServeHTTP(w, r)
+	return nil
 }
 
 func writeJSON(w http.ResponseWriter, code int, body any) {
@@ -153,9 +175,9 @@ func (g *Gateway) target(r *http.Request) (string, error) {
 	return id, nil
 }
 
-// route answers the address of the sandbox's envd, resuming the sandbox
-// and waiting for its pod when it has to.
-func (g *Gateway) route(ctx context.Context, id string) (string, error) {
+// route answers the address of the sandbox's envd and the sandbox's
+// namespace, resuming the sandbox and waiting for its pod when it has to.
+func (g *Gateway) route(ctx context.Context, id string) (addr, ns string, err error) {
 	wait := g.ReadyWait
 	if wait == 0 {
 		wait = 3 * time.Minute
@@ -166,38 +188,38 @@ func (g *Gateway) route(ctx context.Context, id string) (string, error) {
 	for {
 		ip, sb, err := g.find(ctx, id)
 		if err != nil {
-			return "", err
+			return "", "", err
 		}
 		switch {
 		case ip != "" && !waited:
-			return g.addr(ip), nil
+			return g.addr(ip), sb.ns, nil
 		case ip != "":
 			// A pod that has just started: its envd may not listen yet.
 			if g.listening(ctx, g.addr(ip)) {
-				return g.addr(ip), nil
+				return g.addr(ip), sb.ns, nil
 			}
 		case sb == nil:
-			return "", refuse(http.StatusBadGateway, id, "The sandbox was not found")
+			return "", "", refuse(http.StatusBadGateway, id, "The sandbox was not found")
 		case sb.pod == nil && sb.annotations()[annAutoResume] != "true":
-			return "", refuse(http.StatusBadGateway, id, "sandbox %s is paused and was not created with autoResume: resume it with Sandbox.connect", id)
+			return "", "", refuse(http.StatusBadGateway, id, "sandbox %s is paused and was not created with autoResume: resume it with Sandbox.connect", id)
 		case sb.pod == nil:
 			if err := g.resume(ctx, sb); err != nil {
-				return "", err
+				return "", "", err
 			}
 		case pausing(sb) && sb.pod.Annotations[annAutoResume] != "true":
-			return "", refuse(http.StatusBadGateway, id, "sandbox %s is being paused", id)
+			return "", "", refuse(http.StatusBadGateway, id, "sandbox %s is being paused", id)
 		}
 		// Starting, pausing (to be resumed next) or resuming: wait.
 		if !waited {
 			if !g.enterWait(id) {
-				return "", refuse(http.StatusTooManyRequests, id, "sandbox %s: %d requests already wait for it to take traffic", id, g.maxWaiting())
+				return "", "", refuse(http.StatusTooManyRequests, id, "sandbox %s: %d requests already wait for it to take traffic", id, g.maxWaiting())
 			}
 			defer g.leaveWait(id)
 		}
 		waited = true
 		select {
 		case <-ctx.Done():
-			return "", refuse(http.StatusBadGateway, id, "sandbox %s did not take traffic within %s", id, wait)
+			return "", "", refuse(http.StatusBadGateway, id, "sandbox %s did not take traffic within %s", id, wait)
 		case <-time.After(g.Server.poll()):
 		}
 	}
@@ -235,10 +257,40 @@ func (g *Gateway) leaveWait(id string) {
 	}
 }
 
+func (g *Gateway) maxInFlight() int {
+	if g.MaxInFlight > 0 {
+		return g.MaxInFlight
+	}
+	return 1024
+}
+
+// enterFlight counts a request proxied to a sandbox of namespace ns,
+// false when MaxInFlight already are.
+func (g *Gateway) enterFlight(ns string) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.inFlight[ns] >= g.maxInFlight() {
+		return false
+	}
+	if g.inFlight == nil {
+		g.inFlight = map[string]int{}
+	}
+	g.inFlight[ns]++
+	return true
+}
+
+func (g *Gateway) leaveFlight(ns string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.inFlight[ns]--; g.inFlight[ns] <= 0 {
+		delete(g.inFlight, ns)
+	}
+}
+
 // find looks the sandbox up in every namespace, in Cache. ip is the
-// address of its running pod; otherwise sb is what its namespace holds of
-// it (starting, being paused, paused: to wait for, resume or refuse), nil
-// when it is unknown. An id that Cache does not hold costs the API server
+// address of its running pod, and sb what its namespace holds of it; or,
+// without ip, sb to wait for, resume or refuse (starting, being paused,
+// paused), nil when it is unknown. An id that Cache does not hold costs the API server
 // nothing, whoever sends it and however often; nor does a sandbox that
 // runs, starts or is being paused. Only a sandbox that Cache shows paused
 // is read from the API server, one object by name (see paused).
@@ -289,8 +341,8 @@ func (g *Gateway) find(ctx context.Context, id string) (ip string, sb *sandbox, 
 }
 
 // at is the address of pod p, the newest live one of sb, if it takes
-// traffic; otherwise sb, to wait for (starting, or being checkpointed
-// away: a Checkpoint of its name, read from Cache).
+// traffic, with sb; otherwise sb alone, to wait for (starting, or being
+// checkpointed away: a Checkpoint of its name, read from Cache).
 func (g *Gateway) at(ctx context.Context, sb *sandbox, p *corev1.Pod) (string, *sandbox, error) {
 	if p.Labels[LabelSandbox] != sb.id || !g.Server.sandboxPod(p, sb.id) {
 		return "", nil, refuse(http.StatusBadGateway, sb.id, "sandbox %s: pod %s is not one cryo's E2B API made (its name or RuntimeClass differ)", sb.id, p.Name)
@@ -306,7 +358,7 @@ func (g *Gateway) at(ctx context.Context, sb *sandbox, p *corev1.Pod) (string, *
 	case checkpointsAway(&cp, p):
 		return "", sb, nil
 	}
-	return p.Status.PodIP, nil, nil
+	return p.Status.PodIP, sb, nil
 }
 
 // paused is a sandbox that Cache shows paused, as the API server has it

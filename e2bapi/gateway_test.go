@@ -298,6 +298,59 @@ func TestGatewayWaitingBounded(t *testing.T) {
 	}
 }
 
+// TestGatewayInFlightBounded: the sandboxes of one namespace have at most
+// MaxInFlight requests proxied at once, whichever sandbox they are for;
+// the next is refused at once (429), another namespace's go on, and once
+// the streams end nothing is counted.
+func TestGatewayInFlightBounded(t *testing.T) {
+	f := newGatewayFixture(t)
+	f.gw.MaxInFlight = 2
+	a1, a2 := f.create("key-a", `{"templateID":"base"}`), f.create("key-a", `{"templateID":"base"}`)
+	b := f.create("key-b", `{"templateID":"base"}`)
+	f.running("team-a", podName(a1, 0))
+	f.running("team-a", podName(a2, 0))
+	f.running("team-b", podName(b, 0))
+	stream := func(id string) *http.Response {
+		req, _ := http.NewRequest("GET", f.url+"/stream", nil)
+		req.Header.Set("E2b-Sandbox-Id", id)
+		resp, err := f.client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { resp.Body.Close() })
+		if line, err := bufio.NewReader(resp.Body).ReadString('\n'); resp.StatusCode != 200 || line != "first\n" {
+			t.Fatalf("stream of %s: %d %q %v", id, resp.StatusCode, line, err)
+		}
+		return resp
+	}
+	streams := []*http.Response{stream(a1), stream(a2)}
+	code, _, body := f.send(a1, "GET", "/health", "", nil)
+	f.refusal(code, body, http.StatusTooManyRequests, a1, "2 requests in flight")
+	if code, _, body := f.send(b, "GET", "/health", "", nil); code != 200 || !strings.HasPrefix(body, "GET /health") {
+		t.Errorf("another namespace's request while team-a is at its bound: %d %q", code, body)
+	}
+	close(f.envd.release)
+	for _, r := range streams {
+		_, _ = io.ReadAll(r.Body)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for f.inFlight("team-a") != 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if n := f.inFlight("team-a") + f.inFlight("team-b"); n != 0 {
+		t.Errorf("%d requests still counted in flight after the streams ended", n)
+	}
+	if code, _, body := f.send(a1, "GET", "/health", "", nil); code != 200 {
+		t.Errorf("request once team-a's streams ended: %d %q", code, body)
+	}
+}
+
+func (f *gatewayFixture) inFlight(ns string) int {
+	f.gw.mu.Lock()
+	defer f.gw.mu.Unlock()
+	return f.gw.inFlight[ns]
+}
+
 func (f *gatewayFixture) waitingFor(id string) int {
 	f.gw.mu.Lock()
 	defer f.gw.mu.Unlock()
