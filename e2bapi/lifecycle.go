@@ -72,8 +72,10 @@ func (l *Listener) Start(ctx context.Context) error {
 // left to pause. Until then its pod stays for whoever wants to know why it
 // died (kubectl describe, its events and logs). A sandbox gone with its
 // resumed pod (resumedGone) is removed in the same way, at the end time
-// its resume gave it (reapResumedGone). The reaper runs on the
-// leader only, so that two replicas never pause one sandbox twice.
+// its resume gave it, and so is one whose pod went while its newest
+// Checkpoint had failed (failedGone), at the end its pod had
+// (reapCheckpointed). The reaper runs on the leader only, so that two
+// replicas never pause one sandbox twice.
 type Reaper struct {
 	Server *Server
 	// Cache is what each tick reads (required): the Gateway's, holding
@@ -145,17 +147,20 @@ func (r *Reaper) Reap(ctx context.Context) {
 		}
 		s.Log.Info("sandbox timed out", "namespace", p.Namespace, "sandbox", sb.id)
 	}
-	r.reapResumedGone(ctx, now)
+	r.reapCheckpointed(ctx, now)
 }
 
-// reapResumedGone removes, as a kill does, every sandbox gone with its
-// resumed pod (resumedGone) once the end time its resume gave it has
-// passed: such a sandbox may have no pod left for Reap's loop to find, so
-// its marked Checkpoint is the candidate. As there, the cache picks and
-// the API server confirms (lookup settles the mark with a read of the
-// pod). A resumed sandbox that runs on past that time (setTimeout) is not
-// gone, and costs nothing but the cache's reads.
-func (r *Reaper) reapResumedGone(ctx context.Context, now time.Time) {
+// reapCheckpointed removes, as a kill does, the sandboxes gone with their
+// pod that may have no pod left for Reap's loop to find, so their newest
+// Checkpoint is the candidate: one gone with its resumed pod
+// (resumedGone) once the end time its resume gave it has passed, and one
+// whose pod went while its newest Checkpoint had failed (failedGone) once
+// the end its pod had has passed (the Checkpoint carries it, as a pause's
+// does). As there, the cache picks and the API server confirms (lookup
+// settles a resume's mark with a read of the pod). A resumed sandbox that
+// runs on past that time (setTimeout) is not gone, and costs nothing but
+// the cache's reads.
+func (r *Reaper) reapCheckpointed(ctx context.Context, now time.Time) {
 	s := r.Server
 	var cps cryov1.CheckpointList
 	if err := r.Cache.List(ctx, &cps, client.HasLabels{LabelSandbox}); err != nil {
@@ -165,10 +170,19 @@ func (r *Reaper) reapResumedGone(ctx context.Context, now time.Time) {
 	for i := range cps.Items {
 		c := &cps.Items[i]
 		id := c.Labels[LabelSandbox]
-		if c.Annotations[annResumedAs] == "" || !passed(c, annResumedEndAt, now) {
+		var due func(*sandbox) bool
+		var why string
+		switch {
+		case c.Annotations[annResumedAs] != "" && passed(c, annResumedEndAt, now):
+			due = func(sb *sandbox) bool { return resumedDue(sb, c.Name, now) }
+			why = "sandbox whose resumed pod was deleted removed at its timeout"
+		case c.Status.Phase == cryov1.PhaseFailed && passed(c, annEndAt, now):
+			due = func(sb *sandbox) bool { return failedDue(sb, c.Name, now) }
+			why = "sandbox whose pod was deleted after a failed pause removed at its timeout"
+		default:
 			continue
 		}
-		sb := r.confirm(ctx, c.Namespace, id, func(sb *sandbox) bool { return resumedDue(sb, c.Name, now) })
+		sb := r.confirm(ctx, c.Namespace, id, due)
 		if sb == nil {
 			continue
 		}
@@ -176,8 +190,25 @@ func (r *Reaper) reapResumedGone(ctx context.Context, now time.Time) {
 			s.Log.Error(err, "e2b reaper: kill", "namespace", c.Namespace, "sandbox", id)
 			continue
 		}
-		s.Log.Info("sandbox whose resumed pod was deleted removed at its timeout", "namespace", c.Namespace, "sandbox", id, "pod", c.Annotations[annResumedAs])
+		s.Log.Info(why, "namespace", c.Namespace, "sandbox", id, "checkpoint", c.Name)
 	}
+}
+
+// failedDue: sb is gone after a failed pause (failedGone), its newest
+// Checkpoint is name, and the end its pod had has passed.
+func failedDue(sb *sandbox, name string, now time.Time) bool {
+	return failedGone(sb) && sb.last.Name == name && passed(sb.last, annEndAt, now)
+}
+
+// failedGone: sb has no pod left, not even an ended one, and its newest
+// Checkpoint failed: a pause failed and then its pod was deleted outside
+// the API (the API deletes a failed pause's Checkpoint when it sees it
+// fail, unless it stopped first). Such a sandbox is not found (assemble),
+// as one gone with its resumed pod: its older Checkpoints are states its
+// owner went past.
+func failedGone(sb *sandbox) bool {
+	return sb != nil && sb.pod == nil && len(livePods(sb.pods)) == 0 &&
+		sb.last != nil && sb.last.Status.Phase == cryov1.PhaseFailed
 }
 
 // resumedDue: sb is gone with its resumed pod (resumedGone), its newest

@@ -9,8 +9,10 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	cryov1 "github.com/cryo-runtime/cryo/api/v1alpha1"
 	"github.com/cryo-runtime/cryo/controller"
 )
 
@@ -252,4 +254,44 @@ func (c catchingUp) Get(ctx context.Context, key client.ObjectKey, obj client.Ob
 
 func (c catchingUp) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
 	return c.reader().List(ctx, list, opts...)
+}
+
+// TestFailedPauseThenPodDeleted: a sandbox whose newest pause failed
+// where the API did not see it (it stopped while waiting, so the failed
+// Checkpoint stays) and whose pod was then deleted outside the API is
+// gone, as one gone with its resumed pod: not back at its older pause.
+// The reaper removes its objects at the end its pod had, not before.
+func TestFailedPauseThenPodDeleted(t *testing.T) {
+	f := newGatewayFixture(t)
+	ctx := context.Background()
+	id := f.create("key-a", `{"templateID":"base","timeout":60}`)
+	f.pauseResume(id, 0)
+	p := f.pod("team-a", podName(id, 1))
+	ann := map[string]string{}
+	for k, v := range p.Annotations {
+		if strings.HasPrefix(k, e2bAnnotationPrefix) {
+			ann[k] = v
+		}
+	}
+	cp := &cryov1.Checkpoint{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: p.Name, Labels: map[string]string{LabelSandbox: id}, Annotations: ann},
+		Spec:       cryov1.CheckpointSpec{PodName: p.Name, KeepRunning: ptr(false)},
+	}
+	if err := f.cl.Create(ctx, cp); err != nil {
+		t.Fatal(err)
+	}
+	cp.Status.Phase = cryov1.PhaseFailed
+	if err := f.cl.Update(ctx, cp); err != nil {
+		t.Fatal(err)
+	}
+	f.deletePod(p.Name)
+	f.gone(id)
+
+	r := &Reaper{Server: f.srv, Cache: f.cl}
+	f.now = f.now.Add(30 * time.Second)
+	r.Reap(ctx)
+	f.checkpoint("team-a", p.Name)
+	f.now = f.now.Add(time.Minute)
+	r.Reap(ctx)
+	f.removed(id)
 }
