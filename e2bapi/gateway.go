@@ -124,10 +124,10 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, id string) err
 	if err != nil {
 		return err
 	}
-	if !g.enterFlight(ns) {
+	if !g.enter(&g.inFlight, ns, g.maxInFlight()) {
 		return refuse(http.StatusTooManyRequests, id, "sandbox %s: its team has %d requests in flight through the gateway, the most it may", id, g.maxInFlight())
 	}
-	defer g.leaveFlight(ns)
+	defer g.leave(&g.inFlight, ns)
 	g.proxy(id, addr).ServeHTTP(w, r)
 	return nil
 }
@@ -211,10 +211,10 @@ func (g *Gateway) route(ctx context.Context, id string) (addr, ns string, err er
 		}
 		// Starting, pausing (to be resumed next) or resuming: wait.
 		if !waited {
-			if !g.enterWait(id) {
+			if !g.enter(&g.waiting, id, g.maxWaiting()) {
 				return "", "", refuse(http.StatusTooManyRequests, id, "sandbox %s: %d requests already wait for it to take traffic", id, g.maxWaiting())
 			}
-			defer g.leaveWait(id)
+			defer g.leave(&g.waiting, id)
 		}
 		waited = true
 		select {
@@ -234,29 +234,6 @@ func (g *Gateway) maxWaiting() int {
 	return 64
 }
 
-// enterWait counts a request that waits for sandbox id, false when
-// MaxWaiting already do.
-func (g *Gateway) enterWait(id string) bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.waiting[id] >= g.maxWaiting() {
-		return false
-	}
-	if g.waiting == nil {
-		g.waiting = map[string]int{}
-	}
-	g.waiting[id]++
-	return true
-}
-
-func (g *Gateway) leaveWait(id string) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.waiting[id]--; g.waiting[id] <= 0 {
-		delete(g.waiting, id)
-	}
-}
-
 func (g *Gateway) maxInFlight() int {
 	if g.MaxInFlight > 0 {
 		return g.MaxInFlight
@@ -264,26 +241,27 @@ func (g *Gateway) maxInFlight() int {
 	return 1024
 }
 
-// enterFlight counts a request proxied to a sandbox of namespace ns,
-// false when MaxInFlight already are.
-func (g *Gateway) enterFlight(ns string) bool {
+// enter counts one more request under key in counts (waiting, inFlight),
+// false when max already are.
+func (g *Gateway) enter(counts *map[string]int, key string, max int) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.inFlight[ns] >= g.maxInFlight() {
+	if (*counts)[key] >= max {
 		return false
 	}
-	if g.inFlight == nil {
-		g.inFlight = map[string]int{}
+	if *counts == nil {
+		*counts = map[string]int{}
 	}
-	g.inFlight[ns]++
+	(*counts)[key]++
 	return true
 }
 
-func (g *Gateway) leaveFlight(ns string) {
+// leave counts one request under key in counts no more.
+func (g *Gateway) leave(counts *map[string]int, key string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.inFlight[ns]--; g.inFlight[ns] <= 0 {
-		delete(g.inFlight, ns)
+	if (*counts)[key]--; (*counts)[key] <= 0 {
+		delete(*counts, key)
 	}
 }
 
