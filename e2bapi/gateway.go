@@ -348,7 +348,7 @@ func (g *Gateway) at(ctx context.Context, sb *sandbox, p *corev1.Pod) (string, *
 // pod of the newest Checkpoint's next generation, so one read by name in
 // the namespace Cache holds the id in tells. That read also finds a
 // resumed pod that Cache never holds (its owner removed
-// controller.LabelRuntimeClass), and one that has ended since: then the
+// controller.LabelRuntimeClass before the label guard refused it), and one that has ended since: then the
 // sandbox is gone. Concurrent requests share it.
 //
 // A sandbox that Cache shows resumed as that pod (resumedGone: its mark

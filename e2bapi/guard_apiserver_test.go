@@ -215,7 +215,9 @@ func TestLabelGuardThroughTheAPIServer(t *testing.T) {
 			t.Errorf("the controller patches the sandbox's end time: %v", err)
 		}
 		// The tenant may still edit its sandbox's pod without touching the
-		// label, and drop it (only its own sandbox loses its route).
+		// labels, but not remove them: that would hide the pod from the
+		// reaper (it would outlive its timeout) and the gateway, or the
+		// pause from the API. Deleting the pod stays open.
 		var p corev1.Pod
 		if err := tenant.Get(ctx, client.ObjectKeyFromObject(own), &p); err != nil {
 			t.Fatal(err)
@@ -224,9 +226,38 @@ func TestLabelGuardThroughTheAPIServer(t *testing.T) {
 		if err := tenant.Update(ctx, &p); err != nil {
 			t.Errorf("tenant annotates its sandbox's pod: %v", err)
 		}
-		delete(p.Labels, LabelSandbox)
-		if err := tenant.Update(ctx, &p); err != nil {
-			t.Errorf("tenant removes the label from its sandbox's pod: %v", err)
+		dropped := func(what, label string, err error) {
+			t.Helper()
+			if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "label "+label+": cryo's E2B API finds the sandbox by it") ||
+				!strings.Contains(err.Error(), controllerUser) {
+				t.Errorf("%s: %v\nwant Forbidden naming the label %s and who may remove it", what, err, label)
+			}
+		}
+		for _, l := range []string{LabelSandbox, controller.LabelRuntimeClass} {
+			q := p.DeepCopy()
+			delete(q.Labels, l)
+			dropped("tenant removes "+l+" from its sandbox's pod", l, tenant.Update(ctx, q))
+			dropped("tenant patches "+l+" away", l, tenant.Patch(ctx, &corev1.Pod{ObjectMeta: own.ObjectMeta},
+				client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"labels":{"`+l+`":null}}}`))))
+		}
+		var cp cryov1.Checkpoint
+		if err := tenant.Get(ctx, client.ObjectKey{Namespace: "team-b", Name: own.Name}, &cp); err != nil {
+			t.Fatal(err)
+		}
+		delete(cp.Labels, LabelSandbox)
+		dropped("tenant removes the label from its sandbox's pause", LabelSandbox, tenant.Update(ctx, &cp))
+		var got corev1.Pod
+		if err := admin.Get(ctx, client.ObjectKeyFromObject(own), &got); err != nil || got.Labels[LabelSandbox] != "own1" || got.Labels[controller.LabelRuntimeClass] != "cryo" {
+			t.Errorf("the sandbox's pod after the refusals: labels %v, %v", got.Labels, err)
+		}
+		// A label of the tenant's own on the pod comes and goes.
+		for _, patch := range []string{`{"metadata":{"labels":{"team-b/tier":"gold"}}}`, `{"metadata":{"labels":{"team-b/tier":null}}}`} {
+			if err := tenant.Patch(ctx, &corev1.Pod{ObjectMeta: own.ObjectMeta}, client.RawPatch(types.MergePatchType, []byte(patch))); err != nil {
+				t.Errorf("tenant patches its own label on its sandbox's pod (%s): %v", patch, err)
+			}
+		}
+		if err := tenant.Delete(ctx, &corev1.Pod{ObjectMeta: own.ObjectMeta}); err != nil {
+			t.Errorf("tenant deletes its sandbox's pod: %v", err)
 		}
 	})
 
