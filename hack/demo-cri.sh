@@ -21,6 +21,7 @@
 #
 # Needs: `make build deps-demo`; run as root.
 set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/demo-lock.sh"
 CRI_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CRI_BIN=${CRYO_BIN:-$CRI_ROOT/_output/bin}
 CRI_GUEST=${CRYO_GUEST_DIR:-$CRI_ROOT/_output/guest}

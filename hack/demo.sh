@@ -6,6 +6,7 @@
 #
 # Needs: `make build deps-demo` (make demo does both); run as root.
 set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/demo-lock.sh"
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BIN=${CRYO_BIN:-$ROOT/_output/bin}
 GUEST=${CRYO_GUEST_DIR:-$ROOT/_output/guest}
