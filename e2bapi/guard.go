@@ -1,17 +1,23 @@
 package e2bapi
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	manifests "github.com/cryo-runtime/cryo/packaging/kubernetes/controller"
 )
 
 // LabelGuard names the ValidatingAdmissionPolicy, and its binding, that
@@ -84,6 +90,9 @@ func checkGuardFor(ctx context.Context, c client.Client, user string) error {
 	if fp := pol.Spec.FailurePolicy; fp != nil && *fp != admissionregistrationv1.Fail {
 		return fmt.Errorf("ValidatingAdmissionPolicy %s: failurePolicy %s, want Fail; %s", LabelGuard, *fp, apply)
 	}
+	if d := guardDiff(&pol.Spec, &shippedGuard.Spec); d != "" {
+		return fmt.Errorf("ValidatingAdmissionPolicy %s: spec.%s is not as packaged, so the policy may let a tenant set or remove the labels; %s", LabelGuard, d, apply)
+	}
 	named := ""
 	for _, v := range pol.Spec.Variables {
 		if v.Name == guardIdentityVariable {
@@ -109,6 +118,82 @@ func checkGuardFor(ctx context.Context, c client.Client, user string) error {
 		return fmt.Errorf("ValidatingAdmissionPolicyBinding %s: its matchResources leave part of the cluster unguarded; want none; %s", LabelGuard, apply)
 	}
 	return nil
+}
+
+// shippedGuard is the label guard's policy as shipped (e2b-labels.yaml,
+// its first document).
+var shippedGuard = func() *admissionregistrationv1.ValidatingAdmissionPolicy {
+	doc, _, _ := bytes.Cut(manifests.E2BLabels, []byte("\n---\n"))
+	var pol admissionregistrationv1.ValidatingAdmissionPolicy
+	if err := yaml.UnmarshalStrict(doc, &pol); err != nil || pol.Name != LabelGuard {
+		panic(fmt.Sprintf("the packaged e2b-labels.yaml does not start with policy %s: %v", LabelGuard, err))
+	}
+	return &pol
+}()
+
+// guardDiff names what of policy spec got decides differently from want,
+// "" when nothing does: its validations, its variables but the controller's
+// identity (checked on its own: a deployment under another ServiceAccount
+// changes it), what it matches (the API server's defaults aside), its match
+// conditions and its parameters. Its failure policy is checked on its own,
+// and its audit annotations decide nothing.
+func guardDiff(got, want *admissionregistrationv1.ValidatingAdmissionPolicySpec) string {
+	switch {
+	case !slices.EqualFunc(got.Validations, want.Validations, sameValidation):
+		return "validations"
+	case !maps.Equal(guardVariables(got), guardVariables(want)):
+		return "variables"
+	case !equality.Semantic.DeepEqual(matched(got.MatchConstraints), matched(want.MatchConstraints)):
+		return "matchConstraints"
+	case !equality.Semantic.DeepEqual(got.MatchConditions, want.MatchConditions):
+		return "matchConditions"
+	case !equality.Semantic.DeepEqual(got.ParamKind, want.ParamKind):
+		return "paramKind"
+	}
+	return ""
+}
+
+func sameValidation(a, b admissionregistrationv1.Validation) bool {
+	trim := strings.TrimSpace
+	return trim(a.Expression) == trim(b.Expression) && trim(a.MessageExpression) == trim(b.MessageExpression) &&
+		a.Message == b.Message && equality.Semantic.DeepEqual(a.Reason, b.Reason)
+}
+
+func guardVariables(s *admissionregistrationv1.ValidatingAdmissionPolicySpec) map[string]string {
+	vars := map[string]string{}
+	for _, v := range s.Variables {
+		if v.Name != guardIdentityVariable {
+			vars[v.Name] = strings.TrimSpace(v.Expression)
+		}
+	}
+	return vars
+}
+
+// matched is m with the API server's defaults filled in (every namespace
+// and object, the Equivalent match policy, rules of any scope), so that
+// the policy as stored compares with the policy as written.
+func matched(m *admissionregistrationv1.MatchResources) admissionregistrationv1.MatchResources {
+	var out admissionregistrationv1.MatchResources
+	if m != nil {
+		out = *m.DeepCopy()
+	}
+	every := &metav1.LabelSelector{}
+	for _, s := range []**metav1.LabelSelector{&out.NamespaceSelector, &out.ObjectSelector} {
+		if *s == nil || (len((*s).MatchLabels) == 0 && len((*s).MatchExpressions) == 0) {
+			*s = every
+		}
+	}
+	if out.MatchPolicy == nil {
+		out.MatchPolicy = ptr(admissionregistrationv1.Equivalent)
+	}
+	for _, rules := range [][]admissionregistrationv1.NamedRuleWithOperations{out.ResourceRules, out.ExcludeResourceRules} {
+		for i := range rules {
+			if rules[i].Scope == nil {
+				rules[i].Scope = ptr(admissionregistrationv1.AllScopes)
+			}
+		}
+	}
+	return out
 }
 
 func rbacHint(err error) string {

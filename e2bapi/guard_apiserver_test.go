@@ -268,6 +268,23 @@ func TestLabelGuardThroughTheAPIServer(t *testing.T) {
 	t.Run("re-checked", func(t *testing.T) {
 		testGuardRechecked(t, ctl, startCache(t, asServiceAccount(cfg, controllerUser), scheme), admin, b)
 	})
+
+	// An admin who loosens the policy in place (a validation that always
+	// passes) leaves it there and bound, failing closed: the controller
+	// still finds the guard not in force, naming what differs.
+	t.Run("loosened", func(t *testing.T) {
+		var p admissionregistrationv1.ValidatingAdmissionPolicy
+		if err := admin.Get(ctx, client.ObjectKey{Name: LabelGuard}, &p); err != nil {
+			t.Fatal(err)
+		}
+		p.Spec.Validations[0].Expression = "true"
+		if err := admin.Update(ctx, &p); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := CheckLabelGuard(ctx, ctl); err == nil || !strings.Contains(err.Error(), "spec.validations is not as packaged") {
+			t.Errorf("CheckLabelGuard with a validation that always passes: %v", err)
+		}
+	})
 }
 
 // testGuardRechecked runs a GuardMonitor as the controller (its packaged

@@ -8,6 +8,7 @@ import (
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 )
 
@@ -89,6 +90,66 @@ func TestCELString(t *testing.T) {
 	for _, expr := range []string{``, `'`, `'a"`, `'a' + 'b'`, `request.userInfo.username`, `'a\'b'`, `params.user`} {
 		if got, ok := celString(expr); ok {
 			t.Errorf("celString(%q) = %q, want no literal", expr, got)
+		}
+	}
+}
+
+// TestGuardDiff: the policy as shipped, and as an API server stores it
+// (its defaults filled in), is the packaged one whatever the controller's
+// identity; every change that decides differently is named.
+func TestGuardDiff(t *testing.T) {
+	file, _ := packagedGuard(t)
+	if d := guardDiff(&file.Spec, &shippedGuard.Spec); d != "" {
+		t.Fatalf("e2b-labels.yaml against the embedded policy: %s differ", d)
+	}
+	stored := file.DeepCopy()
+	m := stored.Spec.MatchConstraints
+	m.NamespaceSelector, m.ObjectSelector, m.MatchPolicy = &metav1.LabelSelector{}, &metav1.LabelSelector{}, ptr(admissionregistrationv1.Equivalent)
+	for i := range m.ResourceRules {
+		m.ResourceRules[i].Scope = ptr(admissionregistrationv1.AllScopes)
+	}
+	for i, v := range stored.Spec.Variables {
+		if v.Name == guardIdentityVariable {
+			stored.Spec.Variables[i].Expression = "'system:serviceaccount:elsewhere:cryo'"
+		}
+	}
+	if d := guardDiff(&stored.Spec, &shippedGuard.Spec); d != "" {
+		t.Errorf("the policy as stored, under another ServiceAccount: %s differ", d)
+	}
+	for _, c := range []struct {
+		name   string
+		change func(*admissionregistrationv1.ValidatingAdmissionPolicySpec)
+		want   string
+	}{
+		{"a validation that always passes", func(s *admissionregistrationv1.ValidatingAdmissionPolicySpec) { s.Validations[1].Expression = "true" }, "validations"},
+		{"a validation removed", func(s *admissionregistrationv1.ValidatingAdmissionPolicySpec) { s.Validations = s.Validations[:1] }, "validations"},
+		{"a label no longer reserved", func(s *admissionregistrationv1.ValidatingAdmissionPolicySpec) {
+			for i := range s.Variables {
+				if s.Variables[i].Name == "set" {
+					s.Variables[i].Expression = strings.Replace(s.Variables[i].Expression, "'cryo.dev/e2b-sandbox', ", "", 1)
+				}
+			}
+		}, "variables"},
+		{"status updates unguarded", func(s *admissionregistrationv1.ValidatingAdmissionPolicySpec) {
+			s.MatchConstraints.ResourceRules[0].Resources = []string{"pods"}
+		}, "matchConstraints"},
+		{"one namespace only", func(s *admissionregistrationv1.ValidatingAdmissionPolicySpec) {
+			s.MatchConstraints.NamespaceSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"guarded": "yes"}}
+		}, "matchConstraints"},
+		{"the exact version only", func(s *admissionregistrationv1.ValidatingAdmissionPolicySpec) {
+			s.MatchConstraints.MatchPolicy = ptr(admissionregistrationv1.Exact)
+		}, "matchConstraints"},
+		{"a match condition", func(s *admissionregistrationv1.ValidatingAdmissionPolicySpec) {
+			s.MatchConditions = []admissionregistrationv1.MatchCondition{{Name: "never", Expression: "false"}}
+		}, "matchConditions"},
+		{"parameters", func(s *admissionregistrationv1.ValidatingAdmissionPolicySpec) {
+			s.ParamKind = &admissionregistrationv1.ParamKind{APIVersion: "v1", Kind: "ConfigMap"}
+		}, "paramKind"},
+	} {
+		s := stored.Spec.DeepCopy()
+		c.change(s)
+		if d := guardDiff(s, &shippedGuard.Spec); d != c.want {
+			t.Errorf("%s: guardDiff says %q, want %q", c.name, d, c.want)
 		}
 	}
 }
