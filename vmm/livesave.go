@@ -80,7 +80,7 @@ func (m *Machine) SaveStateLive(ctx context.Context, w *os.File, o LiveSave) (re
 	if err := m.execute(ctx, "migrate-continue", map[string]any{"state": "pre-switchover"}, nil); err != nil {
 		return fmt.Errorf("save vm %s: %w", m.cfg.ID, err)
 	}
-	if err := m.waitMigration(ctx); err != nil {
+	if err := m.waitMigration(ctx, events); err != nil {
 		return fmt.Errorf("save vm %s: %w", m.cfg.ID, err)
 	}
 	return nil
@@ -108,16 +108,13 @@ func (m *Machine) stopsFirst() bool { return m.cfg.Accel != "kvm" }
 // startLiveSave starts the outgoing migration, with the guest running
 // unless stopsFirst: then it stops the VM first and returns when.
 func (m *Machine) startLiveSave(ctx context.Context, w *os.File) (string, time.Time, error) {
-	caps := map[string]any{"capabilities": []map[string]any{
+	caps := []map[string]any{
 		{"capability": "x-ignore-shared", "state": true},
 		{"capability": "pause-before-switchover", "state": true},
 		{"capability": "events", "state": true},
-	}}
-	if err := m.execute(ctx, "migrate-set-capabilities", caps, nil); err != nil {
-		return "", time.Time{}, err
 	}
 	params := map[string]any{"max-bandwidth": int64(1) << 40, "downtime-limit": liveDowntime}
-	if err := m.execute(ctx, "migrate-set-parameters", params, nil); err != nil {
+	if err := m.setMigration(ctx, caps, params); err != nil {
 		return "", time.Time{}, err
 	}
 	name, err := m.passFD(ctx, w)
@@ -153,6 +150,7 @@ func (m *Machine) awaitSwitchover(ctx context.Context, events <-chan qmp.Event, 
 				stop = ev.Timestamp
 			}
 		case <-deadline.C:
+			m.forgetMigration()
 			if err := m.execute(ctx, "migrate-set-parameters", map[string]any{"downtime-limit": maxDowntime}, nil); err != nil {
 				return stop, err
 			}

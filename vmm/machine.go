@@ -46,6 +46,8 @@ type Machine struct {
 	lease    *uidLease        // the uid QEMU runs as; nil when not confined
 	running  bool             // Start succeeded
 	stopping bool             // Shutdown asked QEMU to exit
+	paused   bool             // Pause stopped the vCPUs and no Resume ran since
+	migSet   string           // the migration capabilities and parameters last set (setMigration)
 
 	shutdownMu sync.Mutex // serializes Shutdown
 
@@ -296,7 +298,20 @@ func (m *Machine) Pause(ctx context.Context) error {
 	if err := m.execute(ctx, "stop", nil, nil); err != nil {
 		return fmt.Errorf("pause vm %s: %w", m.cfg.ID, err)
 	}
+	m.setPaused(true)
 	return nil
+}
+
+func (m *Machine) setPaused(p bool) {
+	m.mu.Lock()
+	m.paused = p
+	m.mu.Unlock()
+}
+
+func (m *Machine) isPaused() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.paused
 }
 
 // Resume runs the guest's vCPUs (QMP cont), also after LoadState or SaveState.
@@ -305,6 +320,7 @@ func (m *Machine) Resume(ctx context.Context) error {
 	for {
 		err := m.execute(ctx, "cont", nil, nil)
 		if err == nil {
+			m.setPaused(false)
 			return nil
 		}
 		if refused != nil && ctx.Err() != nil {

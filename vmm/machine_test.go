@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -126,6 +127,94 @@ func TestSaveStateTimeout(t *testing.T) {
 	}
 	if !slices.Contains(srv.Commands(), "migrate_cancel") {
 		t.Errorf("no migrate_cancel after a timeout: %v", srv.Commands())
+	}
+}
+
+// TestSaveStateInPause: a save inside a pause spends no round trip it can
+// skip: no second stop after Pause, and the capabilities and parameters
+// only when they changed (a live save between sets them again, and so does
+// a plain save after it).
+func TestSaveStateInPause(t *testing.T) {
+	l := &liveServer{switchoverAfter: 1}
+	h := migrationServer("DEVSTATE", map[string]any{"status": "completed"})
+	cfg := unitConfig(t)
+	cfg.Accel = "kvm"
+	var live atomic.Bool
+	m, srv := fakeMachine(t, cfg, func(r qmptest.Request) (any, *qmp.Error) {
+		if live.Load() && (r.Execute == "query-migrate" || r.Execute == "migrate-continue") {
+			return l.handle(r)
+		}
+		return h(r)
+	})
+	ctx := context.Background()
+	var got [][]string
+	save := func(isLive bool) {
+		t.Helper()
+		n := len(srv.Commands())
+		if err := m.Pause(ctx); err != nil {
+			t.Fatal(err)
+		}
+		live.Store(isLive)
+		if isLive {
+			if err := m.SaveStateLive(ctx, liveFile(t), LiveSave{Converge: time.Minute, Stopped: func(context.Context, time.Time) error { return nil }}); err != nil {
+				t.Fatal(err)
+			}
+		} else if err := m.SaveState(ctx, liveFile(t)); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Resume(ctx); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, srv.Commands()[n:])
+	}
+	save(false)
+	save(false)
+	save(true)
+	save(false)
+	save(false)
+	want := [][]string{
+		{"stop", "migrate-set-capabilities", "migrate-set-parameters", "getfd", "migrate", "query-migrate", "cont"},
+		{"stop", "getfd", "migrate", "query-migrate", "cont"},
+		{"stop", "migrate-set-capabilities", "migrate-set-parameters", "getfd", "migrate", "query-migrate", "migrate-continue", "query-migrate", "cont"},
+		{"stop", "migrate-set-capabilities", "migrate-set-parameters", "getfd", "migrate", "query-migrate", "cont"},
+		{"stop", "getfd", "migrate", "query-migrate", "cont"},
+	}
+	for i := range want {
+		if i >= len(got) || !slices.Equal(got[i], want[i]) {
+			t.Errorf("save %d: commands %v, want %v", i+1, got[min(i, len(got)-1)], want[i])
+		}
+	}
+}
+
+// TestSaveStateEndsOnEvent: the save ends on QEMU's MIGRATION event,
+// without waiting for a query to see it: here no query ever does.
+func TestSaveStateEndsOnEvent(t *testing.T) {
+	var srv *qmptest.Server
+	h := migrationServer("DEVSTATE", map[string]any{"status": "active"})
+	m, s := fakeMachine(t, unitConfig(t), func(r qmptest.Request) (any, *qmp.Error) {
+		if r.Execute == "migrate" {
+			go func() {
+				time.Sleep(20 * time.Millisecond)
+				srv.Event("MIGRATION", map[string]any{"status": "completed"})
+			}()
+		}
+		return h(r)
+	})
+	srv = s
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	if err := m.SaveState(ctx, liveFile(t)); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("the save took %v", d)
+	}
+	if s := string(srv.Requests()[0].Arguments); srv.Requests()[0].Execute != "stop" {
+		t.Errorf("first command %s %s, want stop", srv.Requests()[0].Execute, s)
+	}
+	if a := string(srv.Requests()[1].Arguments); !strings.Contains(a, `"capability":"events","state":true`) {
+		t.Errorf("capabilities = %s: the events that end the wait are off", a)
 	}
 }
 

@@ -2,6 +2,7 @@ package vmm
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"strconv"
@@ -9,6 +10,8 @@ import (
 
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
+
+	"github.com/cryo-runtime/cryo/vmm/qmp"
 )
 
 // DefaultMigrationTimeout bounds SaveState and LoadState when the caller's
@@ -56,28 +59,36 @@ func (m *Machine) LoadState(ctx context.Context, r *os.File) error {
 }
 
 // migrate runs an outgoing ("migrate") or incoming ("migrate-incoming")
-// migration through f and waits for it to complete.
+// migration through f and waits for it to complete. An outgoing one runs
+// inside the caller's pause, so it spends no QMP round trip it can skip:
+// no second stop after Pause, capabilities and parameters only when they
+// changed, and its end is QEMU's MIGRATION event, not the next poll.
 func (m *Machine) migrate(ctx context.Context, f *os.File, cmd string, outgoing bool) error {
-	if outgoing {
+	mon, err := m.monitor()
+	if err != nil {
+		return err
+	}
+	events, unsubscribe := mon.Subscribe(16)
+	defer unsubscribe()
+	if outgoing && !m.isPaused() {
 		if err := m.execute(ctx, "stop", nil, nil); err != nil {
 			return err
 		}
 	}
 	// pause-before-switchover is SaveStateLive's: a save of the same
 	// machine after one must not wait for a migrate-continue.
-	caps := map[string]any{"capabilities": []map[string]any{
+	caps := []map[string]any{
 		{"capability": "x-ignore-shared", "state": true},
 		{"capability": "pause-before-switchover", "state": false},
-	}}
-	if err := m.execute(ctx, "migrate-set-capabilities", caps, nil); err != nil {
-		return err
+		{"capability": "events", "state": true},
 	}
+	var params map[string]any
 	if outgoing {
 		// The default bandwidth limit (32 MiB/s) would throttle a local file.
-		params := map[string]any{"max-bandwidth": int64(1) << 40}
-		if err := m.execute(ctx, "migrate-set-parameters", params, nil); err != nil {
-			return err
-		}
+		params = map[string]any{"max-bandwidth": int64(1) << 40}
+	}
+	if err := m.setMigration(ctx, caps, params); err != nil {
+		return err
 	}
 	name, err := m.passFD(ctx, f)
 	if err != nil {
@@ -87,7 +98,7 @@ func (m *Machine) migrate(ctx context.Context, f *os.File, cmd string, outgoing 
 		m.execute(context.WithoutCancel(ctx), "closefd", map[string]any{"fdname": name}, nil)
 		return err
 	}
-	if err := m.waitMigration(ctx); err != nil {
+	if err := m.waitMigration(ctx, events); err != nil {
 		if outgoing {
 			cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			m.execute(cctx, "migrate_cancel", nil, nil)
@@ -96,6 +107,42 @@ func (m *Machine) migrate(ctx context.Context, f *os.File, cmd string, outgoing 
 		return err
 	}
 	return nil
+}
+
+// setMigration sets the migration capabilities caps and the parameters
+// params (none when nil), unless they are what this machine last set.
+func (m *Machine) setMigration(ctx context.Context, caps []map[string]any, params map[string]any) error {
+	key, err := json.Marshal([]any{caps, params})
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	same := m.migSet == string(key)
+	m.mu.Unlock()
+	if same {
+		return nil
+	}
+	m.forgetMigration() // until both are set
+	if err := m.execute(ctx, "migrate-set-capabilities", map[string]any{"capabilities": caps}, nil); err != nil {
+		return err
+	}
+	if params != nil {
+		if err := m.execute(ctx, "migrate-set-parameters", params, nil); err != nil {
+			return err
+		}
+	}
+	m.mu.Lock()
+	m.migSet = string(key)
+	m.mu.Unlock()
+	return nil
+}
+
+// forgetMigration: the capabilities or parameters changed outside
+// setMigration, so the next one sets them again.
+func (m *Machine) forgetMigration() {
+	m.mu.Lock()
+	m.migSet = ""
+	m.mu.Unlock()
 }
 
 // passFD hands f to QEMU under a fresh name (QMP getfd).
@@ -116,9 +163,12 @@ func (m *Machine) passFD(ctx context.Context, f *os.File) (string, error) {
 	return name, nil
 }
 
-// waitMigration polls query-migrate until the migration completed, failed,
-// QEMU exited (a failed incoming migration ends QEMU) or ctx ended.
-func (m *Machine) waitMigration(ctx context.Context) error {
+// waitMigration waits until the migration completed, failed, QEMU exited
+// (a failed incoming migration ends QEMU) or ctx ended. QEMU's MIGRATION
+// events (the events capability) end the wait as they come: a completed
+// one at once, any other with a query-migrate. query-migrate is also
+// polled, more and more slowly, for an event missed (a full buffer).
+func (m *Machine) waitMigration(ctx context.Context, events <-chan qmp.Event) error {
 	delay := 2 * time.Millisecond
 	for {
 		var st struct {
@@ -134,15 +184,45 @@ func (m *Machine) waitMigration(ctx context.Context) error {
 		case "failed", "cancelled":
 			return fmt.Errorf("migration %s: %s%s", st.Status, st.ErrorDesc, stderrSuffix(m.Stderr()))
 		}
-		select {
-		case <-m.exited:
-			return fmt.Errorf("qemu exited during migration%s", stderrSuffix(m.Stderr()))
-		case <-ctx.Done():
-			return fmt.Errorf("migration still %q: %w", st.Status, ctx.Err())
-		case <-time.After(delay):
+		poll := time.NewTimer(delay)
+	wait:
+		for {
+			select {
+			case ev, ok := <-events:
+				if !ok {
+					events = nil
+					continue
+				}
+				if ev.Name != "MIGRATION" {
+					continue
+				}
+				if migrationStatus(ev) == "completed" {
+					poll.Stop()
+					return nil
+				}
+				break wait
+			case <-m.exited:
+				poll.Stop()
+				return fmt.Errorf("qemu exited during migration%s", stderrSuffix(m.Stderr()))
+			case <-ctx.Done():
+				poll.Stop()
+				return fmt.Errorf("migration still %q: %w", st.Status, ctx.Err())
+			case <-poll.C:
+				break wait
+			}
 		}
+		poll.Stop()
 		if delay < 50*time.Millisecond {
 			delay *= 2
 		}
 	}
+}
+
+// migrationStatus is the status a MIGRATION event reports.
+func migrationStatus(ev qmp.Event) string {
+	var d struct {
+		Status string `json:"status"`
+	}
+	_ = json.Unmarshal(ev.Data, &d)
+	return d.Status
 }
