@@ -118,14 +118,12 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // forward proxies r to sandbox id's envd, counted against its namespace's
-// MaxInFlight while envd answers; an error when it cannot, nothing written.
+// MaxInFlight from when route finds the sandbox until envd has answered;
+// an error when it cannot, nothing written.
 func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, id string) error {
 	addr, ns, err := g.route(r.Context(), id)
 	if err != nil {
 		return err
-	}
-	if !g.enter(&g.inFlight, ns, g.maxInFlight()) {
-		return refuse(http.StatusTooManyRequests, id, "sandbox %s: its team has %d requests in flight through the gateway, the most it may", id, g.maxInFlight())
 	}
 	defer g.leave(&g.inFlight, ns)
 	g.proxy(id, addr).ServeHTTP(w, r)
@@ -177,6 +175,9 @@ func (g *Gateway) target(r *http.Request) (string, error) {
 
 // route answers the address of the sandbox's envd and the sandbox's
 // namespace, resuming the sandbox and waiting for its pod when it has to.
+// Once it has found the sandbox, the request counts against the
+// namespace's MaxInFlight, waiting as much as proxied: on success the
+// caller leaves that count, on an error route has.
 func (g *Gateway) route(ctx context.Context, id string) (addr, ns string, err error) {
 	wait := g.ReadyWait
 	if wait == 0 {
@@ -184,11 +185,23 @@ func (g *Gateway) route(ctx context.Context, id string) (addr, ns string, err er
 	}
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
+	held := "" // the namespace whose count this request is in
+	defer func() {
+		if err != nil && held != "" {
+			g.leave(&g.inFlight, held)
+		}
+	}()
 	waited := false
 	for {
 		ip, sb, err := g.find(ctx, id)
 		if err != nil {
 			return "", "", err
+		}
+		if sb != nil && held == "" {
+			if !g.enter(&g.inFlight, sb.ns, g.maxInFlight()) {
+				return "", "", refuse(http.StatusTooManyRequests, id, "sandbox %s: its team has %d requests in flight through the gateway, the most it may", id, g.maxInFlight())
+			}
+			held = sb.ns
 		}
 		switch {
 		case ip != "" && !waited:

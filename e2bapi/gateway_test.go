@@ -345,6 +345,57 @@ func TestGatewayInFlightBounded(t *testing.T) {
 	}
 }
 
+// TestGatewayWaitingInFlight: requests waiting for a starting sandbox
+// count against its namespace's MaxInFlight as proxied ones do, so what
+// one team's requests hold, waiting or streaming, is bounded in all.
+func TestGatewayWaitingInFlight(t *testing.T) {
+	f := newGatewayFixture(t)
+	f.gw.MaxInFlight = 2
+	starting, running := f.create("key-a", `{"templateID":"base"}`), f.create("key-a", `{"templateID":"base"}`)
+	b := f.create("key-b", `{"templateID":"base"}`)
+	p := f.pod("team-a", podName(starting, 0))
+	p.Status.Phase, p.Status.PodIP = corev1.PodPending, ""
+	if err := f.cl.Status().Update(context.Background(), p); err != nil {
+		t.Fatal(err)
+	}
+	f.running("team-a", podName(running, 0))
+	f.running("team-b", podName(b, 0))
+	var waits []<-chan int
+	for range 2 {
+		code := make(chan int, 1)
+		go func() {
+			c, _, _ := f.send(starting, "GET", "/health", "", nil)
+			code <- c
+		}()
+		waits = append(waits, code)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for f.inFlight("team-a") < 2 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if n := f.inFlight("team-a"); n != 2 {
+		t.Fatalf("%d requests of team-a counted in flight while 2 wait, want 2", n)
+	}
+	code, _, body := f.send(running, "GET", "/health", "", nil)
+	f.refusal(code, body, http.StatusTooManyRequests, running, "2 requests in flight")
+	if code, _, body := f.send(b, "GET", "/health", "", nil); code != 200 {
+		t.Errorf("another namespace's request: %d %q", code, body)
+	}
+	f.running("team-a", podName(starting, 0))
+	for i, w := range waits {
+		if c := <-w; c != http.StatusOK {
+			t.Errorf("waiting request %d: %d, want 200 once the sandbox runs", i, c)
+		}
+	}
+	deadline = time.Now().Add(5 * time.Second)
+	for f.inFlight("team-a") != 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if n := f.inFlight("team-a") + f.inFlight("team-b"); n != 0 {
+		t.Errorf("%d requests still counted in flight", n)
+	}
+}
+
 func (f *gatewayFixture) inFlight(ns string) int {
 	f.gw.mu.Lock()
 	defer f.gw.mu.Unlock()
