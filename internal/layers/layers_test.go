@@ -23,7 +23,9 @@ var order = [][]string{
 	{"internal/..."},
 	// leaves: no cryo imports beyond internal/
 	{"fingerprint", "network", "pagefs", "vmm/qmp", "vmm/devstate", "agent/api/v1", "agent/session", "shim/api/v1", "api/v1alpha1",
-		"agent/envd/spec", "agent/envd/spec/process", "agent/envd/spec/filesystem", "controller/apitest"},
+		"agent/envd/spec", "agent/envd/spec/process", "agent/envd/spec/filesystem", "controller/apitest",
+		// the controller's manifests it checks the cluster against
+		"packaging/kubernetes/controller"},
 	// envd's generated Connect services, then envd, E2B's sandbox-side API,
 	// which the guest agent serves
 	{"agent/envd/spec/process/processconnect", "agent/envd/spec/filesystem/filesystemconnect"},
@@ -72,7 +74,7 @@ var apart = [][2][]string{
 // snapshots in a store, never the VM or the shim.
 var (
 	clusterSide = []string{"api/...", "controller/...", "e2bapi/...", "cmd/cryo-controller"}
-	clusterMay  = []string{"api/...", "controller/...", "e2bapi/...", "stores", "snapshot", "annotations", "internal/..."}
+	clusterMay  = []string{"api/...", "controller/...", "e2bapi/...", "stores", "snapshot", "annotations", "internal/...", "packaging/kubernetes/controller"}
 )
 
 // kubernetesAllowed are the packages that may import Kubernetes client
