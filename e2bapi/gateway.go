@@ -69,12 +69,13 @@ type Gateway struct {
 	// sandbox cannot grow with what a client sends.
 	MaxWaiting int
 	// MaxInFlight bounds the requests that the sandboxes of one namespace
-	// (one tenant: an API key's) have in flight through the gateway at
-	// once, each holding two connections and their buffers for as long as
-	// envd answers (a process's output stream, a watch, a file transfer);
-	// 0 means 1024. Past it the tenant's next request is refused at once
-	// (429), and the other tenants' go on: no one tenant holds the
-	// gateway's connections and memory.
+	// (one tenant: an API key's) have in the gateway at once, waiting for
+	// a sandbox (its connection held up to ReadyWait) or proxied (two
+	// connections and their buffers for as long as envd answers: a
+	// process's output stream, a watch, a file transfer); 0 means 1024.
+	// Past it the tenant's next request is refused at once (429), and the
+	// other tenants' go on: no one tenant holds the gateway's connections
+	// and memory.
 	MaxInFlight int
 
 	resumes singleflight.Group
@@ -82,7 +83,7 @@ type Gateway struct {
 
 	mu       sync.Mutex
 	waiting  map[string]int // requests waiting, by sandbox id
-	inFlight map[string]int // requests proxied, by namespace
+	inFlight map[string]int // requests waiting or proxied, by namespace
 }
 
 // gatewayError is E2B's proxy's refusal body.
@@ -281,10 +282,11 @@ func (g *Gateway) leave(counts *map[string]int, key string) {
 // find looks the sandbox up in every namespace, in Cache. ip is the
 // address of its running pod, and sb what its namespace holds of it; or,
 // without ip, sb to wait for, resume or refuse (starting, being paused,
-// paused), nil when it is unknown. An id that Cache does not hold costs the API server
-// nothing, whoever sends it and however often; nor does a sandbox that
-// runs, starts or is being paused. Only a sandbox that Cache shows paused
-// is read from the API server, one object by name (see paused).
+// paused), nil when it is unknown. An id that Cache does not hold costs
+// the API server nothing, whoever sends it and however often; nor does a
+// sandbox that runs, starts or is being paused. Only a sandbox that Cache
+// shows paused is read from the API server, one object by name (see
+// paused).
 //
 // Labels are whatever an object's creator wrote. LabelGuard keeps
 // LabelSandbox to the controller, and find does not rely on that alone:
@@ -361,8 +363,8 @@ func (g *Gateway) at(ctx context.Context, sb *sandbox, p *corev1.Pod) (string, *
 // pod of the newest Checkpoint's next generation, so one read by name in
 // the namespace Cache holds the id in tells. That read also finds a
 // resumed pod that Cache never holds (its owner removed
-// controller.LabelRuntimeClass before the label guard refused it), and one that has ended since: then the
-// sandbox is gone. Concurrent requests share it.
+// controller.LabelRuntimeClass before the label guard refused it), and
+// one that has ended since: then the sandbox is gone. Concurrent requests share it.
 //
 // A sandbox that Cache shows resumed as that pod (resumedGone: its mark
 // without the pod) is read the same way: the pod there, the cache had not

@@ -184,34 +184,30 @@ func (m *Machine) waitMigration(ctx context.Context, events <-chan qmp.Event) er
 		case "failed", "cancelled":
 			return fmt.Errorf("migration %s: %s%s", st.Status, st.ErrorDesc, stderrSuffix(m.Stderr()))
 		}
-		poll := time.NewTimer(delay)
-	wait:
-		for {
-			select {
-			case ev, ok := <-events:
-				if !ok {
-					events = nil
-					continue
+		completed, err := func() (bool, error) {
+			poll := time.NewTimer(delay)
+			defer poll.Stop()
+			for {
+				select {
+				case ev, ok := <-events:
+					switch {
+					case !ok:
+						events = nil // the connection ended: m.exited tells
+					case ev.Name == "MIGRATION":
+						return migrationStatus(ev) == "completed", nil
+					}
+				case <-m.exited:
+					return false, fmt.Errorf("qemu exited during migration%s", stderrSuffix(m.Stderr()))
+				case <-ctx.Done():
+					return false, fmt.Errorf("migration still %q: %w", st.Status, ctx.Err())
+				case <-poll.C:
+					return false, nil
 				}
-				if ev.Name != "MIGRATION" {
-					continue
-				}
-				if migrationStatus(ev) == "completed" {
-					poll.Stop()
-					return nil
-				}
-				break wait
-			case <-m.exited:
-				poll.Stop()
-				return fmt.Errorf("qemu exited during migration%s", stderrSuffix(m.Stderr()))
-			case <-ctx.Done():
-				poll.Stop()
-				return fmt.Errorf("migration still %q: %w", st.Status, ctx.Err())
-			case <-poll.C:
-				break wait
 			}
+		}()
+		if completed || err != nil {
+			return err
 		}
-		poll.Stop()
 		if delay < 50*time.Millisecond {
 			delay *= 2
 		}
