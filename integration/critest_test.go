@@ -25,6 +25,7 @@ var (
 		`Runtime info`,
 		`PodSandbox runtime should support basic operations`,
 		`PodSandbox runtime should support metrics operations`,
+		`PodSandbox runtime should support sysctls`,
 		`Container runtime should support basic operations`,
 		`Container runtime should support log`,
 		`Container runtime should support adding volume`,

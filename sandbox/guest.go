@@ -55,6 +55,7 @@ func (a *agentClient) CreateContainer(ctx context.Context, r CreateRequest) erro
 	req := &agentapi.CreateContainerRequest{
 		Id: r.ID, SpecJson: spec, Rootfs: &agentapi.Rootfs{Serial: r.Serial, Fstype: "ext4"},
 		Stdin: r.Stdio.Stdin != "", Stdout: r.Stdio.Stdout != "", Stderr: r.Stdio.Stderr != "", Terminal: r.Stdio.Terminal,
+		JoinContainer: r.JoinContainer, JoinNamespaces: r.Join,
 	}
 	for _, f := range r.Files {
 		req.Files = append(req.Files, &agentapi.File{Path: f.Path, Content: f.Content, Mode: uint32(f.Mode)})

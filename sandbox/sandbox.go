@@ -70,6 +70,10 @@ type CreateRequest struct {
 	Serial string // virtio-blk serial of the root disk
 	Files  []GuestFile
 	Stdio  Stdio
+	// Join are the namespaces ("ipc", "uts") the container takes from the
+	// init of guest container JoinContainer, its pod's sandbox container.
+	JoinContainer string
+	Join          []string
 }
 
 // GuestFile is a small host file copied into the container: a VM cannot

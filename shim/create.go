@@ -40,6 +40,7 @@ func (s *service) createContainer(ctx context.Context, r *taskAPI.CreateTaskRequ
 	if err := checkHostname(spec); err != nil {
 		return nil, err
 	}
+	joinFrom, join := s.podNamespaces(spec)
 	dropHostNamespacePaths(spec)
 	c := &container{id: r.ID, guestID: r.ID, bundle: r.Bundle, spec: spec, execs: map[string]*process{}}
 	c.init = newProcess(r.ID, "", stdio{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal})
@@ -80,7 +81,7 @@ func (s *service) createContainer(ctx context.Context, r *taskAPI.CreateTaskRequ
 
 	files := guestFiles(ctx, spec)
 	g := sb.Guest()
-	if err := g.CreateContainer(ctx, sandbox.CreateRequest{ID: c.guestID, Spec: spec, Serial: c.disk.Serial, Files: files, Stdio: c.init.stdio}); err != nil {
+	if err := g.CreateContainer(ctx, sandbox.CreateRequest{ID: c.guestID, Spec: spec, Serial: c.disk.Serial, Files: files, Stdio: c.init.stdio, JoinContainer: joinFrom, Join: join}); err != nil {
 		return nil, fmt.Errorf("create container %s in guest: %w", r.ID, err)
 	}
 	if c.init.io, err = openIO(ctx, c.init.stdio); err != nil {

@@ -7,6 +7,8 @@ import (
 
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/cryo-runtime/cryo/annotations"
 )
 
 // checkHostname refuses a spec that sets a hostname without a UTS namespace
@@ -29,6 +31,31 @@ func checkHostname(spec *specs.Spec) error {
 	return fmt.Errorf("spec sets hostname %q but linux.namespaces has no uts namespace (a host-network pod cannot set its own hostname): %w", spec.Hostname, errdefs.ErrInvalidArgument)
 }
 
+// podNamespaces are the namespaces a CRI container shares with its pod's
+// sandbox container, and that container's id in the guest. CRI has a
+// container join the sandbox container's IPC and UTS namespaces by host
+// paths (/proc/<pid>/ns/...); the guest agent joins the sandbox container's
+// own instead. Its pid namespace is not joined (see the agent's joinable).
+// Nothing is shared with a sandbox container this shim does not run.
+func (s *service) podNamespaces(spec *specs.Spec) (from string, join []string) {
+	if spec.Linux == nil || spec.Annotations[annotations.CRIContainerType] != "container" {
+		return "", nil
+	}
+	sb, err := s.container(spec.Annotations[annotations.CRISandboxID])
+	if err != nil {
+		return "", nil
+	}
+	for _, ns := range spec.Linux.Namespaces {
+		if ns.Path != "" && (ns.Type == specs.IPCNamespace || ns.Type == specs.UTSNamespace) {
+			join = append(join, string(ns.Type))
+		}
+	}
+	if len(join) == 0 {
+		return "", nil
+	}
+	return sb.guestID, join
+}
+
 // dropHostNamespacePaths makes a CRI container's spec runnable in the guest.
 // CRI has a pod's containers join the sandbox container's IPC, UTS and PID
 // namespaces by host paths (/proc/<pid>/ns/...), which name nothing in the
@@ -36,7 +63,9 @@ func checkHostname(spec *specs.Spec) error {
 // isolation boundary). The network namespace path is kept: it is the pod
 // netns on the host that setupNetwork bridges, and the guest ignores it.
 // A container that joined the sandbox's UTS namespace gets the pod's
-// hostname from the /etc/hostname file CRI mounts.
+// hostname from the /etc/hostname file CRI mounts (an agent that joins the
+// sandbox container's UTS namespace keeps the pod's instead; an older one,
+// in a restored guest, makes a new namespace).
 func dropHostNamespacePaths(spec *specs.Spec) {
 	if spec.Linux == nil {
 		return

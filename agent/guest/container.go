@@ -43,6 +43,10 @@ type ContainerConfig struct {
 	Options    []string
 	Files      []fileEntry
 	Stdio      StdioConfig
+	// Join are namespaces (joinable's keys) to take from the init of
+	// container JoinContainer instead of new ones.
+	JoinContainer string
+	Join          []string
 }
 
 // validID keeps ids usable as path components and cgroup names.
@@ -88,10 +92,19 @@ func (s *Service) createContainer(ctx context.Context, cc *ContainerConfig) (_ *
 	for _, m := range skipped {
 		log.G(ctx).WithField("id", c.id).Warn("skipping " + m)
 	}
-	flagsNS, err := containerNamespaces(cc.Spec)
+	if err := s.sharePodShm(cfg.Mounts); err != nil {
+		return nil, err
+	}
+	flagsNS, err := containerNamespaces(cc.Spec, cc.Join)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", err, errdefs.ErrNotImplemented)
 	}
+	joined, err := s.podNamespaces(cc)
+	if err != nil {
+		return nil, err
+	}
+	defer closeAll(joined)
+	cfg.Join = cc.Join
 	p := newProcess("", cfg, cc.Stdio)
 	startR, startW, err := os.Pipe()
 	if err != nil {
@@ -101,7 +114,7 @@ func (s *Service) createContainer(ctx context.Context, cc *ContainerConfig) (_ *
 	p.start = startW
 	p.nsInit = true // containerNamespaces always clones a pid namespace
 	c.init = p
-	if err := p.spawn(s.reaper, spawnOpts{cloneflags: flagsNS, cgroupFD: int(c.cgDir.Fd()), extra: []*os.File{startR}}); err != nil {
+	if err := p.spawn(s.reaper, spawnOpts{cloneflags: flagsNS, cgroupFD: int(c.cgDir.Fd()), extra: append([]*os.File{startR}, joined...)}); err != nil {
 		return nil, err
 	}
 	ready, err := p.readStatus(ctx)
@@ -112,6 +125,81 @@ func (s *Service) createContainer(ctx context.Context, cc *ContainerConfig) (_ *
 		return nil, fmt.Errorf("set up container %s: %w", c.id, err)
 	}
 	return c, nil
+}
+
+// podNamespaces opens the namespaces cc joins, those of the init of
+// container cc.JoinContainer (the pod's sandbox container), in cc.Join's
+// order. That init must still run: its namespaces are the pod's.
+func (s *Service) podNamespaces(cc *ContainerConfig) (_ []*os.File, retErr error) {
+	if len(cc.Join) == 0 {
+		return nil, nil
+	}
+	from, err := s.container(cc.JoinContainer)
+	if err != nil {
+		return nil, fmt.Errorf("join the namespaces of container %q: %w", cc.JoinContainer, err)
+	}
+	pid := from.init.Pid()
+	if pid == 0 || from.init.stateIs(stateStopped) {
+		return nil, fmt.Errorf("join the namespaces of container %q: its init is not running: %w", cc.JoinContainer, errdefs.ErrFailedPrecondition)
+	}
+	var files []*os.File
+	defer func() {
+		if retErr != nil {
+			closeAll(files)
+		}
+	}()
+	for _, ns := range cc.Join {
+		f, err := os.Open(fmt.Sprintf("/proc/%d/ns/%s", pid, ns))
+		if err != nil {
+			return nil, fmt.Errorf("join the %s namespace of container %q: %w", ns, cc.JoinContainer, err)
+		}
+		files = append(files, f)
+	}
+	return files, nil
+}
+
+// sharePodShm points the pod's /dev/shm mounts at one tmpfs of the VM,
+// made at the first: the pod's containers share their POSIX shared memory
+// as they do under runc, where each bind-mounts the sandbox's. It is made
+// from the first such mount's options (CRI sends the same for each) and
+// lives as long as the VM.
+func (s *Service) sharePodShm(mounts []mountEntry) error {
+	for i := range mounts {
+		m := &mounts[i]
+		if !m.PodShm {
+			continue
+		}
+		s.mu.Lock()
+		err := s.makePodShm(m)
+		s.mu.Unlock()
+		if err != nil {
+			return err
+		}
+		m.Source = s.podShm
+	}
+	return nil
+}
+
+// makePodShm mounts the pod's shared memory once; s.mu is held.
+func (s *Service) makePodShm(m *mountEntry) error {
+	if s.podShm != "" {
+		return nil
+	}
+	dir := filepath.Join(filepath.Dir(s.stateDir), "shm")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	if err := unix.Mount("shm", dir, m.FSType, unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, m.Data); err != nil {
+		return fmt.Errorf("make the pod's shared memory (%s): %w", dir, err)
+	}
+	s.podShm = dir
+	return nil
+}
+
+func closeAll(files []*os.File) {
+	for _, f := range files {
+		f.Close()
+	}
 }
 
 func (c *container) createCgroup(root string, spec *specs.Spec) error {

@@ -19,7 +19,11 @@
 // (/sys/block/*/serial), mounts it at /run/cryo/c/<id>/rootfs, creates the
 // cgroup /sys/fs/cgroup/cryo/<id> and starts a helper: the agent binary again
 // (/proc/self/exe container-helper), cloned with new mount, pid, uts and ipc
-// namespaces straight into the cgroup (CLONE_INTO_CGROUP). The helper mounts
+// namespaces straight into the cgroup (CLONE_INTO_CGROUP). A pod's container
+// gets no uts and ipc namespaces of its own: the shim names its pod's sandbox
+// container, whose init's the helper enters (setns) first, so the pod's
+// containers share them, its sysctls and its one /dev/shm (a tmpfs the agent
+// makes at the first container that asks) as under runc. The helper mounts
 // what the spec asks for. Bind mounts of host paths cannot exist in a VM: the
 // host sends the content of those it could copy (the others are gone from the
 // spec) and the helper bind-mounts each copy at its target, a read-only one
@@ -28,7 +32,8 @@
 // nosuid, nodev, noexec and atime options (rro and the other recursive forms
 // as the plain ones: a copy has no submounts). Any other option on a bind
 // mount fails the create, naming the mount. The helper then
-// creates devices, copies the files, masks paths, sets the hostname, moves the
+// creates devices, copies the files, masks paths, sets the hostname (unless
+// it joined the pod's uts namespace) and the spec's sysctls, moves the
 // root disk onto / and chroots into it (pivot_root does not work from an
 // initramfs), reports ready and waits. StartProcess sends it one byte: it
 // applies rlimits, capabilities, uid/gids and no_new_privs, and execs the

@@ -8,6 +8,7 @@ import (
 	"path"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -25,6 +26,8 @@ const (
 	fdConfig = 3 // helperConfig JSON, read to EOF
 	fdStatus = 4 // helper -> agent: statusMsg lines; closed by execve
 	fdStart  = 5 // init: one byte from the agent starts the process
+	// init: the namespaces to join (helperConfig.Join), in order
+	fdJoin = 6
 	// exec: namespace files of the container's init, and its root directory
 	fdMntNS = 5
 	fdUTSNS = 6
@@ -70,6 +73,9 @@ func runHelper(status *os.File) error {
 	}
 	switch cfg.Mode {
 	case helperInit:
+		if err := joinNamespaces(cfg.Join); err != nil {
+			return err
+		}
 		if err := setupContainer(&cfg); err != nil {
 			return err
 		}
@@ -154,15 +160,15 @@ func setupContainer(cfg *helperConfig) error {
 			return fmt.Errorf("remount root read-only: %w", err)
 		}
 	}
-	if cfg.Hostname != "" {
-		if err := unix.Sethostname([]byte(cfg.Hostname)); err != nil {
-			return fmt.Errorf("set hostname: %w", err)
+	// A joined UTS namespace has the pod's names already, which another
+	// container may have changed since.
+	if !slices.Contains(cfg.Join, "uts") {
+		if err := setNames(cfg.Hostname, cfg.Domainname); err != nil {
+			return err
 		}
 	}
-	if cfg.Domainname != "" {
-		if err := unix.Setdomainname([]byte(cfg.Domainname)); err != nil {
-			return fmt.Errorf("set domainname: %w", err)
-		}
+	if err := writeSysctls(cfg.Sysctl); err != nil {
+		return err
 	}
 	if err := unix.Chdir(root); err != nil {
 		return err
@@ -176,6 +182,50 @@ func setupContainer(cfg *helperConfig) error {
 	return unix.Chdir("/")
 }
 
+// joinNamespaces enters, on this thread, the namespaces at fdJoin on.
+func joinNamespaces(join []string) error {
+	for i, ns := range join {
+		if err := unix.Setns(fdJoin+i, int(joinable[ns])); err != nil {
+			return fmt.Errorf("join the pod's %s namespace: %w", ns, err)
+		}
+	}
+	return nil
+}
+
+func setNames(hostname, domainname string) error {
+	if hostname != "" {
+		if err := unix.Sethostname([]byte(hostname)); err != nil {
+			return fmt.Errorf("set hostname: %w", err)
+		}
+	}
+	if domainname != "" {
+		if err := unix.Setdomainname([]byte(domainname)); err != nil {
+			return fmt.Errorf("set domainname: %w", err)
+		}
+	}
+	return nil
+}
+
+// writeSysctls writes the container's sysctls through the guest's /proc,
+// from inside its namespaces: a namespaced sysctl (kernel.shm*, fs.mqueue.*,
+// net.*) is the namespace's, which this thread is in. A name the guest
+// kernel does not have fails the container, as under runc.
+func writeSysctls(sysctl map[string]string) error {
+	for p, v := range sysctl {
+		f, err := os.OpenFile(filepath.Join("/proc/sys", p), os.O_WRONLY|unix.O_NOFOLLOW, 0)
+		if err == nil {
+			_, err = f.WriteString(v)
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("linux.sysctl: write %q to /proc/sys/%s: %w", v, p, err)
+		}
+	}
+	return nil
+}
+
 // mountInto makes m inside root; staged is where a read-only copied mount's
 // content was staged.
 func mountInto(root string, m mountEntry, staged string) error {
@@ -185,6 +235,9 @@ func mountInto(root string, m mountEntry, staged string) error {
 	}
 	if m.Copy != nil {
 		return mountCopy(dst, m, staged)
+	}
+	if m.PodShm {
+		return mountPodShm(dst, m)
 	}
 	if err := os.MkdirAll(dst, 0o755); err != nil {
 		return fmt.Errorf("mount %s: %w", m.Target, err)
@@ -205,6 +258,24 @@ func mountInto(root string, m mountEntry, staged string) error {
 	}
 	if err := unix.Mount(m.Source, dst, m.FSType, m.Flags, m.Data); err != nil {
 		return fmt.Errorf("mount %s (%s): %w", m.Target, m.FSType, err)
+	}
+	return nil
+}
+
+// mountPodShm bind-mounts the pod's shared memory tmpfs (m.Source) at dst
+// with m's flags.
+func mountPodShm(dst string, m mountEntry) error {
+	if !path.IsAbs(m.Source) {
+		return fmt.Errorf("mount %s: the pod's shared memory was not made", m.Target)
+	}
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		return fmt.Errorf("mount %s: %w", m.Target, err)
+	}
+	if err := unix.Mount(m.Source, dst, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("mount %s (the pod's shared memory): %w", m.Target, err)
+	}
+	if err := unix.Mount("", dst, "", unix.MS_BIND|unix.MS_REMOUNT|m.Flags&bindRemountFlags, ""); err != nil {
+		return fmt.Errorf("mount %s (the pod's shared memory): apply options: %w", m.Target, err)
 	}
 	return nil
 }

@@ -46,6 +46,7 @@ type Service struct {
 	containers map[string]*container // nil value: being created
 	envd       *http.Server          // once a container asked for it
 	envdTarget *envdContainer        // the container envd serves
+	podShm     string                // the pod's /dev/shm tmpfs, once made
 }
 
 var _ agentapi.AgentService = (*Service)(nil)
@@ -104,7 +105,8 @@ func (s *Service) CreateContainer(ctx context.Context, req *agentapi.CreateConta
 	if err != nil {
 		return nil, err
 	}
-	cc := &ContainerConfig{ID: req.Id, Spec: spec, Stdio: StdioConfig{Stdin: req.Stdin, Stdout: req.Stdout, Stderr: req.Stderr, Terminal: req.Terminal}}
+	cc := &ContainerConfig{ID: req.Id, Spec: spec, Stdio: StdioConfig{Stdin: req.Stdin, Stdout: req.Stdout, Stderr: req.Stderr, Terminal: req.Terminal},
+		JoinContainer: req.JoinContainer, Join: req.JoinNamespaces}
 	if r := req.Rootfs; r != nil {
 		cc.DiskSerial, cc.FSType, cc.Options = r.Serial, r.Fstype, r.Options
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path"
+	"slices"
 	"strings"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -26,7 +27,13 @@ type helperConfig struct {
 	ReadonlyPaths []string      `json:"readonlyPaths,omitempty"`
 	Hostname      string        `json:"hostname,omitempty"`
 	Domainname    string        `json:"domainname,omitempty"`
-	Process       processConfig `json:"process"`
+	// Join are the namespaces (joinable's keys) the init enters from the
+	// files at fdJoin on, in this order, instead of new ones (init only).
+	Join []string `json:"join,omitempty"`
+	// Sysctl are written under /proc/sys once the init is in its
+	// namespaces, keyed by their path there (sysctlPath).
+	Sysctl  map[string]string `json:"sysctl,omitempty"`
+	Process processConfig     `json:"process"`
 }
 
 const (
@@ -43,6 +50,9 @@ type mountEntry struct {
 	// Copy is set for a bind mount of the host whose content the host sent:
 	// the helper bind-mounts the copy at Target, then applies Flags.
 	Copy *copiedMount `json:"copy,omitempty"`
+	// PodShm is the pod's /dev/shm: once the agent has made the pod's tmpfs
+	// (FSType and Data) and set Source to it, the helper bind-mounts it.
+	PodShm bool `json:"podShm,omitempty"`
 }
 
 // copiedMount is the content of a bind mount copied from the host.
@@ -100,11 +110,27 @@ var defaultDevices = []deviceEntry{
 	{Path: "/dev/tty", Type: "c", Major: 5, Minor: 0, Mode: 0o666},
 }
 
-// containerNamespaces are the clone flags for a new container's init. Network
-// (and time, user) stay the VM's: the VM is the isolation boundary and owns the
-// pod's interface.
-func containerNamespaces(spec *specs.Spec) (uintptr, error) {
+// joinable are the namespaces a container may take from another container's
+// init instead of new ones: a pod's containers share its sandbox
+// container's IPC and UTS namespaces, as under runc. The pid namespace is
+// not among them: containerd names the one to share by a host pid, which is
+// the VM's for every container, so a pod's and a target container's cannot
+// be told apart.
+var joinable = map[string]uintptr{"ipc": unix.CLONE_NEWIPC, "uts": unix.CLONE_NEWUTS}
+
+// containerNamespaces are the clone flags for a new container's init: new
+// mount, pid, uts and ipc namespaces, but for those in join, which the init
+// enters instead. Network (and time, user) stay the VM's: the VM is the
+// isolation boundary and owns the pod's interface.
+func containerNamespaces(spec *specs.Spec, join []string) (uintptr, error) {
 	flags := uintptr(unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC)
+	for i, ns := range join {
+		f, ok := joinable[ns]
+		if !ok || slices.Contains(join[:i], ns) {
+			return 0, fmt.Errorf("joining namespace %q of another container is not supported", ns)
+		}
+		flags &^= f
+	}
 	if spec.Linux == nil {
 		return flags, nil
 	}
@@ -158,6 +184,9 @@ func translateSpec(spec *specs.Spec, rootfs string, files []fileEntry) (*helperC
 	cfg.Mounts, skipped = dropUnsent(cfg.Mounts, rootfs, skipped)
 	if l := spec.Linux; l != nil {
 		cfg.MaskedPaths, cfg.ReadonlyPaths = l.MaskedPaths, l.ReadonlyPaths
+		if cfg.Sysctl, err = sysctlPaths(l.Sysctl); err != nil {
+			return nil, nil, err
+		}
 		for _, d := range l.Devices {
 			e := deviceEntry{Path: d.Path, Type: d.Type, Major: d.Major, Minor: d.Minor, Mode: 0o666}
 			if d.FileMode != nil {
@@ -191,8 +220,9 @@ func translateMount(m specs.Mount) (*mountEntry, string, error) {
 		case err != nil:
 			return nil, "", err
 		case dst == "/dev/shm":
-			// the pod's shared memory: a tmpfs of the VM
-			return &mountEntry{Source: "shm", Target: dst, FSType: "tmpfs", Flags: flags | unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, Data: "mode=1777,size=65536k"}, "", nil
+			// the pod's shared memory: one tmpfs of the VM for all its
+			// containers (PodShm), as CRI's sandbox shm is on the host
+			return &mountEntry{Source: "shm", Target: dst, FSType: "tmpfs", Flags: flags | unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, Data: "mode=1777,size=65536k", PodShm: true}, "", nil
 		case dst == "/":
 			return nil, "", fmt.Errorf("a bind mount onto / is not supported")
 		default:
@@ -399,4 +429,40 @@ func hasEnv(env []string, name string) bool {
 		}
 	}
 	return false
+}
+
+// sysctlPaths are a spec's sysctls keyed by their path under /proc/sys.
+// Every sysctl is applied, namespaced or not, as the VM is the pod's
+// alone (kubelet decides which a pod may ask for); but a key is a path
+// only below /proc/sys.
+func sysctlPaths(sysctl map[string]string) (map[string]string, error) {
+	if len(sysctl) == 0 {
+		return nil, nil
+	}
+	out := make(map[string]string, len(sysctl))
+	for k, v := range sysctl {
+		p, err := sysctlPath(k)
+		if err != nil {
+			return nil, err
+		}
+		out[p] = v
+	}
+	return out, nil
+}
+
+// sysctlPath is the path of sysctl key below /proc/sys. A key separated by
+// dots has its dots turned into slashes; one with a slash is a path already,
+// its dots kept (sysctl(8)'s rule, which Kubernetes follows for names such
+// as net/ipv4/conf/eth0.100/forwarding).
+func sysctlPath(key string) (string, error) {
+	p := key
+	if !strings.Contains(key, "/") {
+		p = strings.ReplaceAll(key, ".", "/")
+	}
+	for _, part := range strings.Split(p, "/") {
+		if part == "" || part == "." || part == ".." || strings.ContainsRune(part, 0) {
+			return "", fmt.Errorf("linux.sysctl %q: not a sysctl name", key)
+		}
+	}
+	return p, nil
 }

@@ -131,16 +131,50 @@ func TestTranslateProcess(t *testing.T) {
 func TestContainerNamespaces(t *testing.T) {
 	base := uintptr(unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC)
 	spec := &specs.Spec{Linux: &specs.Linux{Namespaces: []specs.LinuxNamespace{{Type: "network", Path: "/run/netns/x"}, {Type: "pid"}}}}
-	if f, err := containerNamespaces(spec); err != nil || f != base {
+	if f, err := containerNamespaces(spec, nil); err != nil || f != base {
 		t.Errorf("network path: %#x %v", f, err)
 	}
 	spec.Linux.Namespaces = append(spec.Linux.Namespaces, specs.LinuxNamespace{Type: "cgroup"})
-	if f, _ := containerNamespaces(spec); f != base|unix.CLONE_NEWCGROUP {
+	if f, _ := containerNamespaces(spec, nil); f != base|unix.CLONE_NEWCGROUP {
 		t.Errorf("cgroup namespace not requested: %#x", f)
 	}
+	// The pod's ipc and uts namespaces are joined, not made.
+	if f, err := containerNamespaces(spec, []string{"ipc", "uts"}); err != nil || f != unix.CLONE_NEWNS|unix.CLONE_NEWPID|unix.CLONE_NEWCGROUP {
+		t.Errorf("joining ipc and uts: %#x %v", f, err)
+	}
+	for _, join := range [][]string{{"pid"}, {"net"}, {"ipc", "ipc"}, {""}} {
+		if _, err := containerNamespaces(spec, join); err == nil {
+			t.Errorf("joining %q was accepted", join)
+		}
+	}
 	spec.Linux.Namespaces = []specs.LinuxNamespace{{Type: "ipc", Path: "/proc/1/ns/ipc"}}
-	if _, err := containerNamespaces(spec); err == nil {
+	if _, err := containerNamespaces(spec, nil); err == nil {
 		t.Error("joining an ipc namespace by path was accepted")
+	}
+}
+
+func TestSysctlPaths(t *testing.T) {
+	got, err := sysctlPaths(map[string]string{
+		"kernel.shm_rmid_forced":            "1",
+		"net.ipv4.ip_local_port_range":      "1024 65000",
+		"net/ipv4/conf/eth0.100/forwarding": "1",
+	})
+	want := map[string]string{
+		"kernel/shm_rmid_forced":            "1",
+		"net/ipv4/ip_local_port_range":      "1024 65000",
+		"net/ipv4/conf/eth0.100/forwarding": "1",
+	}
+	if err != nil || !reflect.DeepEqual(got, want) {
+		t.Errorf("sysctlPaths = %v, %v; want %v", got, err, want)
+	}
+	for _, key := range []string{"", "kernel..shm", "net/../../etc/passwd", "/kernel/x", "kernel/", "..", "a\x00b"} {
+		if _, err := sysctlPaths(map[string]string{key: "1"}); err == nil || !strings.Contains(err.Error(), "linux.sysctl") {
+			t.Errorf("key %q: %v, want a refusal naming linux.sysctl", key, err)
+		}
+	}
+	cfg, _, err := translateSpec(&specs.Spec{Process: &specs.Process{Args: []string{"x"}}, Linux: &specs.Linux{Sysctl: map[string]string{"../x": "1"}}}, "/r", nil)
+	if err == nil || cfg != nil {
+		t.Errorf("translateSpec with sysctl ../x: %v", err)
 	}
 }
 

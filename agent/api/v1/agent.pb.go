@@ -329,9 +329,15 @@ type CreateContainerRequest struct {
 	Stdout   bool    `protobuf:"varint,6,opt,name=stdout,proto3" json:"stdout,omitempty"`
 	Stderr   bool    `protobuf:"varint,7,opt,name=stderr,proto3" json:"stderr,omitempty"`
 	// terminal allocates a pty; stdout carries the output, there is no stderr.
-	Terminal      bool `protobuf:"varint,8,opt,name=terminal,proto3" json:"terminal,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Terminal bool `protobuf:"varint,8,opt,name=terminal,proto3" json:"terminal,omitempty"`
+	// join_namespaces ("ipc", "uts") are taken from the init of container
+	// join_container instead of new ones: a pod's containers share its
+	// sandbox container's, as they do under runc. An agent that predates
+	// these fields gives the container new ones, as before.
+	JoinContainer  string   `protobuf:"bytes,9,opt,name=join_container,json=joinContainer,proto3" json:"join_container,omitempty"`
+	JoinNamespaces []string `protobuf:"bytes,10,rep,name=join_namespaces,json=joinNamespaces,proto3" json:"join_namespaces,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *CreateContainerRequest) Reset() {
@@ -418,6 +424,20 @@ func (x *CreateContainerRequest) GetTerminal() bool {
 		return x.Terminal
 	}
 	return false
+}
+
+func (x *CreateContainerRequest) GetJoinContainer() string {
+	if x != nil {
+		return x.JoinContainer
+	}
+	return ""
+}
+
+func (x *CreateContainerRequest) GetJoinNamespaces() []string {
+	if x != nil {
+		return x.JoinNamespaces
+	}
+	return nil
 }
 
 type CreateContainerResponse struct {
@@ -2144,7 +2164,7 @@ const file_agent_proto_rawDesc = "" +
 	"\x04File\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x18\n" +
 	"\acontent\x18\x02 \x01(\fR\acontent\x12\x12\n" +
-	"\x04mode\x18\x03 \x01(\rR\x04mode\"\x81\x02\n" +
+	"\x04mode\x18\x03 \x01(\rR\x04mode\"\xd1\x02\n" +
 	"\x16CreateContainerRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\tspec_json\x18\x02 \x01(\fR\bspecJson\x12-\n" +
@@ -2153,7 +2173,10 @@ const file_agent_proto_rawDesc = "" +
 	"\x05stdin\x18\x05 \x01(\bR\x05stdin\x12\x16\n" +
 	"\x06stdout\x18\x06 \x01(\bR\x06stdout\x12\x16\n" +
 	"\x06stderr\x18\a \x01(\bR\x06stderr\x12\x1a\n" +
-	"\bterminal\x18\b \x01(\bR\bterminal\"+\n" +
+	"\bterminal\x18\b \x01(\bR\bterminal\x12%\n" +
+	"\x0ejoin_container\x18\t \x01(\tR\rjoinContainer\x12'\n" +
+	"\x0fjoin_namespaces\x18\n" +
+	" \x03(\tR\x0ejoinNamespaces\"+\n" +
 	"\x17CreateContainerResponse\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\rR\x03pid\"Q\n" +
 	"\x13StartProcessRequest\x12!\n" +
