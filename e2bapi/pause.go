@@ -23,6 +23,15 @@ import (
 // resume (connect) a new pod restoring it under the same sandbox id.
 
 func (s *Server) pause(ctx context.Context, ns string, r *http.Request) (int, any, error) {
+	var b struct {
+		Memory *bool `json:"memory"`
+	}
+	if err := decode(r, &b); err != nil {
+		return 0, nil, err
+	}
+	if b.Memory != nil && !*b.Memory {
+		return 0, nil, errf(http.StatusBadRequest, "memory: false (a pause without memory) is not supported: cryo always keeps the memory")
+	}
 	sb, err := s.mustFind(ctx, ns, r.PathValue("id"))
 	if err != nil {
 		return 0, nil, err
@@ -149,7 +158,17 @@ func (s *Server) connect(ctx context.Context, ns string, r *http.Request) (int, 
 	if b.Memory != nil && !*b.Memory {
 		return 0, nil, errf(http.StatusBadRequest, "memory: false (onResume reboot) is not supported: cryo always restores the memory")
 	}
-	sb, err := s.mustFind(ctx, ns, r.PathValue("id"))
+	// E2B's connect: no timeout (the SDK sends none unless asked) is the
+	// default lifetime, and a running sandbox's is only ever extended.
+	sec := int64(defaultTimeout / time.Second)
+	if b.Timeout != nil && *b.Timeout > 0 {
+		sec = *b.Timeout
+	}
+	timeout, err := timeoutOf(&sec)
+	if err != nil {
+		return 0, nil, err
+	}
+	sb, err := s.findSettled(ctx, ns, r.PathValue("id"))
 	if err != nil {
 		return 0, nil, err
 	}
@@ -166,21 +185,53 @@ func (s *Server) connect(ctx context.Context, ns string, r *http.Request) (int, 
 				return 0, nil, err
 			}
 		}
-		if b.Timeout != nil {
-			timeout, err := timeoutOf(b.Timeout)
-			if err != nil {
-				return 0, nil, err
-			}
-			if err := s.setEndAt(ctx, sb, s.now().Add(timeout)); err != nil {
-				return 0, nil, err
-			}
+		if err := s.extendEndAt(ctx, sb, timeout); err != nil {
+			return 0, nil, err
 		}
 		return http.StatusOK, s.sandboxBody(sb.id, tid, token), nil
 	}
-	if err := s.resume(ctx, sb, b.Timeout, token); err != nil {
+	if err := s.resume(ctx, sb, &sec, token); err != nil {
 		return 0, nil, err
 	}
 	return http.StatusCreated, s.sandboxBody(sb.id, tid, token), nil
+}
+
+// findSettled is connect's lookup: a sandbox whose pause is under way (its
+// own, autoPause's or another client's) is found once the pause is done,
+// paused, or running again if it failed. E2B's connect also waits for the
+// sandbox's state change, then resumes it: answering "running" during the
+// pause would hand the SDK a sandbox about to stop.
+func (s *Server) findSettled(ctx context.Context, ns, id string) (*sandbox, error) {
+	wait := s.pauseWait()
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	for {
+		sb, found, err := s.lookup(ctx, ns, id)
+		switch {
+		case err != nil:
+			return nil, err
+		case found && !pausing(sb):
+			return sb, nil
+		case !found && !pausingSandbox(sb):
+			return nil, errf(http.StatusNotFound, "sandbox %q not found", id)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, errf(http.StatusGatewayTimeout, "connect to sandbox %s: its pause was not done after %s", id, wait)
+		case <-time.After(s.poll()):
+		}
+	}
+}
+
+// extendEndAt moves a running sandbox's end time to timeout from now,
+// unless it is later already: connecting never shortens a lifetime that
+// setTimeout or an earlier connect gave.
+func (s *Server) extendEndAt(ctx context.Context, sb *sandbox, timeout time.Duration) error {
+	at := s.now().Add(timeout)
+	if end, err := time.Parse(time.RFC3339Nano, sb.pod.Annotations[annEndAt]); err == nil && !at.After(end) {
+		return nil
+	}
+	return s.setEndAt(ctx, sb, at)
 }
 
 // templateID is what the SDK is shown as a sandbox's template: the

@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"slices"
 	"sort"
@@ -142,13 +143,18 @@ func (s *Server) Handler() http.Handler {
 	route := func(pattern string, h func(ctx context.Context, ns string, r *http.Request) (int, any, error)) {
 		mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) { s.serve(w, r, h) })
 	}
+	// The v1 create and connect are the v2 ones: E2B's API serves both,
+	// and SDK versions call one or the other (the npm SDK 2.51 v2, E2B's
+	// JS and Python SDK sources of late 2026 v1).
 	route("POST /v2/sandboxes", s.create)
+	route("POST /sandboxes", s.create)
 	route("GET /v2/sandboxes", s.list)
 	route("GET /sandboxes/{id}", s.get)
 	route("DELETE /sandboxes/{id}", s.kill)
 	route("POST /sandboxes/{id}/timeout", s.setTimeout)
 	route("POST /sandboxes/{id}/pause", s.pause)
 	route("POST /v2/sandboxes/{id}/connect", s.connect)
+	route("POST /sandboxes/{id}/connect", s.connect)
 	route("POST /sandboxes/{id}/snapshots", s.createSnapshot)
 	route("GET /snapshots", s.listSnapshots)
 	route("DELETE /templates/{id}", s.deleteSnapshot)
@@ -271,7 +277,7 @@ func decode(r *http.Request, v any) error {
 	if r.Body == nil || r.ContentLength == 0 {
 		return nil
 	}
-	if err := json.NewDecoder(r.Body).Decode(v); err != nil {
+	if err := json.NewDecoder(r.Body).Decode(v); err != nil && !errors.Is(err, io.EOF) {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
 			return errf(http.StatusRequestEntityTooLarge, "request body: larger than %d bytes", tooBig.Limit)
@@ -288,15 +294,27 @@ func (s *Server) now() time.Time {
 	return time.Now()
 }
 
+// timeoutOf is the lifetime a create, fork or resume asks for: the
+// default when it names none, else more than 0 and at most maxTimeout,
+// which E2B's API refuses with 400 too.
 func timeoutOf(sec *int64) (time.Duration, error) {
 	if sec == nil {
 		return defaultTimeout, nil
 	}
-	d := time.Duration(*sec) * time.Second
-	if *sec < 0 || d > maxTimeout {
-		return 0, errf(http.StatusBadRequest, "timeout: %d s is outside 0..%d", *sec, int64(maxTimeout/time.Second))
+	if *sec <= 0 {
+		return 0, errf(http.StatusBadRequest, "timeout: must be greater than 0 (got %d s)", *sec)
 	}
-	return d, nil
+	if *sec > int64(maxTimeout/time.Second) {
+		return 0, errf(http.StatusBadRequest, "timeout: %d s is more than %d", *sec, int64(maxTimeout/time.Second))
+	}
+	return time.Duration(*sec) * time.Second, nil
+}
+
+// clampedTimeout is setTimeout's: E2B's API takes any number there and
+// clamps it, a negative one to 0 (the sandbox ends now) and a long one to
+// the longest lifetime.
+func clampedTimeout(sec int64) time.Duration {
+	return time.Duration(min(max(sec, 0), int64(maxTimeout/time.Second))) * time.Second
 }
 
 func (s *Server) create(ctx context.Context, ns string, r *http.Request) (int, any, error) {
@@ -412,7 +430,7 @@ func (s *Server) start(ctx context.Context, l launch) (retErr error) {
 	if err != nil {
 		return fmt.Errorf("sandbox %s: %w", l.id, err)
 	}
-	if err := s.initEnvd(ctx, running, l.token, l.env); err != nil {
+	if err := s.initEnvd(ctx, running, l); err != nil {
 		return fmt.Errorf("sandbox %s: %w", l.id, err)
 	}
 	return nil
@@ -743,15 +761,11 @@ func (s *Server) setTimeout(ctx context.Context, ns string, r *http.Request) (in
 	if b.Timeout == nil {
 		return 0, nil, errf(http.StatusBadRequest, "timeout: required")
 	}
-	timeout, err := timeoutOf(b.Timeout)
-	if err != nil {
-		return 0, nil, err
-	}
 	sb, err := s.mustFind(ctx, ns, r.PathValue("id"))
 	if err != nil {
 		return 0, nil, err
 	}
-	if err := s.setEndAt(ctx, sb, s.now().Add(timeout)); err != nil {
+	if err := s.setEndAt(ctx, sb, s.now().Add(clampedTimeout(*b.Timeout))); err != nil {
 		return 0, nil, err
 	}
 	return http.StatusNoContent, nil, nil

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"net/http"
 	"regexp"
+	"slices"
 	"sort"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -165,26 +166,57 @@ type paged struct {
 
 // deleteSnapshot is the SDK's deleteSnapshot (DELETE /templates/{id}):
 // only snapshots are templates one can delete here.
+// The id is a snapshot's id or, as on E2B (where a name is the alias of a
+// template whose builds are its snapshots), a snapshot name: every
+// snapshot of that name goes.
 func (s *Server) deleteSnapshot(ctx context.Context, ns string, r *http.Request) (int, any, error) {
 	id := r.PathValue("id")
-	var cp cryov1.Checkpoint
-	err := s.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: id}, &cp)
-	// One being deleted (its finalizer untags the snapshot) is gone for
-	// the SDK: a second delete answers false.
-	if apierrors.IsNotFound(err) || (err == nil && (cp.Labels[LabelSnapshot] == "" || cp.DeletionTimestamp != nil)) {
-		return 0, nil, errf(http.StatusNotFound, "snapshot %q not found (only snapshots can be deleted: template builds are not supported)", id)
-	}
+	cps, _, err := s.snapshotsNamed(ctx, ns, id)
 	if err != nil {
-		return 0, nil, fmt.Errorf("get Checkpoint %s: %w", id, err)
-	}
-	if err := s.Client.Delete(ctx, &cp); err != nil && !apierrors.IsNotFound(err) {
-		return 0, nil, fmt.Errorf("delete Checkpoint %s: %w", id, err)
-	}
-	if err := s.deleteSecret(ctx, ns, cp.Name); err != nil {
 		return 0, nil, err
 	}
-	s.Log.Info("snapshot deleted", "namespace", ns, "checkpoint", id)
+	// One being deleted (its finalizer untags the snapshot) is gone for
+	// the SDK: a second delete answers false.
+	cps = slices.DeleteFunc(cps, func(cp cryov1.Checkpoint) bool { return cp.Labels[LabelSnapshot] == "" || cp.DeletionTimestamp != nil })
+	if len(cps) == 0 {
+		return 0, nil, errf(http.StatusNotFound, "snapshot %q not found (only snapshots can be deleted: template builds are not supported)", id)
+	}
+	for i := range cps {
+		cp := &cps[i]
+		if err := s.Client.Delete(ctx, cp); err != nil && !apierrors.IsNotFound(err) {
+			return 0, nil, fmt.Errorf("delete Checkpoint %s: %w", cp.Name, err)
+		}
+		if err := s.deleteSecret(ctx, ns, cp.Name); err != nil {
+			return 0, nil, err
+		}
+		s.Log.Info("snapshot deleted", "namespace", ns, "checkpoint", cp.Name)
+	}
 	return http.StatusNoContent, nil, nil
+}
+
+// snapshotsNamed are the Checkpoints of ns that id names: the one of that
+// object name (byName), else those labelled with it as their snapshot name.
+func (s *Server) snapshotsNamed(ctx context.Context, ns, id string) (_ []cryov1.Checkpoint, byName bool, _ error) {
+	// Only a valid object name is asked for: another ("team/x:v1") would
+	// be read as a different path by the API server.
+	if len(validation.IsDNS1123Subdomain(id)) == 0 {
+		var cp cryov1.Checkpoint
+		err := s.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: id}, &cp)
+		switch {
+		case err == nil:
+			return []cryov1.Checkpoint{cp}, true, nil
+		case !apierrors.IsNotFound(err):
+			return nil, false, fmt.Errorf("get Checkpoint %s: %w", id, err)
+		}
+	}
+	if !snapshotName.MatchString(id) {
+		return nil, false, nil
+	}
+	var cps cryov1.CheckpointList
+	if err := s.Client.List(ctx, &cps, client.InNamespace(ns), client.MatchingLabels{LabelSnapshotName: id}); err != nil {
+		return nil, false, fmt.Errorf("list Checkpoints: %w", err)
+	}
+	return cps.Items, false, nil
 }
 
 // fromCheckpoint makes l a restore of the Checkpoint a template names: a
@@ -224,27 +256,17 @@ func (s *Server) fromCheckpoint(ctx context.Context, l *launch, template string,
 // ns: by name, else the newest snapshot given that name.
 func (s *Server) templateCheckpoint(ctx context.Context, ns, template string) (*cryov1.Checkpoint, error) {
 	notFound := errf(http.StatusNotFound, "template %q not found (neither a configured template nor a Checkpoint or snapshot of this namespace)", template)
+	cps, byName, err := s.snapshotsNamed(ctx, ns, template)
+	if err != nil {
+		return nil, err
+	}
 	var cp cryov1.Checkpoint
-	// Only a valid object name is asked for: another ("team/x:v1") would
-	// be read as a different path by the API server.
-	var err error = apierrors.NewNotFound(cryov1.GroupVersion.WithResource("checkpoints").GroupResource(), template)
-	if len(validation.IsDNS1123Subdomain(template)) == 0 {
-		err = s.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: template}, &cp)
-	}
-	if err != nil && !apierrors.IsNotFound(err) {
-		return nil, fmt.Errorf("get Checkpoint %s: %w", template, err)
-	}
-	if apierrors.IsNotFound(err) {
-		if !snapshotName.MatchString(template) {
-			return nil, notFound
-		}
-		var cps cryov1.CheckpointList
-		if err := s.Client.List(ctx, &cps, client.InNamespace(ns), client.MatchingLabels{LabelSnapshotName: template}); err != nil {
-			return nil, fmt.Errorf("list Checkpoints: %w", err)
-		}
+	if byName {
+		cp = cps[0]
+	} else {
 		var newest *cryov1.Checkpoint
-		for i := range cps.Items {
-			c := &cps.Items[i]
+		for i := range cps {
+			c := &cps[i]
 			if restorable(c) && (newest == nil || newest.CreationTimestamp.Before(&c.CreationTimestamp) ||
 				(newest.CreationTimestamp.Equal(&c.CreationTimestamp) && newest.Name < c.Name)) {
 				newest = c

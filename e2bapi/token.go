@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"strconv"
@@ -233,12 +234,24 @@ type initBody struct {
 	EnvVars     map[string]string `json:"envVars,omitempty"`
 }
 
-// initEnvd hands envd in pod its plain token and the sandbox's env vars
-// (POST /init, which envd checks against the hash it was started with).
+// newInitBody is l's /init: its token and env vars, and the sandbox's id
+// and template as E2B_SANDBOX_ID and E2B_TEMPLATE_ID. E2B's envd reads
+// those from its VM's metadata and keeps them over the user's env vars of
+// the same names (a process's own envs still win); cryo's envd has no
+// such metadata, so they come here, over the user's.
+func newInitBody(l launch) initBody {
+	env := maps.Clone(orEmpty(l.env)) // l.env is also the sandbox's record
+	env["E2B_SANDBOX_ID"] = l.id
+	env["E2B_TEMPLATE_ID"] = templateID(l.ann)
+	return initBody{AccessToken: l.token, EnvVars: env}
+}
+
+// initEnvd hands envd in pod the plain token and env vars of l (POST
+// /init, which envd checks against the hash it was started with).
 // envd starts with the container, so right after Running it may not
 // listen yet: a refused connection or a 5xx is tried again a few times;
 // any other answer is final.
-func (s *Server) initEnvd(ctx context.Context, pod *corev1.Pod, token string, env map[string]string) error {
+func (s *Server) initEnvd(ctx context.Context, pod *corev1.Pod, l launch) error {
 	port := s.EnvdPort
 	if port == 0 {
 		port = EnvdPort
@@ -248,7 +261,7 @@ func (s *Server) initEnvd(ctx context.Context, pod *corev1.Pod, token string, en
 		hc = http.DefaultClient
 	}
 	url := "http://" + net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(port)) + "/init"
-	body, _ := json.Marshal(initBody{AccessToken: token, EnvVars: env})
+	body, _ := json.Marshal(newInitBody(l))
 	var last error
 	for attempt := 0; attempt < initAttempts; attempt++ {
 		if attempt > 0 {

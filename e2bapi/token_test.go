@@ -71,6 +71,30 @@ func TestEnvdToken(t *testing.T) {
 	}
 }
 
+// TestInitSandboxEnv: envd's /init carries the sandbox's id and template
+// as E2B_SANDBOX_ID and E2B_TEMPLATE_ID, over the user's env vars of those
+// names as E2B's envd keeps them, again on resume.
+func TestInitSandboxEnv(t *testing.T) {
+	f := newFixture(t)
+	sb := f.createSandbox("key-a", `{"envVars":{"FOO":"bar","E2B_SANDBOX_ID":"mine","E2B_TEMPLATE_ID":"mine"}}`)
+	want := func(what string) {
+		t.Helper()
+		in := f.lastInit()
+		if in.EnvVars["E2B_SANDBOX_ID"] != sb.SandboxID || in.EnvVars["E2B_TEMPLATE_ID"] != "base" || in.EnvVars["FOO"] != "bar" {
+			t.Errorf("/init %s: env %v, want E2B_SANDBOX_ID=%s E2B_TEMPLATE_ID=base FOO=bar", what, in.EnvVars, sb.SandboxID)
+		}
+	}
+	want("after create")
+	f.controllerPauses("team-a", podName(sb.SandboxID, 0))
+	if code := f.do("key-a", "POST", "/sandboxes/"+sb.SandboxID+"/pause", `{}`, nil); code != http.StatusNoContent {
+		t.Fatalf("pause: %d", code)
+	}
+	if code := f.do("key-a", "POST", "/v2/sandboxes/"+sb.SandboxID+"/connect", `{}`, nil); code != http.StatusCreated {
+		t.Fatalf("connect: %d", code)
+	}
+	want("after resume")
+}
+
 // TestCreateFailsWithoutEnvd: a create whose envd refuses /init, or whose
 // pod fails, is a 502 that names the cause and leaves nothing behind.
 func TestCreateFailsWithoutEnvd(t *testing.T) {

@@ -38,8 +38,9 @@
 // request names in its Basic auth header, else /init's default user, else
 // the container's own process user; an unknown user is Unauthenticated.
 // Its environment is the container's process environment, then HOME, USER
-// and LOGNAME of the user, /init's env vars and the request's, each
-// replacing the ones before. Its cwd is the request's ("~" and relative
+// and LOGNAME of the user and E2B_SANDBOX=true, /init's env vars (the
+// control plane's E2B_SANDBOX_ID and E2B_TEMPLATE_ID among them) and the
+// request's, each replacing the ones before. Its cwd is the request's ("~" and relative
 // paths start at the user's home), else /init's default workdir, else the
 // user's home; a missing one is InvalidArgument, as is a command that
 // cannot be executed. Stdin is a pipe unless the request says stdin=false
@@ -75,7 +76,10 @@
 // stdin or terminal (the other is FailedPrecondition), CloseStdin ends a
 // pipe (a terminal has none: send Ctrl-D), SendSignal sends SIGTERM or
 // SIGKILL, Update resizes a terminal. An unknown or ended pid or tag is
-// NotFound, which the SDK's kill turns into false.
+// NotFound, which the SDK's kill turns into false; but Connect, as E2B's
+// envd, answers for an ended process for 30 s with its start and end
+// events (the newest 1024 ends are kept), so commands.connect(pid) just
+// after the exit gets its exit code.
 //
 // # Pause and resume
 //

@@ -122,8 +122,12 @@ func (s *Server) filesRequest(w http.ResponseWriter, r *http.Request, op string)
 	return fr, p
 }
 
-// httpStatus is the HTTP status of a files error.
+// filesStatus is the HTTP status of a files error. A full disk is 507, as
+// E2B's envd answers an upload, where its RPCs say Internal.
 func filesStatus(err error) int {
+	if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) {
+		return http.StatusInsufficientStorage
+	}
 	var ce *connect.Error
 	if !errors.As(fsError(err), &ce) {
 		return http.StatusInternalServerError
@@ -137,8 +141,6 @@ func filesStatus(err error) int {
 		return http.StatusBadRequest
 	case connect.CodePermissionDenied:
 		return http.StatusForbidden
-	case connect.CodeResourceExhausted:
-		return http.StatusInsufficientStorage
 	case connect.CodeUnavailable:
 		return http.StatusServiceUnavailable
 	}
@@ -176,9 +178,13 @@ func (s *Server) download(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("path '%s' is not a regular file", p))
 		return
 	}
-	w.Header().Set("Content-Type", "application/octet-stream")
+	// as E2B's envd: the SDK's downloadUrl opened in a browser shows or
+	// saves the file under its name, its type from that name (or, plain,
+	// from its content)
+	w.Header().Set("Content-Disposition", mime.FormatMediaType("inline", map[string]string{"filename": path.Base(p)}))
 	w.Header().Set("Vary", "Accept-Encoding")
 	if acceptsGzip(r) {
+		w.Header().Set("Content-Type", gzipContentType(p))
 		w.Header().Set("Content-Encoding", "gzip")
 		gz := gzip.NewWriter(w)
 		if _, err := io.Copy(gz, f); err != nil {
@@ -187,7 +193,16 @@ func (s *Server) download(w http.ResponseWriter, r *http.Request) {
 		gz.Close()
 		return
 	}
-	http.ServeContent(w, r, "", fi.ModTime(), f)
+	http.ServeContent(w, r, p, fi.ModTime(), f)
+}
+
+// gzipContentType is the type of a gzip download, whose content
+// ServeContent cannot sniff: the name's, else octet-stream.
+func gzipContentType(p string) string {
+	if t := mime.TypeByExtension(path.Ext(p)); t != "" {
+		return t
+	}
+	return "application/octet-stream"
 }
 
 // acceptsGzip: the SDK's files.read({gzip: true}) asks for a gzip body. A

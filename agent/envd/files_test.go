@@ -207,7 +207,7 @@ func TestDownload(t *testing.T) {
 	// The container's /etc/passwd, not the host's, through a symlink.
 	symlinkHost(t, "/etc/passwd", e.host("/home/user/pw"))
 	code, b, h := filesDo(t, "GET", e.filesURL("f", "user"), fsToken, "", nil)
-	if code != http.StatusOK || string(b) != "content" || h.Get("Content-Type") != "application/octet-stream" {
+	if code != http.StatusOK || string(b) != "content" {
 		t.Fatalf("download: %d %q %v", code, b, h)
 	}
 	code, b, _ = filesDo(t, "GET", e.filesURL("/home/user/pw", ""), fsToken, "", nil)
@@ -241,6 +241,29 @@ func TestDownload(t *testing.T) {
 	}
 	if code, b, _ := filesDo(t, "GET", e.filesURL("f", "nobody"), fsToken, "", nil); code != http.StatusUnauthorized || !strings.Contains(string(b), "nobody") {
 		t.Fatalf("download as an unknown user: %d %s", code, b)
+	}
+}
+
+// TestDownloadHeaders: as E2B's envd, a download is inline under its base
+// name, its type from the name or else sniffed; a gzip one's from the name
+// or else octet-stream.
+func TestDownloadHeaders(t *testing.T) {
+	e := newFSEnv(t)
+	writeHostFile(t, e.host("/home/user/d/data.json"), `{"a":1}`)
+	writeHostFile(t, e.host("/home/user/notes"), "plain text")
+	writeHostFile(t, e.host("/home/user/my file"), "x")
+	for _, c := range []struct{ path, encoding, disposition, contentType string }{
+		{"d/data.json", "identity", "inline; filename=data.json", "application/json"},
+		{"d/data.json", "gzip", "inline; filename=data.json", "application/json"},
+		{"notes", "identity", "inline; filename=notes", "text/plain; charset=utf-8"},
+		{"notes", "gzip", "inline; filename=notes", "application/octet-stream"},
+		{"my file", "identity", `inline; filename="my file"`, "text/plain; charset=utf-8"},
+	} {
+		code, _, h := filesDo(t, "GET", e.filesURL(c.path, "user"), fsToken, "", nil, "Accept-Encoding", c.encoding)
+		if code != http.StatusOK || h.Get("Content-Disposition") != c.disposition || h.Get("Content-Type") != c.contentType {
+			t.Errorf("download %q (%q): %d, Content-Disposition %q and Content-Type %q, want %q and %q",
+				c.path, c.encoding, code, h.Get("Content-Disposition"), h.Get("Content-Type"), c.disposition, c.contentType)
+		}
 	}
 }
 

@@ -352,7 +352,9 @@ func (c containerFS) Readlink(p string) (string, error) {
 }
 
 // fsError converts an error of a files operation to the Connect code E2B's
-// SDK maps to its own errors (NotFound to FileNotFoundError, ...).
+// SDK maps to its own errors (NotFound to FileNotFoundError, ...). A full
+// disk is Internal, as E2B's envd answers it: the SDK would take
+// ResourceExhausted for a rate limit ("please try again later").
 func fsError(err error) error {
 	var ce *connect.Error
 	if errors.As(err, &ce) {
@@ -371,8 +373,6 @@ func fsError(err error) error {
 		return connect.NewError(connect.CodePermissionDenied, err)
 	case unix.ENOTDIR, unix.EISDIR, unix.EINVAL, unix.ELOOP, unix.EXDEV, unix.ENAMETOOLONG:
 		return connect.NewError(connect.CodeInvalidArgument, err)
-	case unix.ENOSPC, unix.EDQUOT:
-		return connect.NewError(connect.CodeResourceExhausted, err)
 	}
 	return connect.NewError(connect.CodeInternal, err)
 }

@@ -378,3 +378,21 @@ func initEnvd(t *testing.T, url, body string) {
 		t.Fatalf("POST %s: %d", url, resp.StatusCode)
 	}
 }
+
+// TestFullDiskCodes: a full disk is Internal to the RPCs, as E2B's envd
+// answers it (the SDK would take ResourceExhausted for a rate limit), and
+// 507 to an upload, as E2B's envd answers that.
+func TestFullDiskCodes(t *testing.T) {
+	for _, errno := range []syscall.Errno{syscall.ENOSPC, syscall.EDQUOT} {
+		err := &os.PathError{Op: "write", Path: "/f", Err: errno}
+		if code := connect.CodeOf(fsError(err)); code != connect.CodeInternal {
+			t.Errorf("%v: code %v, want internal", errno, code)
+		}
+		if got := filesStatus(err); got != http.StatusInsufficientStorage {
+			t.Errorf("%v: upload status %d, want 507", errno, got)
+		}
+		if got := filesStatus(fsError(err)); got != http.StatusInsufficientStorage {
+			t.Errorf("%v as a Connect error: upload status %d, want 507", errno, got)
+		}
+	}
+}

@@ -93,21 +93,39 @@ const (
 	// a new pod): it would hold its process's output back.
 	writeTimeout = 30 * time.Second
 	chunkSize    = 32 << 10
+	// endedTTL is how long Connect still answers for a process after its
+	// end, as E2B's envd does (terminatedRetentionTTL): the SDK's
+	// commands.connect(pid) just after the exit gets the exit code, not
+	// NotFound.
+	endedTTL = 30 * time.Second
+	// maxEnded bounds the ends kept meanwhile: a guest that starts
+	// processes in a loop must not grow envd's memory with them.
+	maxEnded = 1024
 )
 
 // processService serves process.Process: the processes started through
-// envd, by pid, until they end.
+// envd, by pid, until they end, and for endedTTL their ends.
 type processService struct {
-	s *Server
+	s   *Server
+	now func() time.Time
 
 	mu    sync.Mutex
 	procs map[uint32]*proc
+	ended []endedProc // oldest first
+}
+
+// endedProc is what Connect needs of a process after its end.
+type endedProc struct {
+	pid uint32
+	tag *string
+	end *rpc.ProcessEvent_EndEvent
+	at  time.Time
 }
 
 var _ processconnect.ProcessHandler = (*processService)(nil)
 
 func newProcessService(s *Server) *processService {
-	return &processService{s: s, procs: map[uint32]*proc{}}
+	return &processService{s: s, now: time.Now, procs: map[uint32]*proc{}}
 }
 
 func (ps *processService) handler() (string, http.Handler) {
@@ -150,7 +168,7 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[rpc.St
 	}
 	sub := p.out.subscribe() // before any output: Start's client gets it all
 	ps.add(p)
-	go p.run(func() { ps.remove(p) })
+	go p.run(func() { ps.retire(p) })
 	if d := requestTimeout(req.Header()); d > 0 {
 		// E2B's SDK sends its command timeout (timeoutMs, 60 s unless
 		// set; 0 for none) as the request's; its envd kills the process
@@ -164,13 +182,15 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[rpc.St
 }
 
 func (ps *processService) Connect(ctx context.Context, req *connect.Request[rpc.ConnectRequest], stream *connect.ServerStream[rpc.ConnectResponse]) error {
+	send := func(ev *rpc.ProcessEvent) error { return stream.Send(&rpc.ConnectResponse{Event: ev}) }
 	p, err := ps.lookup(req.Msg.GetProcess())
 	if err != nil {
+		if e, ok := ps.lookupEnded(req.Msg.GetProcess()); ok {
+			return e.replay(send)
+		}
 		return err
 	}
-	return p.stream(ctx, p.out.subscribe(), keepalive(req.Header()), func(ev *rpc.ProcessEvent) error {
-		return stream.Send(&rpc.ConnectResponse{Event: ev})
-	})
+	return p.stream(ctx, p.out.subscribe(), keepalive(req.Header()), send)
 }
 
 func (ps *processService) List(ctx context.Context, req *connect.Request[rpc.ListRequest]) (*connect.Response[rpc.ListResponse], error) {
@@ -288,13 +308,63 @@ func (ps *processService) add(p *proc) {
 	ps.procs[p.pid] = p
 }
 
-// remove forgets p, unless its pid went to a newer process already.
-func (ps *processService) remove(p *proc) {
+// retire moves p, which ended, from the live processes (unless its pid
+// went to a newer process already) to the ended ones, in one step: a
+// Connect finds it in either.
+func (ps *processService) retire(p *proc) {
+	p.mu.Lock()
+	e := endedProc{pid: p.pid, tag: p.tag, end: p.end}
+	p.mu.Unlock()
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
 	if ps.procs[p.pid] == p {
 		delete(ps.procs, p.pid)
 	}
+	e.at = ps.now()
+	ps.ended = append(ps.ended, e)
+	ps.pruneLocked(e.at)
+}
+
+// pruneLocked drops the ends past endedTTL and, beyond maxEnded, the
+// oldest.
+func (ps *processService) pruneLocked(now time.Time) {
+	n := 0
+	for n < len(ps.ended) && (len(ps.ended)-n > maxEnded || now.Sub(ps.ended[n].at) >= endedTTL) {
+		n++
+	}
+	clear(ps.ended[:n]) // the array outlives the slice
+	ps.ended = ps.ended[n:]
+}
+
+// lookupEnded finds the newest end sel names: a pid or tag reused since
+// names its latest process.
+func (ps *processService) lookupEnded(sel *rpc.ProcessSelector) (endedProc, bool) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	ps.pruneLocked(ps.now())
+	for i := len(ps.ended) - 1; i >= 0; i-- {
+		e := ps.ended[i]
+		switch s := sel.GetSelector().(type) {
+		case *rpc.ProcessSelector_Pid:
+			if e.pid == s.Pid {
+				return e, true
+			}
+		case *rpc.ProcessSelector_Tag:
+			if e.tag != nil && *e.tag == s.Tag {
+				return e, true
+			}
+		}
+	}
+	return endedProc{}, false
+}
+
+// replay sends what E2B's envd sends for a process that already ended:
+// its start and its end, the output being gone.
+func (e endedProc) replay(send func(*rpc.ProcessEvent) error) error {
+	if err := send(&rpc.ProcessEvent{Event: &rpc.ProcessEvent_Start{Start: &rpc.ProcessEvent_StartEvent{Pid: e.pid}}}); err != nil {
+		return err
+	}
+	return send(&rpc.ProcessEvent{Event: &rpc.ProcessEvent_End{End: e.end}})
 }
 
 func (ps *processService) lookup(sel *rpc.ProcessSelector) (*proc, error) {
@@ -319,7 +389,7 @@ func (ps *processService) lookup(sel *rpc.ProcessSelector) (*proc, error) {
 
 // run pumps the process's output into p.out and, once it exited and its
 // output is in, sets its end.
-func (p *proc) run(remove func()) {
+func (p *proc) run(retire func()) {
 	var wg sync.WaitGroup
 	pump := func(r io.Reader, event func([]byte) *rpc.ProcessEvent_DataEvent) {
 		wg.Add(1)
@@ -366,7 +436,7 @@ func (p *proc) run(remove func()) {
 	p.end = endEvent(exit)
 	p.mu.Unlock()
 	p.out.close()
-	remove()
+	retire()
 	close(p.done)
 }
 
@@ -493,9 +563,9 @@ func (s *Server) requestUser(h http.Header) (User, error) {
 }
 
 // command is what Start runs: the container's environment under HOME,
-// USER and LOGNAME of the user, /init's env vars and then the request's,
-// each overriding the ones before; in the request's cwd, else /init's
-// default workdir, else the user's home.
+// USER and LOGNAME of the user and E2B_SANDBOX, /init's env vars and then
+// the request's, each overriding the ones before; in the request's cwd,
+// else /init's default workdir, else the user's home.
 func (s *Server) command(u User, req *rpc.StartRequest) (Command, error) {
 	cfg := req.GetProcess()
 	if cfg.GetCmd() == "" {
@@ -508,6 +578,9 @@ func (s *Server) command(u User, req *rpc.StartRequest) (Command, error) {
 	env.set("HOME", u.Home)
 	env.set("USER", u.Name)
 	env.set("LOGNAME", u.Name)
+	// what E2B's envd gives every process: code checks it to tell it runs
+	// in a sandbox
+	env.set("E2B_SANDBOX", "true")
 	for _, k := range sortedKeys(defaults) {
 		env.set(k, defaults[k])
 	}

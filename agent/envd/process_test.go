@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -477,16 +478,116 @@ func TestProcessConnectList(t *testing.T) {
 	if r1.stdout != "got x\n" || r2.stdout != "got x\n" || r1.end == nil || r2.end == nil || r2.end.ExitCode != 0 {
 		t.Fatalf("subscribers: %+v and %+v, want both to get the output and end", r1, r2)
 	}
-	// a server stream's error comes with its first receive
-	c3, _ := client.Connect(ctx, withToken(&rpc.ConnectRequest{Process: sel}, ""))
-	for c3.Receive() {
-	}
-	if codeOf(c3.Err()) != connect.CodeNotFound {
-		t.Fatalf("connect to an ended process: %v, want not found", c3.Err())
-	}
 	list, _ = client.List(ctx, withToken(&rpc.ListRequest{}, ""))
 	if len(list.Msg.GetProcesses()) != 0 {
 		t.Fatalf("list after the end: %v", list.Msg.GetProcesses())
+	}
+}
+
+// TestProcessE2BSandboxEnv: every process has E2B_SANDBOX=true, as in
+// E2B's envd, unless /init's env vars or the request's set it.
+func TestProcessE2BSandboxEnv(t *testing.T) {
+	s, client, c := newProcessTest(t)
+	run := func(req *rpc.StartRequest) string {
+		t.Helper()
+		st, err := client.Start(context.Background(), withToken(req, ""))
+		if err != nil {
+			t.Fatal(err)
+		}
+		collect(t, st, nil)
+		v, _ := spawned.Load(string(c))
+		cmds := v.([]Command)
+		var got []string
+		for _, kv := range cmds[len(cmds)-1].Env {
+			if strings.HasPrefix(kv, "E2B_SANDBOX=") {
+				got = append(got, kv)
+			}
+		}
+		return strings.Join(got, " ")
+	}
+	if got := run(start("true")); got != "E2B_SANDBOX=true" {
+		t.Errorf("by default: %q, want E2B_SANDBOX=true", got)
+	}
+	s.defaults = map[string]string{"E2B_SANDBOX": "init"}
+	if got := run(start("true")); got != "E2B_SANDBOX=init" {
+		t.Errorf("with /init's: %q, want E2B_SANDBOX=init", got)
+	}
+	req := start("true")
+	req.Process.Envs = map[string]string{"E2B_SANDBOX": "request"}
+	if got := run(req); got != "E2B_SANDBOX=request" {
+		t.Errorf("with the request's: %q, want E2B_SANDBOX=request", got)
+	}
+}
+
+// TestProcessConnectEnded: for endedTTL after its end, Connect by pid or
+// tag answers for a process with its start and end events, as E2B's envd
+// does; List and the other calls know it no more, and then neither does
+// Connect.
+func TestProcessConnectEnded(t *testing.T) {
+	s, client, _ := newProcessTest(t)
+	var skew atomic.Int64
+	s.processes.now = func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }
+	ctx := context.Background()
+	req := start("sh", "-c", "echo gone; exit 7")
+	req.Tag = new("job")
+	st, err := client.Start(ctx, withToken(req, ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := collect(t, st, nil).pid
+	waitGone(t, s, pid, "the ended process is still live")
+	byPid := &rpc.ProcessSelector{Selector: &rpc.ProcessSelector_Pid{Pid: pid}}
+	byTag := &rpc.ProcessSelector{Selector: &rpc.ProcessSelector_Tag{Tag: "job"}}
+	for _, sel := range []*rpc.ProcessSelector{byPid, byTag} {
+		c, err := client.Connect(ctx, withToken(&rpc.ConnectRequest{Process: sel}, ""))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := collect(t, c, nil); r.pid != pid || r.stdout != "" || r.end == nil || r.end.ExitCode != 7 || r.end.Status != "exit status 7" {
+			t.Fatalf("connect %v after the end: %+v, want its start and end only", sel, r)
+		}
+	}
+	if list, err := client.List(ctx, withToken(&rpc.ListRequest{}, "")); err != nil || len(list.Msg.GetProcesses()) != 0 {
+		t.Fatalf("list after the end: %v %v, want none", list, err)
+	}
+	if _, err := client.SendSignal(ctx, withToken(&rpc.SendSignalRequest{Process: byPid, Signal: rpc.Signal_SIGNAL_SIGKILL}, "")); codeOf(err) != connect.CodeNotFound {
+		t.Fatalf("signal to an ended process: %v, want not found", err)
+	}
+	skew.Store(int64(endedTTL))
+	for _, sel := range []*rpc.ProcessSelector{byPid, byTag} {
+		c, _ := client.Connect(ctx, withToken(&rpc.ConnectRequest{Process: sel}, ""))
+		for c.Receive() { // a server stream's error comes with its first receive
+		}
+		if codeOf(c.Err()) != connect.CodeNotFound {
+			t.Fatalf("connect %v after %s: %v, want not found", sel, endedTTL, c.Err())
+		}
+	}
+}
+
+// TestProcessEndedBound: at most maxEnded ends are kept, the oldest
+// dropped, and a pid reused names its newest process.
+func TestProcessEndedBound(t *testing.T) {
+	ps := newProcessService(nil)
+	for pid := range uint32(maxEnded + 1) {
+		ps.retire(&proc{pid: pid, end: &rpc.ProcessEvent_EndEvent{ExitCode: int32(pid)}})
+	}
+	ps.retire(&proc{pid: 5, end: &rpc.ProcessEvent_EndEvent{ExitCode: -5}})
+	if len(ps.ended) != maxEnded {
+		t.Fatalf("%d ends kept, want %d", len(ps.ended), maxEnded)
+	}
+	pid := func(p uint32) *rpc.ProcessSelector {
+		return &rpc.ProcessSelector{Selector: &rpc.ProcessSelector_Pid{Pid: p}}
+	}
+	for _, p := range []uint32{0, 1} {
+		if _, ok := ps.lookupEnded(pid(p)); ok {
+			t.Errorf("the end of %d, among the oldest, is kept", p)
+		}
+	}
+	if e, ok := ps.lookupEnded(pid(maxEnded)); !ok || e.end.ExitCode != maxEnded {
+		t.Errorf("the newest end: %+v %v", e, ok)
+	}
+	if e, ok := ps.lookupEnded(pid(5)); !ok || e.end.ExitCode != -5 {
+		t.Errorf("pid 5 reused: %+v %v, want its newest end", e, ok)
 	}
 }
 
@@ -551,18 +652,23 @@ func TestProcessTimeout(t *testing.T) {
 	}
 	st.Receive()
 	pid := st.Msg().GetEvent().GetStart().GetPid()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	waitGone(t, s, pid, "the process outlived its request's timeout")
+}
+
+// waitGone waits up to 5 s for process pid to leave the live ones, and
+// fails with msg if it does not.
+func waitGone(t *testing.T, s *Server, pid uint32, msg string) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		s.processes.mu.Lock()
 		_, running := s.processes.procs[pid]
 		s.processes.mu.Unlock()
 		if !running {
-			break
+			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("the process outlived its request's timeout")
+			t.Fatal(msg)
 		}
-		time.Sleep(50 * time.Millisecond)
 	}
 }
 

@@ -41,8 +41,8 @@ const (
 var maxWatchers = 64
 
 // maxQueuedEvents bounds a polled watcher's queue between two
-// GetWatcherEvents; past it the watcher stops with ResourceExhausted rather
-// than lose events silently. A variable for tests.
+// GetWatcherEvents; past it the watcher stops with an error rather than
+// lose events silently. A variable for tests.
 var maxQueuedEvents = 10000
 
 // errOverflow ends a watch whose events the kernel or the queue dropped.
@@ -289,12 +289,11 @@ func (fs *filesystemService) WatchDir(ctx context.Context, req *connect.Request[
 	}
 }
 
+// watchError is Internal for an overflow too, as E2B's envd answers a
+// watcher's error: the SDK would take ResourceExhausted for a rate limit.
 func watchError(err error) error {
 	if err == nil {
 		return connect.NewError(connect.CodeAborted, errors.New("watch ended"))
-	}
-	if errors.Is(err, errOverflow) {
-		return connect.NewError(connect.CodeResourceExhausted, err)
 	}
 	return connect.NewError(connect.CodeInternal, err)
 }
@@ -348,7 +347,7 @@ func (fs *filesystemService) CreateWatcher(ctx context.Context, req *connect.Req
 	n := len(fs.watchers)
 	fs.mu.Unlock()
 	if n >= fs.maxWatchers {
-		return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("%d watchers already: remove one first", fs.maxWatchers))
+		return nil, fs.tooManyWatchers()
 	}
 	w, err := fs.watch(req.Header(), req.Msg.GetPath(), req.Msg.GetRecursive(), req.Msg.GetIncludeEntry())
 	if err != nil {
@@ -361,12 +360,19 @@ func (fs *filesystemService) CreateWatcher(ctx context.Context, req *connect.Req
 	if len(fs.watchers) >= fs.maxWatchers {
 		fs.mu.Unlock()
 		w.Close()
-		return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("%d watchers already: remove one first", fs.maxWatchers))
+		return nil, fs.tooManyWatchers()
 	}
 	fs.watchers[hex.EncodeToString(id)] = pw
 	fs.mu.Unlock()
 	go pw.run()
 	return connect.NewResponse(&rpc.CreateWatcherResponse{WatcherId: hex.EncodeToString(id)}), nil
+}
+
+// tooManyWatchers is Internal: E2B's envd has no such bound, and the SDK
+// would take ResourceExhausted for a rate limit ("please try again later")
+// where removing a watcher is what helps.
+func (fs *filesystemService) tooManyWatchers() error {
+	return connect.NewError(connect.CodeInternal, fmt.Errorf("%d watchers already: remove one first", fs.maxWatchers))
 }
 
 func (fs *filesystemService) watcher(id string) (*polledWatch, error) {

@@ -169,7 +169,9 @@ func TestPolledWatcher(t *testing.T) {
 }
 
 // Watchers and their queues are bounded: a watcher past its queue stops
-// with ResourceExhausted once drained, and no more than maxWatchers live.
+// with Internal once drained, and no more than maxWatchers live (Internal
+// past them), as E2B's envd answers a watcher's error: the SDK would take
+// ResourceExhausted for a rate limit.
 func TestPolledWatcherBounds(t *testing.T) {
 	defer func(n, q int) { maxWatchers, maxQueuedEvents = n, q }(maxWatchers, maxQueuedEvents)
 	maxWatchers, maxQueuedEvents = 2, 5
@@ -191,7 +193,7 @@ func TestPolledWatcherBounds(t *testing.T) {
 		ids = append(ids, resp.Msg.GetWatcherId())
 	}
 	_, err := c.CreateWatcher(ctx, fsReq(&rpc.CreateWatcherRequest{Path: "/w"}, ""))
-	wantFSCode(t, err, connect.CodeResourceExhausted)
+	wantFSCode(t, err, connect.CodeInternal)
 
 	for i := 0; i < 10; i++ {
 		writeHostFile(t, e.host(fmt.Sprintf("/w/f%d", i)), "")
@@ -201,7 +203,7 @@ func TestPolledWatcherBounds(t *testing.T) {
 	deadline := time.Now().Add(10 * time.Second)
 	for ; time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
 		ev, err := c.GetWatcherEvents(ctx, fsReq(&rpc.GetWatcherEventsRequest{WatcherId: ids[0]}, ""))
-		if connect.CodeOf(err) == connect.CodeResourceExhausted {
+		if connect.CodeOf(err) == connect.CodeInternal {
 			break
 		}
 		if err != nil {
@@ -210,7 +212,7 @@ func TestPolledWatcherBounds(t *testing.T) {
 		total += len(ev.Msg.GetEvents())
 	}
 	if total != 5 || time.Now().After(deadline) {
-		t.Fatalf("got %d events before ResourceExhausted, want the queue's 5", total)
+		t.Fatalf("got %d events before Internal, want the queue's 5", total)
 	}
 	if _, err := c.RemoveWatcher(ctx, fsReq(&rpc.RemoveWatcherRequest{WatcherId: ids[0]}, "")); err != nil {
 		t.Fatal(err)

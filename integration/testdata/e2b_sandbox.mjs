@@ -91,6 +91,19 @@ const steps = {
     const exit = await refused(() => sbx.commands.run('echo partial; echo bad >&2; exit 3'), (e) => e instanceof CommandExitError, 'a failing command')
     expect(exit.exitCode === 3 && exit.stdout === 'partial\n' && exit.stderr === 'bad\n', `CommandExitError: exit ${exit.exitCode} stdout ${JSON.stringify(exit.stdout)} stderr ${JSON.stringify(exit.stderr)}`)
 
+    // What E2B's envd gives every process: code checks it to tell it runs
+    // in a sandbox, and which.
+    const env = await sbx.commands.run('echo "$E2B_SANDBOX $E2B_SANDBOX_ID $E2B_TEMPLATE_ID"')
+    expect(env.stdout === `true ${sbx.sandboxId} base\n`, `E2B_SANDBOX, E2B_SANDBOX_ID, E2B_TEMPLATE_ID: ${JSON.stringify(env.stdout)}`)
+    // A background command that ended before its client came back: connect
+    // still gets its exit, as from E2B's envd, which keeps ends for 30 s.
+    const quick = await sbx.commands.run('echo done; exit 4', { background: true })
+    await quick.disconnect()
+    await until('the quick command to end', 30_000, async () => !(await sbx.commands.list()).some((p) => p.pid === quick.pid))
+    const late = await sbx.commands.connect(quick.pid)
+    const ended = await refused(() => late.wait(), (e) => e instanceof CommandExitError, 'connect to a command that ended')
+    expect(ended.exitCode === 4, `exit code through a late connect: ${ended.exitCode}`)
+
     const cat = await sbx.commands.run('cat', { background: true, stdin: true })
     await sbx.commands.sendStdin(cat.pid, 'hello ')
     await sbx.commands.sendStdin(cat.pid, 'stdin\n')
