@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/rs/cors"
 	"golang.org/x/sync/singleflight"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -100,6 +101,10 @@ func refuse(code int, id, format string, args ...any) *gatewayError {
 }
 
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodOptions && r.Header.Get("Access-Control-Request-Method") != "" {
+		preflight.ServeHTTP(w, r)
+		return
+	}
 	if err := g.Server.unguarded(); err != nil {
 		writeJSON(w, http.StatusServiceUnavailable, refuse(http.StatusServiceUnavailable, r.Header.Get(headerSandboxID), "%v", err))
 		return
@@ -117,6 +122,18 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, ge.Code, ge)
 }
+
+// preflight answers a browser's CORS preflight as envd does (any origin,
+// method and header), without routing it: a preflight names no header's
+// value, so one whose sandbox only E2b-Sandbox-Id names could not be
+// routed, and it carries no token. The request that follows is proxied,
+// and envd's answer carries the CORS headers.
+var preflight = cors.New(cors.Options{
+	AllowedOrigins: []string{"*"},
+	AllowedMethods: []string{http.MethodHead, http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete},
+	AllowedHeaders: []string{"*"},
+	MaxAge:         int((2 * time.Hour).Seconds()),
+}).Handler(http.NotFoundHandler())
 
 // forward proxies r to sandbox id's envd, counted against its namespace's
 // MaxInFlight from when route finds the sandbox until envd has answered;

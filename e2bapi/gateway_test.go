@@ -691,3 +691,25 @@ func TestGatewayOnlyAPIPods(t *testing.T) {
 		f.refusal(code, body, 502, id, "not one cryo's E2B API made")
 	}
 }
+
+// TestGatewayPreflight: a browser's CORS preflight names no header's
+// value, so the sandbox id of E2b-Sandbox-Id is not in it; the gateway
+// answers it as envd would, for any origin, without routing or reading
+// anything, and proxies the request that follows.
+func TestGatewayPreflight(t *testing.T) {
+	f := newGatewayFixture(t)
+	before := f.cc.reads.Load()
+	code, h, _ := f.send("", "OPTIONS", "/process.Process/Start", "", map[string]string{
+		"Origin": "https://app.example", "Access-Control-Request-Method": "POST",
+		"Access-Control-Request-Headers": "e2b-sandbox-id,e2b-sandbox-port,x-access-token,connect-protocol-version",
+	})
+	if code >= 300 || h.Get("Access-Control-Allow-Origin") != "*" || !strings.Contains(strings.ToLower(h.Get("Access-Control-Allow-Headers")), "e2b-sandbox-id") {
+		t.Errorf("preflight: %d %v, want it allowed for any origin and header", code, h)
+	}
+	if n := f.cc.reads.Load() - before; n != 0 {
+		t.Errorf("a preflight read the API server %d times, want none", n)
+	}
+	// An OPTIONS that is no preflight is routed as before: no sandbox named.
+	code, _, body := f.send("", "OPTIONS", "/process.Process/Start", "", nil)
+	f.refusal(code, body, http.StatusBadRequest, "", "")
+}

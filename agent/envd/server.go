@@ -82,7 +82,7 @@ func New(c Container, tokenHash [sha256.Size]byte) *Server {
 }
 
 // Handler routes envd's HTTP API. Every route but /health is behind the
-// access token.
+// access token, and every one answers a browser's CORS requests.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
@@ -90,7 +90,7 @@ func (s *Server) Handler() http.Handler {
 	})
 	mux.HandleFunc("POST /init", s.init)
 	mux.Handle("/", s.authorized(s.routes()))
-	return mux
+	return withCORS(mux)
 }
 
 // routes are the token-protected routes: the Connect services and /files

@@ -80,3 +80,39 @@ func TestRoutesWantToken(t *testing.T) {
 		}
 	}
 }
+
+// TestCORS: a browser's preflight, which carries no token, is answered
+// for any origin, and an answer carries the CORS headers, as E2B's envd
+// does; the request itself still needs the token.
+func TestCORS(t *testing.T) {
+	_, ts := newTestServer(t, "secret")
+	do := func(method, path string, h map[string]string) *http.Response {
+		t.Helper()
+		req, _ := http.NewRequest(method, ts.URL+path, nil)
+		for k, v := range h {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp
+	}
+	pre := do("OPTIONS", "/process.Process/Start", map[string]string{
+		"Origin": "https://app.example", "Access-Control-Request-Method": "POST",
+		"Access-Control-Request-Headers": "x-access-token,connect-protocol-version,content-type",
+	})
+	if pre.StatusCode >= 300 || pre.Header.Get("Access-Control-Allow-Origin") != "*" ||
+		!strings.Contains(strings.ToLower(pre.Header.Get("Access-Control-Allow-Headers")), "x-access-token") {
+		t.Errorf("preflight: %d %v, want it allowed for any origin and header", pre.StatusCode, pre.Header)
+	}
+	denied := do("GET", "/files?path=/x", map[string]string{"Origin": "https://app.example"})
+	if denied.StatusCode != http.StatusUnauthorized || denied.Header.Get("Access-Control-Allow-Origin") != "*" {
+		t.Errorf("GET /files without a token from a browser: %d, ACAO %q; want 401 that the page can read", denied.StatusCode, denied.Header.Get("Access-Control-Allow-Origin"))
+	}
+	ok := do("GET", "/health", map[string]string{"Origin": "https://app.example"})
+	if exp := ok.Header.Get("Access-Control-Expose-Headers"); ok.StatusCode != http.StatusNoContent || !strings.Contains(exp, "Grpc-Status") {
+		t.Errorf("GET /health from a browser: %d, exposed headers %q; want the Connect protocol's exposed", ok.StatusCode, exp)
+	}
+}
