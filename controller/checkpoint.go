@@ -12,11 +12,16 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	cryov1 "github.com/cryo-runtime/cryo/api/v1alpha1"
 )
+
+// waitingFor begins the message of a Checkpoint that waits for another
+// of the same pod.
+const waitingFor = "waiting for Checkpoint "
 
 // start checks the spec and the pod, then asks the kubelet.
 func (r *Reconciler) start(ctx context.Context, cp *cryov1.Checkpoint) (reconcile.Result, error) {
@@ -31,16 +36,24 @@ func (r *Reconciler) start(ctx context.Context, cp *cryov1.Checkpoint) (reconcil
 	if err := ValidateSpec(cp.Spec); err != nil {
 		return r.fail(ctx, cp, refuse(cryov1.ReasonInvalidSpec, "%v", err))
 	}
-	if res, done := r.pastDeadline(ctx, cp); done {
-		return res, nil
-	}
 	pod, container, target, err := r.checkPod(ctx, cp)
 	if err != nil {
 		return r.failOrRetry(ctx, cp, err)
 	}
+	// The wait for another Checkpoint of the pod is not this one's time:
+	// that one's deadline bounds it, and this one's starts when it may
+	// begin.
 	if other, busy := r.claim(ctx, cp, pod); busy {
-		r.setMessage(ctx, cp, fmt.Sprintf("waiting for Checkpoint %s of the same pod", other))
+		r.setMessage(ctx, cp, waitingFor+other+" of the same pod")
 		return reconcile.Result{RequeueAfter: waitOtherPod}, nil
+	}
+	if strings.HasPrefix(cp.Status.Message, waitingFor) {
+		now := r.now()
+		cp.Status.StartTime = &now
+	}
+	if res, done := r.pastDeadline(ctx, cp); done {
+		r.release(cp)
+		return res, nil
 	}
 	store, tag, err := r.Open(ctx, target)
 	if err != nil {
@@ -135,10 +148,24 @@ func hasContainer(pod *corev1.Pod, name string) bool {
 func (r *Reconciler) create(ctx context.Context, cp *cryov1.Checkpoint) (reconcile.Result, error) {
 	r.mu.Lock()
 	r.owner[cp.Namespace+"/"+cp.Spec.PodName] = owner{cp.UID, cp.Name}
-	_, askedHere := r.asked[cp.UID]
+	a, askedHere := r.asked[cp.UID]
+	var calling, answered bool
+	var answer error
+	if askedHere {
+		calling, answered, answer = a.calling, a.answered, a.answer
+		a.answered, a.answer = false, nil // taken
+	}
 	r.mu.Unlock()
 	if cp.Status.Snapshot != "" {
 		return r.finish(ctx, cp)
+	}
+	switch {
+	case calling:
+		// The answer wakes this Checkpoint; the poll is in case it
+		// could not.
+		return reconcile.Result{RequeueAfter: pollInterval}, nil
+	case answered:
+		return r.answered(ctx, cp, a, answer)
 	}
 	pod, container, target, err := r.checkPod(ctx, cp)
 	if err != nil {
@@ -188,7 +215,11 @@ func (r *Reconciler) adopt(ctx context.Context, cp *cryov1.Checkpoint) (reconcil
 	return res, true, err
 }
 
-// ask calls the kubelet and, on its 200, looks up and records the snapshot.
+// ask starts the kubelet's call (call), whose answer the next reconcile
+// takes (answered). The call runs outside the reconcile: it lasts as long
+// as the checkpoint on the node (up to maxCallTimeout), and a worker it
+// held would be one of the few that every Checkpoint of the cluster, its
+// deletion and its expiry wait for.
 func (r *Reconciler) ask(ctx context.Context, cp *cryov1.Checkpoint, pod *corev1.Pod, container, target string) (reconcile.Result, error) {
 	timeout := min(cp.Status.StartTime.Add(r.Deadline).Sub(r.Now()), maxCallTimeout)
 	if timeout < time.Second {
@@ -208,9 +239,33 @@ func (r *Reconciler) ask(ctx context.Context, cp *cryov1.Checkpoint, pod *corev1
 		a = &attempts{}
 		r.asked[cp.UID] = a
 	}
+	a.calling = true
 	r.mu.Unlock()
 	log.FromContext(ctx).Info("asking the kubelet to checkpoint", "node", pod.Spec.NodeName, "pod", pod.Name, "container", container, "timeout", timeout)
+	go r.call(ctx, client.ObjectKeyFromObject(cp), a, pod, container, timeout)
+	return reconcile.Result{RequeueAfter: pollInterval}, nil
+}
+
+// call asks the kubelet, keeps its answer in a and wakes the Checkpoint.
+// ctx is the reconcile's, which lives as long as the controller: a
+// stopped controller cuts the call, and its successor waits out what the
+// node may still do (create).
+func (r *Reconciler) call(ctx context.Context, key client.ObjectKey, a *attempts, pod *corev1.Pod, container string, timeout time.Duration) {
 	err := r.Kubelet.Checkpoint(ctx, pod.Spec.NodeName, pod.Namespace, pod.Name, container, timeout)
+	r.mu.Lock()
+	a.calling, a.answered, a.answer = false, true, err
+	r.mu.Unlock()
+	cp := &cryov1.Checkpoint{}
+	cp.Namespace, cp.Name = key.Namespace, key.Name
+	select {
+	case r.wake <- event.GenericEvent{Object: cp}:
+	default: // the controller stopped, or is far behind: the poll finds it
+	}
+}
+
+// answered takes the kubelet's answer: on its 200 it looks up and records
+// the snapshot.
+func (r *Reconciler) answered(ctx context.Context, cp *cryov1.Checkpoint, a *attempts, err error) (reconcile.Result, error) {
 	if err != nil {
 		// The shim may have published before the answer failed (the
 		// kubelet's archive, the proxy's connection): a snapshot that is
@@ -220,7 +275,8 @@ func (r *Reconciler) ask(ctx context.Context, cp *cryov1.Checkpoint, pod *corev1
 		}
 		return r.kubeletFailed(ctx, cp, a, err)
 	}
-	f, err := r.find(ctx, cp, target, string(pod.UID))
+	target := cp.Status.Target
+	f, err := r.find(ctx, cp, target, cp.Status.PodUID)
 	if errors.Is(err, errNotOurs) {
 		return r.fail(ctx, cp, refuse(cryov1.ReasonSnapshotNotFound, "the kubelet answered, but %v", err))
 	}

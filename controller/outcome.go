@@ -103,16 +103,20 @@ func (r *Reconciler) expire(ctx context.Context, cp *cryov1.Checkpoint) (reconci
 // then the finalizer.
 func (r *Reconciler) finalize(ctx context.Context, cp *cryov1.Checkpoint) (reconcile.Result, error) {
 	r.release(cp)
+	r.mu.Lock()
+	delete(r.asked, cp.UID) // a call still running keeps its own
+	r.mu.Unlock()
 	if !controllerutil.ContainsFinalizer(cp, Finalizer) {
 		return reconcile.Result{}, nil
 	}
-	if repo, _, ok := splitSnapshot(cp.Status.Snapshot); ok {
+	if repo, ok := taggedRepo(cp); ok {
 		store, _, err := r.Open(ctx, repo)
 		if err == nil {
 			err = store.Untag(ctx, checkpointTag(cp))
 		}
 		if err != nil && !errdefs.IsNotFound(err) {
 			if transientStore(err) {
+				r.event(cp, corev1.EventTypeWarning, "UntagFailed", "Delete", "untag %s:%s, retrying: %v", repo, checkpointTag(cp), err)
 				return reconcile.Result{}, fmt.Errorf("untag %s:%s: %w", repo, checkpointTag(cp), err)
 			}
 			// A store that refuses us (credentials gone, store
@@ -122,4 +126,18 @@ func (r *Reconciler) finalize(ctx context.Context, cp *cryov1.Checkpoint) (recon
 	}
 	controllerutil.RemoveFinalizer(cp, Finalizer)
 	return reconcile.Result{}, client.IgnoreNotFound(r.Client.Update(ctx, cp))
+}
+
+// taggedRepo is the repository that may hold cp's tag: its snapshot's, or,
+// for a Checkpoint deleted while Creating, its target's (record tags the
+// snapshot before its status says so, and a deletion can fail that write).
+func taggedRepo(cp *cryov1.Checkpoint) (string, bool) {
+	if repo, _, ok := splitSnapshot(cp.Status.Snapshot); ok {
+		return repo, true
+	}
+	if cp.Status.Target == "" {
+		return "", false
+	}
+	repo, _, err := splitTarget(cp.Status.Target)
+	return repo, err == nil
 }

@@ -20,9 +20,11 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	cryov1 "github.com/cryo-runtime/cryo/api/v1alpha1"
 )
@@ -81,13 +83,22 @@ type Reconciler struct {
 	// with the failed attempts: a Checkpoint in Creating that is not here
 	// was asked by an earlier process, whose call may still run.
 	asked map[types.UID]*attempts
+	// wake carries the Checkpoints whose kubelet call answered.
+	wake chan event.GenericEvent
 
 	// skipNameValidation lets tests run one controller after another in a
 	// process.
 	skipNameValidation bool
 }
 
-type attempts struct{ transient, internal int }
+// attempts is what this process knows of its kubelet calls for one
+// Checkpoint: the failed ones, whether one runs, and the answer of the
+// last until a reconcile takes it.
+type attempts struct {
+	transient, internal int
+	calling, answered   bool
+	answer              error
+}
 
 type owner struct {
 	uid  types.UID
@@ -99,9 +110,11 @@ type owner struct {
 // labelled pods are watched; no step needs a pod's event, since each step
 // that waits requeues itself.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+	r.wake = make(chan event.GenericEvent, 1024)
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&cryov1.Checkpoint{}).
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.checkpointsOfPod)).
+		WatchesRawSource(source.Channel(r.wake, &handler.EnqueueRequestForObject{})).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 4, SkipNameValidation: &r.skipNameValidation}).
 		Named("checkpoint").
 		Complete(r)

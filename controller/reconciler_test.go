@@ -104,6 +104,10 @@ type fakeKubelet struct {
 	block chan struct{}
 	// answer, when set, is the answer after the snapshot is written.
 	answer error
+	// holdPrefix, when set, holds the calls for pods of names that begin
+	// with it until release is closed, before anything is written.
+	holdPrefix string
+	release    chan struct{}
 
 	mu               sync.Mutex
 	inFlight, maxIn  int
@@ -122,6 +126,13 @@ func (k *fakeKubelet) Checkpoint(ctx context.Context, node, namespace, podName, 
 		k.inFlight--
 		k.mu.Unlock()
 	}()
+	if k.holdPrefix != "" && strings.HasPrefix(podName, k.holdPrefix) {
+		select {
+		case <-k.release:
+		case <-ctx.Done():
+			return &KubeletError{Err: ctx.Err()}
+		}
+	}
 	if k.fail != nil {
 		if err := k.fail(ctx, n); err != nil {
 			return err
@@ -764,5 +775,76 @@ func TestPodCacheAndUnlabelledPods(t *testing.T) {
 	err := cl.c.Get(ctx, client.ObjectKeyFromObject(old), &p)
 	if err == nil && p.DeletionTimestamp.IsZero() {
 		t.Error("unlabelled pod not deleted after a keepRunning=false Checkpoint")
+	}
+}
+
+// TestCheckpointCallsDoNotHoldWorkers: a kubelet call lasts as long as
+// the checkpoint on its node; calls that do not answer for a while (four
+// big VMs, a node gone) do not stop another pod's Checkpoint, which
+// succeeds meanwhile.
+func TestCheckpointCallsDoNotHoldWorkers(t *testing.T) {
+	k := &fakeKubelet{holdPrefix: "slow-", release: make(chan struct{})}
+	cl := newCluster(t, k, clusterOpts{})
+	for i := range 4 {
+		name := fmt.Sprintf("slow-%d", i)
+		cl.pod(name, nil)
+		cl.checkpoint(name, name, nil)
+	}
+	cl.wait("slow-0", "four calls held", func(*cryov1.Checkpoint) bool {
+		k.mu.Lock()
+		defer k.mu.Unlock()
+		return k.inFlight == 4
+	})
+	cl.pod("fast", nil)
+	cl.checkpoint("fast", "fast", nil)
+	cl.waitPhase("fast", cryov1.PhaseSucceeded)
+	close(k.release)
+	for i := range 4 {
+		cl.waitPhase(fmt.Sprintf("slow-%d", i), cryov1.PhaseSucceeded)
+	}
+}
+
+// TestCheckpointWaitIsNotItsTime: a Checkpoint that waits for another of
+// the same pod begins its deadline when it may begin, not when it was
+// created: it succeeds after a wait longer than its deadline.
+func TestCheckpointWaitIsNotItsTime(t *testing.T) {
+	k := &fakeKubelet{fail: func(_ context.Context, n int32) error {
+		if n == 1 {
+			time.Sleep(7 * time.Second)
+		}
+		return nil
+	}}
+	cl := newCluster(t, k, clusterOpts{deadline: 6 * time.Second})
+	cl.pod("web", nil)
+	cl.checkpoint("first", "web", nil)
+	cl.wait("first", "asked", func(*cryov1.Checkpoint) bool { return k.calls.Load() == 1 })
+	cl.checkpoint("second", "web", nil)
+	cl.waitPhase("first", cryov1.PhaseSucceeded)
+	second := cl.wait("second", "finished", func(cp *cryov1.Checkpoint) bool { return cp != nil && finished(cp) })
+	if second.Status.Phase != cryov1.PhaseSucceeded {
+		t.Fatalf("second Checkpoint %s %s: %s, want Succeeded after its wait", second.Status.Phase, second.Status.Reason, second.Status.Message)
+	}
+}
+
+// TestCheckpointDeletedWhileCreating: a Checkpoint deleted while its
+// kubelet call runs leaves no cp- tag on the snapshot the call publishes
+// (the store would keep its blobs for good).
+func TestCheckpointDeletedWhileCreating(t *testing.T) {
+	k := &fakeKubelet{block: make(chan struct{})}
+	cl := newCluster(t, k, clusterOpts{})
+	cl.pod("web", nil)
+	cp := cl.checkpoint("c1", "web", nil)
+	cl.wait("c1", "asked", func(cp *cryov1.Checkpoint) bool {
+		return cp.Status.Phase == cryov1.PhaseCreating && slicesContain(cl.tags(), "pod-web")
+	})
+	if err := cl.c.Delete(context.Background(), cp); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	close(k.block)
+	cl.wait("c1", "deleted", func(cp *cryov1.Checkpoint) bool { return cp == nil })
+	time.Sleep(time.Second) // what the call's answer would still do
+	if tags := cl.tags(); slicesContain(tags, "cp-"+string(cp.UID)) || !slicesContain(tags, "pod-web") {
+		t.Fatalf("tags after the Checkpoint was deleted while creating: %v, want pod-web and no cp-%s", tags, cp.UID)
 	}
 }
