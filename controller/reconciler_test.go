@@ -524,6 +524,14 @@ func TestCheckpointInvalidSpecRefusedByTheAPI(t *testing.T) {
 	for _, mutate := range []func(*cryov1.Checkpoint){
 		func(c *cryov1.Checkpoint) { c.Spec.PersistentContents = []cryov1.PersistentContent{"gpu"} },
 		func(c *cryov1.Checkpoint) { c.Spec.TTLAfterFinished = "1 week" },
+		// What the old pattern admitted and ParseTTL refuses (the
+		// Checkpoint then failed InvalidSpec): compound or fractional days,
+		// zero, beyond 3650d.
+		func(c *cryov1.Checkpoint) { c.Spec.TTLAfterFinished = "1d12h" },
+		func(c *cryov1.Checkpoint) { c.Spec.TTLAfterFinished = "1.5d" },
+		func(c *cryov1.Checkpoint) { c.Spec.TTLAfterFinished = "0s" },
+		func(c *cryov1.Checkpoint) { c.Spec.TTLAfterFinished = "9999d" },
+		func(c *cryov1.Checkpoint) { c.Spec.TTLAfterFinished = "87601h" },
 	} {
 		cp := &cryov1.Checkpoint{ObjectMeta: metav1.ObjectMeta{Namespace: cl.ns, Name: "bad"}, Spec: cryov1.CheckpointSpec{PodName: "p"}}
 		mutate(cp)
@@ -535,8 +543,10 @@ func TestCheckpointInvalidSpecRefusedByTheAPI(t *testing.T) {
 	if cp.Spec.KeepRunning == nil || !*cp.Spec.KeepRunning || len(cp.Spec.PersistentContents) != 2 {
 		t.Errorf("defaults: keepRunning %v, persistentContents %v", cp.Spec.KeepRunning, cp.Spec.PersistentContents)
 	}
-	cp.Spec.PodName = "other"
-	if err := cl.c.Update(context.Background(), cp); !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "spec is immutable") {
+	// A patch, which carries no resourceVersion: the controller updates
+	// the Checkpoint meanwhile, and an update would meet a conflict first.
+	patch := client.RawPatch(types.MergePatchType, []byte(`{"spec":{"podName":"other"}}`))
+	if err := cl.c.Patch(context.Background(), cp, patch); !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "spec is immutable") {
 		t.Errorf("update of the spec: %v, want Invalid: spec is immutable", err)
 	}
 }

@@ -67,7 +67,11 @@ func ValidateSpec(spec cryov1.CheckpointSpec) error {
 }
 
 // ParseTTL reads a Go duration ("1h30m") or OpenKruise's Nd/Nh/Nm/Ns forms,
-// a day being 24 hours. It must be positive and at most ten years.
+// a day being 24 hours (whole days, alone: not "1.5d" or "1d12h"). It must
+// be positive and at most ten years. The CRD refuses exactly what it
+// refuses: the pattern of spec.ttlAfterFinished is this grammar, its CEL
+// rule these bounds (api/v1alpha1, TestTTLAsTheAPIServerSeesIt); change
+// them together.
 func ParseTTL(s string) (time.Duration, error) {
 	d, err := time.ParseDuration(s)
 	if err != nil {

@@ -40,12 +40,13 @@ func TestValidateSpec(t *testing.T) {
 func TestParseTTL(t *testing.T) {
 	for in, want := range map[string]time.Duration{
 		"30s": 30 * time.Second, "5m": 5 * time.Minute, "2h": 2 * time.Hour, "1h30m": 90 * time.Minute, "3d": 72 * time.Hour,
+		"3650d": 3650 * 24 * time.Hour, "87600h": 3650 * 24 * time.Hour, ".5h": 30 * time.Minute, "+2d": 48 * time.Hour,
 	} {
 		if got, err := ParseTTL(in); err != nil || got != want {
 			t.Errorf("ParseTTL(%q) = %v, %v, want %v", in, got, err, want)
 		}
 	}
-	for _, in := range []string{"", "d", "-1d", "1.5d", "4000d", "-5m", "soon"} {
+	for _, in := range []string{"", "d", "-1d", "1.5d", "4000d", "-5m", "soon", "1d12h", "0d", "0s", "3651d", "87601h"} {
 		if got, err := ParseTTL(in); err == nil {
 			t.Errorf("ParseTTL(%q) = %v, want an error", in, got)
 		}

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -22,8 +23,9 @@ import (
 const WebhookPath = "/mutate-v1-pod"
 
 // PodMutator is the mutating webhook for pods: it resolves a restore by
-// Checkpoint name into cryo.dev/restore-from and cryo.dev/restore-digest,
-// and gives cryo pods their default checkpoint target and the label
+// Checkpoint name into cryo.dev/restore-from and cryo.dev/restore-digest
+// (refusing a pod whose runtimeClassName is not a cryo one, warning when it
+// has none), and gives cryo pods their default checkpoint target and the label
 // LabelRuntimeClass, which puts them in the controller's cache.
 type PodMutator struct {
 	// Reader reads Checkpoints; the API server itself (not a cache), so a
@@ -47,7 +49,8 @@ func (m *PodMutator) Handle(ctx context.Context, req admission.Request) admissio
 		ns = pod.Namespace
 	}
 	mutated := pod.DeepCopy()
-	if err := m.Mutate(ctx, ns, mutated); err != nil {
+	warnings, err := m.Mutate(ctx, ns, mutated)
+	if err != nil {
 		if apierrors.IsNotFound(err) || isDenial(err) {
 			return admission.Denied(err.Error())
 		}
@@ -57,7 +60,9 @@ func (m *PodMutator) Handle(ctx context.Context, req admission.Request) admissio
 	if err != nil {
 		return admission.Errored(http.StatusInternalServerError, err)
 	}
-	return admission.PatchResponseFromRaw(req.Object.Raw, raw)
+	resp := admission.PatchResponseFromRaw(req.Object.Raw, raw)
+	resp.Warnings = warnings
+	return resp
 }
 
 // denial is a refusal of the pod, its message naming the Checkpoint.
@@ -72,21 +77,33 @@ func isDenial(err error) bool {
 
 func deny(format string, args ...any) error { return &denial{fmt.Sprintf(format, args...)} }
 
-// Mutate sets the pod's annotations (a denial error refuses the pod).
-func (m *PodMutator) Mutate(ctx context.Context, namespace string, pod *corev1.Pod) error {
+// Mutate sets the pod's annotations (a denial error refuses the pod) and
+// returns the admission warnings for the user.
+func (m *PodMutator) Mutate(ctx context.Context, namespace string, pod *corev1.Pod) (warnings []string, err error) {
 	name, restore, err := restoreName(pod)
 	if err != nil {
-		return err
+		return nil, err
 	}
+	cryo := isCryoPod(pod, m.RuntimeClasses)
 	if restore {
+		// Only cryo's runtime reads restore-from: under another one the pod
+		// would silently boot fresh from its image.
+		if rc := pod.Spec.RuntimeClassName; rc != nil && !cryo {
+			return nil, deny("restore from Checkpoint %q: spec.runtimeClassName %q is not a cryo RuntimeClass (%s); only cryo restores a Checkpoint, under another runtime the pod would start fresh from its image",
+				name, *rc, strings.Join(m.RuntimeClasses, ", "))
+		}
 		from, digest, err := m.resolve(ctx, namespace, name)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		setAnnotation(pod, AnnotationRestoreFrom, from)
 		setAnnotation(pod, AnnotationRestoreDigest, digest)
+		if pod.Spec.RuntimeClassName == nil {
+			// Kept under the 256 characters the API server passes on.
+			warnings = append(warnings, fmt.Sprintf("spec.runtimeClassName is not set: the pod is restored from the Checkpoint only if its node's default runtime is cryo's, otherwise it starts fresh from its image (cryo RuntimeClasses: %s)",
+				strings.Join(m.RuntimeClasses, ", ")))
+		}
 	}
-	cryo := isCryoPod(pod, m.RuntimeClasses)
 	if (restore || cryo) && m.DefaultStore != "" && pod.Annotations[AnnotationCheckpointTo] == "" {
 		setAnnotation(pod, AnnotationCheckpointTo, DefaultTarget(m.DefaultStore, namespace, podNameForTag(pod)))
 	}
@@ -96,7 +113,7 @@ func (m *PodMutator) Mutate(ctx context.Context, namespace string, pod *corev1.P
 		}
 		pod.Labels[LabelRuntimeClass] = *pod.Spec.RuntimeClassName
 	}
-	return nil
+	return warnings, nil
 }
 
 // restoreName is the Checkpoint a pod asks to be restored from, by the

@@ -16,6 +16,7 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 	"sigs.k8s.io/yaml"
@@ -27,7 +28,9 @@ import (
 // MutatingWebhookConfiguration (its CEL matchConditions and failure
 // policies as shipped; only the address, CA and a namespace selector
 // changed) in a real API server and creates pods through it, with the
-// webhook up and then down: down, only restores by name are refused.
+// webhook up and then down: down, only restores by name are refused. Up,
+// a restore into a pod of another RuntimeClass is refused, one without a
+// RuntimeClass admitted with a warning.
 func TestWebhookThroughTheAPIServer(t *testing.T) {
 	c := apiServer(t)
 	ctx := context.Background()
@@ -71,6 +74,26 @@ func TestWebhookThroughTheAPIServer(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), `Checkpoint "nope" not found in namespace "`+ns.Name+`"`) {
 		t.Errorf("restore from a missing Checkpoint: %v", err)
 	}
+	// Restores only under a cryo RuntimeClass: another one is refused,
+	// none is admitted with a warning (the node's default runtime decides).
+	err = c.Create(ctx, newPod("restore-runc", &runc, map[string]string{AnnotationRestoreCheckpoint: "turn-3"}))
+	if err == nil || !strings.Contains(err.Error(), `admission webhook "restore.cryo.dev" denied the request: restore from Checkpoint "turn-3": spec.runtimeClassName "runc" is not a cryo RuntimeClass (cryo)`) {
+		t.Errorf("restore into a runc pod: %v, want a denial naming spec.runtimeClassName", err)
+	}
+	warned := &warnings{}
+	cfg := rest.CopyConfig(envCfg)
+	cfg.WarningHandler = warned
+	wc, err := client.New(cfg, client.Options{Scheme: c.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	noClass := newPod("restore-no-class", nil, map[string]string{AnnotationRestoreCheckpoint: "turn-3"})
+	if err := wc.Create(ctx, noClass); err != nil || noClass.Annotations[AnnotationRestoreFrom] != want[AnnotationRestoreFrom] {
+		t.Errorf("restore without a RuntimeClass: %v, annotations %v", err, noClass.Annotations)
+	}
+	if got := warned.get(); len(got) != 1 || !strings.Contains(got[0], "spec.runtimeClassName is not set: the pod is restored from the Checkpoint only if its node's default runtime is cryo's") {
+		t.Errorf("restore without a RuntimeClass: warnings %q", got)
+	}
 	fresh := newPod("fresh", &cryo, nil)
 	if err := c.Create(ctx, fresh); err != nil || fresh.Annotations[AnnotationCheckpointTo] != "s3://snapshots/cryo/"+ns.Name+"/pods:pod-fresh" {
 		t.Errorf("cryo pod: %v, annotations %v", err, fresh.Annotations)
@@ -109,6 +132,24 @@ func TestWebhookThroughTheAPIServer(t *testing.T) {
 	if err := c.Create(ctx, newPod("restore-while-down", &cryo, map[string]string{AnnotationRestoreCheckpoint: "turn-3"})); err == nil {
 		t.Error("a restore by name was admitted with the webhook down (failurePolicy Fail)")
 	}
+}
+
+// warnings records the API server's warnings to a client.
+type warnings struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (w *warnings) HandleWarningHeader(_ int, _ string, msg string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.msgs = append(w.msgs, msg)
+}
+
+func (w *warnings) get() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]string(nil), w.msgs...)
 }
 
 // startWebhook serves m as the packaged webhook configuration does, for

@@ -76,6 +76,7 @@ func TestWebhookDecisions(t *testing.T) {
 		want    map[string]string // annotations that must be set
 		absent  string            // an annotation that must not be set
 		label   string            // LabelRuntimeClass's value, "" for none
+		warning string            // the one admission warning, "" for none
 		wantErr string
 	}{
 		{name: "restore by name", ann: map[string]string{AnnotationRestoreCheckpoint: "good"}, class: &cryo, want: map[string]string{
@@ -85,8 +86,16 @@ func TestWebhookDecisions(t *testing.T) {
 			AnnotationRestoreFrom: "s3://snapshots/cryo/team-a/pods:cp-uid-good-ttl", AnnotationRestoreDigest: testDigest}, label: "cryo"},
 		{name: "own checkpoint target kept", ann: map[string]string{AnnotationRestoreCheckpoint: "good", AnnotationCheckpointTo: "s3://mine/x:y"},
 			class: &cryo, want: map[string]string{AnnotationCheckpointTo: "s3://mine/x:y"}, label: "cryo"},
-		{name: "restore into a runc pod", ann: map[string]string{AnnotationRestoreCheckpoint: "good"}, class: &runc, want: map[string]string{
-			AnnotationRestoreFrom: "s3://snapshots/cryo/team-a/pods:cp-uid-good"}},
+		// Only cryo reads restore-from: a runc pod would boot fresh, silently.
+		{name: "restore into a runc pod", ann: map[string]string{AnnotationRestoreCheckpoint: "good"}, class: &runc,
+			wantErr: `restore from Checkpoint "good": spec.runtimeClassName "runc" is not a cryo RuntimeClass (cryo, cryo-gpu)`},
+		{name: "kruise restore into a runc pod", ann: map[string]string{AnnotationKruiseRestoreFrom: "good"}, class: &runc,
+			wantErr: `spec.runtimeClassName "runc" is not a cryo RuntimeClass`},
+		// No class: the node's default runtime decides; admitted, warned.
+		{name: "restore without a RuntimeClass", ann: map[string]string{AnnotationRestoreCheckpoint: "good"}, want: map[string]string{
+			AnnotationRestoreFrom: "s3://snapshots/cryo/team-a/pods:cp-uid-good", AnnotationRestoreDigest: testDigest,
+			AnnotationCheckpointTo: "s3://snapshots/cryo/team-a/pods:pod-dst"},
+			warning: "spec.runtimeClassName is not set: the pod is restored from the Checkpoint only if its node's default runtime is cryo's, otherwise it starts fresh from its image (cryo RuntimeClasses: cryo, cryo-gpu)"},
 		{name: "missing", ann: map[string]string{AnnotationRestoreCheckpoint: "nope"}, wantErr: `Checkpoint "nope" not found in namespace "team-a"`},
 		{name: "other namespace", ann: map[string]string{AnnotationRestoreCheckpoint: "theirs"}, wantErr: `Checkpoint "theirs" not found in namespace "team-a"`},
 		{name: "failed", ann: map[string]string{AnnotationRestoreCheckpoint: "broken"}, wantErr: `Checkpoint "broken" failed (NotCryoPod): pod src runs under RuntimeClass runc`},
@@ -106,13 +115,23 @@ func TestWebhookDecisions(t *testing.T) {
 				Spec: corev1.PodSpec{RuntimeClassName: tc.class, Containers: []corev1.Container{{Name: "c", Image: "busybox"}}}}
 			resp := m.Handle(context.Background(), admissionRequest(t, "team-a", pod))
 			if tc.wantErr != "" {
-				if resp.Allowed || !strings.Contains(resp.Result.Message, tc.wantErr) {
-					t.Fatalf("allowed %v, message %q, want a denial %q", resp.Allowed, resp.Result.Message, tc.wantErr)
+				msg := ""
+				if resp.Result != nil {
+					msg = resp.Result.Message
+				}
+				if resp.Allowed || !strings.Contains(msg, tc.wantErr) {
+					t.Fatalf("allowed %v, message %q, want a denial %q", resp.Allowed, msg, tc.wantErr)
 				}
 				return
 			}
 			if !resp.Allowed {
 				t.Fatalf("denied: %v", resp.Result)
+			}
+			if tc.warning == "" && len(resp.Warnings) != 0 || tc.warning != "" && (len(resp.Warnings) != 1 || resp.Warnings[0] != tc.warning) {
+				t.Errorf("warnings %q, want %q", resp.Warnings, tc.warning)
+			}
+			if len(resp.Warnings) == 1 && len(resp.Warnings[0]) > 256 {
+				t.Errorf("warning of %d characters: the API server truncates beyond 256", len(resp.Warnings[0]))
 			}
 			got, labels := applyPatch(t, pod, resp)
 			if labels[LabelRuntimeClass] != tc.label {
@@ -135,10 +154,10 @@ func TestWebhookGeneratedName(t *testing.T) {
 	cryo := "cryo"
 	a := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{GenerateName: "web-"}, Spec: corev1.PodSpec{RuntimeClassName: &cryo}}
 	b := a.DeepCopy()
-	if err := m.Mutate(context.Background(), "ns", a); err != nil {
+	if _, err := m.Mutate(context.Background(), "ns", a); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.Mutate(context.Background(), "ns", b); err != nil {
+	if _, err := m.Mutate(context.Background(), "ns", b); err != nil {
 		t.Fatal(err)
 	}
 	ta, tb := a.Annotations[AnnotationCheckpointTo], b.Annotations[AnnotationCheckpointTo]

@@ -68,8 +68,11 @@ type CheckpointSpec struct {
 	KeepRunning *bool `json:"keepRunning,omitempty"`
 
 	// TTLAfterFinished deletes the Checkpoint (and its store tag) this long
-	// after it finished: a Go duration ("90m", "1h30m") or Nd/Nh/Nm/Ns.
-	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h|d))+$`
+	// after it finished: a Go duration ("90m", "1h30m") or Nd/Nh/Nm/Ns, more
+	// than zero and at most 3650d (87600h); days are whole and alone ("7d",
+	// not "1d12h" or "1.5d": write "36h").
+	// +kubebuilder:validation:Pattern=`^[+]?((([0-9]+([.][0-9]*)?|[.][0-9]+)(ns|us|µs|μs|ms|s|m|h))+|[0-9]+d)$`
+	// +kubebuilder:validation:XValidation:rule=`!self.matches('^[+]?((([0-9]+([.][0-9]*)?|[.][0-9]+)(ns|us|µs|μs|ms|s|m|h))+|[0-9]+d)$') || (self.endsWith('d') ? int(self.substring(0, size(self) - 1)) >= 1 && int(self.substring(0, size(self) - 1)) <= 3650 : duration(self) > duration('0s') && duration(self) <= duration('87600h'))`,message="spec.ttlAfterFinished must be more than zero and at most 3650d (87600h)"
 	// +optional
 	TTLAfterFinished string `json:"ttlAfterFinished,omitempty"`
 
