@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -58,7 +59,11 @@ func (a *agentClient) CreateContainer(ctx context.Context, r CreateRequest) erro
 		JoinContainer: r.JoinContainer, JoinNamespaces: r.Join,
 	}
 	for _, f := range r.Files {
-		req.Files = append(req.Files, &agentapi.File{Path: f.Path, Content: f.Content, Mode: uint32(f.Mode)})
+		if f.Dir {
+			req.Dirs = append(req.Dirs, &agentapi.Dir{Path: f.Path, Mode: unixMode(f.Mode), Uid: f.UID, Gid: f.GID})
+			continue
+		}
+		req.Files = append(req.Files, &agentapi.File{Path: f.Path, Content: f.Content, Mode: unixMode(f.Mode), Uid: f.UID, Gid: f.GID})
 	}
 	ctx, cancel := a.short(ctx)
 	defer cancel()
@@ -240,4 +245,20 @@ func (a *agentClient) DeleteProcess(ctx context.Context, containerID, execID str
 	defer cancel()
 	_, err := a.api.DeleteProcess(ctx, &agentapi.DeleteProcessRequest{ContainerId: containerID, ExecId: execID})
 	return err
+}
+
+// unixMode is m's permission, setuid, setgid and sticky bits as the kernel
+// spells them (os.FileMode keeps the last three elsewhere).
+func unixMode(m os.FileMode) uint32 {
+	u := uint32(m.Perm())
+	if m&os.ModeSetuid != 0 {
+		u |= 0o4000
+	}
+	if m&os.ModeSetgid != 0 {
+		u |= 0o2000
+	}
+	if m&os.ModeSticky != 0 {
+		u |= 0o1000
+	}
+	return u
 }

@@ -81,7 +81,11 @@ type CreateRequest struct {
 type GuestFile struct {
 	Path    string
 	Content []byte
-	Mode    os.FileMode
+	// Mode is the permission bits, with setuid, setgid and sticky.
+	Mode     os.FileMode
+	UID, GID uint32
+	// Dir: a directory of a copied mount (no content).
+	Dir bool
 }
 
 // Spec is what a sandbox is made from, booted or restored.

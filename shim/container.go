@@ -141,11 +141,11 @@ func copyTree(src, dst string) ([]sandbox.GuestFile, error) {
 		return nil, err
 	}
 	if !st.IsDir() {
-		b, mode, err := readRegular(src, func(flag int) (*os.File, error) { return os.OpenFile(src, flag, 0) }, maxCopiedFile)
+		b, fi, err := readRegular(src, func(flag int) (*os.File, error) { return os.OpenFile(src, flag, 0) }, maxCopiedFile)
 		if err != nil {
 			return nil, err
 		}
-		return []sandbox.GuestFile{{Path: dst, Content: b, Mode: mode}}, nil
+		return []sandbox.GuestFile{guestFile(dst, b, fi)}, nil
 	}
 	root, err := os.OpenRoot(src)
 	if err != nil {
@@ -155,8 +155,18 @@ func copyTree(src, dst string) ([]sandbox.GuestFile, error) {
 	var files []sandbox.GuestFile
 	left := int64(maxCopiedFile)
 	err = fs.WalkDir(root.FS(), ".", func(p string, e fs.DirEntry, err error) error {
-		if err != nil || e.IsDir() {
+		if err != nil {
 			return err
+		}
+		if e.IsDir() {
+			// Its mode and owner: a volume made for the pod's user
+			// (an emptyDir's 0777, an fsGroup's group) stays its.
+			fi, err := root.Stat(p)
+			if err != nil {
+				return err
+			}
+			files = append(files, guestFile(path.Join(dst, p), nil, fi))
+			return nil
 		}
 		if e.Type()&fs.ModeSymlink != 0 {
 			fi, err := root.Stat(p) // an escape fails here
@@ -167,39 +177,49 @@ func copyTree(src, dst string) ([]sandbox.GuestFile, error) {
 				return nil
 			}
 		}
-		b, mode, err := readRegular(filepath.Join(src, p), func(flag int) (*os.File, error) { return root.OpenFile(p, flag, 0) }, left)
+		b, fi, err := readRegular(filepath.Join(src, p), func(flag int) (*os.File, error) { return root.OpenFile(p, flag, 0) }, left)
 		if err != nil {
 			return err
 		}
 		left -= int64(len(b))
-		files = append(files, sandbox.GuestFile{Path: path.Join(dst, p), Content: b, Mode: mode})
+		files = append(files, guestFile(path.Join(dst, p), b, fi))
 		return nil
 	})
 	return files, err
 }
 
+// guestFile is the copy of the host file or directory fi at path dst,
+// with its mode (a directory's setgid and sticky bits too) and owner.
+func guestFile(dst string, content []byte, fi os.FileInfo) sandbox.GuestFile {
+	f := sandbox.GuestFile{Path: dst, Content: content, Mode: fi.Mode() & (fs.ModePerm | fs.ModeSetuid | fs.ModeSetgid | fs.ModeSticky), Dir: fi.IsDir()}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		f.UID, f.GID = st.Uid, st.Gid
+	}
+	return f
+}
+
 // readRegular opens a file with open, refuses it at once unless it is a
 // regular file (O_NONBLOCK: a FIFO does not wait for a writer), and reads
 // it whole if it holds at most limit bytes.
-func readRegular(name string, open func(flag int) (*os.File, error), limit int64) ([]byte, os.FileMode, error) {
+func readRegular(name string, open func(flag int) (*os.File, error), limit int64) ([]byte, os.FileInfo, error) {
 	f, err := open(os.O_RDONLY | syscall.O_NONBLOCK)
 	if err != nil {
-		return nil, 0, err
+		return nil, nil, err
 	}
 	defer f.Close()
 	st, err := f.Stat()
 	if err != nil {
-		return nil, 0, err
+		return nil, nil, err
 	}
 	if !st.Mode().IsRegular() {
-		return nil, 0, fmt.Errorf("%s is not a regular file: %w", name, errdefs.ErrInvalidArgument)
+		return nil, nil, fmt.Errorf("%s is not a regular file: %w", name, errdefs.ErrInvalidArgument)
 	}
 	b, err := io.ReadAll(io.LimitReader(f, limit+1))
 	if err != nil {
-		return nil, 0, err
+		return nil, nil, err
 	}
 	if int64(len(b)) > limit {
-		return nil, 0, fmt.Errorf("%s: the mount holds more than %d bytes: %w", name, maxCopiedFile, errdefs.ErrInvalidArgument)
+		return nil, nil, fmt.Errorf("%s: the mount holds more than %d bytes: %w", name, maxCopiedFile, errdefs.ErrInvalidArgument)
 	}
-	return b, st.Mode().Perm(), nil
+	return b, st, nil
 }

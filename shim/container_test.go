@@ -98,6 +98,9 @@ func TestGuestFilesHostile(t *testing.T) {
 	}
 	got := map[string]string{}
 	for _, f := range files {
+		if f.Dir {
+			continue
+		}
 		got[f.Path] = string(f.Content)
 		if strings.Contains(string(f.Content), "secret") {
 			t.Errorf("%s carries a host file into the guest", f.Path)
@@ -106,5 +109,47 @@ func TestGuestFilesHostile(t *testing.T) {
 	want := map[string]string{"/inside/ok": "ok", "/inside/alias": "ok"}
 	if len(got) != len(want) || got["/inside/ok"] != "ok" || got["/inside/alias"] != "ok" {
 		t.Fatalf("copied %v, want %v", got, want)
+	}
+}
+
+// TestGuestFilesOwners: a copied mount keeps its directories' modes and
+// every entry's owner, as the kubelet made them for the pod's user: an
+// emptyDir is 0777, an fsGroup volume setgid and the group's, a projected
+// token 0600 and the user's.
+func TestGuestFilesOwners(t *testing.T) {
+	dir := t.TempDir()
+	vol := filepath.Join(dir, "vol")
+	if err := os.MkdirAll(filepath.Join(vol, "sub"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(vol, "sub", "token"), []byte("t"), 0o600)
+	for p, m := range map[string]os.FileMode{vol: 0o777 | os.ModeSetgid, filepath.Join(vol, "sub"): 0o750 | os.ModeSticky} {
+		if err := os.Chmod(p, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, p := range []string{vol, filepath.Join(vol, "sub"), filepath.Join(vol, "sub", "token")} {
+		if err := os.Lchown(p, 1000, 2000); err != nil {
+			t.Fatalf("chown (the test runs as root): %v", err)
+		}
+	}
+	s := &specs.Spec{Mounts: []specs.Mount{{Destination: "/data", Type: "bind", Source: vol, Options: []string{"rbind"}}}}
+	got := map[string]sandbox.GuestFile{}
+	for _, f := range guestFiles(t.Context(), s) {
+		got[f.Path] = f
+	}
+	want := map[string]sandbox.GuestFile{
+		"/data":           {Path: "/data", Mode: 0o777 | os.ModeSetgid, UID: 1000, GID: 2000, Dir: true},
+		"/data/sub":       {Path: "/data/sub", Mode: 0o750 | os.ModeSticky, UID: 1000, GID: 2000, Dir: true},
+		"/data/sub/token": {Path: "/data/sub/token", Content: []byte("t"), Mode: 0o600, UID: 1000, GID: 2000},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("copied %+v, want %+v", got, want)
+	}
+	for p, w := range want {
+		g := got[p]
+		if g.Mode != w.Mode || g.UID != w.UID || g.GID != w.GID || g.Dir != w.Dir || string(g.Content) != string(w.Content) {
+			t.Errorf("%s: %+v, want %+v", p, g, w)
+		}
 	}
 }

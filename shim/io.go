@@ -29,7 +29,14 @@ type stdioGuest interface {
 // procIO copies a guest process's streams to and from what containerd gave
 // the task: FIFOs (ctr, CRI) or file:// URIs.
 type procIO struct {
-	stdin  io.ReadCloser
+	stdin io.ReadCloser
+	// stdinW is the shim's own writer of the stdin FIFO, as runc's shim
+	// holds one: the process's stdin ends when CloseIO closes it and the
+	// client's writer is gone too, after every byte they wrote. Closing
+	// the read end instead would drop what the pipe still holds (the
+	// client closes its writer and calls CloseIO at once: kubectl cp,
+	// exec -i < file).
+	stdinW io.Closer
 	stdout *output
 	stderr *output
 	copies sync.WaitGroup
@@ -66,6 +73,9 @@ func openIO(ctx context.Context, s stdio) (_ *procIO, retErr error) {
 	if s.Stdin != "" {
 		if pio.stdin, err = fifo.OpenFifo(context.WithoutCancel(ctx), s.Stdin, syscall.O_RDONLY|syscall.O_NONBLOCK, 0); err != nil {
 			return nil, fmt.Errorf("open stdin %s: %w", s.Stdin, err)
+		}
+		if pio.stdinW, err = fifo.OpenFifo(context.WithoutCancel(ctx), s.Stdin, syscall.O_WRONLY|syscall.O_NONBLOCK, 0); err != nil {
+			return nil, fmt.Errorf("open stdin %s for writing: %w", s.Stdin, err)
 		}
 	}
 	if pio.stdout, err = openOutput(ctx, s.Stdout); err != nil {
@@ -286,9 +296,11 @@ func (pio *procIO) closeAfterCopies() {
 	pio.close()
 }
 
+// closeStdin is CloseIO's: the process's stdin ends once what was
+// written is read (see stdinW).
 func (pio *procIO) closeStdin() {
-	if pio.stdin != nil {
-		pio.stdin.Close()
+	if pio.stdinW != nil {
+		pio.stdinW.Close()
 	}
 }
 
@@ -298,6 +310,9 @@ func (pio *procIO) close() {
 	pio.closer.Do(func() {
 		if pio.stdin != nil {
 			pio.stdin.Close()
+		}
+		if pio.stdinW != nil {
+			pio.stdinW.Close()
 		}
 		for _, o := range []*output{pio.stdout, pio.stderr} {
 			if o != nil {

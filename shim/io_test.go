@@ -5,9 +5,12 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/containerd/fifo"
 )
 
 // pipeOutput is an output on the write end of an os.Pipe that a write has
@@ -204,5 +207,68 @@ func TestCopyOutDeliversAll(t *testing.T) {
 	b := <-got
 	if len(b) != len(want) || string(b) != string(want) {
 		t.Fatalf("reader got %d bytes, want %d", len(b), len(want))
+	}
+}
+
+// slowStdinGuest takes each stdin chunk after a guest round trip's delay.
+type slowStdinGuest struct {
+	mu     sync.Mutex
+	got    int
+	closed chan struct{}
+}
+
+func (g *slowStdinGuest) ReadStdio(context.Context, string, string, bool) ([]byte, error) {
+	return nil, io.EOF
+}
+
+func (g *slowStdinGuest) WriteStdin(_ context.Context, _, _ string, b []byte) error {
+	time.Sleep(5 * time.Millisecond)
+	g.mu.Lock()
+	g.got += len(b)
+	g.mu.Unlock()
+	return nil
+}
+
+func (g *slowStdinGuest) CloseStdin(context.Context, string, string) error {
+	close(g.closed)
+	return nil
+}
+
+// TestCloseIOKeepsWrittenStdin: what CRI's exec and ctr do at the end of
+// their input (close the FIFO's writer, then CloseIO at once) delivers
+// every byte to the guest before its stdin closes, as under runc, however
+// much the pipe still held.
+func TestCloseIOKeepsWrittenStdin(t *testing.T) {
+	for _, size := range []int{3, 200 << 10} {
+		path := filepath.Join(t.TempDir(), "stdin")
+		if err := syscall.Mkfifo(path, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		pio, err := openIO(context.Background(), stdio{Stdin: path})
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := &slowStdinGuest{closed: make(chan struct{})}
+		pio.start(context.Background(), g, "c", "e")
+		w, err := fifo.OpenFifo(context.Background(), path, syscall.O_WRONLY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.Write(make([]byte, size)); err != nil {
+			t.Fatal(err)
+		}
+		w.Close()
+		pio.closeStdin()
+		select {
+		case <-g.closed:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%d bytes: the guest's stdin not closed 10 s after CloseIO", size)
+		}
+		g.mu.Lock()
+		if g.got != size {
+			t.Errorf("sent %d bytes, then CloseIO: the guest got %d", size, g.got)
+		}
+		g.mu.Unlock()
+		pio.close()
 	}
 }

@@ -81,18 +81,40 @@ func writeCopy(base string, m mountEntry) error {
 		if len(c.Files) != 1 {
 			return fmt.Errorf("copied mount %s: a file mount with %d files", m.Target, len(c.Files))
 		}
-		return writeFileAt(base, fileEntry{Path: m.Target, Content: c.Files[0].Content, Mode: c.Files[0].Mode})
+		f := c.Files[0]
+		f.Path = m.Target
+		return writeFileAt(base, f)
 	}
 	if err := os.MkdirAll(base, 0o755); err != nil {
 		return fmt.Errorf("copied mount %s: %w", m.Target, err)
 	}
+	var dirs []fileEntry
 	for _, f := range c.Files {
+		if f.Dir {
+			dirs = append(dirs, f)
+			continue
+		}
 		dst, err := securePath(base, f.Path)
 		if err != nil {
 			return fmt.Errorf("copied mount %s: %w", m.Target, err)
 		}
-		if err := writeFileAt(dst, fileEntry{Path: filepath.Join(m.Target, f.Path), Content: f.Content, Mode: f.Mode}); err != nil {
+		f.Path = filepath.Join(m.Target, f.Path)
+		if err := writeFileAt(dst, f); err != nil {
 			return err
+		}
+	}
+	// The directories' modes and owners last: one the host made 0500 is
+	// filled first.
+	for _, d := range dirs {
+		dst, err := securePath(base, d.Path)
+		if err != nil {
+			return fmt.Errorf("copied mount %s: %w", m.Target, err)
+		}
+		if err := os.MkdirAll(dst, 0o755); err != nil {
+			return fmt.Errorf("copied mount %s: %w", m.Target, err)
+		}
+		if err := setModeOwner(dst, d); err != nil {
+			return fmt.Errorf("copied mount %s: %w", filepath.Join(m.Target, d.Path), err)
 		}
 	}
 	return nil

@@ -79,6 +79,11 @@ func runHelper(status *os.File) error {
 		if err := setupContainer(&cfg); err != nil {
 			return err
 		}
+		// As runc: a process that cannot start fails the create, not the
+		// start, which would leave a created container behind.
+		if err := checkStartable(&p); err != nil {
+			return err
+		}
 		msg, _ := json.Marshal(statusMsg{Ready: true})
 		if _, err := status.Write(append(msg, '\n')); err != nil {
 			return err
@@ -315,19 +320,31 @@ func writeFileInto(root string, f fileEntry) error {
 	return writeFileAt(dst, f)
 }
 
-// writeFileAt writes f's content at dst (f.Path names it in errors).
+// writeFileAt writes f's content at dst (f.Path names it in errors), with
+// its mode (0644 when zero) and owner.
 func writeFileAt(dst string, f fileEntry) error {
-	mode := os.FileMode(f.Mode & 0o7777)
-	if mode == 0 {
-		mode = 0o644
+	if f.Mode&0o7777 == 0 {
+		f.Mode = 0o644
 	}
 	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
 		return fmt.Errorf("copy %s: %w", f.Path, err)
 	}
-	if err := os.WriteFile(dst, f.Content, mode); err != nil {
+	if err := os.WriteFile(dst, f.Content, 0o600); err != nil {
 		return fmt.Errorf("copy %s: %w", f.Path, err)
 	}
-	return os.Chmod(dst, mode)
+	if err := setModeOwner(dst, f); err != nil {
+		return fmt.Errorf("copy %s: %w", f.Path, err)
+	}
+	return nil
+}
+
+// setModeOwner gives dst f's owner, then its mode (chown clears setuid
+// and setgid bits).
+func setModeOwner(dst string, f fileEntry) error {
+	if err := os.Lchown(dst, int(f.UID), int(f.GID)); err != nil {
+		return err
+	}
+	return unix.Chmod(dst, f.Mode&0o7777)
 }
 
 func maskPath(root, p string) error {
@@ -394,10 +411,51 @@ func enterContainer() error {
 	return nil
 }
 
+// defaultRlimits are a container process's limits where its spec sets
+// none: those runc's containers inherit from containerd under its packaged
+// systemd unit (CRI sends no rlimits), NOFILE 1024:524288 (systemd's
+// default) and NPROC and CORE unlimited. The guest kernel's own (NOFILE
+// 1024:4096, no core, NPROC half a small VM's threads) would stop a server
+// that raises its soft NOFILE to the hard one at 4096 connections.
+var defaultRlimits = []rlimit{
+	{Resource: unix.RLIMIT_NOFILE, Soft: 1024, Hard: 524288},
+	{Resource: unix.RLIMIT_NPROC, Soft: unix.RLIM_INFINITY, Hard: unix.RLIM_INFINITY},
+	{Resource: unix.RLIMIT_CORE, Soft: unix.RLIM_INFINITY, Hard: unix.RLIM_INFINITY},
+}
+
+// checkStartable finds, in the container's root, the process's executable
+// and its working directory.
+func checkStartable(p *processConfig) error {
+	name := p.Args[0]
+	if !strings.Contains(name, "/") {
+		if _, err := lookPath(name, p.Env); err != nil {
+			return err
+		}
+	} else if fi, err := os.Stat(inDir(p.Cwd, name)); err != nil {
+		return fmt.Errorf("exec %s: %w", name, err)
+	} else if fi.IsDir() {
+		return fmt.Errorf("exec %s: is a directory", name)
+	}
+	if fi, err := os.Stat(p.Cwd); err != nil {
+		return fmt.Errorf("working directory %s: %w", p.Cwd, err)
+	} else if !fi.IsDir() {
+		return fmt.Errorf("working directory %s: not a directory", p.Cwd)
+	}
+	return nil
+}
+
+// inDir is name as seen from dir: itself when absolute.
+func inDir(dir, name string) string {
+	if path.IsAbs(name) {
+		return name
+	}
+	return path.Join(dir, name)
+}
+
 // execProcess applies the process's limits and credentials on this thread and
 // executes it.
 func execProcess(p *processConfig) error {
-	for _, r := range p.Rlimits {
+	for _, r := range append(slices.Clone(defaultRlimits), p.Rlimits...) {
 		// syscall.Setrlimit, not unix: Go restores its own RLIMIT_NOFILE on
 		// exec unless it was set through package syscall.
 		if err := syscall.Setrlimit(r.Resource, &syscall.Rlimit{Cur: r.Soft, Max: r.Hard}); err != nil {

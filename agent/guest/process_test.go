@@ -113,3 +113,34 @@ func TestHomeDir(t *testing.T) {
 		t.Errorf("no passwd: %q", got)
 	}
 }
+
+// TestCheckStartable: a process that cannot start (no such executable, a
+// directory, a working directory that is a file) is refused before the
+// container is reported ready, as runc fails the create.
+func TestCheckStartable(t *testing.T) {
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "app")
+	os.WriteFile(bin, []byte("#!/bin/sh\n"), 0o755)
+	file := filepath.Join(dir, "file")
+	os.WriteFile(file, nil, 0o644)
+	pathEnv := []string{"PATH=" + dir}
+	for _, c := range []struct {
+		args []string
+		cwd  string
+		ok   bool
+	}{
+		{[]string{bin}, dir, true},
+		{[]string{"app"}, "/", true},
+		{[]string{"./app"}, dir, true},
+		{[]string{"nope"}, "/", false},
+		{[]string{filepath.Join(dir, "nope")}, "/", false},
+		{[]string{dir}, "/", false},
+		{[]string{bin}, file, false},
+		{[]string{bin}, filepath.Join(dir, "missing"), false},
+	} {
+		err := checkStartable(&processConfig{Args: c.args, Cwd: c.cwd, Env: pathEnv})
+		if (err == nil) != c.ok {
+			t.Errorf("args %q in %s: %v, want ok %v", c.args, c.cwd, err, c.ok)
+		}
+	}
+}

@@ -114,7 +114,13 @@ func (s *Service) CreateContainer(ctx context.Context, req *agentapi.CreateConta
 		if !path.IsAbs(f.Path) {
 			return nil, fmt.Errorf("file path %q is not absolute: %w", f.Path, errdefs.ErrInvalidArgument)
 		}
-		cc.Files = append(cc.Files, fileEntry{Path: f.Path, Content: f.Content, Mode: f.Mode})
+		cc.Files = append(cc.Files, fileEntry{Path: f.Path, Content: f.Content, Mode: f.Mode, UID: f.Uid, GID: f.Gid})
+	}
+	for _, d := range req.Dirs {
+		if !path.IsAbs(d.Path) {
+			return nil, fmt.Errorf("directory path %q is not absolute: %w", d.Path, errdefs.ErrInvalidArgument)
+		}
+		cc.Files = append(cc.Files, fileEntry{Path: d.Path, Mode: d.Mode, UID: d.Uid, GID: d.Gid, Dir: true})
 	}
 	s.mu.Lock()
 	if _, ok := s.containers[req.Id]; ok {
@@ -184,7 +190,9 @@ func (s *Service) SignalProcess(ctx context.Context, req *agentapi.SignalProcess
 	if err != nil {
 		return nil, err
 	}
-	if req.All {
+	// All is for the container (ctr task kill --all); runc's shim ignores
+	// it for an exec, which a kill of signals alone.
+	if req.All && req.ExecId == "" {
 		return &emptypb.Empty{}, c.signalAll(unix.Signal(req.Signal))
 	}
 	p, err := c.process(req.ExecId)

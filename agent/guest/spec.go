@@ -73,10 +73,15 @@ type deviceEntry struct {
 	GID   uint32 `json:"gid"`
 }
 
+// fileEntry is a file the host copied in, or, Dir set, a directory of a
+// copied mount: its permission bits (07777) and owner are the host's.
 type fileEntry struct {
 	Path    string `json:"path"`
 	Content []byte `json:"content"`
 	Mode    uint32 `json:"mode"`
+	UID     uint32 `json:"uid,omitempty"`
+	GID     uint32 `json:"gid,omitempty"`
+	Dir     bool   `json:"dir,omitempty"`
 }
 
 type rlimit struct {
@@ -317,13 +322,16 @@ func assignCopies(mounts []mountEntry, files []fileEntry) []fileEntry {
 			}
 		}
 		if owner < 0 {
-			rest = append(rest, f)
+			if !f.Dir { // a directory is only a copied mount's
+				rest = append(rest, f)
+			}
 			continue
 		}
 		c := mounts[owner].Copy
 		rel := strings.TrimPrefix(strings.TrimPrefix(p, mounts[owner].Target), "/")
-		c.File = c.File || rel == ""
-		c.Files = append(c.Files, fileEntry{Path: rel, Content: f.Content, Mode: f.Mode})
+		c.File = c.File || rel == "" && !f.Dir
+		f.Path = rel
+		c.Files = append(c.Files, f)
 	}
 	return rest
 }

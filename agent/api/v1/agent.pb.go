@@ -262,7 +262,10 @@ type File struct {
 	Path    string `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
 	Content []byte `protobuf:"bytes,2,opt,name=content,proto3" json:"content,omitempty"`
 	// permission bits; 0644 when zero.
-	Mode          uint32 `protobuf:"varint,3,opt,name=mode,proto3" json:"mode,omitempty"`
+	Mode uint32 `protobuf:"varint,3,opt,name=mode,proto3" json:"mode,omitempty"`
+	// owner, as on the host (a volume the kubelet made for the pod's user).
+	Uid           uint32 `protobuf:"varint,4,opt,name=uid,proto3" json:"uid,omitempty"`
+	Gid           uint32 `protobuf:"varint,5,opt,name=gid,proto3" json:"gid,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -318,6 +321,93 @@ func (x *File) GetMode() uint32 {
 	return 0
 }
 
+func (x *File) GetUid() uint32 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+func (x *File) GetGid() uint32 {
+	if x != nil {
+		return x.Gid
+	}
+	return 0
+}
+
+// Dir is a directory of a copied bind mount (its root among them), with
+// the mode and owner it has on the host: an emptyDir is 0777, an fsGroup
+// volume the group's.
+type Dir struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// absolute path inside the container's root.
+	Path string `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	// permission bits with setuid, setgid and sticky (07777).
+	Mode          uint32 `protobuf:"varint,2,opt,name=mode,proto3" json:"mode,omitempty"`
+	Uid           uint32 `protobuf:"varint,3,opt,name=uid,proto3" json:"uid,omitempty"`
+	Gid           uint32 `protobuf:"varint,4,opt,name=gid,proto3" json:"gid,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Dir) Reset() {
+	*x = Dir{}
+	mi := &file_agent_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Dir) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Dir) ProtoMessage() {}
+
+func (x *Dir) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Dir.ProtoReflect.Descriptor instead.
+func (*Dir) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *Dir) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *Dir) GetMode() uint32 {
+	if x != nil {
+		return x.Mode
+	}
+	return 0
+}
+
+func (x *Dir) GetUid() uint32 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+func (x *Dir) GetGid() uint32 {
+	if x != nil {
+		return x.Gid
+	}
+	return 0
+}
+
 type CreateContainerRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -336,13 +426,17 @@ type CreateContainerRequest struct {
 	// these fields gives the container new ones, as before.
 	JoinContainer  string   `protobuf:"bytes,9,opt,name=join_container,json=joinContainer,proto3" json:"join_container,omitempty"`
 	JoinNamespaces []string `protobuf:"bytes,10,rep,name=join_namespaces,json=joinNamespaces,proto3" json:"join_namespaces,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// dirs of the copied bind mounts, apart from files so that an agent
+	// that predates them (in a restored guest) ignores them: it makes the
+	// directories root's, 0755, as before.
+	Dirs          []*Dir `protobuf:"bytes,11,rep,name=dirs,proto3" json:"dirs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateContainerRequest) Reset() {
 	*x = CreateContainerRequest{}
-	mi := &file_agent_proto_msgTypes[4]
+	mi := &file_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -354,7 +448,7 @@ func (x *CreateContainerRequest) String() string {
 func (*CreateContainerRequest) ProtoMessage() {}
 
 func (x *CreateContainerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[4]
+	mi := &file_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -367,7 +461,7 @@ func (x *CreateContainerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateContainerRequest.ProtoReflect.Descriptor instead.
 func (*CreateContainerRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{4}
+	return file_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *CreateContainerRequest) GetId() string {
@@ -440,6 +534,13 @@ func (x *CreateContainerRequest) GetJoinNamespaces() []string {
 	return nil
 }
 
+func (x *CreateContainerRequest) GetDirs() []*Dir {
+	if x != nil {
+		return x.Dirs
+	}
+	return nil
+}
+
 type CreateContainerResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// guest pid of the (not yet started) init process.
@@ -450,7 +551,7 @@ type CreateContainerResponse struct {
 
 func (x *CreateContainerResponse) Reset() {
 	*x = CreateContainerResponse{}
-	mi := &file_agent_proto_msgTypes[5]
+	mi := &file_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -462,7 +563,7 @@ func (x *CreateContainerResponse) String() string {
 func (*CreateContainerResponse) ProtoMessage() {}
 
 func (x *CreateContainerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[5]
+	mi := &file_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -475,7 +576,7 @@ func (x *CreateContainerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateContainerResponse.ProtoReflect.Descriptor instead.
 func (*CreateContainerResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{5}
+	return file_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *CreateContainerResponse) GetPid() uint32 {
@@ -495,7 +596,7 @@ type StartProcessRequest struct {
 
 func (x *StartProcessRequest) Reset() {
 	*x = StartProcessRequest{}
-	mi := &file_agent_proto_msgTypes[6]
+	mi := &file_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -507,7 +608,7 @@ func (x *StartProcessRequest) String() string {
 func (*StartProcessRequest) ProtoMessage() {}
 
 func (x *StartProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[6]
+	mi := &file_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -520,7 +621,7 @@ func (x *StartProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartProcessRequest.ProtoReflect.Descriptor instead.
 func (*StartProcessRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{6}
+	return file_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *StartProcessRequest) GetContainerId() string {
@@ -546,7 +647,7 @@ type StartProcessResponse struct {
 
 func (x *StartProcessResponse) Reset() {
 	*x = StartProcessResponse{}
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -558,7 +659,7 @@ func (x *StartProcessResponse) String() string {
 func (*StartProcessResponse) ProtoMessage() {}
 
 func (x *StartProcessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -571,7 +672,7 @@ func (x *StartProcessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartProcessResponse.ProtoReflect.Descriptor instead.
 func (*StartProcessResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{7}
+	return file_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *StartProcessResponse) GetPid() uint32 {
@@ -597,7 +698,7 @@ type ExecProcessRequest struct {
 
 func (x *ExecProcessRequest) Reset() {
 	*x = ExecProcessRequest{}
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -609,7 +710,7 @@ func (x *ExecProcessRequest) String() string {
 func (*ExecProcessRequest) ProtoMessage() {}
 
 func (x *ExecProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -622,7 +723,7 @@ func (x *ExecProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecProcessRequest.ProtoReflect.Descriptor instead.
 func (*ExecProcessRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{8}
+	return file_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ExecProcessRequest) GetContainerId() string {
@@ -687,7 +788,7 @@ type SignalProcessRequest struct {
 
 func (x *SignalProcessRequest) Reset() {
 	*x = SignalProcessRequest{}
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -699,7 +800,7 @@ func (x *SignalProcessRequest) String() string {
 func (*SignalProcessRequest) ProtoMessage() {}
 
 func (x *SignalProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -712,7 +813,7 @@ func (x *SignalProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalProcessRequest.ProtoReflect.Descriptor instead.
 func (*SignalProcessRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{9}
+	return file_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *SignalProcessRequest) GetContainerId() string {
@@ -753,7 +854,7 @@ type WaitProcessRequest struct {
 
 func (x *WaitProcessRequest) Reset() {
 	*x = WaitProcessRequest{}
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -765,7 +866,7 @@ func (x *WaitProcessRequest) String() string {
 func (*WaitProcessRequest) ProtoMessage() {}
 
 func (x *WaitProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -778,7 +879,7 @@ func (x *WaitProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitProcessRequest.ProtoReflect.Descriptor instead.
 func (*WaitProcessRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{10}
+	return file_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *WaitProcessRequest) GetContainerId() string {
@@ -806,7 +907,7 @@ type WaitProcessResponse struct {
 
 func (x *WaitProcessResponse) Reset() {
 	*x = WaitProcessResponse{}
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -818,7 +919,7 @@ func (x *WaitProcessResponse) String() string {
 func (*WaitProcessResponse) ProtoMessage() {}
 
 func (x *WaitProcessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -831,7 +932,7 @@ func (x *WaitProcessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitProcessResponse.ProtoReflect.Descriptor instead.
 func (*WaitProcessResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{11}
+	return file_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *WaitProcessResponse) GetExitStatus() uint32 {
@@ -858,7 +959,7 @@ type DeleteProcessRequest struct {
 
 func (x *DeleteProcessRequest) Reset() {
 	*x = DeleteProcessRequest{}
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -870,7 +971,7 @@ func (x *DeleteProcessRequest) String() string {
 func (*DeleteProcessRequest) ProtoMessage() {}
 
 func (x *DeleteProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -883,7 +984,7 @@ func (x *DeleteProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteProcessRequest.ProtoReflect.Descriptor instead.
 func (*DeleteProcessRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{12}
+	return file_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *DeleteProcessRequest) GetContainerId() string {
@@ -913,7 +1014,7 @@ type ReadStdioRequest struct {
 
 func (x *ReadStdioRequest) Reset() {
 	*x = ReadStdioRequest{}
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -925,7 +1026,7 @@ func (x *ReadStdioRequest) String() string {
 func (*ReadStdioRequest) ProtoMessage() {}
 
 func (x *ReadStdioRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -938,7 +1039,7 @@ func (x *ReadStdioRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadStdioRequest.ProtoReflect.Descriptor instead.
 func (*ReadStdioRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{13}
+	return file_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ReadStdioRequest) GetContainerId() string {
@@ -979,7 +1080,7 @@ type ReadStdioResponse struct {
 
 func (x *ReadStdioResponse) Reset() {
 	*x = ReadStdioResponse{}
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -991,7 +1092,7 @@ func (x *ReadStdioResponse) String() string {
 func (*ReadStdioResponse) ProtoMessage() {}
 
 func (x *ReadStdioResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1004,7 +1105,7 @@ func (x *ReadStdioResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadStdioResponse.ProtoReflect.Descriptor instead.
 func (*ReadStdioResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{14}
+	return file_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ReadStdioResponse) GetData() []byte {
@@ -1032,7 +1133,7 @@ type WriteStdinRequest struct {
 
 func (x *WriteStdinRequest) Reset() {
 	*x = WriteStdinRequest{}
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1044,7 +1145,7 @@ func (x *WriteStdinRequest) String() string {
 func (*WriteStdinRequest) ProtoMessage() {}
 
 func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1057,7 +1158,7 @@ func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinRequest.ProtoReflect.Descriptor instead.
 func (*WriteStdinRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{15}
+	return file_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *WriteStdinRequest) GetContainerId() string {
@@ -1090,7 +1191,7 @@ type WriteStdinResponse struct {
 
 func (x *WriteStdinResponse) Reset() {
 	*x = WriteStdinResponse{}
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1102,7 +1203,7 @@ func (x *WriteStdinResponse) String() string {
 func (*WriteStdinResponse) ProtoMessage() {}
 
 func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1115,7 +1216,7 @@ func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinResponse.ProtoReflect.Descriptor instead.
 func (*WriteStdinResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{16}
+	return file_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *WriteStdinResponse) GetWritten() uint32 {
@@ -1135,7 +1236,7 @@ type CloseStdinRequest struct {
 
 func (x *CloseStdinRequest) Reset() {
 	*x = CloseStdinRequest{}
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1147,7 +1248,7 @@ func (x *CloseStdinRequest) String() string {
 func (*CloseStdinRequest) ProtoMessage() {}
 
 func (x *CloseStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1160,7 +1261,7 @@ func (x *CloseStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseStdinRequest.ProtoReflect.Descriptor instead.
 func (*CloseStdinRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{17}
+	return file_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *CloseStdinRequest) GetContainerId() string {
@@ -1189,7 +1290,7 @@ type ResizePtyRequest struct {
 
 func (x *ResizePtyRequest) Reset() {
 	*x = ResizePtyRequest{}
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1201,7 +1302,7 @@ func (x *ResizePtyRequest) String() string {
 func (*ResizePtyRequest) ProtoMessage() {}
 
 func (x *ResizePtyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1214,7 +1315,7 @@ func (x *ResizePtyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizePtyRequest.ProtoReflect.Descriptor instead.
 func (*ResizePtyRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{18}
+	return file_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ResizePtyRequest) GetContainerId() string {
@@ -1254,7 +1355,7 @@ type ListPidsRequest struct {
 
 func (x *ListPidsRequest) Reset() {
 	*x = ListPidsRequest{}
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1266,7 +1367,7 @@ func (x *ListPidsRequest) String() string {
 func (*ListPidsRequest) ProtoMessage() {}
 
 func (x *ListPidsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1279,7 +1380,7 @@ func (x *ListPidsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPidsRequest.ProtoReflect.Descriptor instead.
 func (*ListPidsRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{19}
+	return file_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListPidsRequest) GetContainerId() string {
@@ -1301,7 +1402,7 @@ type ProcessInfo struct {
 
 func (x *ProcessInfo) Reset() {
 	*x = ProcessInfo{}
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1313,7 +1414,7 @@ func (x *ProcessInfo) String() string {
 func (*ProcessInfo) ProtoMessage() {}
 
 func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1326,7 +1427,7 @@ func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessInfo.ProtoReflect.Descriptor instead.
 func (*ProcessInfo) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{20}
+	return file_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ProcessInfo) GetPid() uint32 {
@@ -1352,7 +1453,7 @@ type ListPidsResponse struct {
 
 func (x *ListPidsResponse) Reset() {
 	*x = ListPidsResponse{}
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1364,7 +1465,7 @@ func (x *ListPidsResponse) String() string {
 func (*ListPidsResponse) ProtoMessage() {}
 
 func (x *ListPidsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1377,7 +1478,7 @@ func (x *ListPidsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPidsResponse.ProtoReflect.Descriptor instead.
 func (*ListPidsResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{21}
+	return file_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListPidsResponse) GetProcesses() []*ProcessInfo {
@@ -1395,7 +1496,7 @@ type ListContainersRequest struct {
 
 func (x *ListContainersRequest) Reset() {
 	*x = ListContainersRequest{}
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1407,7 +1508,7 @@ func (x *ListContainersRequest) String() string {
 func (*ListContainersRequest) ProtoMessage() {}
 
 func (x *ListContainersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1420,7 +1521,7 @@ func (x *ListContainersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContainersRequest.ProtoReflect.Descriptor instead.
 func (*ListContainersRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{22}
+	return file_agent_proto_rawDescGZIP(), []int{23}
 }
 
 type ContainerInfo struct {
@@ -1436,7 +1537,7 @@ type ContainerInfo struct {
 
 func (x *ContainerInfo) Reset() {
 	*x = ContainerInfo{}
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1448,7 +1549,7 @@ func (x *ContainerInfo) String() string {
 func (*ContainerInfo) ProtoMessage() {}
 
 func (x *ContainerInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1461,7 +1562,7 @@ func (x *ContainerInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerInfo.ProtoReflect.Descriptor instead.
 func (*ContainerInfo) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{23}
+	return file_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ContainerInfo) GetId() string {
@@ -1494,7 +1595,7 @@ type ListContainersResponse struct {
 
 func (x *ListContainersResponse) Reset() {
 	*x = ListContainersResponse{}
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1506,7 +1607,7 @@ func (x *ListContainersResponse) String() string {
 func (*ListContainersResponse) ProtoMessage() {}
 
 func (x *ListContainersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1519,7 +1620,7 @@ func (x *ListContainersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContainersResponse.ProtoReflect.Descriptor instead.
 func (*ListContainersResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{24}
+	return file_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListContainersResponse) GetContainers() []*ContainerInfo {
@@ -1538,7 +1639,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1550,7 +1651,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1563,7 +1664,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{25}
+	return file_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *StatsRequest) GetContainerId() string {
@@ -1584,7 +1685,7 @@ type StatsResponse struct {
 
 func (x *StatsResponse) Reset() {
 	*x = StatsResponse{}
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1596,7 +1697,7 @@ func (x *StatsResponse) String() string {
 func (*StatsResponse) ProtoMessage() {}
 
 func (x *StatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1609,7 +1710,7 @@ func (x *StatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsResponse.ProtoReflect.Descriptor instead.
 func (*StatsResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{26}
+	return file_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *StatsResponse) GetMetrics() *anypb.Any {
@@ -1628,7 +1729,7 @@ type RemoveContainerRequest struct {
 
 func (x *RemoveContainerRequest) Reset() {
 	*x = RemoveContainerRequest{}
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1640,7 +1741,7 @@ func (x *RemoveContainerRequest) String() string {
 func (*RemoveContainerRequest) ProtoMessage() {}
 
 func (x *RemoveContainerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1653,7 +1754,7 @@ func (x *RemoveContainerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveContainerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveContainerRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{27}
+	return file_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *RemoveContainerRequest) GetId() string {
@@ -1680,7 +1781,7 @@ type UpdateInterfaceRequest struct {
 
 func (x *UpdateInterfaceRequest) Reset() {
 	*x = UpdateInterfaceRequest{}
-	mi := &file_agent_proto_msgTypes[28]
+	mi := &file_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1692,7 +1793,7 @@ func (x *UpdateInterfaceRequest) String() string {
 func (*UpdateInterfaceRequest) ProtoMessage() {}
 
 func (x *UpdateInterfaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[28]
+	mi := &file_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1705,7 +1806,7 @@ func (x *UpdateInterfaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateInterfaceRequest.ProtoReflect.Descriptor instead.
 func (*UpdateInterfaceRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{28}
+	return file_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *UpdateInterfaceRequest) GetMac() string {
@@ -1753,7 +1854,7 @@ type Route struct {
 
 func (x *Route) Reset() {
 	*x = Route{}
-	mi := &file_agent_proto_msgTypes[29]
+	mi := &file_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1765,7 +1866,7 @@ func (x *Route) String() string {
 func (*Route) ProtoMessage() {}
 
 func (x *Route) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[29]
+	mi := &file_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1778,7 +1879,7 @@ func (x *Route) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Route.ProtoReflect.Descriptor instead.
 func (*Route) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{29}
+	return file_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *Route) GetDestination() string {
@@ -1825,7 +1926,7 @@ type UpdateRoutesRequest struct {
 
 func (x *UpdateRoutesRequest) Reset() {
 	*x = UpdateRoutesRequest{}
-	mi := &file_agent_proto_msgTypes[30]
+	mi := &file_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1837,7 +1938,7 @@ func (x *UpdateRoutesRequest) String() string {
 func (*UpdateRoutesRequest) ProtoMessage() {}
 
 func (x *UpdateRoutesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[30]
+	mi := &file_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1850,7 +1951,7 @@ func (x *UpdateRoutesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateRoutesRequest.ProtoReflect.Descriptor instead.
 func (*UpdateRoutesRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{30}
+	return file_agent_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *UpdateRoutesRequest) GetRoutes() []*Route {
@@ -1869,7 +1970,7 @@ type SetTimeRequest struct {
 
 func (x *SetTimeRequest) Reset() {
 	*x = SetTimeRequest{}
-	mi := &file_agent_proto_msgTypes[31]
+	mi := &file_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1881,7 +1982,7 @@ func (x *SetTimeRequest) String() string {
 func (*SetTimeRequest) ProtoMessage() {}
 
 func (x *SetTimeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[31]
+	mi := &file_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1894,7 +1995,7 @@ func (x *SetTimeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTimeRequest.ProtoReflect.Descriptor instead.
 func (*SetTimeRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{31}
+	return file_agent_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *SetTimeRequest) GetUnixNanos() int64 {
@@ -1914,7 +2015,7 @@ type ReseedRequest struct {
 
 func (x *ReseedRequest) Reset() {
 	*x = ReseedRequest{}
-	mi := &file_agent_proto_msgTypes[32]
+	mi := &file_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1926,7 +2027,7 @@ func (x *ReseedRequest) String() string {
 func (*ReseedRequest) ProtoMessage() {}
 
 func (x *ReseedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[32]
+	mi := &file_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1939,7 +2040,7 @@ func (x *ReseedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReseedRequest.ProtoReflect.Descriptor instead.
 func (*ReseedRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{32}
+	return file_agent_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ReseedRequest) GetEntropy() []byte {
@@ -1964,7 +2065,7 @@ type RunHookRequest struct {
 
 func (x *RunHookRequest) Reset() {
 	*x = RunHookRequest{}
-	mi := &file_agent_proto_msgTypes[33]
+	mi := &file_agent_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1976,7 +2077,7 @@ func (x *RunHookRequest) String() string {
 func (*RunHookRequest) ProtoMessage() {}
 
 func (x *RunHookRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[33]
+	mi := &file_agent_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1989,7 +2090,7 @@ func (x *RunHookRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunHookRequest.ProtoReflect.Descriptor instead.
 func (*RunHookRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{33}
+	return file_agent_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *RunHookRequest) GetArgv() []string {
@@ -2032,7 +2133,7 @@ type RunHookResponse struct {
 
 func (x *RunHookResponse) Reset() {
 	*x = RunHookResponse{}
-	mi := &file_agent_proto_msgTypes[34]
+	mi := &file_agent_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2044,7 +2145,7 @@ func (x *RunHookResponse) String() string {
 func (*RunHookResponse) ProtoMessage() {}
 
 func (x *RunHookResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[34]
+	mi := &file_agent_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2057,7 +2158,7 @@ func (x *RunHookResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunHookResponse.ProtoReflect.Descriptor instead.
 func (*RunHookResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{34}
+	return file_agent_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *RunHookResponse) GetOutput() []byte {
@@ -2082,7 +2183,7 @@ type SyncRequest struct {
 
 func (x *SyncRequest) Reset() {
 	*x = SyncRequest{}
-	mi := &file_agent_proto_msgTypes[35]
+	mi := &file_agent_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2094,7 +2195,7 @@ func (x *SyncRequest) String() string {
 func (*SyncRequest) ProtoMessage() {}
 
 func (x *SyncRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[35]
+	mi := &file_agent_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2107,7 +2208,7 @@ func (x *SyncRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncRequest.ProtoReflect.Descriptor instead.
 func (*SyncRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{35}
+	return file_agent_proto_rawDescGZIP(), []int{36}
 }
 
 type ShutdownRequest struct {
@@ -2118,7 +2219,7 @@ type ShutdownRequest struct {
 
 func (x *ShutdownRequest) Reset() {
 	*x = ShutdownRequest{}
-	mi := &file_agent_proto_msgTypes[36]
+	mi := &file_agent_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2130,7 +2231,7 @@ func (x *ShutdownRequest) String() string {
 func (*ShutdownRequest) ProtoMessage() {}
 
 func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[36]
+	mi := &file_agent_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2143,7 +2244,7 @@ func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownRequest.ProtoReflect.Descriptor instead.
 func (*ShutdownRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{36}
+	return file_agent_proto_rawDescGZIP(), []int{37}
 }
 
 var File_agent_proto protoreflect.FileDescriptor
@@ -2160,11 +2261,18 @@ const file_agent_proto_rawDesc = "" +
 	"\x06Rootfs\x12\x16\n" +
 	"\x06serial\x18\x01 \x01(\tR\x06serial\x12\x16\n" +
 	"\x06fstype\x18\x02 \x01(\tR\x06fstype\x12\x18\n" +
-	"\aoptions\x18\x03 \x03(\tR\aoptions\"H\n" +
+	"\aoptions\x18\x03 \x03(\tR\aoptions\"l\n" +
 	"\x04File\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x18\n" +
 	"\acontent\x18\x02 \x01(\fR\acontent\x12\x12\n" +
-	"\x04mode\x18\x03 \x01(\rR\x04mode\"\xd1\x02\n" +
+	"\x04mode\x18\x03 \x01(\rR\x04mode\x12\x10\n" +
+	"\x03uid\x18\x04 \x01(\rR\x03uid\x12\x10\n" +
+	"\x03gid\x18\x05 \x01(\rR\x03gid\"Q\n" +
+	"\x03Dir\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
+	"\x04mode\x18\x02 \x01(\rR\x04mode\x12\x10\n" +
+	"\x03uid\x18\x03 \x01(\rR\x03uid\x12\x10\n" +
+	"\x03gid\x18\x04 \x01(\rR\x03gid\"\xf9\x02\n" +
 	"\x16CreateContainerRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\tspec_json\x18\x02 \x01(\fR\bspecJson\x12-\n" +
@@ -2176,7 +2284,8 @@ const file_agent_proto_rawDesc = "" +
 	"\bterminal\x18\b \x01(\bR\bterminal\x12%\n" +
 	"\x0ejoin_container\x18\t \x01(\tR\rjoinContainer\x12'\n" +
 	"\x0fjoin_namespaces\x18\n" +
-	" \x03(\tR\x0ejoinNamespaces\"+\n" +
+	" \x03(\tR\x0ejoinNamespaces\x12&\n" +
+	"\x04dirs\x18\v \x03(\v2\x12.cryo.agent.v1.DirR\x04dirs\"+\n" +
 	"\x17CreateContainerResponse\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\rR\x03pid\"Q\n" +
 	"\x13StartProcessRequest\x12!\n" +
@@ -2324,111 +2433,113 @@ func file_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
 var file_agent_proto_goTypes = []any{
 	(Stream)(0),                     // 0: cryo.agent.v1.Stream
 	(*PingRequest)(nil),             // 1: cryo.agent.v1.PingRequest
 	(*PingResponse)(nil),            // 2: cryo.agent.v1.PingResponse
 	(*Rootfs)(nil),                  // 3: cryo.agent.v1.Rootfs
 	(*File)(nil),                    // 4: cryo.agent.v1.File
-	(*CreateContainerRequest)(nil),  // 5: cryo.agent.v1.CreateContainerRequest
-	(*CreateContainerResponse)(nil), // 6: cryo.agent.v1.CreateContainerResponse
-	(*StartProcessRequest)(nil),     // 7: cryo.agent.v1.StartProcessRequest
-	(*StartProcessResponse)(nil),    // 8: cryo.agent.v1.StartProcessResponse
-	(*ExecProcessRequest)(nil),      // 9: cryo.agent.v1.ExecProcessRequest
-	(*SignalProcessRequest)(nil),    // 10: cryo.agent.v1.SignalProcessRequest
-	(*WaitProcessRequest)(nil),      // 11: cryo.agent.v1.WaitProcessRequest
-	(*WaitProcessResponse)(nil),     // 12: cryo.agent.v1.WaitProcessResponse
-	(*DeleteProcessRequest)(nil),    // 13: cryo.agent.v1.DeleteProcessRequest
-	(*ReadStdioRequest)(nil),        // 14: cryo.agent.v1.ReadStdioRequest
-	(*ReadStdioResponse)(nil),       // 15: cryo.agent.v1.ReadStdioResponse
-	(*WriteStdinRequest)(nil),       // 16: cryo.agent.v1.WriteStdinRequest
-	(*WriteStdinResponse)(nil),      // 17: cryo.agent.v1.WriteStdinResponse
-	(*CloseStdinRequest)(nil),       // 18: cryo.agent.v1.CloseStdinRequest
-	(*ResizePtyRequest)(nil),        // 19: cryo.agent.v1.ResizePtyRequest
-	(*ListPidsRequest)(nil),         // 20: cryo.agent.v1.ListPidsRequest
-	(*ProcessInfo)(nil),             // 21: cryo.agent.v1.ProcessInfo
-	(*ListPidsResponse)(nil),        // 22: cryo.agent.v1.ListPidsResponse
-	(*ListContainersRequest)(nil),   // 23: cryo.agent.v1.ListContainersRequest
-	(*ContainerInfo)(nil),           // 24: cryo.agent.v1.ContainerInfo
-	(*ListContainersResponse)(nil),  // 25: cryo.agent.v1.ListContainersResponse
-	(*StatsRequest)(nil),            // 26: cryo.agent.v1.StatsRequest
-	(*StatsResponse)(nil),           // 27: cryo.agent.v1.StatsResponse
-	(*RemoveContainerRequest)(nil),  // 28: cryo.agent.v1.RemoveContainerRequest
-	(*UpdateInterfaceRequest)(nil),  // 29: cryo.agent.v1.UpdateInterfaceRequest
-	(*Route)(nil),                   // 30: cryo.agent.v1.Route
-	(*UpdateRoutesRequest)(nil),     // 31: cryo.agent.v1.UpdateRoutesRequest
-	(*SetTimeRequest)(nil),          // 32: cryo.agent.v1.SetTimeRequest
-	(*ReseedRequest)(nil),           // 33: cryo.agent.v1.ReseedRequest
-	(*RunHookRequest)(nil),          // 34: cryo.agent.v1.RunHookRequest
-	(*RunHookResponse)(nil),         // 35: cryo.agent.v1.RunHookResponse
-	(*SyncRequest)(nil),             // 36: cryo.agent.v1.SyncRequest
-	(*ShutdownRequest)(nil),         // 37: cryo.agent.v1.ShutdownRequest
-	(*durationpb.Duration)(nil),     // 38: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),   // 39: google.protobuf.Timestamp
-	(*anypb.Any)(nil),               // 40: google.protobuf.Any
-	(*emptypb.Empty)(nil),           // 41: google.protobuf.Empty
+	(*Dir)(nil),                     // 5: cryo.agent.v1.Dir
+	(*CreateContainerRequest)(nil),  // 6: cryo.agent.v1.CreateContainerRequest
+	(*CreateContainerResponse)(nil), // 7: cryo.agent.v1.CreateContainerResponse
+	(*StartProcessRequest)(nil),     // 8: cryo.agent.v1.StartProcessRequest
+	(*StartProcessResponse)(nil),    // 9: cryo.agent.v1.StartProcessResponse
+	(*ExecProcessRequest)(nil),      // 10: cryo.agent.v1.ExecProcessRequest
+	(*SignalProcessRequest)(nil),    // 11: cryo.agent.v1.SignalProcessRequest
+	(*WaitProcessRequest)(nil),      // 12: cryo.agent.v1.WaitProcessRequest
+	(*WaitProcessResponse)(nil),     // 13: cryo.agent.v1.WaitProcessResponse
+	(*DeleteProcessRequest)(nil),    // 14: cryo.agent.v1.DeleteProcessRequest
+	(*ReadStdioRequest)(nil),        // 15: cryo.agent.v1.ReadStdioRequest
+	(*ReadStdioResponse)(nil),       // 16: cryo.agent.v1.ReadStdioResponse
+	(*WriteStdinRequest)(nil),       // 17: cryo.agent.v1.WriteStdinRequest
+	(*WriteStdinResponse)(nil),      // 18: cryo.agent.v1.WriteStdinResponse
+	(*CloseStdinRequest)(nil),       // 19: cryo.agent.v1.CloseStdinRequest
+	(*ResizePtyRequest)(nil),        // 20: cryo.agent.v1.ResizePtyRequest
+	(*ListPidsRequest)(nil),         // 21: cryo.agent.v1.ListPidsRequest
+	(*ProcessInfo)(nil),             // 22: cryo.agent.v1.ProcessInfo
+	(*ListPidsResponse)(nil),        // 23: cryo.agent.v1.ListPidsResponse
+	(*ListContainersRequest)(nil),   // 24: cryo.agent.v1.ListContainersRequest
+	(*ContainerInfo)(nil),           // 25: cryo.agent.v1.ContainerInfo
+	(*ListContainersResponse)(nil),  // 26: cryo.agent.v1.ListContainersResponse
+	(*StatsRequest)(nil),            // 27: cryo.agent.v1.StatsRequest
+	(*StatsResponse)(nil),           // 28: cryo.agent.v1.StatsResponse
+	(*RemoveContainerRequest)(nil),  // 29: cryo.agent.v1.RemoveContainerRequest
+	(*UpdateInterfaceRequest)(nil),  // 30: cryo.agent.v1.UpdateInterfaceRequest
+	(*Route)(nil),                   // 31: cryo.agent.v1.Route
+	(*UpdateRoutesRequest)(nil),     // 32: cryo.agent.v1.UpdateRoutesRequest
+	(*SetTimeRequest)(nil),          // 33: cryo.agent.v1.SetTimeRequest
+	(*ReseedRequest)(nil),           // 34: cryo.agent.v1.ReseedRequest
+	(*RunHookRequest)(nil),          // 35: cryo.agent.v1.RunHookRequest
+	(*RunHookResponse)(nil),         // 36: cryo.agent.v1.RunHookResponse
+	(*SyncRequest)(nil),             // 37: cryo.agent.v1.SyncRequest
+	(*ShutdownRequest)(nil),         // 38: cryo.agent.v1.ShutdownRequest
+	(*durationpb.Duration)(nil),     // 39: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),   // 40: google.protobuf.Timestamp
+	(*anypb.Any)(nil),               // 41: google.protobuf.Any
+	(*emptypb.Empty)(nil),           // 42: google.protobuf.Empty
 }
 var file_agent_proto_depIdxs = []int32{
-	38, // 0: cryo.agent.v1.PingResponse.uptime:type_name -> google.protobuf.Duration
+	39, // 0: cryo.agent.v1.PingResponse.uptime:type_name -> google.protobuf.Duration
 	3,  // 1: cryo.agent.v1.CreateContainerRequest.rootfs:type_name -> cryo.agent.v1.Rootfs
 	4,  // 2: cryo.agent.v1.CreateContainerRequest.files:type_name -> cryo.agent.v1.File
-	39, // 3: cryo.agent.v1.WaitProcessResponse.exited_at:type_name -> google.protobuf.Timestamp
-	0,  // 4: cryo.agent.v1.ReadStdioRequest.stream:type_name -> cryo.agent.v1.Stream
-	21, // 5: cryo.agent.v1.ListPidsResponse.processes:type_name -> cryo.agent.v1.ProcessInfo
-	24, // 6: cryo.agent.v1.ListContainersResponse.containers:type_name -> cryo.agent.v1.ContainerInfo
-	40, // 7: cryo.agent.v1.StatsResponse.metrics:type_name -> google.protobuf.Any
-	30, // 8: cryo.agent.v1.UpdateRoutesRequest.routes:type_name -> cryo.agent.v1.Route
-	38, // 9: cryo.agent.v1.RunHookRequest.timeout:type_name -> google.protobuf.Duration
-	1,  // 10: cryo.agent.v1.Agent.Ping:input_type -> cryo.agent.v1.PingRequest
-	5,  // 11: cryo.agent.v1.Agent.CreateContainer:input_type -> cryo.agent.v1.CreateContainerRequest
-	7,  // 12: cryo.agent.v1.Agent.StartProcess:input_type -> cryo.agent.v1.StartProcessRequest
-	9,  // 13: cryo.agent.v1.Agent.ExecProcess:input_type -> cryo.agent.v1.ExecProcessRequest
-	10, // 14: cryo.agent.v1.Agent.SignalProcess:input_type -> cryo.agent.v1.SignalProcessRequest
-	11, // 15: cryo.agent.v1.Agent.WaitProcess:input_type -> cryo.agent.v1.WaitProcessRequest
-	13, // 16: cryo.agent.v1.Agent.DeleteProcess:input_type -> cryo.agent.v1.DeleteProcessRequest
-	14, // 17: cryo.agent.v1.Agent.ReadStdio:input_type -> cryo.agent.v1.ReadStdioRequest
-	16, // 18: cryo.agent.v1.Agent.WriteStdin:input_type -> cryo.agent.v1.WriteStdinRequest
-	18, // 19: cryo.agent.v1.Agent.CloseStdin:input_type -> cryo.agent.v1.CloseStdinRequest
-	19, // 20: cryo.agent.v1.Agent.ResizePty:input_type -> cryo.agent.v1.ResizePtyRequest
-	20, // 21: cryo.agent.v1.Agent.ListPids:input_type -> cryo.agent.v1.ListPidsRequest
-	23, // 22: cryo.agent.v1.Agent.ListContainers:input_type -> cryo.agent.v1.ListContainersRequest
-	26, // 23: cryo.agent.v1.Agent.Stats:input_type -> cryo.agent.v1.StatsRequest
-	28, // 24: cryo.agent.v1.Agent.RemoveContainer:input_type -> cryo.agent.v1.RemoveContainerRequest
-	29, // 25: cryo.agent.v1.Agent.UpdateInterface:input_type -> cryo.agent.v1.UpdateInterfaceRequest
-	31, // 26: cryo.agent.v1.Agent.UpdateRoutes:input_type -> cryo.agent.v1.UpdateRoutesRequest
-	32, // 27: cryo.agent.v1.Agent.SetTime:input_type -> cryo.agent.v1.SetTimeRequest
-	33, // 28: cryo.agent.v1.Agent.Reseed:input_type -> cryo.agent.v1.ReseedRequest
-	34, // 29: cryo.agent.v1.Agent.RunHook:input_type -> cryo.agent.v1.RunHookRequest
-	36, // 30: cryo.agent.v1.Agent.Sync:input_type -> cryo.agent.v1.SyncRequest
-	37, // 31: cryo.agent.v1.Agent.Shutdown:input_type -> cryo.agent.v1.ShutdownRequest
-	2,  // 32: cryo.agent.v1.Agent.Ping:output_type -> cryo.agent.v1.PingResponse
-	6,  // 33: cryo.agent.v1.Agent.CreateContainer:output_type -> cryo.agent.v1.CreateContainerResponse
-	8,  // 34: cryo.agent.v1.Agent.StartProcess:output_type -> cryo.agent.v1.StartProcessResponse
-	41, // 35: cryo.agent.v1.Agent.ExecProcess:output_type -> google.protobuf.Empty
-	41, // 36: cryo.agent.v1.Agent.SignalProcess:output_type -> google.protobuf.Empty
-	12, // 37: cryo.agent.v1.Agent.WaitProcess:output_type -> cryo.agent.v1.WaitProcessResponse
-	41, // 38: cryo.agent.v1.Agent.DeleteProcess:output_type -> google.protobuf.Empty
-	15, // 39: cryo.agent.v1.Agent.ReadStdio:output_type -> cryo.agent.v1.ReadStdioResponse
-	17, // 40: cryo.agent.v1.Agent.WriteStdin:output_type -> cryo.agent.v1.WriteStdinResponse
-	41, // 41: cryo.agent.v1.Agent.CloseStdin:output_type -> google.protobuf.Empty
-	41, // 42: cryo.agent.v1.Agent.ResizePty:output_type -> google.protobuf.Empty
-	22, // 43: cryo.agent.v1.Agent.ListPids:output_type -> cryo.agent.v1.ListPidsResponse
-	25, // 44: cryo.agent.v1.Agent.ListContainers:output_type -> cryo.agent.v1.ListContainersResponse
-	27, // 45: cryo.agent.v1.Agent.Stats:output_type -> cryo.agent.v1.StatsResponse
-	41, // 46: cryo.agent.v1.Agent.RemoveContainer:output_type -> google.protobuf.Empty
-	41, // 47: cryo.agent.v1.Agent.UpdateInterface:output_type -> google.protobuf.Empty
-	41, // 48: cryo.agent.v1.Agent.UpdateRoutes:output_type -> google.protobuf.Empty
-	41, // 49: cryo.agent.v1.Agent.SetTime:output_type -> google.protobuf.Empty
-	41, // 50: cryo.agent.v1.Agent.Reseed:output_type -> google.protobuf.Empty
-	35, // 51: cryo.agent.v1.Agent.RunHook:output_type -> cryo.agent.v1.RunHookResponse
-	41, // 52: cryo.agent.v1.Agent.Sync:output_type -> google.protobuf.Empty
-	41, // 53: cryo.agent.v1.Agent.Shutdown:output_type -> google.protobuf.Empty
-	32, // [32:54] is the sub-list for method output_type
-	10, // [10:32] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	5,  // 3: cryo.agent.v1.CreateContainerRequest.dirs:type_name -> cryo.agent.v1.Dir
+	40, // 4: cryo.agent.v1.WaitProcessResponse.exited_at:type_name -> google.protobuf.Timestamp
+	0,  // 5: cryo.agent.v1.ReadStdioRequest.stream:type_name -> cryo.agent.v1.Stream
+	22, // 6: cryo.agent.v1.ListPidsResponse.processes:type_name -> cryo.agent.v1.ProcessInfo
+	25, // 7: cryo.agent.v1.ListContainersResponse.containers:type_name -> cryo.agent.v1.ContainerInfo
+	41, // 8: cryo.agent.v1.StatsResponse.metrics:type_name -> google.protobuf.Any
+	31, // 9: cryo.agent.v1.UpdateRoutesRequest.routes:type_name -> cryo.agent.v1.Route
+	39, // 10: cryo.agent.v1.RunHookRequest.timeout:type_name -> google.protobuf.Duration
+	1,  // 11: cryo.agent.v1.Agent.Ping:input_type -> cryo.agent.v1.PingRequest
+	6,  // 12: cryo.agent.v1.Agent.CreateContainer:input_type -> cryo.agent.v1.CreateContainerRequest
+	8,  // 13: cryo.agent.v1.Agent.StartProcess:input_type -> cryo.agent.v1.StartProcessRequest
+	10, // 14: cryo.agent.v1.Agent.ExecProcess:input_type -> cryo.agent.v1.ExecProcessRequest
+	11, // 15: cryo.agent.v1.Agent.SignalProcess:input_type -> cryo.agent.v1.SignalProcessRequest
+	12, // 16: cryo.agent.v1.Agent.WaitProcess:input_type -> cryo.agent.v1.WaitProcessRequest
+	14, // 17: cryo.agent.v1.Agent.DeleteProcess:input_type -> cryo.agent.v1.DeleteProcessRequest
+	15, // 18: cryo.agent.v1.Agent.ReadStdio:input_type -> cryo.agent.v1.ReadStdioRequest
+	17, // 19: cryo.agent.v1.Agent.WriteStdin:input_type -> cryo.agent.v1.WriteStdinRequest
+	19, // 20: cryo.agent.v1.Agent.CloseStdin:input_type -> cryo.agent.v1.CloseStdinRequest
+	20, // 21: cryo.agent.v1.Agent.ResizePty:input_type -> cryo.agent.v1.ResizePtyRequest
+	21, // 22: cryo.agent.v1.Agent.ListPids:input_type -> cryo.agent.v1.ListPidsRequest
+	24, // 23: cryo.agent.v1.Agent.ListContainers:input_type -> cryo.agent.v1.ListContainersRequest
+	27, // 24: cryo.agent.v1.Agent.Stats:input_type -> cryo.agent.v1.StatsRequest
+	29, // 25: cryo.agent.v1.Agent.RemoveContainer:input_type -> cryo.agent.v1.RemoveContainerRequest
+	30, // 26: cryo.agent.v1.Agent.UpdateInterface:input_type -> cryo.agent.v1.UpdateInterfaceRequest
+	32, // 27: cryo.agent.v1.Agent.UpdateRoutes:input_type -> cryo.agent.v1.UpdateRoutesRequest
+	33, // 28: cryo.agent.v1.Agent.SetTime:input_type -> cryo.agent.v1.SetTimeRequest
+	34, // 29: cryo.agent.v1.Agent.Reseed:input_type -> cryo.agent.v1.ReseedRequest
+	35, // 30: cryo.agent.v1.Agent.RunHook:input_type -> cryo.agent.v1.RunHookRequest
+	37, // 31: cryo.agent.v1.Agent.Sync:input_type -> cryo.agent.v1.SyncRequest
+	38, // 32: cryo.agent.v1.Agent.Shutdown:input_type -> cryo.agent.v1.ShutdownRequest
+	2,  // 33: cryo.agent.v1.Agent.Ping:output_type -> cryo.agent.v1.PingResponse
+	7,  // 34: cryo.agent.v1.Agent.CreateContainer:output_type -> cryo.agent.v1.CreateContainerResponse
+	9,  // 35: cryo.agent.v1.Agent.StartProcess:output_type -> cryo.agent.v1.StartProcessResponse
+	42, // 36: cryo.agent.v1.Agent.ExecProcess:output_type -> google.protobuf.Empty
+	42, // 37: cryo.agent.v1.Agent.SignalProcess:output_type -> google.protobuf.Empty
+	13, // 38: cryo.agent.v1.Agent.WaitProcess:output_type -> cryo.agent.v1.WaitProcessResponse
+	42, // 39: cryo.agent.v1.Agent.DeleteProcess:output_type -> google.protobuf.Empty
+	16, // 40: cryo.agent.v1.Agent.ReadStdio:output_type -> cryo.agent.v1.ReadStdioResponse
+	18, // 41: cryo.agent.v1.Agent.WriteStdin:output_type -> cryo.agent.v1.WriteStdinResponse
+	42, // 42: cryo.agent.v1.Agent.CloseStdin:output_type -> google.protobuf.Empty
+	42, // 43: cryo.agent.v1.Agent.ResizePty:output_type -> google.protobuf.Empty
+	23, // 44: cryo.agent.v1.Agent.ListPids:output_type -> cryo.agent.v1.ListPidsResponse
+	26, // 45: cryo.agent.v1.Agent.ListContainers:output_type -> cryo.agent.v1.ListContainersResponse
+	28, // 46: cryo.agent.v1.Agent.Stats:output_type -> cryo.agent.v1.StatsResponse
+	42, // 47: cryo.agent.v1.Agent.RemoveContainer:output_type -> google.protobuf.Empty
+	42, // 48: cryo.agent.v1.Agent.UpdateInterface:output_type -> google.protobuf.Empty
+	42, // 49: cryo.agent.v1.Agent.UpdateRoutes:output_type -> google.protobuf.Empty
+	42, // 50: cryo.agent.v1.Agent.SetTime:output_type -> google.protobuf.Empty
+	42, // 51: cryo.agent.v1.Agent.Reseed:output_type -> google.protobuf.Empty
+	36, // 52: cryo.agent.v1.Agent.RunHook:output_type -> cryo.agent.v1.RunHookResponse
+	42, // 53: cryo.agent.v1.Agent.Sync:output_type -> google.protobuf.Empty
+	42, // 54: cryo.agent.v1.Agent.Shutdown:output_type -> google.protobuf.Empty
+	33, // [33:55] is the sub-list for method output_type
+	11, // [11:33] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -2442,7 +2553,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   37,
+			NumMessages:   38,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
