@@ -153,7 +153,6 @@ func (r *Reconciler) create(ctx context.Context, cp *cryov1.Checkpoint) (reconci
 	var answer error
 	if askedHere {
 		calling, answered, answer = a.calling, a.answered, a.answer
-		a.answered, a.answer = false, nil // taken
 	}
 	r.mu.Unlock()
 	if cp.Status.Snapshot != "" {
@@ -165,7 +164,16 @@ func (r *Reconciler) create(ctx context.Context, cp *cryov1.Checkpoint) (reconci
 		// could not.
 		return reconcile.Result{RequeueAfter: pollInterval}, nil
 	case answered:
-		return r.answered(ctx, cp, a, answer)
+		res, err := r.answered(ctx, cp, a, answer)
+		if err == nil {
+			// Taken only once acted on: a status write that failed
+			// (the cache's copy behind the one ask wrote) must not
+			// turn into asking again.
+			r.mu.Lock()
+			a.answered, a.answer = false, nil
+			r.mu.Unlock()
+		}
+		return res, err
 	}
 	pod, container, target, err := r.checkPod(ctx, cp)
 	if err != nil {
