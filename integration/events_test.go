@@ -7,6 +7,8 @@ import (
 	"context"
 	"fmt"
 	"os/exec"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -114,4 +116,24 @@ func watchEvents(t *testing.T, e *harness.Env) *eventLog {
 	}
 	t.Fatal("ctr events showed no /images/create in 30 s")
 	return nil
+}
+
+// TestTaskOOMEvent: a process of a memory-limited container that the
+// guest's OOM killer takes is published as /tasks/oom for the container,
+// as runc's shim does, while its main process runs on.
+func TestTaskOOMEvent(t *testing.T) {
+	e := harness.Start(t)
+	events := watchEvents(t, e)
+	e.MustCtr(e.RunArgs("-d", "--memory-limit", strconv.Itoa(32<<20), harness.Image, "oom1",
+		"sh", "-c", "dd if=/dev/zero of=/dev/null bs=96M count=1; echo survived; sleep inf")...)
+	if !harness.WaitFor(90*time.Second, func() bool { return slices.Contains(taskTopics(events.all(), "oom1"), "/tasks/oom") }) {
+		t.Fatalf("no /tasks/oom for oom1 in 90 s\nctr events:\n%s\ncontainerd log:\n%s", strings.Join(events.all(), "\n"), e.LogTail(40))
+	}
+	if out, _, _ := e.Ctr("task", "ls"); !strings.Contains(out, "oom1") || !strings.Contains(out, "RUNNING") {
+		t.Errorf("after the OOM kill of its dd: %s, want oom1 running", out)
+	}
+	e.MustCtr("task", "kill", "-s", "SIGKILL", "oom1")
+	waitStopped(t, e, "oom1")
+	e.MustCtr("task", "delete", "oom1")
+	e.MustCtr("c", "rm", "oom1")
 }

@@ -114,6 +114,14 @@ func (a *agentClient) Wait(ctx context.Context, containerID, execID string) (uin
 	return r.ExitStatus, at, nil
 }
 
+func (a *agentClient) WaitOOM(ctx context.Context, containerID string, seen uint64) (uint64, error) {
+	r, err := a.api.WaitOOM(ctx, &agentapi.WaitOOMRequest{ContainerId: containerID, Seen: seen})
+	if err != nil {
+		return 0, err
+	}
+	return r.OomKills, nil
+}
+
 func (a *agentClient) ReadStdio(ctx context.Context, containerID, execID string, stderr bool) ([]byte, error) {
 	stream := agentapi.Stream_STREAM_STDOUT
 	if stderr {

@@ -39,6 +39,9 @@ type Guest interface {
 	Stats(ctx context.Context, containerID string) (*anypb.Any, error)
 	RemoveContainer(ctx context.Context, containerID string) error
 	DeleteProcess(ctx context.Context, containerID, execID string) error
+	// WaitOOM blocks until the container's cgroup has OOM-killed more
+	// processes than seen, and returns how many it has.
+	WaitOOM(ctx context.Context, containerID string, seen uint64) (uint64, error)
 }
 
 // agentConn is the guest agent as the sandbox itself uses it.

@@ -196,3 +196,23 @@ func vmStoppedLine(failure error) string {
 	}
 	return "cryo: the sandbox vm stopped: " + failure.Error()
 }
+
+// watchOOM publishes a TaskOOM for each process the guest's OOM killer
+// takes from container c, as runc's shim does from the same cgroup file
+// (CRI marks the container OOMKilled by it, also when the killed process
+// was not its main one). It ends when the container is removed, the VM
+// stops or the guest's agent predates WaitOOM (a restored guest).
+func (s *service) watchOOM(c *container) {
+	ctx := log.WithLogger(s.ctx, log.G(s.ctx).WithField("id", c.id))
+	var seen uint64
+	for {
+		n, err := s.sb.Guest().WaitOOM(ctx, c.guestID, seen)
+		if err != nil {
+			log.G(ctx).WithError(err).Debug("stopped watching OOM kills")
+			return
+		}
+		log.G(ctx).WithField("oom_kills", n).Info("the guest's OOM killer took a process of the container")
+		seen = n
+		s.send(&eventstypes.TaskOOM{ContainerID: c.id})
+	}
+}

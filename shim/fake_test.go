@@ -152,6 +152,8 @@ type fakeGuest struct {
 	// stdout until the channel closes (the last writer of the guest's pipe
 	// closed); a process without one has no output.
 	stdout map[string]chan []byte
+	// oomKills, when set, are the counts WaitOOM returns, in order.
+	oomKills chan uint64
 }
 
 func newFakeGuest() *fakeGuest {
@@ -271,4 +273,14 @@ func (g *fakeGuest) RemoveContainer(ctx context.Context, containerID string) err
 }
 func (g *fakeGuest) DeleteProcess(ctx context.Context, containerID, execID string) error {
 	return nil
+}
+func (g *fakeGuest) WaitOOM(ctx context.Context, containerID string, seen uint64) (uint64, error) {
+	select {
+	case n := <-g.oomKills: // nil: none ever
+		return n, nil
+	case <-g.vmGone:
+		return 0, ttrpc.ErrClosed
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
 }

@@ -35,18 +35,22 @@ func checkHostname(spec *specs.Spec) error {
 // sandbox container, and that container's id in the guest. CRI has a
 // container join the sandbox container's IPC and UTS namespaces by host
 // paths (/proc/<pid>/ns/...); the guest agent joins the sandbox container's
-// own instead. Its pid namespace is not joined (see the agent's joinable).
-// Nothing is shared with a sandbox container this shim does not run.
+// own instead. Only those the sandbox container has of its own: a
+// host-network pod's containers name the node's UTS namespace, whose
+// hostname the guest takes from the /etc/hostname CRI mounts
+// (dropHostNamespacePaths). The pid namespace is not joined (see the
+// agent's joinable). Nothing is shared with a sandbox container this shim
+// does not run.
 func (s *service) podNamespaces(spec *specs.Spec) (from string, join []string) {
 	if spec.Linux == nil || spec.Annotations[annotations.CRIContainerType] != "container" {
 		return "", nil
 	}
 	sb, err := s.container(spec.Annotations[annotations.CRISandboxID])
-	if err != nil {
+	if err != nil || sb.spec.Linux == nil {
 		return "", nil
 	}
 	for _, ns := range spec.Linux.Namespaces {
-		if ns.Path != "" && (ns.Type == specs.IPCNamespace || ns.Type == specs.UTSNamespace) {
+		if ns.Path != "" && (ns.Type == specs.IPCNamespace || ns.Type == specs.UTSNamespace) && hasOwnNamespace(sb.spec, ns.Type) {
 			join = append(join, string(ns.Type))
 		}
 	}
@@ -93,4 +97,14 @@ func mountedHostname(spec *specs.Spec) string {
 		return strings.TrimSpace(string(b))
 	}
 	return ""
+}
+
+// hasOwnNamespace: spec asks for a new namespace of type t.
+func hasOwnNamespace(spec *specs.Spec, t specs.LinuxNamespaceType) bool {
+	for _, ns := range spec.Linux.Namespaces {
+		if ns.Type == t && ns.Path == "" {
+			return true
+		}
+	}
+	return false
 }

@@ -79,3 +79,47 @@ func TestHostnameNeedsOwnUTSNamespace(t *testing.T) {
 		}
 	}
 }
+
+// TestPodNamespaces: a CRI container joins, in the guest, the IPC and UTS
+// namespaces its sandbox container has of its own (a restored one's by its
+// guest id); a host-network pod's UTS namespace is the node's, not the
+// sandbox container's, so it is not joined (the hostname comes from
+// /etc/hostname as before); nothing is joined outside a CRI pod.
+func TestPodNamespaces(t *testing.T) {
+	own := func(types ...specs.LinuxNamespaceType) *specs.Spec {
+		s := &specs.Spec{Linux: &specs.Linux{}}
+		for _, ty := range types {
+			s.Linux.Namespaces = append(s.Linux.Namespaces, specs.LinuxNamespace{Type: ty})
+		}
+		return s
+	}
+	s := &service{containers: map[string]*container{
+		"pod":     {id: "pod", guestID: "old-pod", spec: own(specs.IPCNamespace, specs.UTSNamespace, specs.PIDNamespace)},
+		"hostnet": {id: "hostnet", guestID: "hostnet", spec: own(specs.IPCNamespace, specs.PIDNamespace)},
+	}}
+	ctr := func(sandboxID string) *specs.Spec {
+		return &specs.Spec{
+			Annotations: map[string]string{"io.kubernetes.cri.container-type": "container", "io.kubernetes.cri.sandbox-id": sandboxID},
+			Linux: &specs.Linux{Namespaces: []specs.LinuxNamespace{
+				{Type: specs.IPCNamespace, Path: "/proc/9/ns/ipc"}, {Type: specs.UTSNamespace, Path: "/proc/9/ns/uts"},
+				{Type: specs.PIDNamespace, Path: "/proc/9/ns/pid"},
+			}},
+		}
+	}
+	for _, c := range []struct {
+		name     string
+		spec     *specs.Spec
+		from     string
+		wantJoin string
+	}{
+		{"pod", ctr("pod"), "old-pod", "ipc,uts"},
+		{"host network", ctr("hostnet"), "hostnet", "ipc"},
+		{"unknown sandbox", ctr("nope"), "", ""},
+		{"not CRI", &specs.Spec{Linux: ctr("pod").Linux}, "", ""},
+	} {
+		from, join := s.podNamespaces(c.spec)
+		if from != c.from || strings.Join(join, ",") != c.wantJoin {
+			t.Errorf("%s: join %v of %q, want %q of %q", c.name, join, from, c.wantJoin, c.from)
+		}
+	}
+}

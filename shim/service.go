@@ -142,6 +142,7 @@ func (s *service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.
 	pid := s.taskPid(p)
 	if r.ExecID == "" {
 		s.send(&eventstypes.TaskStart{ContainerID: r.ID, Pid: pid})
+		go s.watchOOM(c)
 	} else {
 		s.send(&eventstypes.TaskExecStarted{ContainerID: r.ID, ExecID: r.ExecID, Pid: pid})
 	}

@@ -29,6 +29,7 @@ type container struct {
 	cg     *cgroup2.Manager
 	cgDir  *os.File // for CLONE_INTO_CGROUP
 	init   *process
+	oom    *oomCount
 
 	mu    sync.Mutex
 	execs map[string]*process
@@ -85,6 +86,8 @@ func (s *Service) createContainer(ctx context.Context, cc *ContainerConfig) (_ *
 	if err := c.createCgroup(s.cgroupRoot, cc.Spec); err != nil {
 		return nil, err
 	}
+	c.oom = newOOMCount()
+	go c.watchOOM()
 	cfg, skipped, err := translateSpec(cc.Spec, c.rootfs, cc.Files)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", err, errdefs.ErrInvalidArgument)

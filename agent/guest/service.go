@@ -3,6 +3,7 @@ package guest
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"path"
@@ -214,6 +215,21 @@ func (s *Service) WaitProcess(ctx context.Context, req *agentapi.WaitProcessRequ
 	return &agentapi.WaitProcessResponse{ExitStatus: uint32(e.Status), ExitedAt: timestamppb.New(e.At)}, nil
 }
 
+func (s *Service) WaitOOM(ctx context.Context, req *agentapi.WaitOOMRequest) (*agentapi.WaitOOMResponse, error) {
+	c, err := s.container(req.ContainerId)
+	if err != nil {
+		return nil, err
+	}
+	n, err := c.oom.wait(ctx, req.Seen)
+	if errors.Is(err, errOOMGone) {
+		return nil, fmt.Errorf("container %q: %w: %w", req.ContainerId, err, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &agentapi.WaitOOMResponse{OomKills: n}, nil
+}
+
 func (s *Service) DeleteProcess(ctx context.Context, req *agentapi.DeleteProcessRequest) (*emptypb.Empty, error) {
 	c, err := s.container(req.ContainerId)
 	if err != nil {
@@ -334,5 +350,6 @@ func (s *Service) RemoveContainer(ctx context.Context, req *agentapi.RemoveConta
 	s.mu.Lock()
 	delete(s.containers, req.Id)
 	s.mu.Unlock()
+	c.oom.end()
 	return &emptypb.Empty{}, c.cleanup(ctx)
 }

@@ -1001,6 +1001,102 @@ func (x *DeleteProcessRequest) GetExecId() string {
 	return ""
 }
 
+type WaitOOMRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ContainerId   string                 `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	Seen          uint64                 `protobuf:"varint,2,opt,name=seen,proto3" json:"seen,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WaitOOMRequest) Reset() {
+	*x = WaitOOMRequest{}
+	mi := &file_agent_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WaitOOMRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WaitOOMRequest) ProtoMessage() {}
+
+func (x *WaitOOMRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WaitOOMRequest.ProtoReflect.Descriptor instead.
+func (*WaitOOMRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *WaitOOMRequest) GetContainerId() string {
+	if x != nil {
+		return x.ContainerId
+	}
+	return ""
+}
+
+func (x *WaitOOMRequest) GetSeen() uint64 {
+	if x != nil {
+		return x.Seen
+	}
+	return 0
+}
+
+type WaitOOMResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	OomKills      uint64                 `protobuf:"varint,1,opt,name=oom_kills,json=oomKills,proto3" json:"oom_kills,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WaitOOMResponse) Reset() {
+	*x = WaitOOMResponse{}
+	mi := &file_agent_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WaitOOMResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WaitOOMResponse) ProtoMessage() {}
+
+func (x *WaitOOMResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WaitOOMResponse.ProtoReflect.Descriptor instead.
+func (*WaitOOMResponse) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *WaitOOMResponse) GetOomKills() uint64 {
+	if x != nil {
+		return x.OomKills
+	}
+	return 0
+}
+
 type ReadStdioRequest struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	ContainerId string                 `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
@@ -1014,7 +1110,7 @@ type ReadStdioRequest struct {
 
 func (x *ReadStdioRequest) Reset() {
 	*x = ReadStdioRequest{}
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1026,7 +1122,7 @@ func (x *ReadStdioRequest) String() string {
 func (*ReadStdioRequest) ProtoMessage() {}
 
 func (x *ReadStdioRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1039,7 +1135,7 @@ func (x *ReadStdioRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadStdioRequest.ProtoReflect.Descriptor instead.
 func (*ReadStdioRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{14}
+	return file_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ReadStdioRequest) GetContainerId() string {
@@ -1080,7 +1176,7 @@ type ReadStdioResponse struct {
 
 func (x *ReadStdioResponse) Reset() {
 	*x = ReadStdioResponse{}
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1092,7 +1188,7 @@ func (x *ReadStdioResponse) String() string {
 func (*ReadStdioResponse) ProtoMessage() {}
 
 func (x *ReadStdioResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1105,7 +1201,7 @@ func (x *ReadStdioResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadStdioResponse.ProtoReflect.Descriptor instead.
 func (*ReadStdioResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{15}
+	return file_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ReadStdioResponse) GetData() []byte {
@@ -1133,7 +1229,7 @@ type WriteStdinRequest struct {
 
 func (x *WriteStdinRequest) Reset() {
 	*x = WriteStdinRequest{}
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1145,7 +1241,7 @@ func (x *WriteStdinRequest) String() string {
 func (*WriteStdinRequest) ProtoMessage() {}
 
 func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1158,7 +1254,7 @@ func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinRequest.ProtoReflect.Descriptor instead.
 func (*WriteStdinRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{16}
+	return file_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *WriteStdinRequest) GetContainerId() string {
@@ -1191,7 +1287,7 @@ type WriteStdinResponse struct {
 
 func (x *WriteStdinResponse) Reset() {
 	*x = WriteStdinResponse{}
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1203,7 +1299,7 @@ func (x *WriteStdinResponse) String() string {
 func (*WriteStdinResponse) ProtoMessage() {}
 
 func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1216,7 +1312,7 @@ func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinResponse.ProtoReflect.Descriptor instead.
 func (*WriteStdinResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{17}
+	return file_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *WriteStdinResponse) GetWritten() uint32 {
@@ -1236,7 +1332,7 @@ type CloseStdinRequest struct {
 
 func (x *CloseStdinRequest) Reset() {
 	*x = CloseStdinRequest{}
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1248,7 +1344,7 @@ func (x *CloseStdinRequest) String() string {
 func (*CloseStdinRequest) ProtoMessage() {}
 
 func (x *CloseStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1261,7 +1357,7 @@ func (x *CloseStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseStdinRequest.ProtoReflect.Descriptor instead.
 func (*CloseStdinRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{18}
+	return file_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *CloseStdinRequest) GetContainerId() string {
@@ -1290,7 +1386,7 @@ type ResizePtyRequest struct {
 
 func (x *ResizePtyRequest) Reset() {
 	*x = ResizePtyRequest{}
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1302,7 +1398,7 @@ func (x *ResizePtyRequest) String() string {
 func (*ResizePtyRequest) ProtoMessage() {}
 
 func (x *ResizePtyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1315,7 +1411,7 @@ func (x *ResizePtyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizePtyRequest.ProtoReflect.Descriptor instead.
 func (*ResizePtyRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{19}
+	return file_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ResizePtyRequest) GetContainerId() string {
@@ -1355,7 +1451,7 @@ type ListPidsRequest struct {
 
 func (x *ListPidsRequest) Reset() {
 	*x = ListPidsRequest{}
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1367,7 +1463,7 @@ func (x *ListPidsRequest) String() string {
 func (*ListPidsRequest) ProtoMessage() {}
 
 func (x *ListPidsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1380,7 +1476,7 @@ func (x *ListPidsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPidsRequest.ProtoReflect.Descriptor instead.
 func (*ListPidsRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{20}
+	return file_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListPidsRequest) GetContainerId() string {
@@ -1402,7 +1498,7 @@ type ProcessInfo struct {
 
 func (x *ProcessInfo) Reset() {
 	*x = ProcessInfo{}
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1414,7 +1510,7 @@ func (x *ProcessInfo) String() string {
 func (*ProcessInfo) ProtoMessage() {}
 
 func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1427,7 +1523,7 @@ func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessInfo.ProtoReflect.Descriptor instead.
 func (*ProcessInfo) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{21}
+	return file_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ProcessInfo) GetPid() uint32 {
@@ -1453,7 +1549,7 @@ type ListPidsResponse struct {
 
 func (x *ListPidsResponse) Reset() {
 	*x = ListPidsResponse{}
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1465,7 +1561,7 @@ func (x *ListPidsResponse) String() string {
 func (*ListPidsResponse) ProtoMessage() {}
 
 func (x *ListPidsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1478,7 +1574,7 @@ func (x *ListPidsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPidsResponse.ProtoReflect.Descriptor instead.
 func (*ListPidsResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{22}
+	return file_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListPidsResponse) GetProcesses() []*ProcessInfo {
@@ -1496,7 +1592,7 @@ type ListContainersRequest struct {
 
 func (x *ListContainersRequest) Reset() {
 	*x = ListContainersRequest{}
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1508,7 +1604,7 @@ func (x *ListContainersRequest) String() string {
 func (*ListContainersRequest) ProtoMessage() {}
 
 func (x *ListContainersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1521,7 +1617,7 @@ func (x *ListContainersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContainersRequest.ProtoReflect.Descriptor instead.
 func (*ListContainersRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{23}
+	return file_agent_proto_rawDescGZIP(), []int{25}
 }
 
 type ContainerInfo struct {
@@ -1537,7 +1633,7 @@ type ContainerInfo struct {
 
 func (x *ContainerInfo) Reset() {
 	*x = ContainerInfo{}
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1549,7 +1645,7 @@ func (x *ContainerInfo) String() string {
 func (*ContainerInfo) ProtoMessage() {}
 
 func (x *ContainerInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1562,7 +1658,7 @@ func (x *ContainerInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerInfo.ProtoReflect.Descriptor instead.
 func (*ContainerInfo) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{24}
+	return file_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ContainerInfo) GetId() string {
@@ -1595,7 +1691,7 @@ type ListContainersResponse struct {
 
 func (x *ListContainersResponse) Reset() {
 	*x = ListContainersResponse{}
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1607,7 +1703,7 @@ func (x *ListContainersResponse) String() string {
 func (*ListContainersResponse) ProtoMessage() {}
 
 func (x *ListContainersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1620,7 +1716,7 @@ func (x *ListContainersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContainersResponse.ProtoReflect.Descriptor instead.
 func (*ListContainersResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{25}
+	return file_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ListContainersResponse) GetContainers() []*ContainerInfo {
@@ -1639,7 +1735,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1651,7 +1747,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1664,7 +1760,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{26}
+	return file_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *StatsRequest) GetContainerId() string {
@@ -1685,7 +1781,7 @@ type StatsResponse struct {
 
 func (x *StatsResponse) Reset() {
 	*x = StatsResponse{}
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1697,7 +1793,7 @@ func (x *StatsResponse) String() string {
 func (*StatsResponse) ProtoMessage() {}
 
 func (x *StatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1710,7 +1806,7 @@ func (x *StatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsResponse.ProtoReflect.Descriptor instead.
 func (*StatsResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{27}
+	return file_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *StatsResponse) GetMetrics() *anypb.Any {
@@ -1729,7 +1825,7 @@ type RemoveContainerRequest struct {
 
 func (x *RemoveContainerRequest) Reset() {
 	*x = RemoveContainerRequest{}
-	mi := &file_agent_proto_msgTypes[28]
+	mi := &file_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1741,7 +1837,7 @@ func (x *RemoveContainerRequest) String() string {
 func (*RemoveContainerRequest) ProtoMessage() {}
 
 func (x *RemoveContainerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[28]
+	mi := &file_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1754,7 +1850,7 @@ func (x *RemoveContainerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveContainerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveContainerRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{28}
+	return file_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *RemoveContainerRequest) GetId() string {
@@ -1781,7 +1877,7 @@ type UpdateInterfaceRequest struct {
 
 func (x *UpdateInterfaceRequest) Reset() {
 	*x = UpdateInterfaceRequest{}
-	mi := &file_agent_proto_msgTypes[29]
+	mi := &file_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1793,7 +1889,7 @@ func (x *UpdateInterfaceRequest) String() string {
 func (*UpdateInterfaceRequest) ProtoMessage() {}
 
 func (x *UpdateInterfaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[29]
+	mi := &file_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1806,7 +1902,7 @@ func (x *UpdateInterfaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateInterfaceRequest.ProtoReflect.Descriptor instead.
 func (*UpdateInterfaceRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{29}
+	return file_agent_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *UpdateInterfaceRequest) GetMac() string {
@@ -1854,7 +1950,7 @@ type Route struct {
 
 func (x *Route) Reset() {
 	*x = Route{}
-	mi := &file_agent_proto_msgTypes[30]
+	mi := &file_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1866,7 +1962,7 @@ func (x *Route) String() string {
 func (*Route) ProtoMessage() {}
 
 func (x *Route) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[30]
+	mi := &file_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1879,7 +1975,7 @@ func (x *Route) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Route.ProtoReflect.Descriptor instead.
 func (*Route) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{30}
+	return file_agent_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *Route) GetDestination() string {
@@ -1926,7 +2022,7 @@ type UpdateRoutesRequest struct {
 
 func (x *UpdateRoutesRequest) Reset() {
 	*x = UpdateRoutesRequest{}
-	mi := &file_agent_proto_msgTypes[31]
+	mi := &file_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1938,7 +2034,7 @@ func (x *UpdateRoutesRequest) String() string {
 func (*UpdateRoutesRequest) ProtoMessage() {}
 
 func (x *UpdateRoutesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[31]
+	mi := &file_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1951,7 +2047,7 @@ func (x *UpdateRoutesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateRoutesRequest.ProtoReflect.Descriptor instead.
 func (*UpdateRoutesRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{31}
+	return file_agent_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *UpdateRoutesRequest) GetRoutes() []*Route {
@@ -1970,7 +2066,7 @@ type SetTimeRequest struct {
 
 func (x *SetTimeRequest) Reset() {
 	*x = SetTimeRequest{}
-	mi := &file_agent_proto_msgTypes[32]
+	mi := &file_agent_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1982,7 +2078,7 @@ func (x *SetTimeRequest) String() string {
 func (*SetTimeRequest) ProtoMessage() {}
 
 func (x *SetTimeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[32]
+	mi := &file_agent_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1995,7 +2091,7 @@ func (x *SetTimeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTimeRequest.ProtoReflect.Descriptor instead.
 func (*SetTimeRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{32}
+	return file_agent_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *SetTimeRequest) GetUnixNanos() int64 {
@@ -2015,7 +2111,7 @@ type ReseedRequest struct {
 
 func (x *ReseedRequest) Reset() {
 	*x = ReseedRequest{}
-	mi := &file_agent_proto_msgTypes[33]
+	mi := &file_agent_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2027,7 +2123,7 @@ func (x *ReseedRequest) String() string {
 func (*ReseedRequest) ProtoMessage() {}
 
 func (x *ReseedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[33]
+	mi := &file_agent_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2040,7 +2136,7 @@ func (x *ReseedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReseedRequest.ProtoReflect.Descriptor instead.
 func (*ReseedRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{33}
+	return file_agent_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ReseedRequest) GetEntropy() []byte {
@@ -2065,7 +2161,7 @@ type RunHookRequest struct {
 
 func (x *RunHookRequest) Reset() {
 	*x = RunHookRequest{}
-	mi := &file_agent_proto_msgTypes[34]
+	mi := &file_agent_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2077,7 +2173,7 @@ func (x *RunHookRequest) String() string {
 func (*RunHookRequest) ProtoMessage() {}
 
 func (x *RunHookRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[34]
+	mi := &file_agent_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2090,7 +2186,7 @@ func (x *RunHookRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunHookRequest.ProtoReflect.Descriptor instead.
 func (*RunHookRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{34}
+	return file_agent_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *RunHookRequest) GetArgv() []string {
@@ -2133,7 +2229,7 @@ type RunHookResponse struct {
 
 func (x *RunHookResponse) Reset() {
 	*x = RunHookResponse{}
-	mi := &file_agent_proto_msgTypes[35]
+	mi := &file_agent_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2145,7 +2241,7 @@ func (x *RunHookResponse) String() string {
 func (*RunHookResponse) ProtoMessage() {}
 
 func (x *RunHookResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[35]
+	mi := &file_agent_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2158,7 +2254,7 @@ func (x *RunHookResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunHookResponse.ProtoReflect.Descriptor instead.
 func (*RunHookResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{35}
+	return file_agent_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *RunHookResponse) GetOutput() []byte {
@@ -2183,7 +2279,7 @@ type SyncRequest struct {
 
 func (x *SyncRequest) Reset() {
 	*x = SyncRequest{}
-	mi := &file_agent_proto_msgTypes[36]
+	mi := &file_agent_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2195,7 +2291,7 @@ func (x *SyncRequest) String() string {
 func (*SyncRequest) ProtoMessage() {}
 
 func (x *SyncRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[36]
+	mi := &file_agent_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2208,7 +2304,7 @@ func (x *SyncRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncRequest.ProtoReflect.Descriptor instead.
 func (*SyncRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{36}
+	return file_agent_proto_rawDescGZIP(), []int{38}
 }
 
 type ShutdownRequest struct {
@@ -2219,7 +2315,7 @@ type ShutdownRequest struct {
 
 func (x *ShutdownRequest) Reset() {
 	*x = ShutdownRequest{}
-	mi := &file_agent_proto_msgTypes[37]
+	mi := &file_agent_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2231,7 +2327,7 @@ func (x *ShutdownRequest) String() string {
 func (*ShutdownRequest) ProtoMessage() {}
 
 func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[37]
+	mi := &file_agent_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2244,7 +2340,7 @@ func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownRequest.ProtoReflect.Descriptor instead.
 func (*ShutdownRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{37}
+	return file_agent_proto_rawDescGZIP(), []int{39}
 }
 
 var File_agent_proto protoreflect.FileDescriptor
@@ -2315,7 +2411,12 @@ const file_agent_proto_rawDesc = "" +
 	"\texited_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\bexitedAt\"R\n" +
 	"\x14DeleteProcessRequest\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x17\n" +
-	"\aexec_id\x18\x02 \x01(\tR\x06execId\"\x8f\x01\n" +
+	"\aexec_id\x18\x02 \x01(\tR\x06execId\"G\n" +
+	"\x0eWaitOOMRequest\x12!\n" +
+	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x12\n" +
+	"\x04seen\x18\x02 \x01(\x04R\x04seen\".\n" +
+	"\x0fWaitOOMResponse\x12\x1b\n" +
+	"\toom_kills\x18\x01 \x01(\x04R\boomKills\"\x8f\x01\n" +
 	"\x10ReadStdioRequest\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x17\n" +
 	"\aexec_id\x18\x02 \x01(\tR\x06execId\x12-\n" +
@@ -2393,7 +2494,7 @@ const file_agent_proto_rawDesc = "" +
 	"\x06Stream\x12\x16\n" +
 	"\x12STREAM_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rSTREAM_STDOUT\x10\x01\x12\x11\n" +
-	"\rSTREAM_STDERR\x10\x022\x9c\r\n" +
+	"\rSTREAM_STDERR\x10\x022\xe6\r\n" +
 	"\x05Agent\x12?\n" +
 	"\x04Ping\x12\x1a.cryo.agent.v1.PingRequest\x1a\x1b.cryo.agent.v1.PingResponse\x12`\n" +
 	"\x0fCreateContainer\x12%.cryo.agent.v1.CreateContainerRequest\x1a&.cryo.agent.v1.CreateContainerResponse\x12W\n" +
@@ -2401,7 +2502,8 @@ const file_agent_proto_rawDesc = "" +
 	"\vExecProcess\x12!.cryo.agent.v1.ExecProcessRequest\x1a\x16.google.protobuf.Empty\x12L\n" +
 	"\rSignalProcess\x12#.cryo.agent.v1.SignalProcessRequest\x1a\x16.google.protobuf.Empty\x12T\n" +
 	"\vWaitProcess\x12!.cryo.agent.v1.WaitProcessRequest\x1a\".cryo.agent.v1.WaitProcessResponse\x12L\n" +
-	"\rDeleteProcess\x12#.cryo.agent.v1.DeleteProcessRequest\x1a\x16.google.protobuf.Empty\x12N\n" +
+	"\rDeleteProcess\x12#.cryo.agent.v1.DeleteProcessRequest\x1a\x16.google.protobuf.Empty\x12H\n" +
+	"\aWaitOOM\x12\x1d.cryo.agent.v1.WaitOOMRequest\x1a\x1e.cryo.agent.v1.WaitOOMResponse\x12N\n" +
 	"\tReadStdio\x12\x1f.cryo.agent.v1.ReadStdioRequest\x1a .cryo.agent.v1.ReadStdioResponse\x12Q\n" +
 	"\n" +
 	"WriteStdin\x12 .cryo.agent.v1.WriteStdinRequest\x1a!.cryo.agent.v1.WriteStdinResponse\x12F\n" +
@@ -2433,7 +2535,7 @@ func file_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
 var file_agent_proto_goTypes = []any{
 	(Stream)(0),                     // 0: cryo.agent.v1.Stream
 	(*PingRequest)(nil),             // 1: cryo.agent.v1.PingRequest
@@ -2450,47 +2552,49 @@ var file_agent_proto_goTypes = []any{
 	(*WaitProcessRequest)(nil),      // 12: cryo.agent.v1.WaitProcessRequest
 	(*WaitProcessResponse)(nil),     // 13: cryo.agent.v1.WaitProcessResponse
 	(*DeleteProcessRequest)(nil),    // 14: cryo.agent.v1.DeleteProcessRequest
-	(*ReadStdioRequest)(nil),        // 15: cryo.agent.v1.ReadStdioRequest
-	(*ReadStdioResponse)(nil),       // 16: cryo.agent.v1.ReadStdioResponse
-	(*WriteStdinRequest)(nil),       // 17: cryo.agent.v1.WriteStdinRequest
-	(*WriteStdinResponse)(nil),      // 18: cryo.agent.v1.WriteStdinResponse
-	(*CloseStdinRequest)(nil),       // 19: cryo.agent.v1.CloseStdinRequest
-	(*ResizePtyRequest)(nil),        // 20: cryo.agent.v1.ResizePtyRequest
-	(*ListPidsRequest)(nil),         // 21: cryo.agent.v1.ListPidsRequest
-	(*ProcessInfo)(nil),             // 22: cryo.agent.v1.ProcessInfo
-	(*ListPidsResponse)(nil),        // 23: cryo.agent.v1.ListPidsResponse
-	(*ListContainersRequest)(nil),   // 24: cryo.agent.v1.ListContainersRequest
-	(*ContainerInfo)(nil),           // 25: cryo.agent.v1.ContainerInfo
-	(*ListContainersResponse)(nil),  // 26: cryo.agent.v1.ListContainersResponse
-	(*StatsRequest)(nil),            // 27: cryo.agent.v1.StatsRequest
-	(*StatsResponse)(nil),           // 28: cryo.agent.v1.StatsResponse
-	(*RemoveContainerRequest)(nil),  // 29: cryo.agent.v1.RemoveContainerRequest
-	(*UpdateInterfaceRequest)(nil),  // 30: cryo.agent.v1.UpdateInterfaceRequest
-	(*Route)(nil),                   // 31: cryo.agent.v1.Route
-	(*UpdateRoutesRequest)(nil),     // 32: cryo.agent.v1.UpdateRoutesRequest
-	(*SetTimeRequest)(nil),          // 33: cryo.agent.v1.SetTimeRequest
-	(*ReseedRequest)(nil),           // 34: cryo.agent.v1.ReseedRequest
-	(*RunHookRequest)(nil),          // 35: cryo.agent.v1.RunHookRequest
-	(*RunHookResponse)(nil),         // 36: cryo.agent.v1.RunHookResponse
-	(*SyncRequest)(nil),             // 37: cryo.agent.v1.SyncRequest
-	(*ShutdownRequest)(nil),         // 38: cryo.agent.v1.ShutdownRequest
-	(*durationpb.Duration)(nil),     // 39: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),   // 40: google.protobuf.Timestamp
-	(*anypb.Any)(nil),               // 41: google.protobuf.Any
-	(*emptypb.Empty)(nil),           // 42: google.protobuf.Empty
+	(*WaitOOMRequest)(nil),          // 15: cryo.agent.v1.WaitOOMRequest
+	(*WaitOOMResponse)(nil),         // 16: cryo.agent.v1.WaitOOMResponse
+	(*ReadStdioRequest)(nil),        // 17: cryo.agent.v1.ReadStdioRequest
+	(*ReadStdioResponse)(nil),       // 18: cryo.agent.v1.ReadStdioResponse
+	(*WriteStdinRequest)(nil),       // 19: cryo.agent.v1.WriteStdinRequest
+	(*WriteStdinResponse)(nil),      // 20: cryo.agent.v1.WriteStdinResponse
+	(*CloseStdinRequest)(nil),       // 21: cryo.agent.v1.CloseStdinRequest
+	(*ResizePtyRequest)(nil),        // 22: cryo.agent.v1.ResizePtyRequest
+	(*ListPidsRequest)(nil),         // 23: cryo.agent.v1.ListPidsRequest
+	(*ProcessInfo)(nil),             // 24: cryo.agent.v1.ProcessInfo
+	(*ListPidsResponse)(nil),        // 25: cryo.agent.v1.ListPidsResponse
+	(*ListContainersRequest)(nil),   // 26: cryo.agent.v1.ListContainersRequest
+	(*ContainerInfo)(nil),           // 27: cryo.agent.v1.ContainerInfo
+	(*ListContainersResponse)(nil),  // 28: cryo.agent.v1.ListContainersResponse
+	(*StatsRequest)(nil),            // 29: cryo.agent.v1.StatsRequest
+	(*StatsResponse)(nil),           // 30: cryo.agent.v1.StatsResponse
+	(*RemoveContainerRequest)(nil),  // 31: cryo.agent.v1.RemoveContainerRequest
+	(*UpdateInterfaceRequest)(nil),  // 32: cryo.agent.v1.UpdateInterfaceRequest
+	(*Route)(nil),                   // 33: cryo.agent.v1.Route
+	(*UpdateRoutesRequest)(nil),     // 34: cryo.agent.v1.UpdateRoutesRequest
+	(*SetTimeRequest)(nil),          // 35: cryo.agent.v1.SetTimeRequest
+	(*ReseedRequest)(nil),           // 36: cryo.agent.v1.ReseedRequest
+	(*RunHookRequest)(nil),          // 37: cryo.agent.v1.RunHookRequest
+	(*RunHookResponse)(nil),         // 38: cryo.agent.v1.RunHookResponse
+	(*SyncRequest)(nil),             // 39: cryo.agent.v1.SyncRequest
+	(*ShutdownRequest)(nil),         // 40: cryo.agent.v1.ShutdownRequest
+	(*durationpb.Duration)(nil),     // 41: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),   // 42: google.protobuf.Timestamp
+	(*anypb.Any)(nil),               // 43: google.protobuf.Any
+	(*emptypb.Empty)(nil),           // 44: google.protobuf.Empty
 }
 var file_agent_proto_depIdxs = []int32{
-	39, // 0: cryo.agent.v1.PingResponse.uptime:type_name -> google.protobuf.Duration
+	41, // 0: cryo.agent.v1.PingResponse.uptime:type_name -> google.protobuf.Duration
 	3,  // 1: cryo.agent.v1.CreateContainerRequest.rootfs:type_name -> cryo.agent.v1.Rootfs
 	4,  // 2: cryo.agent.v1.CreateContainerRequest.files:type_name -> cryo.agent.v1.File
 	5,  // 3: cryo.agent.v1.CreateContainerRequest.dirs:type_name -> cryo.agent.v1.Dir
-	40, // 4: cryo.agent.v1.WaitProcessResponse.exited_at:type_name -> google.protobuf.Timestamp
+	42, // 4: cryo.agent.v1.WaitProcessResponse.exited_at:type_name -> google.protobuf.Timestamp
 	0,  // 5: cryo.agent.v1.ReadStdioRequest.stream:type_name -> cryo.agent.v1.Stream
-	22, // 6: cryo.agent.v1.ListPidsResponse.processes:type_name -> cryo.agent.v1.ProcessInfo
-	25, // 7: cryo.agent.v1.ListContainersResponse.containers:type_name -> cryo.agent.v1.ContainerInfo
-	41, // 8: cryo.agent.v1.StatsResponse.metrics:type_name -> google.protobuf.Any
-	31, // 9: cryo.agent.v1.UpdateRoutesRequest.routes:type_name -> cryo.agent.v1.Route
-	39, // 10: cryo.agent.v1.RunHookRequest.timeout:type_name -> google.protobuf.Duration
+	24, // 6: cryo.agent.v1.ListPidsResponse.processes:type_name -> cryo.agent.v1.ProcessInfo
+	27, // 7: cryo.agent.v1.ListContainersResponse.containers:type_name -> cryo.agent.v1.ContainerInfo
+	43, // 8: cryo.agent.v1.StatsResponse.metrics:type_name -> google.protobuf.Any
+	33, // 9: cryo.agent.v1.UpdateRoutesRequest.routes:type_name -> cryo.agent.v1.Route
+	41, // 10: cryo.agent.v1.RunHookRequest.timeout:type_name -> google.protobuf.Duration
 	1,  // 11: cryo.agent.v1.Agent.Ping:input_type -> cryo.agent.v1.PingRequest
 	6,  // 12: cryo.agent.v1.Agent.CreateContainer:input_type -> cryo.agent.v1.CreateContainerRequest
 	8,  // 13: cryo.agent.v1.Agent.StartProcess:input_type -> cryo.agent.v1.StartProcessRequest
@@ -2498,45 +2602,47 @@ var file_agent_proto_depIdxs = []int32{
 	11, // 15: cryo.agent.v1.Agent.SignalProcess:input_type -> cryo.agent.v1.SignalProcessRequest
 	12, // 16: cryo.agent.v1.Agent.WaitProcess:input_type -> cryo.agent.v1.WaitProcessRequest
 	14, // 17: cryo.agent.v1.Agent.DeleteProcess:input_type -> cryo.agent.v1.DeleteProcessRequest
-	15, // 18: cryo.agent.v1.Agent.ReadStdio:input_type -> cryo.agent.v1.ReadStdioRequest
-	17, // 19: cryo.agent.v1.Agent.WriteStdin:input_type -> cryo.agent.v1.WriteStdinRequest
-	19, // 20: cryo.agent.v1.Agent.CloseStdin:input_type -> cryo.agent.v1.CloseStdinRequest
-	20, // 21: cryo.agent.v1.Agent.ResizePty:input_type -> cryo.agent.v1.ResizePtyRequest
-	21, // 22: cryo.agent.v1.Agent.ListPids:input_type -> cryo.agent.v1.ListPidsRequest
-	24, // 23: cryo.agent.v1.Agent.ListContainers:input_type -> cryo.agent.v1.ListContainersRequest
-	27, // 24: cryo.agent.v1.Agent.Stats:input_type -> cryo.agent.v1.StatsRequest
-	29, // 25: cryo.agent.v1.Agent.RemoveContainer:input_type -> cryo.agent.v1.RemoveContainerRequest
-	30, // 26: cryo.agent.v1.Agent.UpdateInterface:input_type -> cryo.agent.v1.UpdateInterfaceRequest
-	32, // 27: cryo.agent.v1.Agent.UpdateRoutes:input_type -> cryo.agent.v1.UpdateRoutesRequest
-	33, // 28: cryo.agent.v1.Agent.SetTime:input_type -> cryo.agent.v1.SetTimeRequest
-	34, // 29: cryo.agent.v1.Agent.Reseed:input_type -> cryo.agent.v1.ReseedRequest
-	35, // 30: cryo.agent.v1.Agent.RunHook:input_type -> cryo.agent.v1.RunHookRequest
-	37, // 31: cryo.agent.v1.Agent.Sync:input_type -> cryo.agent.v1.SyncRequest
-	38, // 32: cryo.agent.v1.Agent.Shutdown:input_type -> cryo.agent.v1.ShutdownRequest
-	2,  // 33: cryo.agent.v1.Agent.Ping:output_type -> cryo.agent.v1.PingResponse
-	7,  // 34: cryo.agent.v1.Agent.CreateContainer:output_type -> cryo.agent.v1.CreateContainerResponse
-	9,  // 35: cryo.agent.v1.Agent.StartProcess:output_type -> cryo.agent.v1.StartProcessResponse
-	42, // 36: cryo.agent.v1.Agent.ExecProcess:output_type -> google.protobuf.Empty
-	42, // 37: cryo.agent.v1.Agent.SignalProcess:output_type -> google.protobuf.Empty
-	13, // 38: cryo.agent.v1.Agent.WaitProcess:output_type -> cryo.agent.v1.WaitProcessResponse
-	42, // 39: cryo.agent.v1.Agent.DeleteProcess:output_type -> google.protobuf.Empty
-	16, // 40: cryo.agent.v1.Agent.ReadStdio:output_type -> cryo.agent.v1.ReadStdioResponse
-	18, // 41: cryo.agent.v1.Agent.WriteStdin:output_type -> cryo.agent.v1.WriteStdinResponse
-	42, // 42: cryo.agent.v1.Agent.CloseStdin:output_type -> google.protobuf.Empty
-	42, // 43: cryo.agent.v1.Agent.ResizePty:output_type -> google.protobuf.Empty
-	23, // 44: cryo.agent.v1.Agent.ListPids:output_type -> cryo.agent.v1.ListPidsResponse
-	26, // 45: cryo.agent.v1.Agent.ListContainers:output_type -> cryo.agent.v1.ListContainersResponse
-	28, // 46: cryo.agent.v1.Agent.Stats:output_type -> cryo.agent.v1.StatsResponse
-	42, // 47: cryo.agent.v1.Agent.RemoveContainer:output_type -> google.protobuf.Empty
-	42, // 48: cryo.agent.v1.Agent.UpdateInterface:output_type -> google.protobuf.Empty
-	42, // 49: cryo.agent.v1.Agent.UpdateRoutes:output_type -> google.protobuf.Empty
-	42, // 50: cryo.agent.v1.Agent.SetTime:output_type -> google.protobuf.Empty
-	42, // 51: cryo.agent.v1.Agent.Reseed:output_type -> google.protobuf.Empty
-	36, // 52: cryo.agent.v1.Agent.RunHook:output_type -> cryo.agent.v1.RunHookResponse
-	42, // 53: cryo.agent.v1.Agent.Sync:output_type -> google.protobuf.Empty
-	42, // 54: cryo.agent.v1.Agent.Shutdown:output_type -> google.protobuf.Empty
-	33, // [33:55] is the sub-list for method output_type
-	11, // [11:33] is the sub-list for method input_type
+	15, // 18: cryo.agent.v1.Agent.WaitOOM:input_type -> cryo.agent.v1.WaitOOMRequest
+	17, // 19: cryo.agent.v1.Agent.ReadStdio:input_type -> cryo.agent.v1.ReadStdioRequest
+	19, // 20: cryo.agent.v1.Agent.WriteStdin:input_type -> cryo.agent.v1.WriteStdinRequest
+	21, // 21: cryo.agent.v1.Agent.CloseStdin:input_type -> cryo.agent.v1.CloseStdinRequest
+	22, // 22: cryo.agent.v1.Agent.ResizePty:input_type -> cryo.agent.v1.ResizePtyRequest
+	23, // 23: cryo.agent.v1.Agent.ListPids:input_type -> cryo.agent.v1.ListPidsRequest
+	26, // 24: cryo.agent.v1.Agent.ListContainers:input_type -> cryo.agent.v1.ListContainersRequest
+	29, // 25: cryo.agent.v1.Agent.Stats:input_type -> cryo.agent.v1.StatsRequest
+	31, // 26: cryo.agent.v1.Agent.RemoveContainer:input_type -> cryo.agent.v1.RemoveContainerRequest
+	32, // 27: cryo.agent.v1.Agent.UpdateInterface:input_type -> cryo.agent.v1.UpdateInterfaceRequest
+	34, // 28: cryo.agent.v1.Agent.UpdateRoutes:input_type -> cryo.agent.v1.UpdateRoutesRequest
+	35, // 29: cryo.agent.v1.Agent.SetTime:input_type -> cryo.agent.v1.SetTimeRequest
+	36, // 30: cryo.agent.v1.Agent.Reseed:input_type -> cryo.agent.v1.ReseedRequest
+	37, // 31: cryo.agent.v1.Agent.RunHook:input_type -> cryo.agent.v1.RunHookRequest
+	39, // 32: cryo.agent.v1.Agent.Sync:input_type -> cryo.agent.v1.SyncRequest
+	40, // 33: cryo.agent.v1.Agent.Shutdown:input_type -> cryo.agent.v1.ShutdownRequest
+	2,  // 34: cryo.agent.v1.Agent.Ping:output_type -> cryo.agent.v1.PingResponse
+	7,  // 35: cryo.agent.v1.Agent.CreateContainer:output_type -> cryo.agent.v1.CreateContainerResponse
+	9,  // 36: cryo.agent.v1.Agent.StartProcess:output_type -> cryo.agent.v1.StartProcessResponse
+	44, // 37: cryo.agent.v1.Agent.ExecProcess:output_type -> google.protobuf.Empty
+	44, // 38: cryo.agent.v1.Agent.SignalProcess:output_type -> google.protobuf.Empty
+	13, // 39: cryo.agent.v1.Agent.WaitProcess:output_type -> cryo.agent.v1.WaitProcessResponse
+	44, // 40: cryo.agent.v1.Agent.DeleteProcess:output_type -> google.protobuf.Empty
+	16, // 41: cryo.agent.v1.Agent.WaitOOM:output_type -> cryo.agent.v1.WaitOOMResponse
+	18, // 42: cryo.agent.v1.Agent.ReadStdio:output_type -> cryo.agent.v1.ReadStdioResponse
+	20, // 43: cryo.agent.v1.Agent.WriteStdin:output_type -> cryo.agent.v1.WriteStdinResponse
+	44, // 44: cryo.agent.v1.Agent.CloseStdin:output_type -> google.protobuf.Empty
+	44, // 45: cryo.agent.v1.Agent.ResizePty:output_type -> google.protobuf.Empty
+	25, // 46: cryo.agent.v1.Agent.ListPids:output_type -> cryo.agent.v1.ListPidsResponse
+	28, // 47: cryo.agent.v1.Agent.ListContainers:output_type -> cryo.agent.v1.ListContainersResponse
+	30, // 48: cryo.agent.v1.Agent.Stats:output_type -> cryo.agent.v1.StatsResponse
+	44, // 49: cryo.agent.v1.Agent.RemoveContainer:output_type -> google.protobuf.Empty
+	44, // 50: cryo.agent.v1.Agent.UpdateInterface:output_type -> google.protobuf.Empty
+	44, // 51: cryo.agent.v1.Agent.UpdateRoutes:output_type -> google.protobuf.Empty
+	44, // 52: cryo.agent.v1.Agent.SetTime:output_type -> google.protobuf.Empty
+	44, // 53: cryo.agent.v1.Agent.Reseed:output_type -> google.protobuf.Empty
+	38, // 54: cryo.agent.v1.Agent.RunHook:output_type -> cryo.agent.v1.RunHookResponse
+	44, // 55: cryo.agent.v1.Agent.Sync:output_type -> google.protobuf.Empty
+	44, // 56: cryo.agent.v1.Agent.Shutdown:output_type -> google.protobuf.Empty
+	34, // [34:57] is the sub-list for method output_type
+	11, // [11:34] is the sub-list for method input_type
 	11, // [11:11] is the sub-list for extension type_name
 	11, // [11:11] is the sub-list for extension extendee
 	0,  // [0:11] is the sub-list for field type_name
@@ -2553,7 +2659,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   38,
+			NumMessages:   40,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

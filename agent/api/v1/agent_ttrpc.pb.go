@@ -16,6 +16,7 @@ type AgentService interface {
 	SignalProcess(context.Context, *SignalProcessRequest) (*emptypb.Empty, error)
 	WaitProcess(context.Context, *WaitProcessRequest) (*WaitProcessResponse, error)
 	DeleteProcess(context.Context, *DeleteProcessRequest) (*emptypb.Empty, error)
+	WaitOOM(context.Context, *WaitOOMRequest) (*WaitOOMResponse, error)
 	ReadStdio(context.Context, *ReadStdioRequest) (*ReadStdioResponse, error)
 	WriteStdin(context.Context, *WriteStdinRequest) (*WriteStdinResponse, error)
 	CloseStdin(context.Context, *CloseStdinRequest) (*emptypb.Empty, error)
@@ -84,6 +85,13 @@ func RegisterAgentService(srv *ttrpc.Server, svc AgentService) {
 					return nil, err
 				}
 				return svc.DeleteProcess(ctx, &req)
+			},
+			"WaitOOM": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req WaitOOMRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.WaitOOM(ctx, &req)
 			},
 			"ReadStdio": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
 				var req ReadStdioRequest
@@ -255,6 +263,14 @@ func (c *agentClient) WaitProcess(ctx context.Context, req *WaitProcessRequest) 
 func (c *agentClient) DeleteProcess(ctx context.Context, req *DeleteProcessRequest) (*emptypb.Empty, error) {
 	var resp emptypb.Empty
 	if err := c.client.Call(ctx, "cryo.agent.v1.Agent", "DeleteProcess", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) WaitOOM(ctx context.Context, req *WaitOOMRequest) (*WaitOOMResponse, error) {
+	var resp WaitOOMResponse
+	if err := c.client.Call(ctx, "cryo.agent.v1.Agent", "WaitOOM", req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil
