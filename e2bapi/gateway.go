@@ -506,7 +506,7 @@ func (g *Gateway) resume(ctx context.Context, sb *sandbox) error {
 		if err != nil {
 			return nil, err
 		}
-		err = g.Server.resume(ctx, cur, nil, token)
+		err = g.Server.resume(ctx, cur, defaultTimeout, token)
 		if apierrors.IsAlreadyExists(err) {
 			return nil, nil
 		}

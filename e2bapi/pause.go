@@ -190,7 +190,7 @@ func (s *Server) connect(ctx context.Context, ns string, r *http.Request) (int, 
 		}
 		return http.StatusOK, s.sandboxBody(sb.id, tid, token), nil
 	}
-	if err := s.resume(ctx, sb, &sec, token); err != nil {
+	if err := s.resume(ctx, sb, timeout, token); err != nil {
 		return 0, nil, err
 	}
 	return http.StatusCreated, s.sandboxBody(sb.id, tid, token), nil
@@ -245,15 +245,11 @@ func templateID(ann map[string]string) string {
 
 // resume starts the next generation's pod restoring the newest
 // Checkpoint, with the token the restored guest's envd already holds.
-func (s *Server) resume(ctx context.Context, sb *sandbox, timeoutSec *int64, token string) error {
+func (s *Server) resume(ctx context.Context, sb *sandbox, timeout time.Duration, token string) error {
 	cp := sb.last
 	tpl, ok := s.Templates[cp.Annotations[annTemplate]]
 	if !ok {
 		return errf(http.StatusInternalServerError, "template %q of paused sandbox %s is no longer configured", cp.Annotations[annTemplate], sb.id)
-	}
-	timeout, err := timeoutOf(timeoutSec)
-	if err != nil {
-		return err
 	}
 	var env map[string]string
 	_ = json.Unmarshal([]byte(cp.Annotations[annEnv]), &env)

@@ -86,8 +86,6 @@ func (s *Service) createContainer(ctx context.Context, cc *ContainerConfig) (_ *
 	if err := c.createCgroup(s.cgroupRoot, cc.Spec); err != nil {
 		return nil, err
 	}
-	c.oom = newOOMCount()
-	go c.watchOOM()
 	cfg, skipped, err := translateSpec(cc.Spec, c.rootfs, cc.Files)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", err, errdefs.ErrInvalidArgument)
@@ -127,6 +125,10 @@ func (s *Service) createContainer(ctx context.Context, cc *ContainerConfig) (_ *
 	if err != nil {
 		return nil, fmt.Errorf("set up container %s: %w", c.id, err)
 	}
+	// Watched once the container exists: its init runs nothing before
+	// start.
+	c.oom = newOOMCount()
+	go c.watchOOM()
 	return c, nil
 }
 

@@ -241,11 +241,14 @@ func mountInto(root string, m mountEntry, staged string) error {
 	if m.Copy != nil {
 		return mountCopy(dst, m, staged)
 	}
-	if m.PodShm {
-		return mountPodShm(dst, m)
-	}
 	if err := os.MkdirAll(dst, 0o755); err != nil {
 		return fmt.Errorf("mount %s: %w", m.Target, err)
+	}
+	if m.PodShm {
+		if !path.IsAbs(m.Source) {
+			return fmt.Errorf("mount %s: the pod's shared memory was not made", m.Target)
+		}
+		return bindWithOptions(m.Source, dst, m, "the pod's shared memory")
 	}
 	if m.FSType == "devpts" {
 		// The agent allocates terminals from the guest's devpts instance
@@ -253,13 +256,7 @@ func mountInto(root string, m mountEntry, staged string) error {
 		// that instance: a new one would not hold its /dev/pts/N, and
 		// ttyname() would fail. The VM, not the devpts instance, is the
 		// isolation boundary.
-		if err := unix.Mount("/dev/pts", dst, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
-			return fmt.Errorf("mount %s (devpts): %w", m.Target, err)
-		}
-		if err := unix.Mount("", dst, "", unix.MS_BIND|unix.MS_REMOUNT|m.Flags&bindRemountFlags, ""); err != nil {
-			return fmt.Errorf("mount %s (devpts): apply options: %w", m.Target, err)
-		}
-		return nil
+		return bindWithOptions("/dev/pts", dst, m, "devpts")
 	}
 	if err := unix.Mount(m.Source, dst, m.FSType, m.Flags, m.Data); err != nil {
 		return fmt.Errorf("mount %s (%s): %w", m.Target, m.FSType, err)
@@ -267,20 +264,15 @@ func mountInto(root string, m mountEntry, staged string) error {
 	return nil
 }
 
-// mountPodShm bind-mounts the pod's shared memory tmpfs (m.Source) at dst
-// with m's flags.
-func mountPodShm(dst string, m mountEntry) error {
-	if !path.IsAbs(m.Source) {
-		return fmt.Errorf("mount %s: the pod's shared memory was not made", m.Target)
-	}
-	if err := os.MkdirAll(dst, 0o755); err != nil {
-		return fmt.Errorf("mount %s: %w", m.Target, err)
-	}
-	if err := unix.Mount(m.Source, dst, "", unix.MS_BIND, ""); err != nil {
-		return fmt.Errorf("mount %s (the pod's shared memory): %w", m.Target, err)
+// bindWithOptions bind-mounts src at dst, then applies m's per-mount
+// options with a bind remount: a bind mount takes them from there, not
+// from the bind. what names the mount's kind in errors.
+func bindWithOptions(src, dst string, m mountEntry, what string) error {
+	if err := unix.Mount(src, dst, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("mount %s (%s): %w", m.Target, what, err)
 	}
 	if err := unix.Mount("", dst, "", unix.MS_BIND|unix.MS_REMOUNT|m.Flags&bindRemountFlags, ""); err != nil {
-		return fmt.Errorf("mount %s (the pod's shared memory): apply options: %w", m.Target, err)
+		return fmt.Errorf("mount %s (%s): apply options: %w", m.Target, what, err)
 	}
 	return nil
 }
