@@ -23,6 +23,11 @@ import (
 // of the same pod.
 const waitingFor = "waiting for Checkpoint "
 
+// waited says whether cp's last step was a wait to begin (its message).
+func waited(cp *cryov1.Checkpoint) bool {
+	return strings.HasPrefix(cp.Status.Message, waitingFor) || strings.HasPrefix(cp.Status.Message, waitingSlot)
+}
+
 // start checks the spec and the pod, then asks the kubelet.
 func (r *Reconciler) start(ctx context.Context, cp *cryov1.Checkpoint) (reconcile.Result, error) {
 	if cp.Status.StartTime == nil {
@@ -40,14 +45,18 @@ func (r *Reconciler) start(ctx context.Context, cp *cryov1.Checkpoint) (reconcil
 	if err != nil {
 		return r.failOrRetry(ctx, cp, err)
 	}
-	// The wait for another Checkpoint of the pod is not this one's time:
-	// that one's deadline bounds it, and this one's starts when it may
-	// begin.
+	// The wait for another Checkpoint of the pod, or for a slot on its
+	// node, is not this one's time: this one's deadline starts when it
+	// may begin.
 	if other, busy := r.claim(ctx, cp, pod); busy {
 		r.setMessage(ctx, cp, waitingFor+other+" of the same pod")
 		return reconcile.Result{RequeueAfter: waitOtherPod}, nil
 	}
-	if strings.HasPrefix(cp.Status.Message, waitingFor) {
+	if ok, why := r.slots.acquire(pod.Spec.NodeName, client.ObjectKeyFromObject(cp), cp.UID); !ok {
+		r.setMessage(ctx, cp, why)
+		return reconcile.Result{RequeueAfter: pollInterval}, nil
+	}
+	if waited(cp) {
 		now := r.now()
 		cp.Status.StartTime = &now
 	}
@@ -201,6 +210,10 @@ func (r *Reconciler) create(ctx context.Context, cp *cryov1.Checkpoint) (reconci
 			return reconcile.Result{RequeueAfter: min(pollInterval, end.Sub(now))}, nil
 		}
 	}
+	if ok, why := r.slots.acquire(pod.Spec.NodeName, client.ObjectKeyFromObject(cp), cp.UID); !ok {
+		r.setMessage(ctx, cp, why)
+		return reconcile.Result{RequeueAfter: pollInterval}, nil
+	}
 	return r.ask(ctx, cp, pod, container, target)
 }
 
@@ -236,6 +249,9 @@ func (r *Reconciler) ask(ctx context.Context, cp *cryov1.Checkpoint, pod *corev1
 	now := r.now()
 	cp.Status.RequestTime = &now
 	cp.Status.RequestTimeoutSeconds = int64((timeout + time.Second - 1) / time.Second)
+	if strings.HasPrefix(cp.Status.Message, waitingSlot) {
+		cp.Status.Message = ""
+	}
 	setCondition(cp, cryov1.ConditionProgressing, metav1.ConditionTrue, "KubeletRequested",
 		fmt.Sprintf("asked the kubelet on %s to checkpoint container %s", pod.Spec.NodeName, container))
 	if err := r.Client.Status().Update(ctx, cp); err != nil {
@@ -249,8 +265,9 @@ func (r *Reconciler) ask(ctx context.Context, cp *cryov1.Checkpoint, pod *corev1
 	}
 	a.calling = true
 	r.mu.Unlock()
+	r.slots.calling(cp.UID)
 	log.FromContext(ctx).Info("asking the kubelet to checkpoint", "node", pod.Spec.NodeName, "pod", pod.Name, "container", container, "timeout", timeout)
-	go r.call(ctx, client.ObjectKeyFromObject(cp), a, pod, container, timeout)
+	go r.call(ctx, client.ObjectKeyFromObject(cp), cp.UID, a, pod, container, timeout)
 	return reconcile.Result{RequeueAfter: pollInterval}, nil
 }
 
@@ -258,11 +275,20 @@ func (r *Reconciler) ask(ctx context.Context, cp *cryov1.Checkpoint, pod *corev1
 // ctx is the reconcile's, which lives as long as the controller: a
 // stopped controller cuts the call, and its successor waits out what the
 // node may still do (create).
-func (r *Reconciler) call(ctx context.Context, key client.ObjectKey, a *attempts, pod *corev1.Pod, container string, timeout time.Duration) {
+func (r *Reconciler) call(ctx context.Context, key client.ObjectKey, uid types.UID, a *attempts, pod *corev1.Pod, container string, timeout time.Duration) {
 	err := r.Kubelet.Checkpoint(ctx, pod.Spec.NodeName, pod.Namespace, pod.Name, container, timeout)
+	next, waits := r.slots.done(uid)
 	r.mu.Lock()
 	a.calling, a.answered, a.answer = false, true, err
 	r.mu.Unlock()
+	r.wakeUp(key)
+	if waits {
+		r.wakeUp(next)
+	}
+}
+
+// wakeUp enqueues a Checkpoint now rather than at its next poll.
+func (r *Reconciler) wakeUp(key client.ObjectKey) {
 	cp := &cryov1.Checkpoint{}
 	cp.Namespace, cp.Name = key.Namespace, key.Name
 	select {

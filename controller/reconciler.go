@@ -75,6 +75,9 @@ type Reconciler struct {
 	// RetryBase is the first retry delay of a transient failure, doubled
 	// up to a minute (2s).
 	RetryBase time.Duration
+	// NodeCalls bounds the kubelet calls in flight on one node
+	// (0: DefaultNodeCalls; < 0: unbounded).
+	NodeCalls int
 
 	mu sync.Mutex
 	// owner maps a pod (namespace/name) to the Checkpoint creating it.
@@ -83,8 +86,11 @@ type Reconciler struct {
 	// with the failed attempts: a Checkpoint in Creating that is not here
 	// was asked by an earlier process, whose call may still run.
 	asked map[types.UID]*attempts
-	// wake carries the Checkpoints whose kubelet call answered.
+	// wake carries the Checkpoints whose kubelet call answered, and
+	// those a freed node slot goes to.
 	wake chan event.GenericEvent
+	// slots bounds the calls on each node (NodeCalls).
+	slots *nodeSlots
 
 	// skipNameValidation lets tests run one controller after another in a
 	// process.
@@ -154,6 +160,15 @@ func (r *Reconciler) defaults() {
 	if r.RetryBase <= 0 {
 		r.RetryBase = 2 * time.Second
 	}
+	if r.slots == nil {
+		limit := r.NodeCalls
+		if limit == 0 {
+			limit = DefaultNodeCalls
+		}
+		// A waiter asks again every pollInterval; one silent for four
+		// has gone (deleted, failed) without saying so.
+		r.slots = newNodeSlots(limit, r.Now, 4*pollInterval)
+	}
 }
 
 // Reconcile moves one Checkpoint a step on.
@@ -219,8 +234,10 @@ func (r *Reconciler) claim(ctx context.Context, cp *cryov1.Checkpoint, pod *core
 	return "", false
 }
 
-// release gives up cp's claim on its pod.
+// release gives up cp's claim on its pod, and its node slot or its place
+// in the node's queue unless its call runs.
 func (r *Reconciler) release(cp *cryov1.Checkpoint) {
+	r.slots.forget(cp.UID)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	key := cp.Namespace + "/" + cp.Spec.PodName

@@ -112,6 +112,8 @@ type fakeKubelet struct {
 	mu               sync.Mutex
 	inFlight, maxIn  int
 	node, pod, cname string
+	// onNode and maxOnNode count the calls in flight per node.
+	onNode, maxOnNode map[string]int
 }
 
 func (k *fakeKubelet) Checkpoint(ctx context.Context, node, namespace, podName, container string, timeout time.Duration) error {
@@ -119,11 +121,17 @@ func (k *fakeKubelet) Checkpoint(ctx context.Context, node, namespace, podName, 
 	k.mu.Lock()
 	k.inFlight++
 	k.maxIn = max(k.maxIn, k.inFlight)
+	if k.onNode == nil {
+		k.onNode, k.maxOnNode = map[string]int{}, map[string]int{}
+	}
+	k.onNode[node]++
+	k.maxOnNode[node] = max(k.maxOnNode[node], k.onNode[node])
 	k.node, k.pod, k.cname = node, namespace+"/"+podName, container
 	k.mu.Unlock()
 	defer func() {
 		k.mu.Lock()
 		k.inFlight--
+		k.onNode[node]--
 		k.mu.Unlock()
 	}()
 	if k.holdPrefix != "" && strings.HasPrefix(podName, k.holdPrefix) {
@@ -192,7 +200,8 @@ type cluster struct {
 }
 
 type clusterOpts struct {
-	deadline time.Duration
+	deadline  time.Duration
+	nodeCalls int
 }
 
 func newCluster(t *testing.T, k *fakeKubelet, o clusterOpts) *cluster {
@@ -243,6 +252,7 @@ func (cl *cluster) start(k Kubelet, o clusterOpts) {
 		StoreBase:          "file://" + cl.storeDir,
 		Deadline:           o.deadline,
 		RetryBase:          100 * time.Millisecond,
+		NodeCalls:          o.nodeCalls,
 		skipNameValidation: true,
 	}
 	if err := r.SetupWithManager(mgr); err != nil {
@@ -794,7 +804,7 @@ func TestPodCacheAndUnlabelledPods(t *testing.T) {
 // succeeds meanwhile.
 func TestCheckpointCallsDoNotHoldWorkers(t *testing.T) {
 	k := &fakeKubelet{holdPrefix: "slow-", release: make(chan struct{})}
-	cl := newCluster(t, k, clusterOpts{})
+	cl := newCluster(t, k, clusterOpts{nodeCalls: 8})
 	for i := range 4 {
 		name := fmt.Sprintf("slow-%d", i)
 		cl.pod(name, nil)
@@ -856,5 +866,85 @@ func TestCheckpointDeletedWhileCreating(t *testing.T) {
 	time.Sleep(time.Second) // what the call's answer would still do
 	if tags := cl.tags(); slicesContain(tags, "cp-"+string(cp.UID)) || !slicesContain(tags, "pod-web") {
 		t.Fatalf("tags after the Checkpoint was deleted while creating: %v, want pod-web and no cp-%s", tags, cp.UID)
+	}
+}
+
+// TestCheckpointNodeCallsBounded: no more than NodeCalls kubelet calls
+// run on one node; the others wait in Pending, saying so, while another
+// node's Checkpoint goes ahead, and each begins as a slot frees.
+func TestCheckpointNodeCallsBounded(t *testing.T) {
+	k := &fakeKubelet{holdPrefix: "slow-", release: make(chan struct{})}
+	cl := newCluster(t, k, clusterOpts{nodeCalls: 2})
+	for i := range 4 {
+		name := fmt.Sprintf("slow-%d", i)
+		cl.pod(name, nil)
+		cl.checkpoint(name, name, nil)
+	}
+	cl.wait("slow-0", "two calls held", func(*cryov1.Checkpoint) bool {
+		k.mu.Lock()
+		defer k.mu.Unlock()
+		return k.onNode["node-1"] == 2
+	})
+	cl.pod("other-node", func(p *corev1.Pod) { p.Spec.NodeName = "node-2" })
+	cl.checkpoint("other-node", "other-node", nil)
+	cl.waitPhase("other-node", cryov1.PhaseSucceeded)
+	time.Sleep(2 * pollInterval) // every waiter has asked again
+	var waiting []string
+	for i := range 4 {
+		cp := &cryov1.Checkpoint{}
+		if err := cl.c.Get(context.Background(), types.NamespacedName{Namespace: cl.ns, Name: fmt.Sprintf("slow-%d", i)}, cp); err != nil {
+			t.Fatal(err)
+		}
+		if strings.HasPrefix(cp.Status.Message, waitingSlot+"node-1") {
+			if cp.Status.Phase != cryov1.PhasePending {
+				t.Errorf("Checkpoint %s waits for a slot in phase %s, want Pending", cp.Name, cp.Status.Phase)
+			}
+			waiting = append(waiting, cp.Name)
+		}
+	}
+	if len(waiting) != 2 {
+		t.Fatalf("Checkpoints waiting for a slot on node-1: %v, want 2 (2 calls held)", waiting)
+	}
+	for range 4 {
+		k.release <- struct{}{}
+	}
+	for i := range 4 {
+		if cp := cl.waitPhase(fmt.Sprintf("slow-%d", i), cryov1.PhaseSucceeded); cp.Status.Message != "" {
+			t.Errorf("Checkpoint %s succeeded with message %q", cp.Name, cp.Status.Message)
+		}
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.maxOnNode["node-1"] != 2 {
+		t.Fatalf("at most %d calls at once on node-1, want 2", k.maxOnNode["node-1"])
+	}
+}
+
+// TestCheckpointSlotWaitIsNotItsTime: the wait for a node's slot does
+// not count against a Checkpoint's deadline, and a freed slot wakes its
+// waiter at once (no poll's delay).
+func TestCheckpointSlotWaitIsNotItsTime(t *testing.T) {
+	k := &fakeKubelet{fail: func(_ context.Context, n int32) error {
+		if n == 1 {
+			time.Sleep(7 * time.Second)
+		}
+		return nil
+	}}
+	cl := newCluster(t, k, clusterOpts{deadline: 6 * time.Second, nodeCalls: 1})
+	cl.pod("first", nil)
+	cl.pod("second", nil)
+	cl.checkpoint("first", "first", nil)
+	cl.wait("first", "asked", func(*cryov1.Checkpoint) bool { return k.calls.Load() == 1 })
+	cl.checkpoint("second", "second", nil)
+	cl.wait("second", "waiting", func(cp *cryov1.Checkpoint) bool {
+		return strings.HasPrefix(cp.Status.Message, waitingSlot)
+	})
+	first := cl.waitPhase("first", cryov1.PhaseSucceeded)
+	second := cl.wait("second", "finished", func(cp *cryov1.Checkpoint) bool { return cp != nil && finished(cp) })
+	if second.Status.Phase != cryov1.PhaseSucceeded {
+		t.Fatalf("second Checkpoint %s %s: %s, want Succeeded after its wait", second.Status.Phase, second.Status.Reason, second.Status.Message)
+	}
+	if !second.Status.RequestTime.Time.Before(first.Status.CompletionTime.Add(2 * time.Second)) {
+		t.Fatalf("second asked at %s, the first completed at %s: the freed slot did not wake it", second.Status.RequestTime, first.Status.CompletionTime)
 	}
 }

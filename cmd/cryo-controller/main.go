@@ -59,6 +59,16 @@ type flags struct {
 	// command-line flag.
 	e2bReapInterval time.Duration
 	e2bGuardEvery   time.Duration
+	nodeCheckpoints int
+}
+
+// nodeCalls is the Reconciler's NodeCalls for --node-checkpoints, whose 0
+// is no bound (the field's 0 is its default).
+func nodeCalls(flag int) int {
+	if flag <= 0 {
+		return -1
+	}
+	return flag
 }
 
 func main() {
@@ -71,6 +81,7 @@ func main() {
 	flag.StringVar(&f.metricsAddr, "metrics-bind-address", "0", "address of the metrics endpoint, 0 to disable")
 	flag.BoolVar(&f.leaderElect, "leader-elect", false, "elect a leader among replicas (a Lease in --namespace) before reconciling")
 	flag.DurationVar(&f.deadline, "checkpoint-deadline", controller.DefaultDeadline, "a Checkpoint not done this long after it started fails with reason Timeout")
+	flag.IntVar(&f.nodeCheckpoints, "node-checkpoints", controller.DefaultNodeCalls, "how many checkpoints may run on one node at once (the kubelet calls in flight); more wait in Pending, the node's namespaces taking turns; 0: no bound")
 	flag.StringVar(&f.certDir, "cert-dir", filepath.Join(os.TempDir(), "cryo-controller-certs"), "where the webhook's certificate is written")
 	flag.StringVar(&f.e2bAddr, "e2b-api-bind-address", "", "address of E2B's control-plane REST API (docs/e2b.md), e.g. :3000; empty: not served")
 	flag.StringVar(&f.e2bSandboxAddr, "e2b-sandbox-bind-address", "", "address of the sandbox gateway that E2B_SANDBOX_URL points at (envd of each sandbox, docs/e2b.md), e.g. :3001; empty: not served; needs --e2b-api-bind-address")
@@ -192,6 +203,7 @@ func setup(ctx context.Context, cfg *rest.Config, f flags) (ctrl.Manager, error)
 		RuntimeClasses: classes,
 		StoreBase:      f.defaultStore,
 		Deadline:       f.deadline,
+		NodeCalls:      nodeCalls(f.nodeCheckpoints),
 	}
 	if err := r.SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("reconciler: %w", err)
