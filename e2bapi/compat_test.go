@@ -204,3 +204,40 @@ func TestDeleteSnapshotByName(t *testing.T) {
 		t.Errorf("second delete by name: %d, want 404 (the SDK's false)", code)
 	}
 }
+
+// TestSetTimeoutOfPausedSandbox: setTimeout of a paused sandbox answers
+// 404, as E2B's, and changes nothing (the connect that resumes it gives
+// its timeout); during the pause it answers 409.
+func TestSetTimeoutOfPausedSandbox(t *testing.T) {
+	f := newFixture(t)
+	id := f.create("key-a", `{"timeout":60}`)
+	cp := &cryov1.Checkpoint{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: podName(id, 0), Labels: map[string]string{LabelSandbox: id},
+			Annotations: f.pod("team-a", podName(id, 0)).Annotations},
+		Spec: cryov1.CheckpointSpec{PodName: podName(id, 0), KeepRunning: ptr(false)},
+	}
+	if err := f.cl.Create(context.Background(), cp); err != nil {
+		t.Fatal(err)
+	}
+	var e apiError
+	if code := f.do("key-a", "POST", "/sandboxes/"+id+"/timeout", `{"timeout":3600}`, &e); code != http.StatusConflict || e.Message == "" {
+		t.Fatalf("setTimeout during the pause: %d %+v, want 409", code, e)
+	}
+	f.controllerPauses("team-a", podName(id, 0))
+	for end := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var d listedBody
+		if code := f.do("key-a", "GET", "/sandboxes/"+id, "", &d); code == http.StatusOK && d.State == "paused" {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatal("the sandbox is not paused 10 s after its pause")
+		}
+	}
+	paused := f.checkpoint("team-a", podName(id, 0)).Annotations[annEndAt]
+	if code := f.do("key-a", "POST", "/sandboxes/"+id+"/timeout", `{"timeout":3600}`, &e); code != http.StatusNotFound || e.Message == "" {
+		t.Fatalf("setTimeout of the paused sandbox: %d %+v, want 404", code, e)
+	}
+	if got := f.checkpoint("team-a", podName(id, 0)).Annotations[annEndAt]; got != paused {
+		t.Fatalf("the paused sandbox's end time moved from %s to %s", paused, got)
+	}
+}

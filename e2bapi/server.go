@@ -765,22 +765,28 @@ func (s *Server) setTimeout(ctx context.Context, ns string, r *http.Request) (in
 	if err != nil {
 		return 0, nil, err
 	}
+	// Only a running sandbox has a timeout to set, as in E2B: a paused
+	// one's is given by the connect that resumes it.
+	switch {
+	case sb.pod == nil:
+		return 0, nil, errf(http.StatusNotFound, "sandbox %q is paused: connect resumes it, with its timeout", sb.id)
+	case pausing(sb):
+		return 0, nil, errf(http.StatusConflict, "sandbox %q is pausing", sb.id)
+	}
 	if err := s.setEndAt(ctx, sb, s.now().Add(clampedTimeout(*b.Timeout))); err != nil {
 		return 0, nil, err
 	}
 	return http.StatusNoContent, nil, nil
 }
 
+// setEndAt sets a running sandbox's end time (on its pod).
 func (s *Server) setEndAt(ctx context.Context, sb *sandbox, at time.Time) error {
-	var obj client.Object = sb.last
-	if sb.pod != nil {
-		obj = sb.pod
+	patch := client.MergeFrom(sb.pod.DeepCopy())
+	if sb.pod.Annotations == nil {
+		sb.pod.Annotations = map[string]string{}
 	}
-	patch := client.MergeFrom(obj.DeepCopyObject().(client.Object))
-	ann := obj.GetAnnotations()
-	ann[annEndAt] = at.UTC().Format(time.RFC3339Nano)
-	obj.SetAnnotations(ann)
-	if err := s.Client.Patch(ctx, obj, patch); err != nil {
+	sb.pod.Annotations[annEndAt] = at.UTC().Format(time.RFC3339Nano)
+	if err := s.Client.Patch(ctx, sb.pod, patch); err != nil {
 		return fmt.Errorf("set the end time of sandbox %s: %w", sb.id, err)
 	}
 	return nil
