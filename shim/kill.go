@@ -46,9 +46,10 @@ func (s *service) kill(ctx context.Context, c *container, p *process, sig uint32
 	return nil
 }
 
-// killUnstarted ends a process that has not started (nothing runs yet: it
-// ends without ever starting) or refuses one that has finished; done is
-// false for a process that runs.
+// killUnstarted ends an init that has not started (nothing runs yet: it
+// ends without ever starting), and refuses an exec that has not started or
+// a process that has finished, as runc's shim; done is false for a process
+// that runs.
 func (s *service) killUnstarted(c *container, p *process, sig uint32) (done bool, _ error) {
 	p.startMu.Lock()
 	defer p.startMu.Unlock()
@@ -56,6 +57,11 @@ func (s *service) killUnstarted(c *container, p *process, sig uint32) (done bool
 	case stateStopped, stateDeleted:
 		return true, fmt.Errorf("process %s already finished: %w", p.name(), errdefs.ErrNotFound)
 	case stateCreated:
+		if p.execID != "" {
+			// runc starts an exec at Start: before it there is no
+			// process to signal, and no exit to report.
+			return true, fmt.Errorf("process %s not created: %w", p.name(), errdefs.ErrFailedPrecondition)
+		}
 		if p.setExited(128+sig, time.Now()) {
 			p.io.close()
 			s.publishExit(c, p)

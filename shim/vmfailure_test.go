@@ -15,6 +15,7 @@ import (
 	"github.com/containerd/ttrpc"
 	"github.com/containerd/typeurl/v2"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 )
 
 // sandboxCalls is what the task service asked of the fake sandbox so far.
@@ -155,4 +156,36 @@ func waitFor(timeout time.Duration, cond func() bool) bool {
 		}
 	}
 	return cond()
+}
+
+// TestKillExecNotStarted: a signal to an exec that was created but not
+// started fails (runc's shim: "process not created"), and the exec can
+// still be started and run to its own end; an init that was not started
+// ends at a kill, as runc's created container does.
+func TestKillExecNotStarted(t *testing.T) {
+	ts := newTestService(t)
+	ts.startPod(t)
+	ts.execIn(t, "e1")
+	_, err := ts.Kill(ts.ctx, &taskAPI.KillRequest{ID: "pod", ExecID: "e1", Signal: uint32(unix.SIGTERM)})
+	if !errdefs.IsFailedPrecondition(err) {
+		t.Fatalf("kill of an exec not started: %v, want failed precondition", err)
+	}
+	if _, err := ts.Start(ts.ctx, &taskAPI.StartRequest{ID: "pod", ExecID: "e1"}); err != nil {
+		t.Fatalf("start after the refused kill: %v", err)
+	}
+	ts.maker.sb.guest.exit("pod", "e1") <- 3
+	if st := ts.waitExec(t, "e1"); st != 3 {
+		t.Fatalf("exec exit %d, want its own 3", st)
+	}
+
+	ts.create(t, "app", nil)
+	if _, err := ts.Kill(ts.ctx, &taskAPI.KillRequest{ID: "app", Signal: uint32(unix.SIGKILL)}); err != nil {
+		t.Fatalf("kill of an init not started: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(ts.ctx, 10*time.Second)
+	defer cancel()
+	w, err := ts.Wait(ctx, &taskAPI.WaitRequest{ID: "app"})
+	if err != nil || w.ExitStatus != 128+uint32(unix.SIGKILL) {
+		t.Fatalf("wait of the killed init: %v %v, want exit 137", w, err)
+	}
 }
