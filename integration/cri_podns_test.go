@@ -13,9 +13,11 @@ import (
 // TestCRIPodNamespaces: a pod's containers share what they share under
 // runc. The pod's sysctls (namespaced: IPC, mqueue, net) are set where its
 // containers read them; its containers share one IPC and one UTS namespace
-// (the sandbox container's) and one /dev/shm, while each keeps its own pid
-// namespace. A sysctl the guest kernel does not have fails RunPodSandbox,
-// naming it, and leaves no VM behind.
+// (the sandbox container's) and one /dev/shm, and, as crictl's configs
+// leave the pid namespace mode at CRI's default (POD, shareProcessNamespace
+// under Kubernetes), one pid namespace. A sysctl the guest kernel does not
+// have fails RunPodSandbox, naming it, and leaves no VM behind. The pid
+// namespaces of a pod that does not share them: TestCRIDebugTarget.
 func TestCRIPodNamespaces(t *testing.T) {
 	c := harness.StartCRI(t)
 	pcfg := c.PodConfigLinux("default", "podns", nil, map[string]any{"sysctls": map[string]string{
@@ -47,8 +49,13 @@ func TestCRIPodNamespaces(t *testing.T) {
 			t.Errorf("%s namespaces of the pod's containers: %q and %q, want one", ns, na, nb)
 		}
 	}
-	if pa, pb := nsOf(t, c, a, "pid"), nsOf(t, c, b, "pid"); pa == pb {
-		t.Errorf("pid namespaces of the pod's containers: both %q, want one each (the pod does not share them)", pa)
+	if pa, pb := nsOf(t, c, a, "pid"), nsOf(t, c, b, "pid"); pa != pb {
+		t.Errorf("pid namespaces of the pod's containers: %q and %q, want one (CRI's POD mode)", pa, pb)
+	}
+	// The harness's pause image runs `sleep inf` too: the sandbox's, a's
+	// and b's.
+	if ps := execOut(t, c, b, "ps"); strings.Count(ps, "sleep inf") != 3 {
+		t.Errorf("b's ps shows %d `sleep inf`, want the sandbox's, a's and its own:\n%s", strings.Count(ps, "sleep inf"), ps)
 	}
 	c.MustCrictl("exec", a, "sh", "-c", "echo from-a > /dev/shm/note")
 	if got := execOut(t, c, b, "cat", "/dev/shm/note"); got != "from-a" {
@@ -87,4 +94,35 @@ func nsOf(t *testing.T, c *harness.CRI, id, ns string) string {
 		t.Fatalf("ls -l /proc/self/ns/%s in %s: %q", ns, id, out)
 	}
 	return link
+}
+
+// TestCRIDebugTarget: in a pod whose containers have their own pid
+// namespaces (CONTAINER, what the kubelet asks for a pod that does not set
+// shareProcessNamespace), a debug container that targets one (TARGET,
+// kubectl debug --target) is in that one's pid namespace and sees its
+// processes, as under runc; the pod's containers keep theirs.
+func TestCRIDebugTarget(t *testing.T) {
+	c := harness.StartCRI(t)
+	own := map[string]any{"security_context": map[string]any{"namespace_options": map[string]any{"pid": 1}}}
+	pcfg := c.PodConfigLinux("default", "debugged", nil, own)
+	pod := c.RunPod(pcfg)
+	app := c.StartContainer(pod, c.ContainerConfig("app", []string{"sleep", "1001"}, map[string]any{"linux": own}), pcfg)
+	side := c.StartContainer(pod, c.ContainerConfig("side", []string{"sleep", "1002"}, map[string]any{"linux": own}), pcfg)
+	target := map[string]any{"security_context": map[string]any{"namespace_options": map[string]any{"pid": 3, "target_id": app}}}
+	dbg := c.StartContainer(pod, c.ContainerConfig("dbg", []string{"sleep", "inf"}, map[string]any{"linux": target}), pcfg)
+
+	pApp, pSide, pDbg := nsOf(t, c, app, "pid"), nsOf(t, c, side, "pid"), nsOf(t, c, dbg, "pid")
+	if pApp == pSide {
+		t.Errorf("app and side share pid namespace %s, want one each (CONTAINER)", pApp)
+	}
+	if pDbg != pApp {
+		t.Errorf("the debug container's pid namespace %s, want its target's %s", pDbg, pApp)
+	}
+	ps := execOut(t, c, dbg, "ps")
+	if !strings.Contains(ps, "sleep 1001") || strings.Contains(ps, "sleep 1002") {
+		t.Errorf("the debug container's ps, want app's sleep 1001 and not side's sleep 1002:\n%s", ps)
+	}
+	if out := execOut(t, c, app, "cat", "/proc/1/cmdline"); !strings.HasPrefix(out, "sleep") {
+		t.Errorf("app's pid 1 runs %q, want its own sleep (PID 1 of its namespace)", out)
+	}
 }

@@ -56,7 +56,7 @@ func (a *agentClient) CreateContainer(ctx context.Context, r CreateRequest) erro
 	req := &agentapi.CreateContainerRequest{
 		Id: r.ID, SpecJson: spec, Rootfs: &agentapi.Rootfs{Serial: r.Serial, Fstype: "ext4"},
 		Stdin: r.Stdio.Stdin != "", Stdout: r.Stdio.Stdout != "", Stderr: r.Stdio.Stderr != "", Terminal: r.Stdio.Terminal,
-		JoinContainer: r.JoinContainer, JoinNamespaces: r.Join,
+		JoinContainer: r.JoinContainer, JoinNamespaces: r.Join, PidContainer: r.PidContainer,
 	}
 	for _, f := range r.Files {
 		if f.Dir {

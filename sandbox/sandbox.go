@@ -77,6 +77,9 @@ type CreateRequest struct {
 	// init of guest container JoinContainer, its pod's sandbox container.
 	JoinContainer string
 	Join          []string
+	// PidContainer, when set, is the guest container in whose init's pid
+	// namespace the container's init is made.
+	PidContainer string
 }
 
 // GuestFile is a small host file copied into the container: a VM cannot

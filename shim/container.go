@@ -33,6 +33,11 @@ type container struct {
 	// the sandbox's first disk goes away with the VM.
 	hotplugged bool
 	workDir    string // writable overlay and other per-container files
+	// seq is the container's place in the order they were added.
+	seq uint64
+	// sharesPid: its spec named a pid namespace to join (CRI: the pod's,
+	// or a debug container's target's); see service.pidNamespace.
+	sharesPid bool
 
 	mu    sync.Mutex
 	init  *process

@@ -14,6 +14,7 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	"github.com/containerd/typeurl/v2"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
 	"github.com/cryo-runtime/cryo/annotations"
@@ -40,9 +41,10 @@ func (s *service) createContainer(ctx context.Context, r *taskAPI.CreateTaskRequ
 	if err := checkHostname(spec); err != nil {
 		return nil, err
 	}
-	joinFrom, join := s.podNamespaces(spec)
+	joins := s.podNamespaces(spec)
+	sharesPid := namesNamespace(spec, specs.PIDNamespace)
 	dropHostNamespacePaths(spec)
-	c := &container{id: r.ID, guestID: r.ID, bundle: r.Bundle, spec: spec, execs: map[string]*process{}}
+	c := &container{id: r.ID, guestID: r.ID, bundle: r.Bundle, spec: spec, sharesPid: sharesPid, execs: map[string]*process{}}
 	c.init = newProcess(r.ID, "", stdio{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal})
 
 	s.mu.Lock()
@@ -81,7 +83,9 @@ func (s *service) createContainer(ctx context.Context, r *taskAPI.CreateTaskRequ
 
 	files := guestFiles(ctx, spec)
 	g := sb.Guest()
-	if err := g.CreateContainer(ctx, sandbox.CreateRequest{ID: c.guestID, Spec: spec, Serial: c.disk.Serial, Files: files, Stdio: c.init.stdio, JoinContainer: joinFrom, Join: join}); err != nil {
+	req := sandbox.CreateRequest{ID: c.guestID, Spec: spec, Serial: c.disk.Serial, Files: files, Stdio: c.init.stdio,
+		JoinContainer: joins.from, Join: joins.namespaces, PidContainer: joins.pid}
+	if err := g.CreateContainer(ctx, req); err != nil {
 		return nil, fmt.Errorf("create container %s in guest: %w", r.ID, err)
 	}
 	if c.init.io, err = openIO(ctx, c.init.stdio); err != nil {
@@ -170,6 +174,8 @@ func (s *service) reapUnclaimed(sb vmSandbox, rs *restoredPod) {
 
 func (s *service) addContainer(c *container) {
 	s.mu.Lock()
+	s.created++
+	c.seq = s.created
 	s.containers[c.id] = c
 	if name := c.spec.Annotations[annotations.CRIContainerName]; name != "" {
 		if s.ran == nil {

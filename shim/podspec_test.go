@@ -1,6 +1,7 @@
 package shim
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -111,15 +112,50 @@ func TestPodNamespaces(t *testing.T) {
 		spec     *specs.Spec
 		from     string
 		wantJoin string
+		pid      string
 	}{
-		{"pod", ctr("pod"), "old-pod", "ipc,uts"},
-		{"host network", ctr("hostnet"), "hostnet", "ipc"},
-		{"unknown sandbox", ctr("nope"), "", ""},
-		{"not CRI", &specs.Spec{Linux: ctr("pod").Linux}, "", ""},
+		{"pod", ctr("pod"), "old-pod", "ipc,uts", "old-pod"},
+		{"host network", ctr("hostnet"), "hostnet", "ipc", "hostnet"},
+		{"unknown sandbox", ctr("nope"), "", "", ""},
+		{"not CRI", &specs.Spec{Linux: ctr("pod").Linux}, "", "", ""},
 	} {
-		from, join := s.podNamespaces(c.spec)
-		if from != c.from || strings.Join(join, ",") != c.wantJoin {
-			t.Errorf("%s: join %v of %q, want %q of %q", c.name, join, from, c.wantJoin, c.from)
+		j := s.podNamespaces(c.spec)
+		if j.from != c.from || strings.Join(j.namespaces, ",") != c.wantJoin || j.pid != c.pid {
+			t.Errorf("%s: join %v of %q and the pid namespace of %q, want %q of %q and %q", c.name, j.namespaces, j.from, j.pid, c.wantJoin, c.from, c.pid)
+		}
+	}
+}
+
+// TestPidNamespaceOfPod: a container that names a pid namespace joins the
+// sandbox container's in a pod whose containers all name it
+// (shareProcessNamespace), and otherwise the pod's first running
+// container's (kubectl debug --target): CRI names both by the VM's pid.
+func TestPidNamespaceOfPod(t *testing.T) {
+	app := func(sandboxID string, seq uint64, sharesPid bool, st procState) *container {
+		return &container{
+			id: fmt.Sprintf("app%d", seq), guestID: fmt.Sprintf("guest-app%d", seq), seq: seq, sharesPid: sharesPid,
+			spec: &specs.Spec{Annotations: map[string]string{"io.kubernetes.cri.container-type": "container", "io.kubernetes.cri.sandbox-id": sandboxID}},
+			init: &process{state: st},
+		}
+	}
+	pod := &container{id: "pod", guestID: "guest-pod", spec: &specs.Spec{Linux: &specs.Linux{Namespaces: []specs.LinuxNamespace{{Type: specs.PIDNamespace}}}}}
+	for _, tc := range []struct {
+		name string
+		apps []*container
+		want string
+	}{
+		{"first container of a pod", nil, "guest-pod"},
+		{"shared pod", []*container{app("pod", 1, true, stateRunning), app("pod", 2, true, stateRunning)}, "guest-pod"},
+		{"debug container", []*container{app("pod", 3, false, stateRunning), app("pod", 2, false, stateRunning), app("pod", 1, false, stateStopped)}, "guest-app2"},
+		{"debug container, nothing runs", []*container{app("pod", 1, false, stateStopped)}, ""},
+		{"another pod's containers", []*container{app("other", 1, false, stateRunning)}, "guest-pod"},
+	} {
+		s := &service{containers: map[string]*container{"pod": pod}}
+		for _, c := range tc.apps {
+			s.containers[c.id] = c
+		}
+		if got := s.pidNamespace(pod); got != tc.want {
+			t.Errorf("%s: the pid namespace of %q, want %q", tc.name, got, tc.want)
 		}
 	}
 }

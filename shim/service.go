@@ -56,6 +56,8 @@ type service struct {
 	// task has taken over yet.
 	restored   *restoredPod
 	containers map[string]*container
+	// created numbers the containers in the order they were added.
+	created uint64
 	// ran are the CRI names of every container the sandbox ran: those no
 	// longer among containers are the finished ones a checkpoint records.
 	ran map[string]bool

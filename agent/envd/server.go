@@ -13,10 +13,11 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/cryo-runtime/cryo/agent/envd/spec/filesystem/filesystemconnect"
+	"github.com/cryo-runtime/cryo/internal/envdweb"
 )
 
 // Port is where E2B's SDK expects envd.
-const Port = 49983
+const Port = envdweb.Port
 
 // Annotation turns envd on for a pod: the lowercase hex SHA-256 of its
 // access token (see ParseTokenHash). The node's annotations package knows

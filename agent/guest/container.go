@@ -48,6 +48,9 @@ type ContainerConfig struct {
 	// container JoinContainer instead of new ones.
 	JoinContainer string
 	Join          []string
+	// PidContainer, when set, names the container in whose init's pid
+	// namespace the init is made, instead of a new one.
+	PidContainer string
 }
 
 // validID keeps ids usable as path components and cgroup names.
@@ -105,6 +108,14 @@ func (s *Service) createContainer(ctx context.Context, cc *ContainerConfig) (_ *
 		return nil, err
 	}
 	defer closeAll(joined)
+	pidNS, err := s.sharedPidNamespace(cc)
+	if err != nil {
+		return nil, err
+	}
+	if pidNS != nil {
+		defer pidNS.Close()
+		flagsNS &^= unix.CLONE_NEWPID
+	}
 	cfg.Join = cc.Join
 	p := newProcess("", cfg, cc.Stdio)
 	startR, startW, err := os.Pipe()
@@ -113,9 +124,11 @@ func (s *Service) createContainer(ctx context.Context, cc *ContainerConfig) (_ *
 	}
 	defer startR.Close()
 	p.start = startW
-	p.nsInit = true // containerNamespaces always clones a pid namespace
+	// PID 1 of its own pid namespace, to which the kernel drops unhandled
+	// signals (signal.go); in another's, an ordinary process.
+	p.nsInit = pidNS == nil
 	c.init = p
-	if err := p.spawn(s.reaper, spawnOpts{cloneflags: flagsNS, cgroupFD: int(c.cgDir.Fd()), extra: append([]*os.File{startR}, joined...)}); err != nil {
+	if err := p.spawn(s.reaper, spawnOpts{cloneflags: flagsNS, cgroupFD: int(c.cgDir.Fd()), extra: append([]*os.File{startR}, joined...), pidNS: pidNS}); err != nil {
 		return nil, err
 	}
 	ready, err := p.readStatus(ctx)
@@ -161,6 +174,28 @@ func (s *Service) podNamespaces(cc *ContainerConfig) (_ []*os.File, retErr error
 		files = append(files, f)
 	}
 	return files, nil
+}
+
+// sharedPidNamespace opens the pid namespace cc's init is made in, that of
+// the init of container cc.PidContainer (nil: a new one). That init must
+// still run: were it gone, its namespace would take no new process.
+func (s *Service) sharedPidNamespace(cc *ContainerConfig) (*os.File, error) {
+	if cc.PidContainer == "" {
+		return nil, nil
+	}
+	from, err := s.container(cc.PidContainer)
+	if err != nil {
+		return nil, fmt.Errorf("join the pid namespace of container %q: %w", cc.PidContainer, err)
+	}
+	pid := from.init.Pid()
+	if pid == 0 || from.init.stateIs(stateStopped) {
+		return nil, fmt.Errorf("join the pid namespace of container %q: its init is not running: %w", cc.PidContainer, errdefs.ErrFailedPrecondition)
+	}
+	f, err := os.Open(fmt.Sprintf("/proc/%d/ns/pid", pid))
+	if err != nil {
+		return nil, fmt.Errorf("join the pid namespace of container %q: %w", cc.PidContainer, err)
+	}
+	return f, nil
 }
 
 // sharePodShm points the pod's /dev/shm mounts at one tmpfs of the VM,

@@ -107,7 +107,7 @@ func (s *Service) CreateContainer(ctx context.Context, req *agentapi.CreateConta
 		return nil, err
 	}
 	cc := &ContainerConfig{ID: req.Id, Spec: spec, Stdio: StdioConfig{Stdin: req.Stdin, Stdout: req.Stdout, Stderr: req.Stderr, Terminal: req.Terminal},
-		JoinContainer: req.JoinContainer, Join: req.JoinNamespaces}
+		JoinContainer: req.JoinContainer, Join: req.JoinNamespaces, PidContainer: req.PidContainer}
 	if r := req.Rootfs; r != nil {
 		cc.DiskSerial, cc.FSType, cc.Options = r.Serial, r.Fstype, r.Options
 	}

@@ -115,12 +115,11 @@ var defaultDevices = []deviceEntry{
 	{Path: "/dev/tty", Type: "c", Major: 5, Minor: 0, Mode: 0o666},
 }
 
-// joinable are the namespaces a container may take from another container's
-// init instead of new ones: a pod's containers share its sandbox
-// container's IPC and UTS namespaces, as under runc. The pid namespace is
-// not among them: containerd names the one to share by a host pid, which is
-// the VM's for every container, so a pod's and a target container's cannot
-// be told apart.
+// joinable are the namespaces a container's helper enters from another
+// container's init instead of new ones: a pod's containers share its
+// sandbox container's IPC and UTS namespaces, as under runc. A pid
+// namespace is not entered but made in (ContainerConfig.PidContainer): it
+// is the helper's parent that must be in it.
 var joinable = map[string]uintptr{"ipc": unix.CLONE_NEWIPC, "uts": unix.CLONE_NEWUTS}
 
 // containerNamespaces are the clone flags for a new container's init: new

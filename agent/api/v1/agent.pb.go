@@ -429,7 +429,12 @@ type CreateContainerRequest struct {
 	// dirs of the copied bind mounts, apart from files so that an agent
 	// that predates them (in a restored guest) ignores them: it makes the
 	// directories root's, 0755, as before.
-	Dirs          []*Dir `protobuf:"bytes,11,rep,name=dirs,proto3" json:"dirs,omitempty"`
+	Dirs []*Dir `protobuf:"bytes,11,rep,name=dirs,proto3" json:"dirs,omitempty"`
+	// pid_container, when set, names the container in whose init's pid
+	// namespace the new init is made, not PID 1 of one of its own: a pod
+	// that shares its process namespace, or a debug container that targets
+	// another. An agent that predates it makes a new one, as before.
+	PidContainer  string `protobuf:"bytes,12,opt,name=pid_container,json=pidContainer,proto3" json:"pid_container,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -539,6 +544,13 @@ func (x *CreateContainerRequest) GetDirs() []*Dir {
 		return x.Dirs
 	}
 	return nil
+}
+
+func (x *CreateContainerRequest) GetPidContainer() string {
+	if x != nil {
+		return x.PidContainer
+	}
+	return ""
 }
 
 type CreateContainerResponse struct {
@@ -2368,7 +2380,7 @@ const file_agent_proto_rawDesc = "" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
 	"\x04mode\x18\x02 \x01(\rR\x04mode\x12\x10\n" +
 	"\x03uid\x18\x03 \x01(\rR\x03uid\x12\x10\n" +
-	"\x03gid\x18\x04 \x01(\rR\x03gid\"\xf9\x02\n" +
+	"\x03gid\x18\x04 \x01(\rR\x03gid\"\x9e\x03\n" +
 	"\x16CreateContainerRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\tspec_json\x18\x02 \x01(\fR\bspecJson\x12-\n" +
@@ -2381,7 +2393,8 @@ const file_agent_proto_rawDesc = "" +
 	"\x0ejoin_container\x18\t \x01(\tR\rjoinContainer\x12'\n" +
 	"\x0fjoin_namespaces\x18\n" +
 	" \x03(\tR\x0ejoinNamespaces\x12&\n" +
-	"\x04dirs\x18\v \x03(\v2\x12.cryo.agent.v1.DirR\x04dirs\"+\n" +
+	"\x04dirs\x18\v \x03(\v2\x12.cryo.agent.v1.DirR\x04dirs\x12#\n" +
+	"\rpid_container\x18\f \x01(\tR\fpidContainer\"+\n" +
 	"\x17CreateContainerResponse\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\rR\x03pid\"Q\n" +
 	"\x13StartProcessRequest\x12!\n" +
