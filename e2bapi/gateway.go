@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	cryov1 "github.com/cryo-runtime/cryo/api/v1alpha1"
+	"github.com/cryo-runtime/cryo/internal/envdweb"
 )
 
 const (
@@ -128,12 +129,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // value, so one whose sandbox only E2b-Sandbox-Id names could not be
 // routed, and it carries no token. The request that follows is proxied,
 // and envd's answer carries the CORS headers.
-var preflight = cors.New(cors.Options{
-	AllowedOrigins: []string{"*"},
-	AllowedMethods: []string{http.MethodHead, http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete},
-	AllowedHeaders: []string{"*"},
-	MaxAge:         int((2 * time.Hour).Seconds()),
-}).Handler(http.NotFoundHandler())
+var preflight = cors.New(envdweb.CORS()).Handler(http.NotFoundHandler())
 
 // forward proxies r to sandbox id's envd, counted against its namespace's
 // MaxInFlight from when route finds the sandbox until envd has answered;

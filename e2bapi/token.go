@@ -21,6 +21,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/cryo-runtime/cryo/internal/envdweb"
 )
 
 const (
@@ -33,7 +35,7 @@ const (
 	SecretTokenField = "envdAccessToken"
 
 	// EnvdPort is where envd listens in the pod's network namespace.
-	EnvdPort = 49983
+	EnvdPort = envdweb.Port
 
 	initAttempts = 5
 	initTimeout  = 5 * time.Second
