@@ -126,7 +126,7 @@ func (s *Service) createContainer(ctx context.Context, cc *ContainerConfig) (_ *
 	p.start = startW
 	// PID 1 of its own pid namespace, to which the kernel drops unhandled
 	// signals (signal.go); in another's, an ordinary process.
-	p.nsInit = pidNS == nil
+	p.init, p.nsInit = true, pidNS == nil
 	c.init = p
 	if err := p.spawn(s.reaper, spawnOpts{cloneflags: flagsNS, cgroupFD: int(c.cgDir.Fd()), extra: append([]*os.File{startR}, joined...), pidNS: pidNS}); err != nil {
 		return nil, err

@@ -61,10 +61,12 @@ type process struct {
 	// status is the helper's status pipe (see statusMsg).
 	status  *bufio.Reader
 	closers []io.Closer
-	// nsInit: the process is PID 1 of its pid namespace (a container's
-	// init), to which the kernel drops unhandled signals; see signal.go.
-	nsInit    bool
-	startedAt time.Time
+	// init: the process is a container's init, whose signals right after
+	// its start may be held (signal.go). nsInit: it is PID 1 of its pid
+	// namespace, to which the kernel drops unhandled signals; an init made
+	// in another container's namespace is not.
+	init, nsInit bool
+	startedAt    time.Time
 	// held are signals waiting for the init to handle them (deliverHeld).
 	held         []unix.Signal
 	heldSince    time.Time // when the first of held was held

@@ -28,6 +28,14 @@ import (
 // its start and exits 130 on it; its trap comes later; Go's runtime catches
 // every signal before main runs). (Kata's agent turns an unhandled SIGTERM to the init into
 // SIGKILL, which kills a program that would have handled it a moment later.)
+//
+// An init made in another container's pid namespace (a pod that shares
+// one) is not PID 1: the kernel acts on a signal it does not handle
+// (SIGTERM kills it) instead of dropping it. Its signal is held the same
+// way: under runc its trap would be there before the signal, and a program
+// that handles none gets the default action at the end of the window (a
+// process seen asleep may still be on its way to its handler: a script's
+// first command).
 const (
 	signalHoldWindow = 5 * time.Second
 	// signalHoldPoll is how often a held signal's target is looked at.
@@ -139,10 +147,10 @@ func decideSignal(sig unix.Signal, m sigMasks, age, blockedFor time.Duration, se
 }
 
 // holdSignal decides whether sig to the process must wait: only for a
-// namespace's init that has started. p.mu is held. The time sig has been
+// container's init that has started. p.mu is held. The time sig has been
 // seen blocked is tracked in p.blockedSince for the first held signal.
 func (p *process) holdSignal(sig unix.Signal, now time.Time) bool {
-	if !p.nsInit || p.state != stateRunning || p.startedAt.IsZero() {
+	if !p.init || p.state != stateRunning || p.startedAt.IsZero() {
 		return false
 	}
 	age := now.Sub(p.startedAt)

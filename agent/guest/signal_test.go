@@ -85,7 +85,7 @@ func runShell(t *testing.T, script string, started time.Time) (*process, <-chan 
 	}
 	t.Cleanup(func() { cmd.Process.Kill() })
 	p := newProcess("", &helperConfig{}, StdioConfig{})
-	p.nsInit, p.pid, p.state, p.startedAt = true, cmd.Process.Pid, stateRunning, started
+	p.init, p.nsInit, p.pid, p.state, p.startedAt = true, true, cmd.Process.Pid, stateRunning, started
 	done := make(chan syscall.WaitStatus, 1)
 	go func() {
 		cmd.Wait()
@@ -140,7 +140,7 @@ func TestSignalHeldUntilHandled(t *testing.T) {
 func TestSignalNotHeldLate(t *testing.T) {
 	for name, setup := range map[string]func(p *process){
 		"after the window": func(p *process) { p.startedAt = time.Now().Add(-signalHoldWindow) },
-		"exec process":     func(p *process) { p.nsInit = false },
+		"exec process":     func(p *process) { p.init, p.nsInit = false, false },
 	} {
 		p, done := runShell(t, trapLate, time.Now())
 		p.mu.Lock()
@@ -157,6 +157,48 @@ func TestSignalNotHeldLate(t *testing.T) {
 		case <-time.After(250 * time.Millisecond):
 			t.Errorf("%s: the signal was held", name)
 		}
+	}
+}
+
+// TestSignalHeldSharedNamespace: the init of a container made in another's
+// pid namespace (not PID 1) has its signal held until its trap is there,
+// as PID 1 has; one that never handles it gets it at the end of the window
+// and dies of it, as under runc.
+func TestSignalHeldSharedNamespace(t *testing.T) {
+	p, done := runShell(t, trapLate, time.Now())
+	p.mu.Lock()
+	p.nsInit = false
+	p.mu.Unlock()
+	if err := p.Signal(unix.SIGUSR1); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case ws := <-done:
+		if ws.Signaled() || ws.ExitStatus() != 7 {
+			t.Fatalf("the shell ended with %v, want exit 7 from its trap", ws)
+		}
+	case <-time.After(signalHoldWindow + 5*time.Second):
+		t.Fatal("the held signal never came")
+	}
+
+	p, done = runShell(t, `sleep 0.3; while :; do sleep 0.05; done`, time.Now())
+	p.mu.Lock()
+	p.nsInit = false
+	p.mu.Unlock()
+	start := time.Now()
+	if err := p.Signal(unix.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case ws := <-done:
+		if ws.Signal() != unix.SIGTERM {
+			t.Fatalf("the shell ended with %v, want killed by SIGTERM", ws)
+		}
+		if waited := time.Since(start); waited > signalHoldWindow+time.Second {
+			t.Fatalf("SIGTERM reached the shell after %v, want it by the end of the window (%v)", waited, signalHoldWindow)
+		}
+	case <-time.After(signalHoldWindow + 5*time.Second):
+		t.Fatal("the held signal never came")
 	}
 }
 
@@ -189,7 +231,7 @@ func pythonInit(t *testing.T, script string) (*process, *exec.Cmd) {
 		t.Fatal(err)
 	}
 	p := newProcess("", &helperConfig{}, StdioConfig{})
-	p.nsInit, p.pid, p.state, p.startedAt = true, cmd.Process.Pid, stateRunning, time.Now()
+	p.init, p.nsInit, p.pid, p.state, p.startedAt = true, true, cmd.Process.Pid, stateRunning, time.Now()
 	return p, cmd
 }
 
