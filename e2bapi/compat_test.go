@@ -125,20 +125,27 @@ func TestPauseWithoutMemoryRefused(t *testing.T) {
 	}
 }
 
-// TestConnectDuringPause: a connect that comes while a pause is under way
-// waits for it and resumes the sandbox, as E2B's does, instead of
-// answering "running" for a sandbox about to stop.
-func TestConnectDuringPause(t *testing.T) {
-	f := newFixture(t)
-	id := f.create("key-a", `{}`)
+// beginPause creates the pause Checkpoint of sandbox id's first pod, as
+// the API's pause does, and leaves it to the test to finish.
+func (f *fixture) beginPause(id string) {
+	f.t.Helper()
 	cp := &cryov1.Checkpoint{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: podName(id, 0), Labels: map[string]string{LabelSandbox: id},
 			Annotations: f.pod("team-a", podName(id, 0)).Annotations},
 		Spec: cryov1.CheckpointSpec{PodName: podName(id, 0), KeepRunning: ptr(false)},
 	}
 	if err := f.cl.Create(context.Background(), cp); err != nil {
-		t.Fatal(err)
+		f.t.Fatal(err)
 	}
+}
+
+// TestConnectDuringPause: a connect that comes while a pause is under way
+// waits for it and resumes the sandbox, as E2B's does, instead of
+// answering "running" for a sandbox about to stop.
+func TestConnectDuringPause(t *testing.T) {
+	f := newFixture(t)
+	id := f.create("key-a", `{}`)
+	f.beginPause(id)
 	type answer struct {
 		code int
 		sb   sandboxBody
@@ -211,14 +218,7 @@ func TestDeleteSnapshotByName(t *testing.T) {
 func TestSetTimeoutOfPausedSandbox(t *testing.T) {
 	f := newFixture(t)
 	id := f.create("key-a", `{"timeout":60}`)
-	cp := &cryov1.Checkpoint{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: podName(id, 0), Labels: map[string]string{LabelSandbox: id},
-			Annotations: f.pod("team-a", podName(id, 0)).Annotations},
-		Spec: cryov1.CheckpointSpec{PodName: podName(id, 0), KeepRunning: ptr(false)},
-	}
-	if err := f.cl.Create(context.Background(), cp); err != nil {
-		t.Fatal(err)
-	}
+	f.beginPause(id)
 	var e apiError
 	if code := f.do("key-a", "POST", "/sandboxes/"+id+"/timeout", `{"timeout":3600}`, &e); code != http.StatusConflict || e.Message == "" {
 		t.Fatalf("setTimeout during the pause: %d %+v, want 409", code, e)

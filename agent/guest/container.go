@@ -152,13 +152,9 @@ func (s *Service) podNamespaces(cc *ContainerConfig) (_ []*os.File, retErr error
 	if len(cc.Join) == 0 {
 		return nil, nil
 	}
-	from, err := s.container(cc.JoinContainer)
+	pid, err := s.runningInit(cc.JoinContainer)
 	if err != nil {
 		return nil, fmt.Errorf("join the namespaces of container %q: %w", cc.JoinContainer, err)
-	}
-	pid := from.init.Pid()
-	if pid == 0 || from.init.stateIs(stateStopped) {
-		return nil, fmt.Errorf("join the namespaces of container %q: its init is not running: %w", cc.JoinContainer, errdefs.ErrFailedPrecondition)
 	}
 	var files []*os.File
 	defer func() {
@@ -183,19 +179,28 @@ func (s *Service) sharedPidNamespace(cc *ContainerConfig) (*os.File, error) {
 	if cc.PidContainer == "" {
 		return nil, nil
 	}
-	from, err := s.container(cc.PidContainer)
+	pid, err := s.runningInit(cc.PidContainer)
+	if err == nil {
+		var f *os.File
+		if f, err = os.Open(fmt.Sprintf("/proc/%d/ns/pid", pid)); err == nil {
+			return f, nil
+		}
+	}
+	return nil, fmt.Errorf("join the pid namespace of container %q: %w", cc.PidContainer, err)
+}
+
+// runningInit is the pid of container id's init, which must still run: the
+// namespaces another container joins are held by it.
+func (s *Service) runningInit(id string) (int, error) {
+	c, err := s.container(id)
 	if err != nil {
-		return nil, fmt.Errorf("join the pid namespace of container %q: %w", cc.PidContainer, err)
+		return 0, err
 	}
-	pid := from.init.Pid()
-	if pid == 0 || from.init.stateIs(stateStopped) {
-		return nil, fmt.Errorf("join the pid namespace of container %q: its init is not running: %w", cc.PidContainer, errdefs.ErrFailedPrecondition)
+	pid := c.init.Pid()
+	if pid == 0 || c.init.stateIs(stateStopped) {
+		return 0, fmt.Errorf("its init is not running: %w", errdefs.ErrFailedPrecondition)
 	}
-	f, err := os.Open(fmt.Sprintf("/proc/%d/ns/pid", pid))
-	if err != nil {
-		return nil, fmt.Errorf("join the pid namespace of container %q: %w", cc.PidContainer, err)
-	}
-	return f, nil
+	return pid, nil
 }
 
 // sharePodShm points the pod's /dev/shm mounts at one tmpfs of the VM,
