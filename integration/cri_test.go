@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	"github.com/cryo-runtime/cryo/integration/harness"
+	"github.com/cryo-runtime/cryo/stack"
 )
 
 // waitLog waits until the container's log (crictl logs) contains want.
@@ -95,10 +97,13 @@ func TestCRIPodTwoContainers(t *testing.T) {
 	if _, errs, err := c.Crictl("exec", a, "sh", "-c", "exit 7"); err == nil || !strings.Contains(errs, "exit code 7") {
 		t.Fatalf("streaming exec of exit 7: %v %q", err, errs)
 	}
-	// exec -it through a pty
-	out, err := c.CrictlTTY("exec", "-it", a, "sh", "-c", "tty; echo tty-ok")
+	// exec -it through a pty of the terminal's size
+	out, err := c.CrictlTTY("exec", "-it", a, "sh", "-c", "tty; stty size; echo tty-ok")
 	if err != nil || !strings.Contains(out, "/dev/pts/") || !strings.Contains(out, "tty-ok") {
 		t.Fatalf("exec -it = %q %v", out, err)
+	}
+	if size := fmt.Sprintf("%d %d", stack.TTYRows, stack.TTYCols); !strings.Contains(out, size) {
+		t.Fatalf("exec -it: stty size in %q, want the terminal's %s", out, size)
 	}
 	// attach: stdin and stdout of a running container through crictl attach
 	e := c.StartContainer(pod, c.ContainerConfig("echo", []string{"sh", "-c", "while read l; do echo got-$l; done"}, map[string]any{"stdin": true}), pcfg)

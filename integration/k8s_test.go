@@ -5,6 +5,7 @@ package integration
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"os"
 	"strconv"
 	"strings"
@@ -56,6 +57,11 @@ func TestK8s(t *testing.T) {
 		cmd.Stdin = strings.NewReader("through stdin\n")
 		if out, err := cmd.Output(); err != nil || strings.TrimSpace(string(out)) != "THROUGH STDIN" {
 			t.Fatalf("kubectl exec -i = %q, %v", out, err)
+		}
+		// kubectl exec -it at a terminal: the guest's pty has its size.
+		tty := stack.AtTerminal(t.Context(), k.Cluster.KubectlCmd(t.Context(), "exec", "-it", "web", "--", "stty", "size"))
+		if out, err := tty.CombinedOutput(); err != nil || !strings.Contains(string(out), fmt.Sprintf("%d %d", stack.TTYRows, stack.TTYCols)) {
+			t.Fatalf("kubectl exec -it web -- stty size = %q, %v; want the terminal's %d %d", out, err, stack.TTYRows, stack.TTYCols)
 		}
 		// The probes passed through the kubelet (Ready), and keep passing.
 		if n := k.MustKubectl("get", "pod", "web", "-o", "jsonpath={.status.containerStatuses[0].restartCount}"); n != "0" {
@@ -248,6 +254,37 @@ func TestK8s(t *testing.T) {
 			t.Fatalf("QEMU of pod multi: %v, want one", q)
 		}
 		deleteAndCheck(t, k, "multi")
+	})
+
+	t.Run("shareProcessNamespace and kubectl debug --target", func(t *testing.T) {
+		k := k.T(t)
+		shared := harness.Pod("shared", nil, harness.Container("a", "exec sleep 1001"), harness.Container("b", "exec sleep 1002"))
+		shared["spec"].(map[string]any)["shareProcessNamespace"] = true
+		k.Apply(shared)
+		debugged := harness.Pod("debugged", nil, harness.Container("app", "exec sleep 1003"), harness.Container("side", "exec sleep 1004"))
+		k.Apply(debugged)
+		k.WaitReady("shared", time.Now(), 3*time.Minute)
+		k.WaitReady("debugged", time.Now(), 3*time.Minute)
+		if ps := k.Exec("shared", "b", "ps"); !strings.Contains(ps, "sleep 1001") {
+			t.Errorf("b of a pod that shares its process namespace does not see a's sleep 1001:\n%s", ps)
+		}
+		if ps := k.Exec("debugged", "side", "ps"); strings.Contains(ps, "sleep 1003") {
+			t.Errorf("side sees app's sleep 1003 in a pod that does not share its process namespace:\n%s", ps)
+		}
+		k.MustKubectl("debug", "debugged", "--image="+harness.Image, "--image-pull-policy=Never", "--target=app", "-c", "dbg", "--", "sleep", "inf")
+		if !harness.WaitFor(2*time.Minute, func() bool {
+			out, _, err := k.Kubectl("get", "pod", "debugged", "-o", "jsonpath={.status.ephemeralContainerStatuses[0].state.running.startedAt}")
+			return err == nil && strings.TrimSpace(out) != ""
+		}) {
+			d, _, _ := k.Kubectl("describe", "pod", "debugged")
+			t.Fatalf("debug container not running within 2 minutes:\n%s", d)
+		}
+		ps := k.Exec("debugged", "dbg", "ps")
+		if !strings.Contains(ps, "sleep 1003") || strings.Contains(ps, "sleep 1004") {
+			t.Errorf("the debug container that targets app sees, want app's sleep 1003 and not side's sleep 1004:\n%s", ps)
+		}
+		deleteAndCheck(t, k, "shared")
+		deleteAndCheck(t, k, "debugged")
 	})
 
 	t.Run("a deployment is scheduled, replaced and garbage-collected", func(t *testing.T) {

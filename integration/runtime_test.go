@@ -3,6 +3,7 @@
 package integration
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"strconv"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/cryo-runtime/cryo/configs"
 	"github.com/cryo-runtime/cryo/integration/harness"
+	"github.com/cryo-runtime/cryo/stack"
 )
 
 func hostKernel(t *testing.T) string {
@@ -65,10 +67,11 @@ func TestDetachedLifecycle(t *testing.T) {
 	if _, _, err := e.Ctr("task", "exec", "--exec-id", "e3", id, "sh", "-c", "exit 7"); harness.ExitCode(err) != 7 {
 		t.Fatalf("exec exit = %v, want 7", err)
 	}
-	// tty exec: ctr at a terminal; the guest process gets a pty of its own.
+	// tty exec: ctr at a terminal; the guest process gets a pty of its own,
+	// of the terminal's size.
 	out, err := e.CtrTTY("task", "exec", "-t", "--exec-id", "e4", id, "sh", "-c", "tty; stty size")
-	if err != nil || !strings.Contains(out, "/dev/pts/") {
-		t.Fatalf("tty exec = %q %v", out, err)
+	if err != nil || !strings.Contains(out, "/dev/pts/") || !strings.Contains(out, fmt.Sprintf("%d %d", stack.TTYRows, stack.TTYCols)) {
+		t.Fatalf("tty exec = %q %v; want a pty of %d rows, %d columns", out, err, stack.TTYRows, stack.TTYCols)
 	}
 	// ps lists the one host process that runs the container: its VM.
 	ps := strings.Split(strings.TrimSpace(e.MustCtr("task", "ps", id)), "\n")

@@ -421,18 +421,14 @@ func ctrArgs(fifoDir string, args []string) []string {
 	return slices.Concat(args[:at], []string{"--fifo-dir", fifoDir}, args[at:])
 }
 
-// CtrTTY runs ctr with a pseudo-terminal as its stdin and stdout (through
-// util-linux's script), as a user at a terminal would: `ctr ... -t` needs one.
+// CtrTTY runs ctr at a terminal (AtTerminal), as a user would: `ctr ... -t`
+// needs one.
 func (s *Stack) CtrTTY(args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(s.ctx, 2*time.Minute)
 	defer cancel()
-	q := []string{"ctr", "-a", s.Socket, "-n", s.Namespace}
-	for _, a := range ctrArgs(s.FIFODir, args) {
-		q = append(q, "'"+strings.ReplaceAll(a, "'", `'\''`)+"'")
-	}
-	cmd := exec.CommandContext(ctx, "script", "-qec", strings.Join(q, " "), "/dev/null")
+	cmd := exec.Command("ctr", append([]string{"-a", s.Socket, "-n", s.Namespace}, ctrArgs(s.FIFODir, args)...)...)
 	cmd.Env = append(os.Environ(), "PATH="+s.path)
-	out, err := cmd.CombinedOutput()
+	out, err := AtTerminal(ctx, cmd).CombinedOutput()
 	return string(out), err
 }
 

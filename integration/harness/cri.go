@@ -270,18 +270,14 @@ func (c *CRI) MustCrictl(args ...string) string {
 	return strings.TrimSpace(out)
 }
 
-// CrictlTTY runs crictl with a pseudo-terminal as stdin and stdout (through
-// util-linux's script), as `crictl exec -it` needs.
+// CrictlTTY runs crictl at a terminal (AtTerminal), as `crictl exec -it`
+// needs.
 func (c *CRI) CrictlTTY(args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	q := []string{"nsenter", "--net=" + c.NetNS, "crictl", "--config", c.CrictlConfig}
-	for _, a := range args {
-		q = append(q, "'"+strings.ReplaceAll(a, "'", `'\''`)+"'")
-	}
-	cmd := exec.CommandContext(ctx, "script", "-qec", strings.Join(q, " "), "/dev/null")
+	cmd := exec.Command("nsenter", append([]string{"--net=" + c.NetNS, "crictl", "--config", c.CrictlConfig}, args...)...)
 	cmd.Env = append(os.Environ(), "PATH="+c.Path())
-	out, err := cmd.CombinedOutput()
+	out, err := stack.AtTerminal(ctx, cmd).CombinedOutput()
 	return string(out), err
 }
 
