@@ -204,9 +204,12 @@ func (r *Reconciler) create(ctx context.Context, cp *cryov1.Checkpoint) (reconci
 	}
 	if !askedHere && cp.Status.RequestTime != nil {
 		// A previous process asked; its call may still be running on
-		// the node: wait it out rather than snapshot twice.
+		// the node: wait it out rather than snapshot twice. The call
+		// takes one of the node's slots while a slot is free: this
+		// process's bound counts it as far as it can.
 		end := cp.Status.RequestTime.Add(time.Duration(cp.Status.RequestTimeoutSeconds)*time.Second + callGrace)
 		if now := r.Now(); now.Before(end) {
+			r.slots.acquire(pod.Spec.NodeName, client.ObjectKeyFromObject(cp), cp.UID)
 			return reconcile.Result{RequeueAfter: min(pollInterval, end.Sub(now))}, nil
 		}
 	}

@@ -729,12 +729,20 @@ func TestCheckpointRestartWaitsForACallInFlight(t *testing.T) {
 	cl.wait("c1", "asked", func(*cryov1.Checkpoint) bool { return first.calls.Load() == 1 })
 	cl.stop()
 
+	// The call that may still run takes the node's one slot: another
+	// pod's Checkpoint on that node waits for it.
 	second := &fakeKubelet{c: cl.c}
-	cl.start(second, clusterOpts{})
+	cl.start(second, clusterOpts{nodeCalls: 1})
+	cl.waitPhase("c1", cryov1.PhaseCreating)
+	cl.pod("other", nil)
+	cl.checkpoint("c2", "other", nil)
 	time.Sleep(3 * time.Second)
 	cp := cl.waitPhase("c1", cryov1.PhaseCreating)
 	if n := second.calls.Load(); n != 0 {
 		t.Errorf("asked the kubelet %d times within the predecessor's call timeout (%ds from %s)", n, cp.Status.RequestTimeoutSeconds, cp.Status.RequestTime)
+	}
+	if c2 := cl.waitPhase("c2", cryov1.PhasePending); !strings.HasPrefix(c2.Status.Message, waitingSlot) {
+		t.Errorf("c2 beside a predecessor's call in flight on its node: %q, want it waiting for the node's slot", c2.Status.Message)
 	}
 }
 

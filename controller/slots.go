@@ -24,8 +24,8 @@ const waitingSlot = "waiting for a checkpoint slot on node "
 // that asks for a hundred checkpoints takes turns with one that asks for
 // one, instead of making it wait for its hundred.
 //
-// The bound is this process's: a predecessor's calls that may still run
-// on a node (create waits them out) are not counted.
+// The bound is this process's: a predecessor's call that may still run on
+// a node (create waits it out) is counted only if it finds a slot free.
 type nodeSlots struct {
 	limit int // ≤ 0: unbounded
 	now   func() time.Time
