@@ -98,7 +98,7 @@ func TestCRIPodTwoContainers(t *testing.T) {
 		t.Fatalf("streaming exec of exit 7: %v %q", err, errs)
 	}
 	// exec -it through a pty of the terminal's size
-	out, err := c.CrictlTTY("exec", "-it", a, "sh", "-c", "tty; stty size; echo tty-ok")
+	out, err := c.CrictlTTY("exec", "-it", a, "sh", "-c", "tty; "+stack.TTYSizeScript+"; echo tty-ok")
 	if err != nil || !strings.Contains(out, "/dev/pts/") || !strings.Contains(out, "tty-ok") {
 		t.Fatalf("exec -it = %q %v", out, err)
 	}

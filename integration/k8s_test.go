@@ -59,7 +59,7 @@ func TestK8s(t *testing.T) {
 			t.Fatalf("kubectl exec -i = %q, %v", out, err)
 		}
 		// kubectl exec -it at a terminal: the guest's pty has its size.
-		tty := stack.AtTerminal(t.Context(), k.Cluster.KubectlCmd(t.Context(), "exec", "-it", "web", "--", "stty", "size"))
+		tty := stack.AtTerminal(t.Context(), k.Cluster.KubectlCmd(t.Context(), "exec", "-it", "web", "--", "sh", "-c", stack.TTYSizeScript))
 		if out, err := tty.CombinedOutput(); err != nil || !strings.Contains(string(out), fmt.Sprintf("%d %d", stack.TTYRows, stack.TTYCols)) {
 			t.Fatalf("kubectl exec -it web -- stty size = %q, %v; want the terminal's %d %d", out, err, stack.TTYRows, stack.TTYCols)
 		}

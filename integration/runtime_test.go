@@ -69,7 +69,7 @@ func TestDetachedLifecycle(t *testing.T) {
 	}
 	// tty exec: ctr at a terminal; the guest process gets a pty of its own,
 	// of the terminal's size.
-	out, err := e.CtrTTY("task", "exec", "-t", "--exec-id", "e4", id, "sh", "-c", "tty; stty size")
+	out, err := e.CtrTTY("task", "exec", "-t", "--exec-id", "e4", id, "sh", "-c", "tty; "+stack.TTYSizeScript)
 	if err != nil || !strings.Contains(out, "/dev/pts/") || !strings.Contains(out, fmt.Sprintf("%d %d", stack.TTYRows, stack.TTYCols)) {
 		t.Fatalf("tty exec = %q %v; want a pty of %d rows, %d columns", out, err, stack.TTYRows, stack.TTYCols)
 	}

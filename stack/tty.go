@@ -10,6 +10,13 @@ import (
 // TTYRows and TTYCols are the size of AtTerminal's terminal.
 const TTYRows, TTYCols = 40, 100
 
+// TTYSizeScript prints the size of its terminal (stty size) once it has
+// one, waiting up to 5 s: the client's size reaches a process's pty after
+// the process has started (containerd resizes after Start, under runc as
+// here), so a program that reads it at once can find none (0 0). A
+// shell's prompt is redrawn at the resize's SIGWINCH.
+const TTYSizeScript = `i=0; while ! stty size >/dev/null 2>&1 && [ $i -lt 50 ]; do i=$((i+1)); sleep 0.1; done; stty size`
+
 // AtTerminal is cmd run with a pseudo-terminal of TTYRows by TTYCols as
 // its stdin and stdout, through util-linux's script: a client that sends
 // its terminal's size on (crictl exec -it, kubectl exec -it) sends that.
