@@ -80,6 +80,25 @@ var crisuiteSkip = []struct{ test, why string }{
 	{"TestContainerIOLeakAfterStartFailed", "expects the shim to hold no pipe at all (lsof | grep pipe); cryo's shim holds its VM's console pipe"},
 }
 
+// crisuiteLoadSensitive are the suite's tests that give the guest a fixed
+// wall-clock time for CPU-bound work. Under TCG they pass alone, and can
+// miss while the run's other lanes share the two cores: a failure of these
+// alone is rerun once, alone (TestContainerdCRISuite).
+var crisuiteLoadSensitive = []string{
+	// A shell loop of 3×16 Ki printf iterations must end within 30 s:
+	// 25-30 s of the run's time alone here.
+	"TestLongContainerLog",
+}
+
+func onlyLoadSensitive(failed []string) bool {
+	for _, f := range failed {
+		if !slices.Contains(crisuiteLoadSensitive, f) {
+			return false
+		}
+	}
+	return true
+}
+
 // TestContainerdCRISuite runs containerd's own CRI integration tests
 // (github.com/containerd/containerd/v2/integration, built by
 // `hack/tools.sh crisuite` at the containerd version the project installs)
@@ -112,6 +131,20 @@ func TestContainerdCRISuite(t *testing.T) {
 	b, _ := os.ReadFile(logPath)
 	res := parseGoTestOutput(string(b))
 	t.Logf("containerd CRI suite: %d passed, %d failed, %d skipped", len(res.passed), len(res.failed), len(res.skipped))
+	if len(res.failed) > 0 && onlyLoadSensitive(res.failed) {
+		// Run alone, as gotestsum's --rerun-fails would: they measure
+		// the guest's speed against a fixed time, which the other lanes
+		// of the run share. Both outputs are kept when they fail again.
+		t.Logf("rerunning alone, once: %s (wall-clock bound under TCG: crisuiteLoadSensitive)", strings.Join(res.failed, ", "))
+		first := string(b)
+		err = runCRISuite(t, c, logPath, imageList, "^("+strings.Join(res.failed, "|")+")$", "")
+		b, _ = os.ReadFile(logPath)
+		again := parseGoTestOutput(string(b))
+		t.Logf("the rerun: %d passed, %d failed", len(again.passed), len(again.failed))
+		res.passed, res.failed = append(res.passed, again.passed...), again.failed
+		b = []byte(first + "\n==== the rerun alone\n" + string(b))
+		_ = os.WriteFile(logPath, b, 0o644)
+	}
 	if err != nil || len(res.failed) > 0 {
 		if b, rerr := os.ReadFile(c.LogPath); rerr == nil {
 			_ = os.WriteFile(filepath.Join(os.TempDir(), "cryo-crisuite-containerd.log"), b, 0o644)
