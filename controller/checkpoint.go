@@ -160,8 +160,9 @@ func (r *Reconciler) create(ctx context.Context, cp *cryov1.Checkpoint) (reconci
 	a, askedHere := r.asked[cp.UID]
 	var calling, answered bool
 	var answer error
+	var retryAt time.Time
 	if askedHere {
-		calling, answered, answer = a.calling, a.answered, a.answer
+		calling, answered, answer, retryAt = a.calling, a.answered, a.answer, a.retryAt
 	}
 	r.mu.Unlock()
 	if cp.Status.Snapshot != "" {
@@ -183,6 +184,8 @@ func (r *Reconciler) create(ctx context.Context, cp *cryov1.Checkpoint) (reconci
 			r.mu.Unlock()
 		}
 		return res, err
+	case r.Now().Before(retryAt):
+		return reconcile.Result{RequeueAfter: retryAt.Sub(r.Now())}, nil
 	}
 	pod, container, target, err := r.checkPod(ctx, cp)
 	if err != nil {
@@ -348,6 +351,9 @@ func (r *Reconciler) kubeletFailed(ctx context.Context, cp *cryov1.Checkpoint, a
 		// Not past the deadline unnoticed.
 		delay = min(delay, left+100*time.Millisecond)
 	}
+	r.mu.Lock()
+	a.retryAt = r.Now().Add(delay)
+	r.mu.Unlock()
 	r.event(cp, corev1.EventTypeWarning, cryov1.ReasonKubeletFailed, "Checkpoint", "attempt %d failed, retrying in %s: %v", n, delay, err)
 	r.setMessage(ctx, cp, fmt.Sprintf("retrying in %s: %v", delay, err))
 	return reconcile.Result{RequeueAfter: delay}, nil

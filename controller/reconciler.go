@@ -104,6 +104,9 @@ type attempts struct {
 	transient, internal int
 	calling, answered   bool
 	answer              error
+	// retryAt is when the last failed attempt's backoff ends: a reconcile
+	// before it (the failure's own status write wakes one) waits.
+	retryAt time.Time
 }
 
 type owner struct {

@@ -607,6 +607,39 @@ func TestCheckpointRetriesTransientFailures(t *testing.T) {
 	}
 }
 
+// TestCheckpointRetryWaitsItsBackoff: a retry comes after its backoff
+// (100 ms, 200 ms, 400 ms here), not at once: the status write of the
+// failed attempt must not turn into the next call (a kubelet that is
+// restarting would get them all within its restart, and answer the last
+// with a 404 that fails the Checkpoint).
+func TestCheckpointRetryWaitsItsBackoff(t *testing.T) {
+	var mu sync.Mutex
+	var at []time.Time
+	k := &fakeKubelet{fail: func(_ context.Context, n int32) error {
+		mu.Lock()
+		at = append(at, time.Now())
+		mu.Unlock()
+		if n <= 3 {
+			return &KubeletError{StatusCode: 503, Err: errors.New("dial tcp: connection refused")}
+		}
+		return nil
+	}}
+	cl := newCluster(t, k, clusterOpts{})
+	cl.pod("web", nil)
+	cl.checkpoint("c1", "web", nil)
+	cl.waitPhase("c1", cryov1.PhaseSucceeded)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(at) != 4 {
+		t.Fatalf("%d kubelet calls, want 4 (three 503s, one success)", len(at))
+	}
+	for i := 1; i < len(at); i++ {
+		if gap, min := at[i].Sub(at[i-1]), 100*time.Millisecond<<(i-1); gap < min {
+			t.Errorf("call %d came %v after call %d, want at least its backoff %v", i+1, gap, i, min)
+		}
+	}
+}
+
 func TestCheckpointPermanentKubeletFailure(t *testing.T) {
 	k := &fakeKubelet{fail: func(context.Context, int32) error {
 		return &KubeletError{StatusCode: 404, Err: errors.New("the server could not find the requested resource")}
