@@ -52,9 +52,8 @@ func (r *Reconciler) start(ctx context.Context, cp *cryov1.Checkpoint) (reconcil
 		r.setMessage(ctx, cp, waitingFor+other+" of the same pod")
 		return reconcile.Result{RequeueAfter: waitOtherPod}, nil
 	}
-	if ok, why := r.slots.acquire(pod.Spec.NodeName, client.ObjectKeyFromObject(cp), cp.UID); !ok {
-		r.setMessage(ctx, cp, why)
-		return reconcile.Result{RequeueAfter: pollInterval}, nil
+	if res, wait := r.waitForSlot(ctx, cp, pod); wait {
+		return res, nil
 	}
 	if waited(cp) {
 		now := r.now()
@@ -216,9 +215,8 @@ func (r *Reconciler) create(ctx context.Context, cp *cryov1.Checkpoint) (reconci
 			return reconcile.Result{RequeueAfter: min(pollInterval, end.Sub(now))}, nil
 		}
 	}
-	if ok, why := r.slots.acquire(pod.Spec.NodeName, client.ObjectKeyFromObject(cp), cp.UID); !ok {
-		r.setMessage(ctx, cp, why)
-		return reconcile.Result{RequeueAfter: pollInterval}, nil
+	if res, wait := r.waitForSlot(ctx, cp, pod); wait {
+		return res, nil
 	}
 	return r.ask(ctx, cp, pod, container, target)
 }
@@ -240,6 +238,17 @@ func (r *Reconciler) adopt(ctx context.Context, cp *cryov1.Checkpoint) (reconcil
 	}
 	res, err := r.record(ctx, cp, target, f)
 	return res, true, err
+}
+
+// waitForSlot takes a slot on the pod's node for cp's call, or says that
+// cp waits for one (its message) and when to look again.
+func (r *Reconciler) waitForSlot(ctx context.Context, cp *cryov1.Checkpoint, pod *corev1.Pod) (reconcile.Result, bool) {
+	ok, why := r.slots.acquire(pod.Spec.NodeName, client.ObjectKeyFromObject(cp), cp.UID)
+	if ok {
+		return reconcile.Result{}, false
+	}
+	r.setMessage(ctx, cp, why)
+	return reconcile.Result{RequeueAfter: pollInterval}, true
 }
 
 // ask starts the kubelet's call (call), whose answer the next reconcile

@@ -839,6 +839,17 @@ func TestPodCacheAndUnlabelledPods(t *testing.T) {
 	}
 }
 
+// slowCheckpoints creates n pods slow-<i> on node-1 and a Checkpoint of
+// each, named as its pod (a fakeKubelet with holdPrefix "slow-" holds
+// their calls).
+func (cl *cluster) slowCheckpoints(n int) {
+	for i := range n {
+		name := fmt.Sprintf("slow-%d", i)
+		cl.pod(name, nil)
+		cl.checkpoint(name, name, nil)
+	}
+}
+
 // TestCheckpointCallsDoNotHoldWorkers: a kubelet call lasts as long as
 // the checkpoint on its node; calls that do not answer for a while (four
 // big VMs, a node gone) do not stop another pod's Checkpoint, which
@@ -846,11 +857,7 @@ func TestPodCacheAndUnlabelledPods(t *testing.T) {
 func TestCheckpointCallsDoNotHoldWorkers(t *testing.T) {
 	k := &fakeKubelet{holdPrefix: "slow-", release: make(chan struct{})}
 	cl := newCluster(t, k, clusterOpts{nodeCalls: 8})
-	for i := range 4 {
-		name := fmt.Sprintf("slow-%d", i)
-		cl.pod(name, nil)
-		cl.checkpoint(name, name, nil)
-	}
+	cl.slowCheckpoints(4)
 	cl.wait("slow-0", "four calls held", func(*cryov1.Checkpoint) bool {
 		k.mu.Lock()
 		defer k.mu.Unlock()
@@ -916,11 +923,7 @@ func TestCheckpointDeletedWhileCreating(t *testing.T) {
 func TestCheckpointNodeCallsBounded(t *testing.T) {
 	k := &fakeKubelet{holdPrefix: "slow-", release: make(chan struct{})}
 	cl := newCluster(t, k, clusterOpts{nodeCalls: 2})
-	for i := range 4 {
-		name := fmt.Sprintf("slow-%d", i)
-		cl.pod(name, nil)
-		cl.checkpoint(name, name, nil)
-	}
+	cl.slowCheckpoints(4)
 	cl.wait("slow-0", "two calls held", func(*cryov1.Checkpoint) bool {
 		k.mu.Lock()
 		defer k.mu.Unlock()

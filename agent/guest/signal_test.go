@@ -96,6 +96,26 @@ func runShell(t *testing.T, script string, started time.Time) (*process, <-chan 
 	return p, done
 }
 
+// heldEnd waits for the shell of runShell to end, which a held signal
+// ends by the close of the window at the latest.
+func heldEnd(t *testing.T, done <-chan syscall.WaitStatus) syscall.WaitStatus {
+	t.Helper()
+	select {
+	case ws := <-done:
+		return ws
+	case <-time.After(signalHoldWindow + 5*time.Second):
+		t.Fatal("the held signal never came")
+		return 0
+	}
+}
+
+// notPID1 makes p the init of a container made in another's pid namespace.
+func notPID1(p *process) {
+	p.mu.Lock()
+	p.nsInit = false
+	p.mu.Unlock()
+}
+
 // trapLate installs its USR1 trap only after a while, as a shell under TCG
 // does; the trap exits 7. Not being a namespace's init, the shell dies of a
 // USR1 that reaches it before the trap, where an init would drop it: either
@@ -111,13 +131,8 @@ func TestSignalHeldUntilHandled(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	select {
-	case ws := <-done:
-		if ws.Signaled() || ws.ExitStatus() != 7 {
-			t.Fatalf("the shell ended with %v, want exit 7 from its trap", ws)
-		}
-	case <-time.After(signalHoldWindow + 5*time.Second):
-		t.Fatal("the held signal never came")
+	if ws := heldEnd(t, done); ws.Signaled() || ws.ExitStatus() != 7 {
+		t.Fatalf("the shell ended with %v, want exit 7 from its trap", ws)
 	}
 
 	p, done = runShell(t, trapLate, time.Now())
@@ -166,39 +181,25 @@ func TestSignalNotHeldLate(t *testing.T) {
 // and dies of it, as under runc.
 func TestSignalHeldSharedNamespace(t *testing.T) {
 	p, done := runShell(t, trapLate, time.Now())
-	p.mu.Lock()
-	p.nsInit = false
-	p.mu.Unlock()
+	notPID1(p)
 	if err := p.Signal(unix.SIGUSR1); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case ws := <-done:
-		if ws.Signaled() || ws.ExitStatus() != 7 {
-			t.Fatalf("the shell ended with %v, want exit 7 from its trap", ws)
-		}
-	case <-time.After(signalHoldWindow + 5*time.Second):
-		t.Fatal("the held signal never came")
+	if ws := heldEnd(t, done); ws.Signaled() || ws.ExitStatus() != 7 {
+		t.Fatalf("the shell ended with %v, want exit 7 from its trap", ws)
 	}
 
 	p, done = runShell(t, `sleep 0.3; while :; do sleep 0.05; done`, time.Now())
-	p.mu.Lock()
-	p.nsInit = false
-	p.mu.Unlock()
+	notPID1(p)
 	start := time.Now()
 	if err := p.Signal(unix.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case ws := <-done:
-		if ws.Signal() != unix.SIGTERM {
-			t.Fatalf("the shell ended with %v, want killed by SIGTERM", ws)
-		}
-		if waited := time.Since(start); waited > signalHoldWindow+time.Second {
-			t.Fatalf("SIGTERM reached the shell after %v, want it by the end of the window (%v)", waited, signalHoldWindow)
-		}
-	case <-time.After(signalHoldWindow + 5*time.Second):
-		t.Fatal("the held signal never came")
+	if ws := heldEnd(t, done); ws.Signal() != unix.SIGTERM {
+		t.Fatalf("the shell ended with %v, want killed by SIGTERM", ws)
+	}
+	if waited := time.Since(start); waited > signalHoldWindow+time.Second {
+		t.Fatalf("SIGTERM reached the shell after %v, want it by the end of the window (%v)", waited, signalHoldWindow)
 	}
 }
 
