@@ -119,8 +119,9 @@ func namesNamespace(spec *specs.Spec, t specs.LinuxNamespaceType) bool {
 // CRI has a pod's containers join the sandbox container's IPC, UTS and PID
 // namespaces by host paths (/proc/<pid>/ns/...), which name nothing in the
 // VM: the guest agent joins the containers' own there (podNamespaces), or
-// an older agent makes new ones (the VM is the pod's isolation boundary). The network namespace path is kept: it is the pod
-// netns on the host that setupNetwork bridges, and the guest ignores it.
+// an older agent makes new ones (the VM is the pod's isolation boundary).
+// The network namespace path is kept: it is the pod netns on the host that
+// setupNetwork bridges, and the guest ignores it.
 // A container that joined the sandbox's UTS namespace gets the pod's
 // hostname from the /etc/hostname file CRI mounts (an agent that joins the
 // sandbox container's UTS namespace keeps the pod's instead; an older one,

@@ -20,10 +20,12 @@ const TTYSizeScript = `i=0; while ! stty size >/dev/null 2>&1 && [ $i -lt 50 ]; 
 // AtTerminal is cmd run with a pseudo-terminal of TTYRows by TTYCols as
 // its stdin and stdout, through util-linux's script: a client that sends
 // its terminal's size on (crictl exec -it, kubectl exec -it) sends that.
-// The terminal's output is the command's; ctx ends it.
+// The terminal's output is the command's; ctx ends it. The command is
+// found by its name (Args[0]) in cmd.Env's PATH, as the shell finds it,
+// not in this process's.
 func AtTerminal(ctx context.Context, cmd *exec.Cmd) *exec.Cmd {
-	q := []string{fmt.Sprintf("stty rows %d cols %d;", TTYRows, TTYCols), shellQuote(cmd.Path)}
-	for _, a := range cmd.Args[1:] {
+	q := []string{fmt.Sprintf("stty rows %d cols %d;", TTYRows, TTYCols)}
+	for _, a := range cmd.Args {
 		q = append(q, shellQuote(a))
 	}
 	tty := exec.CommandContext(ctx, "script", "-qec", strings.Join(q, " "), "/dev/null")
