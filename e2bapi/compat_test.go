@@ -241,3 +241,42 @@ func TestSetTimeoutOfPausedSandbox(t *testing.T) {
 		t.Fatalf("the paused sandbox's end time moved from %s to %s", paused, got)
 	}
 }
+
+// TestGetInfoDuringPauseEnd: between a pause's pod deletion and its
+// Checkpoint's Succeeded, getInfo waits for the pause instead of
+// answering 404 (the SDK's SandboxNotFoundError for a sandbox being
+// paused), and then answers paused.
+func TestGetInfoDuringPauseEnd(t *testing.T) {
+	f := newFixture(t)
+	id := f.create("key-a", `{}`)
+	f.beginPause(id)
+	f.deletePod(podName(id, 0))
+	type answer struct {
+		code int
+		d    listedBody
+	}
+	done := make(chan answer, 1)
+	go func() {
+		var a answer
+		a.code = f.do("key-a", "GET", "/sandboxes/"+id, "", &a.d)
+		done <- a
+	}()
+	select {
+	case a := <-done:
+		t.Fatalf("getInfo while the pause ends answered %d %+v at once, want it to wait for the pause", a.code, a.d)
+	case <-time.After(200 * time.Millisecond):
+	}
+	cp := f.checkpoint("team-a", podName(id, 0))
+	cp.Status.Phase = cryov1.PhaseSucceeded
+	if err := f.cl.Update(context.Background(), cp); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case a := <-done:
+		if a.code != http.StatusOK || a.d.State != "paused" {
+			t.Fatalf("getInfo once the pause is done: %d %+v, want 200 paused", a.code, a.d)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("getInfo still waits 10 s after the pause ended")
+	}
+}

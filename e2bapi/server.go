@@ -668,12 +668,18 @@ func livePods(pods []corev1.Pod) []corev1.Pod {
 	return out
 }
 
+// mustFind finds sandbox id or answers 404. A sandbox between its pod's
+// deletion and its pause Checkpoint's Succeeded (keepRunning false deletes
+// the pod first) is not gone: it is found once the pause settles, as
+// connect finds it (findSettled).
 func (s *Server) mustFind(ctx context.Context, ns, id string) (*sandbox, error) {
 	sb, ok, err := s.lookup(ctx, ns, id)
-	if err != nil {
+	switch {
+	case err != nil:
 		return nil, err
-	}
-	if !ok {
+	case !ok && pausingSandbox(sb):
+		return s.findSettled(ctx, ns, id)
+	case !ok:
 		return nil, errf(http.StatusNotFound, "sandbox %q not found", id)
 	}
 	return sb, nil
