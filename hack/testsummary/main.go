@@ -1,14 +1,17 @@
 // Command testsummary reads the test events that `go test -json` (through
 // gotestsum's --jsonfile) wrote and prints what failed, one line each:
 //
-//	FAIL <package> <Test>
+//	FAIL <package> <Test>                   followed by its last messages
 //	FAIL <package> <Test> (did not finish: panic: test timed out after 75m0s)
 //	FAIL <package> [build failed]           followed by the compiler's lines
 //	FAIL <package> (no test failed)         followed by the package's last lines
 //
 // and a closing count, "tests: N passed, N failed, N skipped". hack/test.sh
 // prints it last, because CI shows only a run's tail and the failing test's
-// name is often thousands of lines above it.
+// name is often thousands of lines above it. A failed test's last messages
+// (the first line of each t.Log, t.Error or t.Fatal, which the output does
+// not tell apart) say why it failed without the log: the failure is the last
+// but for the dumps a cleanup adds (a message whose first line ends in ':').
 //
 // usage: testsummary FILE.json...
 package main
@@ -19,6 +22,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"strings"
 )
 
@@ -41,14 +45,26 @@ const (
 	buildErrorLines  = 10
 )
 
+// A failed test's messages shown under its FAIL line, and a message's
+// length there: the tail of a long run must stay short.
+const (
+	testMessages     = 3
+	messageLineBytes = 240
+)
+
+// messageRe is the first line of a test's message: go test indents it by
+// four blanks per level of subtest and starts it with the file and line.
+var messageRe = regexp.MustCompile(`^ +[^ ]+\.go:[0-9]+: `)
+
 type pkgResult struct {
 	name        string
 	failed      bool
 	failedBuild string
-	tests       map[string]string // test name → last action (run, pass, fail, skip)
-	order       []string          // test names in the order they started
-	output      []string          // the package's own output, not a test's
-	panic       string            // the first panic line, in any test's output
+	tests       map[string]string   // test name → last action (run, pass, fail, skip)
+	messages    map[string][]string // test name → its last messages' first lines
+	order       []string            // test names in the order they started
+	output      []string            // the package's own output, not a test's
+	panic       string              // the first panic line, in any test's output
 }
 
 type summary struct {
@@ -111,6 +127,8 @@ func (s *summary) add(ev event) {
 	switch {
 	case ev.Test == "" && ev.Action == "output":
 		p.output = append(p.output, ev.Output)
+	case ev.Action == "output":
+		p.addMessage(ev.Test, ev.Output)
 	case ev.Test == "" && ev.Action == "fail":
 		p.failed, p.failedBuild = true, ev.FailedBuild
 	case ev.Test != "" && (ev.Action == "run" || ev.Action == "pass" || ev.Action == "fail" || ev.Action == "skip"):
@@ -124,7 +142,7 @@ func (s *summary) add(ev event) {
 func (s *summary) pkg(name string) *pkgResult {
 	p, ok := s.pkgs[name]
 	if !ok {
-		p = &pkgResult{name: name, tests: map[string]string{}}
+		p = &pkgResult{name: name, tests: map[string]string{}, messages: map[string][]string{}}
 		s.pkgs[name] = p
 		s.order = append(s.order, name)
 	}
@@ -200,11 +218,29 @@ func (p *pkgResult) writeFailedTests(w io.Writer) bool {
 		printed = true
 		if p.tests[t] == "run" {
 			fmt.Fprintf(w, "FAIL %s %s (did not finish: %s)\n", p.name, t, p.cause())
+			writeIndented(w, p.messages[t])
 			continue
 		}
 		fmt.Fprintf(w, "FAIL %s %s\n", p.name, t)
+		writeIndented(w, p.messages[t])
 	}
 	return printed
+}
+
+// addMessage keeps the first line of a test's message, the last
+// testMessages of them: a cleanup's dump (its first line ends in ':', the
+// dump follows) is not one.
+func (p *pkgResult) addMessage(test, line string) {
+	line = strings.TrimRight(line, "\n")
+	if !messageRe.MatchString(line) || strings.HasSuffix(line, ":") {
+		return
+	}
+	line = strings.TrimLeft(line, " ")
+	if len(line) > messageLineBytes {
+		line = strings.ToValidUTF8(line[:messageLineBytes], "") + "..."
+	}
+	m := append(p.messages[test], line)
+	p.messages[test] = m[max(0, len(m)-testMessages):]
 }
 
 // cause is the panic that ended the test binary (a timeout is one), if its

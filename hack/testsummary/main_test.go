@@ -38,6 +38,22 @@ const (
 {"Action":"fail","Package":"m/a","FailedBuild":"m/lib"}
 {"Action":"fail","Package":"m/b","FailedBuild":"m/lib"}
 `
+	messages = `{"Action":"run","Package":"m/m","Test":"TestMsg"}
+{"Action":"output","Package":"m/m","Test":"TestMsg","Output":"=== RUN   TestMsg\n"}
+{"Action":"output","Package":"m/m","Test":"TestMsg","Output":"    m_test.go:10: step one\n"}
+{"Action":"output","Package":"m/m","Test":"TestMsg","Output":"    m_test.go:11: step two\n"}
+{"Action":"output","Package":"m/m","Test":"TestMsg","Output":"    m_test.go:12: step three\n"}
+{"Action":"output","Package":"m/m","Test":"TestMsg","Output":"    m_test.go:20: labels are 01x0: not one instant\n"}
+{"Action":"output","Package":"m/m","Test":"TestMsg","Output":"        the rest of the message\n"}
+{"Action":"output","Package":"m/m","Test":"TestMsg","Output":"    harness.go:60: kubelet log:\n"}
+{"Action":"output","Package":"m/m","Test":"TestMsg","Output":"        I1207 kubelet.go:1: x.go:2: a line of the log\n"}
+{"Action":"output","Package":"m/m","Test":"TestMsg","Output":"--- FAIL: TestMsg (1.00s)\n"}
+{"Action":"fail","Package":"m/m","Test":"TestMsg"}
+{"Action":"run","Package":"m/m","Test":"TestQuiet"}
+{"Action":"output","Package":"m/m","Test":"TestQuiet","Output":"    m_test.go:30: all is well\n"}
+{"Action":"pass","Package":"m/m","Test":"TestQuiet"}
+{"Action":"fail","Package":"m/m"}
+`
 	teardown = `{"Action":"run","Package":"m/td","Test":"TestOK"}
 {"Action":"pass","Package":"m/td","Test":"TestOK"}
 {"Action":"output","Package":"m/td","Output":"PASS\n"}
@@ -54,6 +70,8 @@ func TestSummary(t *testing.T) {
 		{"passing", passing, "tests: 1 passed, 0 failed, 1 skipped\n"},
 		{"a failed subtest names itself, not its parent", failingSubtest,
 			"FAIL m/f TestSub/bad\nFAIL m/f TestPlain\ntests: 1 passed, 3 failed, 0 skipped\n"},
+		{"a failed test shows its last messages, not a cleanup's dump", messages,
+			"FAIL m/m TestMsg\n    m_test.go:11: step two\n    m_test.go:12: step three\n    m_test.go:20: labels are 01x0: not one instant\ntests: 1 passed, 1 failed, 0 skipped\n"},
 		{"a timeout names the innermost running test and the panic", timeout,
 			"FAIL m/t TestHangs/inner (did not finish: panic: test timed out after 75m0s)\ntests: 0 passed, 2 failed, 0 skipped\n"},
 		{"a build failure shows the compiler once", buildFailures,
