@@ -224,6 +224,12 @@ cp /dev/shm/p1 /dev/shm/w; n=0
 while :; do b=0; while [ $b -lt 16 ]; do dd if=/dev/shm/p$((n%2)) of=/dev/shm/w bs=1M count=1 skip=$b seek=$b conv=notrunc 2>/dev/null; b=$((b+1)); sleep 0.05; done
 n=$((n+1)); echo $n > /dev/shm/wn.new; mv /dev/shm/wn.new /dev/shm/wn; done`
 
+// writerDDEnds waits (up to 10 s) for the dd of a stopped
+// alternatingWriter to end its MiB: reading w while a dd writes it tears
+// the MiB, and a reader that keeps pace with a running writer under load
+// tears one MiB after another.
+const writerDDEnds = `i=0; while grep -qx dd /proc/[0-9]*/comm 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done`
+
 // blockLabels says, for each MiB of /dev/shm/w in id, which pattern it
 // holds: '0', '1', or 'x' for neither.
 func blockLabels(t *testing.T, e *harness.Env, id string) string {
@@ -281,9 +287,11 @@ func TestSharedCloneCheckpointWhileWriting(t *testing.T) {
 	restore(t, e, "a", e.StoreURL("sharedw:v1"))
 	e.MustCtr("task", "exec", "--detach", "--exec-id", "writer", "a", "sh", "-c", alternatingWriter)
 	rounds := writerRounds(t, e, "a", 1)
-	if labels := blockLabels(t, e, "a"); !oneSwitch(labels) {
-		t.Fatalf("the writer's own w by MiB is %s: the check is wrong", labels)
+	e.MustCtr("task", "exec", "--exec-id", "stop", "a", "sh", "-c", "kill -STOP $(cat /dev/shm/wpid); "+writerDDEnds)
+	if labels := blockLabels(t, e, "a"); !oneSwitch(labels) || strings.Contains(labels, "x") {
+		t.Fatalf("the stopped writer's own w by MiB is %s: the check is wrong", labels)
 	}
+	e.MustCtr("task", "exec", "--exec-id", "cont", "a", "sh", "-c", "kill -CONT $(cat /dev/shm/wpid)")
 
 	checkpoint(t, e, "a", e.StoreURL("sharedw:a1"))
 	t.Logf("checkpoint of the writing shared clone: pause window %v", lastPause(t, e))
@@ -292,7 +300,7 @@ func TestSharedCloneCheckpointWhileWriting(t *testing.T) {
 	if n, _ := strconv.Atoi(strings.TrimSpace(out)); n < rounds {
 		t.Fatalf("restored writer at round %q, it had done %d before the checkpoint", out, rounds)
 	}
-	time.Sleep(time.Second) // the stopped writer's last dd ends
+	e.MustCtr("task", "exec", "--exec-id", "ends", "r", "sh", "-c", writerDDEnds)
 	if labels := blockLabels(t, e, "r"); !oneSwitch(labels) || !strings.ContainsAny(labels, "01") {
 		t.Fatalf("the restored clone's /dev/shm/w by MiB (0, 1: the patterns, x: neither) is %s: not one instant", labels)
 	}
