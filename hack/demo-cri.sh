@@ -175,7 +175,7 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
 	cri_up
 	say "a pod with the cryo RuntimeClass handler: crictl runp --runtime cryo + create + start"
 	t0=$(date +%s.%N)
-	cri_run_pod agent 'head -c 8 /dev/urandom | od -An -tx1 | tr -d " \n" > /dev/shm/secret; echo "hello from pod $(hostname), kernel $(uname -r)"; (while true; do echo "counter $(cat /dev/shm/n) secret $(cat /dev/shm/secret)" | nc -l -p 7000; done) & i=0; while true; do i=$((i+1)); echo $i > /dev/shm/n.new; mv /dev/shm/n.new /dev/shm/n; sleep 0.1; done' \
+	cri_run_pod agent 'head -c 8 /dev/urandom | od -An -tx1 | tr -d " \n" > /dev/shm/secret; echo "hello from pod $(hostname), kernel $(uname -r)"; nc -ll -p 7000 -e sh -c "echo counter \$(cat /dev/shm/n) secret \$(cat /dev/shm/secret)" & i=0; while true; do i=$((i+1)); echo $i > /dev/shm/n.new; mv /dev/shm/n.new /dev/shm/n; sleep 0.1; done' \
 		"cryo.dev/checkpoint-to=file://$CRI_DIR/store/agent:v1"
 	cri_wait_log "$CRI_CTR" "hello from pod"
 	t_cold=$(echo "$(date +%s.%N) - $t0" | bc)
