@@ -56,8 +56,17 @@ func (r *Reconciler) start(ctx context.Context, cp *cryov1.Checkpoint) (reconcil
 		return res, nil
 	}
 	if waited(cp) {
+		// Saved at once: were it kept in memory until the Creating
+		// write, a step that fails after it (a store that does not
+		// answer) would leave the wait's message, and the next
+		// reconcile would restart the deadline again, for ever.
 		now := r.now()
 		cp.Status.StartTime = &now
+		cp.Status.Message = ""
+		if err := r.Client.Status().Update(ctx, cp); err != nil {
+			r.release(cp)
+			return reconcile.Result{}, err
+		}
 	}
 	if res, done := r.pastDeadline(ctx, cp); done {
 		r.release(cp)
@@ -355,11 +364,10 @@ func (r *Reconciler) kubeletFailed(ctx context.Context, cp *cryov1.Checkpoint, a
 	if !transient {
 		return r.fail(ctx, cp, refuse(cryov1.ReasonKubeletFailed, "%v", err))
 	}
-	delay := min(r.RetryBase<<min(n-1, 5), time.Minute)
-	if left := cp.Status.StartTime.Add(r.Deadline).Sub(r.Now()); left > 0 {
-		// Not past the deadline unnoticed.
-		delay = min(delay, left+100*time.Millisecond)
-	}
+	// Not past the deadline unnoticed: a call that ended after it (its
+	// timeout runs to the deadline) fails the Checkpoint at once.
+	left := cp.Status.StartTime.Add(r.Deadline).Sub(r.Now())
+	delay := min(r.RetryBase<<min(n-1, 5), time.Minute, max(left, 0)+100*time.Millisecond)
 	r.mu.Lock()
 	a.retryAt = r.Now().Add(delay)
 	r.mu.Unlock()

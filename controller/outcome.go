@@ -34,7 +34,9 @@ func (r *Reconciler) fail(ctx context.Context, cp *cryov1.Checkpoint, ref *refus
 }
 
 // failOrRetry fails on a refusal and retries (by error, with the work
-// queue's backoff) anything else.
+// queue's backoff) anything else, saying why in the status: a Checkpoint
+// that stays Pending while its store does not answer names the store's
+// error, and so does its Timeout.
 func (r *Reconciler) failOrRetry(ctx context.Context, cp *cryov1.Checkpoint, err error) (reconcile.Result, error) {
 	var ref *refusal
 	if errors.As(err, &ref) {
@@ -43,6 +45,7 @@ func (r *Reconciler) failOrRetry(ctx context.Context, cp *cryov1.Checkpoint, err
 	if res, done := r.pastDeadline(ctx, cp); done {
 		return res, nil
 	}
+	r.setMessage(ctx, cp, "retrying: "+err.Error())
 	return reconcile.Result{}, err
 }
 

@@ -202,6 +202,10 @@ type cluster struct {
 type clusterOpts struct {
 	deadline  time.Duration
 	nodeCalls int
+	retryBase time.Duration // 100 ms when zero
+	// storeDown, when true, makes every store open fail as an
+	// unreachable store's does (transient).
+	storeDown *atomic.Bool
 }
 
 func newCluster(t *testing.T, k *fakeKubelet, o clusterOpts) *cluster {
@@ -242,16 +246,29 @@ func (cl *cluster) start(k Kubelet, o clusterOpts) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	open := StoreOpener(stores.Options{})
+	if o.storeDown != nil {
+		up := open
+		open = func(ctx context.Context, url string) (stores.Store, string, error) {
+			if o.storeDown.Load() {
+				return nil, "", errors.New("dial tcp: connection refused (the test's store is down)")
+			}
+			return up(ctx, url)
+		}
+	}
+	if o.retryBase == 0 {
+		o.retryBase = 100 * time.Millisecond
+	}
 	r := &Reconciler{
 		Client:             mgr.GetClient(),
 		APIReader:          mgr.GetAPIReader(),
 		Recorder:           mgr.GetEventRecorder("cryo-controller"),
 		Kubelet:            k,
-		Open:               StoreOpener(stores.Options{}),
+		Open:               open,
 		RuntimeClasses:     []string{"cryo"},
 		StoreBase:          "file://" + cl.storeDir,
 		Deadline:           o.deadline,
-		RetryBase:          100 * time.Millisecond,
+		RetryBase:          o.retryBase,
 		NodeCalls:          o.nodeCalls,
 		skipNameValidation: true,
 	}
@@ -637,6 +654,55 @@ func TestCheckpointRetryWaitsItsBackoff(t *testing.T) {
 		if gap, min := at[i].Sub(at[i-1]), 100*time.Millisecond<<(i-1); gap < min {
 			t.Errorf("call %d came %v after call %d, want at least its backoff %v", i+1, gap, i, min)
 		}
+	}
+}
+
+// TestCheckpointLateFailureTimesOutAtOnce: a call that fails after the
+// deadline (its timeout runs to it) fails the Checkpoint with Timeout at
+// once, not after the retry's backoff (20 s here, up to a minute).
+func TestCheckpointLateFailureTimesOutAtOnce(t *testing.T) {
+	var failed atomic.Int64
+	k := &fakeKubelet{fail: func(_ context.Context, n int32) error {
+		time.Sleep(4 * time.Second)
+		failed.Store(time.Now().UnixNano())
+		return &KubeletError{StatusCode: 503, Err: errors.New("dial tcp: connection refused")}
+	}}
+	cl := newCluster(t, k, clusterOpts{deadline: 3 * time.Second, retryBase: 20 * time.Second})
+	cl.pod("web", nil)
+	cl.checkpoint("c1", "web", nil)
+	cp := cl.waitPhase("c1", cryov1.PhaseFailed)
+	late := cp.Status.CompletionTime.Sub(time.Unix(0, failed.Load()))
+	if cp.Status.Reason != cryov1.ReasonTimeout || late > 3*time.Second || k.calls.Load() != 1 {
+		t.Fatalf("%s %q %v after the failed call, %d calls; want Timeout at once after one call", cp.Status.Reason, cp.Status.Message, late, k.calls.Load())
+	}
+}
+
+// TestCheckpointSlotWaitThenStoreDown: a Checkpoint that waited for a slot
+// and then finds its store down fails with Timeout once its deadline,
+// counted from the end of its wait, passes; before, each retry took the
+// wait's message for a new wait and restarted the deadline, and the
+// Checkpoint stayed Pending for as long as the store was down.
+func TestCheckpointSlotWaitThenStoreDown(t *testing.T) {
+	var down atomic.Bool
+	k := &fakeKubelet{fail: func(_ context.Context, n int32) error {
+		if n == 1 {
+			time.Sleep(3 * time.Second)
+		}
+		return nil
+	}}
+	cl := newCluster(t, k, clusterOpts{deadline: 5 * time.Second, nodeCalls: 1, storeDown: &down})
+	cl.pod("first", nil)
+	cl.pod("second", nil)
+	cl.checkpoint("first", "first", nil)
+	cl.wait("first", "asked", func(*cryov1.Checkpoint) bool { return k.calls.Load() == 1 })
+	cl.checkpoint("second", "second", nil)
+	cl.wait("second", "waiting", func(cp *cryov1.Checkpoint) bool {
+		return strings.HasPrefix(cp.Status.Message, waitingSlot)
+	})
+	down.Store(true)
+	second := cl.wait("second", "finished", func(cp *cryov1.Checkpoint) bool { return cp != nil && finished(cp) })
+	if second.Status.Reason != cryov1.ReasonTimeout || !strings.Contains(second.Status.Message, "connection refused") {
+		t.Fatalf("second Checkpoint %s %s: %s, want a Timeout naming the store's error", second.Status.Phase, second.Status.Reason, second.Status.Message)
 	}
 }
 

@@ -68,11 +68,16 @@ func (s *nodeSlots) acquire(node string, key types.NamespacedName, uid types.UID
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	now := s.now()
+	s.pruneStale(now)
+	if old, ok := s.where[uid]; ok && old != node {
+		// Its pod was replaced on another node: its place there goes.
+		s.leave(old, uid)
+	}
 	q := s.queue(node)
 	if _, ok := q.held[uid]; ok {
 		return true, ""
 	}
-	now := s.now()
 	w := q.waiting[uid]
 	if w == nil {
 		w = &waiter{key: key, since: now}
@@ -80,7 +85,6 @@ func (s *nodeSlots) acquire(node string, key types.NamespacedName, uid types.UID
 		s.where[uid] = node
 	}
 	w.seen = now
-	s.pruneStale(q, now)
 	if len(q.held) < s.limit && s.next(q) == uid {
 		delete(q.waiting, uid)
 		q.grants++
@@ -114,7 +118,7 @@ func (s *nodeSlots) done(uid types.UID) (types.NamespacedName, bool) {
 	}
 	delete(q.held, uid)
 	delete(s.where, uid)
-	s.pruneStale(q, s.now())
+	s.pruneStale(s.now())
 	next, ok := q.waiting[s.next(q)]
 	s.dropIfIdle(node, q)
 	if !ok {
@@ -128,11 +132,18 @@ func (s *nodeSlots) done(uid types.UID) (types.NamespacedName, bool) {
 func (s *nodeSlots) forget(uid types.UID) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	node, ok := s.where[uid]
-	if !ok {
+	if node, ok := s.where[uid]; ok {
+		s.leave(node, uid)
+	}
+}
+
+// leave drops uid's place on node, and its slot unless a call holds it.
+func (s *nodeSlots) leave(node string, uid types.UID) {
+	q := s.nodes[node]
+	if q == nil {
+		delete(s.where, uid)
 		return
 	}
-	q := s.nodes[node]
 	if h := q.held[uid]; h != nil && h.calling {
 		return
 	}
@@ -183,12 +194,20 @@ func before(a *waiter, aUID types.UID, b *waiter, bUID types.UID, inFlight map[s
 	return aUID < bUID
 }
 
-func (s *nodeSlots) pruneStale(q *nodeQueue, now time.Time) {
-	for uid, w := range q.waiting {
-		if now.Sub(w.seen) > s.stale {
-			delete(q.waiting, uid)
-			delete(s.where, uid)
+// pruneStale drops every node's waiters that stopped asking, and the nodes
+// left idle: a node whose last waiter never asks again is not touched by
+// another call of its own.
+func (s *nodeSlots) pruneStale(now time.Time) {
+	for node, q := range s.nodes {
+		for uid, w := range q.waiting {
+			if now.Sub(w.seen) > s.stale {
+				delete(q.waiting, uid)
+				if s.where[uid] == node {
+					delete(s.where, uid)
+				}
+			}
 		}
+		s.dropIfIdle(node, q)
 	}
 }
 

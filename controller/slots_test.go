@@ -118,6 +118,43 @@ func TestNodeSlotsStaleWaiter(t *testing.T) {
 	mustAcquire(t, s, "n1", "b", "late", true)
 }
 
+// TestNodeSlotsWaiterMoves: a waiter whose pod was replaced on another
+// node takes a slot there, and its stale place on the first node, pruned
+// later, does not keep that slot from being freed when its call ends.
+func TestNodeSlotsWaiterMoves(t *testing.T) {
+	c := &slotClock{t: time.Unix(1000, 0)}
+	s := newNodeSlots(1, c.now, 10*time.Second)
+	mustAcquire(t, s, "n1", "a", "0", true)
+	mustAcquire(t, s, "n1", "a", "moves", false)
+	mustAcquire(t, s, "n2", "a", "moves", true)
+	_, uid := cp("a", "moves")
+	s.calling(uid)
+	c.t = c.t.Add(11 * time.Second)
+	mustAcquire(t, s, "n1", "b", "1", false) // prunes n1's stale waiters
+	if _, ok := s.done(uid); ok {
+		t.Fatal("done on n2 names a waiter; none waits there")
+	}
+	mustAcquire(t, s, "n2", "b", "2", true)
+}
+
+// TestNodeSlotsIdleNodeDropped: a node whose last waiter never asks again
+// is forgotten at the next call on any node, not kept for ever.
+func TestNodeSlotsIdleNodeDropped(t *testing.T) {
+	c := &slotClock{t: time.Unix(1000, 0)}
+	s := newNodeSlots(1, c.now, 10*time.Second)
+	mustAcquire(t, s, "n1", "a", "0", true)
+	mustAcquire(t, s, "n1", "a", "silent", false)
+	_, uid := cp("a", "0")
+	if _, ok := s.done(uid); !ok {
+		t.Fatal("done: no waiter named; a/silent waits")
+	}
+	c.t = c.t.Add(11 * time.Second)
+	mustAcquire(t, s, "n2", "b", "1", true)
+	if _, ok := s.nodes["n1"]; ok || len(s.where) != 1 {
+		t.Fatalf("nodes %v, where %v: n1 and a/silent kept after it stopped asking", s.nodes, s.where)
+	}
+}
+
 func TestNodeSlotsUnbounded(t *testing.T) {
 	s := newNodeSlots(-1, time.Now, time.Minute)
 	for i := range 100 {
