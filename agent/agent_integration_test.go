@@ -397,6 +397,30 @@ func TestAgentVM(t *testing.T) {
 		}
 	})
 
+	// A container made in another's pid namespace (a shareProcessNamespace
+	// pod's, a debug container's) is not PID 1 there: when its init exits,
+	// the agent ends the rest of it before the exit is reported, as runc's
+	// shim does, where the kernel would do it for a PID 1.
+	t.Run("SharedPidNamespaceEndsWithInit", func(t *testing.T) {
+		mustRun(t, ctx, c, &agentapi.CreateContainerRequest{Id: "owner", SpecJson: mustJSON(t, testSpec("sleep", "100000")), Rootfs: &agentapi.Rootfs{Serial: "rootfs0"}})
+		mustRun(t, ctx, c, &agentapi.CreateContainerRequest{Id: "member", PidContainer: "owner", Rootfs: &agentapi.Rootfs{Serial: "rootfs1"},
+			SpecJson: mustJSON(t, testSpec("sh", "-c", `sleep 1003 & while [ "$(cat /proc/$!/comm)" != sleep ]; do sleep 0.1; done; exit 3`))})
+		w, err := c.WaitProcess(ctx, &agentapi.WaitProcessRequest{ContainerId: "member"})
+		if err != nil || w.ExitStatus != 3 {
+			t.Fatalf("member's init: exit %v, %v; want 3", w, err)
+		}
+		// A killed orphan of the owner's sleep stays a zombie, which ps
+		// shows as [sleep]: only a live one shows its arguments.
+		if out, _ := runExec(t, ctx, c, "owner", "ps", "ps"); strings.Contains(out, "sleep 1003") {
+			t.Fatalf("the member's background sleep 1003 outlived its init:\n%s", out)
+		}
+		for _, id := range []string{"member", "owner"} {
+			if _, err := c.RemoveContainer(ctx, &agentapi.RemoveContainerRequest{Id: id}); err != nil {
+				t.Fatalf("remove %s: %v", id, err)
+			}
+		}
+	})
+
 	t.Run("CheckpointRestore", func(t *testing.T) {
 		spec := testSpec("sh", "-c", `echo before > /tmp/state; exec sleep 100000`)
 		if _, err := c.CreateContainer(ctx, &agentapi.CreateContainerRequest{Id: "c4", SpecJson: mustJSON(t, spec), Rootfs: &agentapi.Rootfs{Serial: "rootfs0"}}); err != nil {

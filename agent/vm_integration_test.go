@@ -288,6 +288,17 @@ func readUntil(t *testing.T, ctx context.Context, c *agent.Client, cid, eid stri
 	return out.String()
 }
 
+// mustRun creates a container and starts its init.
+func mustRun(t *testing.T, ctx context.Context, c *agent.Client, req *agentapi.CreateContainerRequest) {
+	t.Helper()
+	if _, err := c.CreateContainer(ctx, req); err != nil {
+		t.Fatalf("create %s: %v", req.Id, err)
+	}
+	if _, err := c.StartProcess(ctx, &agentapi.StartProcessRequest{ContainerId: req.Id}); err != nil {
+		t.Fatalf("start %s: %v", req.Id, err)
+	}
+}
+
 // runExec runs an exec process to completion and returns stdout and exit status.
 func runExec(t *testing.T, ctx context.Context, c *agent.Client, cid, eid string, args ...string) (string, uint32) {
 	t.Helper()

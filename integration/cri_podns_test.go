@@ -57,6 +57,25 @@ func TestCRIPodNamespaces(t *testing.T) {
 	if ps := execOut(t, c, b, "ps"); strings.Count(ps, "sleep inf") != 3 {
 		t.Errorf("b's ps shows %d `sleep inf`, want the sandbox's, a's and its own:\n%s", strings.Count(ps, "sleep inf"), ps)
 	}
+	// A container whose init is not PID 1 of its pid namespace ends with
+	// its init, as under runc: its background sleep 1003 goes too (the
+	// agent kills it before the exit is reported, TestAgentVM; containerd
+	// deletes an exited container's task, which would kill it a moment
+	// later).
+	ends := c.StartContainer(pod, c.ContainerConfig("ends", []string{"sh", "-c", "sleep 1003 & while [ ! -e /dev/shm/end ]; do sleep 0.1; done; exit 3"}, nil), pcfg)
+	if !harness.WaitFor(30*time.Second, func() bool { return strings.Contains(execOut(t, c, b, "ps"), "sleep 1003") }) {
+		t.Fatalf("b's ps never shows the sleep 1003 of container ends:\n%s", execOut(t, c, b, "ps"))
+	}
+	c.MustCrictl("exec", b, "touch", "/dev/shm/end")
+	if !harness.WaitFor(60*time.Second, func() bool {
+		st, _, err := c.Crictl("inspect", "-o", "go-template", "--template", "{{.status.state}} {{.status.exitCode}}", ends)
+		return err == nil && strings.TrimSpace(st) == "CONTAINER_EXITED 3"
+	}) {
+		t.Fatalf("container ends did not exit 3 once told to\n%s", c.LogTail(30))
+	}
+	if ps := execOut(t, c, b, "ps"); strings.Contains(ps, "sleep 1003") {
+		t.Errorf("the background sleep 1003 of container ends outlived its init:\n%s", ps)
+	}
 	c.MustCrictl("exec", a, "sh", "-c", "echo from-a > /dev/shm/note")
 	if got := execOut(t, c, b, "cat", "/dev/shm/note"); got != "from-a" {
 		t.Errorf("b reads %q from /dev/shm/note that a wrote, want from-a (one /dev/shm per pod)", got)

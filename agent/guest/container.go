@@ -127,6 +127,11 @@ func (s *Service) createContainer(ctx context.Context, cc *ContainerConfig) (_ *
 	// PID 1 of its own pid namespace, to which the kernel drops unhandled
 	// signals (signal.go); in another's, an ordinary process.
 	p.init, p.nsInit = true, pidNS == nil
+	if !p.nsInit {
+		// As runc's shim does for a container whose pid namespace is
+		// shared: the kernel ends the rest only with a namespace's PID 1.
+		p.killRest = c.cg.Kill
+	}
 	c.init = p
 	if err := p.spawn(s.reaper, spawnOpts{cloneflags: flagsNS, cgroupFD: int(c.cgDir.Fd()), extra: append([]*os.File{startR}, joined...), pidNS: pidNS}); err != nil {
 		return nil, err

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
 )
 
@@ -73,6 +74,10 @@ type process struct {
 	blockedSince time.Time
 	// settled: the init has been seen asleep since it started (signal.go).
 	settled bool
+	// killRest, set before spawn, ends the rest of the container when its
+	// init exits (before the exit is reported): an init that is not PID 1
+	// of its pid namespace does not take its processes with it.
+	killRest func() error
 }
 
 func newProcess(id string, cfg *helperConfig, stdio StdioConfig) *process {
@@ -125,7 +130,14 @@ func (p *process) spawn(r *Reaper, o spawnOpts) (retErr error) {
 	p.closers = append(p.closers, statusR)
 	cmd.ExtraFiles = append([]*os.File{cfgR, statusW}, o.extra...)
 
-	onExit := func(e Exit) { p.setExited(e) }
+	onExit := func(e Exit) {
+		if p.killRest != nil {
+			if err := p.killRest(); err != nil && !errors.Is(err, os.ErrNotExist) {
+				log.L.WithError(err).Warn("kill the rest of a container whose init exited")
+			}
+		}
+		p.setExited(e)
+	}
 	start := func() error { return r.Start(cmd, onExit) }
 	if o.pidNS != nil {
 		err = inPidNamespace(o.pidNS, start)
