@@ -684,21 +684,7 @@ func TestCheckpointLateFailureTimesOutAtOnce(t *testing.T) {
 // Checkpoint stayed Pending for as long as the store was down.
 func TestCheckpointSlotWaitThenStoreDown(t *testing.T) {
 	var down atomic.Bool
-	k := &fakeKubelet{fail: func(_ context.Context, n int32) error {
-		if n == 1 {
-			time.Sleep(3 * time.Second)
-		}
-		return nil
-	}}
-	cl := newCluster(t, k, clusterOpts{deadline: 5 * time.Second, nodeCalls: 1, storeDown: &down})
-	cl.pod("first", nil)
-	cl.pod("second", nil)
-	cl.checkpoint("first", "first", nil)
-	cl.wait("first", "asked", func(*cryov1.Checkpoint) bool { return k.calls.Load() == 1 })
-	cl.checkpoint("second", "second", nil)
-	cl.wait("second", "waiting", func(cp *cryov1.Checkpoint) bool {
-		return strings.HasPrefix(cp.Status.Message, waitingSlot)
-	})
+	cl := secondWaitsForSlot(t, 3*time.Second, clusterOpts{deadline: 5 * time.Second, storeDown: &down})
 	down.Store(true)
 	second := cl.wait("second", "finished", func(cp *cryov1.Checkpoint) bool { return cp != nil && finished(cp) })
 	if second.Status.Reason != cryov1.ReasonTimeout || !strings.Contains(second.Status.Message, "connection refused") {
@@ -1034,21 +1020,7 @@ func TestCheckpointNodeCallsBounded(t *testing.T) {
 // not count against a Checkpoint's deadline, and a freed slot wakes its
 // waiter at once (no poll's delay).
 func TestCheckpointSlotWaitIsNotItsTime(t *testing.T) {
-	k := &fakeKubelet{fail: func(_ context.Context, n int32) error {
-		if n == 1 {
-			time.Sleep(7 * time.Second)
-		}
-		return nil
-	}}
-	cl := newCluster(t, k, clusterOpts{deadline: 6 * time.Second, nodeCalls: 1})
-	cl.pod("first", nil)
-	cl.pod("second", nil)
-	cl.checkpoint("first", "first", nil)
-	cl.wait("first", "asked", func(*cryov1.Checkpoint) bool { return k.calls.Load() == 1 })
-	cl.checkpoint("second", "second", nil)
-	cl.wait("second", "waiting", func(cp *cryov1.Checkpoint) bool {
-		return strings.HasPrefix(cp.Status.Message, waitingSlot)
-	})
+	cl := secondWaitsForSlot(t, 7*time.Second, clusterOpts{deadline: 6 * time.Second})
 	first := cl.waitPhase("first", cryov1.PhaseSucceeded)
 	second := cl.wait("second", "finished", func(cp *cryov1.Checkpoint) bool { return cp != nil && finished(cp) })
 	if second.Status.Phase != cryov1.PhaseSucceeded {
@@ -1057,4 +1029,29 @@ func TestCheckpointSlotWaitIsNotItsTime(t *testing.T) {
 	if !second.Status.RequestTime.Time.Before(first.Status.CompletionTime.Add(2 * time.Second)) {
 		t.Fatalf("second asked at %s, the first completed at %s: the freed slot did not wake it", second.Status.RequestTime, first.Status.CompletionTime)
 	}
+}
+
+// secondWaitsForSlot runs a controller of one slot per node (o's other
+// options) whose first kubelet call takes hold, and two Checkpoints of
+// pods first and second on one node: it returns once the first asked and
+// the second waits for the slot.
+func secondWaitsForSlot(t *testing.T, hold time.Duration, o clusterOpts) *cluster {
+	t.Helper()
+	k := &fakeKubelet{fail: func(_ context.Context, n int32) error {
+		if n == 1 {
+			time.Sleep(hold)
+		}
+		return nil
+	}}
+	o.nodeCalls = 1
+	cl := newCluster(t, k, o)
+	cl.pod("first", nil)
+	cl.pod("second", nil)
+	cl.checkpoint("first", "first", nil)
+	cl.wait("first", "asked", func(*cryov1.Checkpoint) bool { return k.calls.Load() == 1 })
+	cl.checkpoint("second", "second", nil)
+	cl.wait("second", "waiting", func(cp *cryov1.Checkpoint) bool {
+		return strings.HasPrefix(cp.Status.Message, waitingSlot)
+	})
+	return cl
 }
