@@ -14,8 +14,10 @@ const TTYRows, TTYCols = 40, 100
 // one, waiting up to 5 s: the client's size reaches a process's pty after
 // the process has started (containerd resizes after Start, under runc as
 // here), so a program that reads it at once can find none (0 0). A
-// shell's prompt is redrawn at the resize's SIGWINCH.
-const TTYSizeScript = `i=0; while ! stty size >/dev/null 2>&1 && [ $i -lt 50 ]; do i=$((i+1)); sleep 0.1; done; stty size`
+// shell's prompt is redrawn at the resize's SIGWINCH. It waits for a size
+// printed, not for stty's status: busybox's stty size exits 0 when the
+// terminal has none, printing only an error.
+const TTYSizeScript = `i=0; until s=$(stty size 2>/dev/null) && [ -n "$s" ] && [ "$s" != "0 0" ] || [ $i -ge 50 ]; do i=$((i+1)); sleep 0.1; done; stty size`
 
 // AtTerminal is cmd run with a pseudo-terminal of TTYRows by TTYCols as
 // its stdin and stdout, through util-linux's script: a client that sends
