@@ -22,6 +22,10 @@ type CRIConfig struct {
 	// the exec's output after the process exits (drain_exec_sync_io_timeout;
 	// containerd's own CRI tests run with "10s").
 	DrainExecSyncIOTimeout string
+	// MaxContainerLogLineSize, when set, is the length at which CRI splits
+	// a container's log line (max_container_log_line_size; containerd's
+	// default, 16 KiB, when 0).
+	MaxContainerLogLineSize int
 	// RuncRoot, when set, adds the runtime handler "runc" (runc's own shim,
 	// for pods that are not sandboxes, such as the cryo controller) with
 	// runc's state in this directory instead of /run/containerd/runc, so
@@ -37,15 +41,18 @@ func (c CRIConfig) TOML() string {
 	if c.RegistryHosts != "" {
 		registry = fmt.Sprintf("    [plugins.\"io.containerd.cri.v1.images\".registry]\n      config_path = %q\n", c.RegistryHosts)
 	}
-	drain := ""
+	runtimeOpts := ""
 	if c.DrainExecSyncIOTimeout != "" {
-		drain = fmt.Sprintf("    drain_exec_sync_io_timeout = %q\n", c.DrainExecSyncIOTimeout)
+		runtimeOpts = fmt.Sprintf("    drain_exec_sync_io_timeout = %q\n", c.DrainExecSyncIOTimeout)
+	}
+	if c.MaxContainerLogLineSize != 0 {
+		runtimeOpts += fmt.Sprintf("    max_container_log_line_size = %d\n", c.MaxContainerLogLineSize)
 	}
 	runc := ""
 	if c.RuncRoot != "" {
 		runc = fmt.Sprintf(runcHandler, c.RuncRoot)
 	}
-	return fmt.Sprintf(criConfig, c.PauseImage, registry, drain, configs.RuntimeType, c.CryoConfig, runc, c.CNIBinDir, c.CNIConfDir)
+	return fmt.Sprintf(criConfig, c.PauseImage, registry, runtimeOpts, configs.RuntimeType, c.CryoConfig, runc, c.CNIBinDir, c.CNIConfDir)
 }
 
 // runcHandler is the handler "runc": containerd-shim-runc-v2 on

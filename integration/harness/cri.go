@@ -55,6 +55,9 @@ type CRI struct {
 	// DrainExecSyncIOTimeout, when set before start, is CRI's
 	// drain_exec_sync_io_timeout.
 	DrainExecSyncIOTimeout string
+	// MaxContainerLogLineSize, when set before start, is CRI's
+	// max_container_log_line_size.
+	MaxContainerLogLineSize int
 	// ShimSocketDir, when set before start, is the shim manager's
 	// socket_dir (stack.Options.ShimSocketDir). Start creates it if needed
 	// and cleanup removes it again if it created it and it is empty.
@@ -229,7 +232,7 @@ func (c *CRI) containerdConfig(e *stack.Stack, scratch string) (string, error) {
 	tools = filepath.Join(tools, "bin") // the CNI plugins
 	cri := stack.CRIConfig{
 		PauseImage: c.SandboxImage, RegistryHosts: c.RegistryHosts, CryoConfig: e.ConfigPath, CNIBinDir: tools, CNIConfDir: netd,
-		DrainExecSyncIOTimeout: c.DrainExecSyncIOTimeout,
+		DrainExecSyncIOTimeout: c.DrainExecSyncIOTimeout, MaxContainerLogLineSize: c.MaxContainerLogLineSize,
 	}
 	if c.Runc {
 		cri.RuncRoot = filepath.Join(e.Dir, "runc")
