@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -17,8 +18,15 @@ import (
 func TestNodeProxyKubelet(t *testing.T) {
 	var method, path, timeout string
 	status := http.StatusOK
+	body := ""
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		method, path, timeout = r.Method, r.URL.Path, r.URL.Query().Get("timeout")
+		if body != "" {
+			// The kubelet's own errors, as go-restful writes them.
+			w.WriteHeader(status)
+			_, _ = w.Write([]byte(body))
+			return
+		}
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(status)
 		_, _ = w.Write([]byte(`{"items":["/var/lib/kubelet/checkpoints/checkpoint-web.tar"]}`))
@@ -42,6 +50,21 @@ func TestNodeProxyKubelet(t *testing.T) {
 		var kerr *KubeletError
 		if !errors.As(err, &kerr) || kerr.StatusCode != code || kerr.Transient() != transient {
 			t.Errorf("HTTP %d: %v (%+v), want transient=%v", code, err, kerr, transient)
+		}
+	}
+	// A kubelet that has not read its pods from the API server yet (it
+	// has just started) says the pod does not exist: retried. A kubelet
+	// without the checkpoint API: not.
+	for answer, transient := range map[string]bool{
+		"pod does not exist":           true,
+		"container app does not exist": true,
+		"404 page not found":           false,
+	} {
+		status, body = http.StatusNotFound, answer
+		err := k.Checkpoint(ctx, "node-1", "team-a", "web", "app", time.Second)
+		var kerr *KubeletError
+		if !errors.As(err, &kerr) || kerr.Transient() != transient || !strings.HasSuffix(err.Error(), ": "+answer) {
+			t.Errorf("HTTP 404 %q: %v (%+v), want transient=%v and the kubelet's answer in the error", answer, err, kerr, transient)
 		}
 	}
 	srv.Close()
