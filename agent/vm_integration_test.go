@@ -181,9 +181,9 @@ func launch(t *testing.T, dir, name string, args []string, incoming *os.File) *t
 		vm.exited <- err
 		if t.Failed() {
 			b, _ := os.ReadFile(vm.console)
-			t.Logf("guest console (%s):\n%s", name, b)
+			t.Logf("dump of the guest console (%s):\n%s", name, b)
 			b, _ = os.ReadFile(filepath.Join(dir, name+"-qemu.stderr"))
-			t.Logf("qemu stderr (%s):\n%s", name, b)
+			t.Logf("dump of qemu stderr (%s):\n%s", name, b)
 		}
 	})
 	return vm

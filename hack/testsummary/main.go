@@ -11,7 +11,7 @@
 // name is often thousands of lines above it. A failed test's last messages
 // (the first line of each t.Log, t.Error or t.Fatal, which the output does
 // not tell apart) say why it failed without the log: the failure is the last
-// but for the dumps a cleanup adds (a message whose first line ends in ':').
+// but for the dumps a cleanup adds, which begin with "dump of " (dumpPrefix).
 //
 // usage: testsummary FILE.json...
 package main
@@ -55,6 +55,11 @@ const (
 // messageRe is the first line of a test's message: go test indents it by
 // four blanks per level of subtest and starts it with the file and line.
 var messageRe = regexp.MustCompile(`^ +[^ ]+\.go:[0-9]+: `)
+
+// dumpPrefix begins a message that a failed test's cleanup logs (a
+// process's log, a guest's console): the tests' own convention. It is
+// not the failure, which comes before it.
+const dumpPrefix = "dump of "
 
 type pkgResult struct {
 	name        string
@@ -228,11 +233,11 @@ func (p *pkgResult) writeFailedTests(w io.Writer) bool {
 }
 
 // addMessage keeps the first line of a test's message, the last
-// testMessages of them: a cleanup's dump (its first line ends in ':', the
-// dump follows) is not one.
+// testMessages of them: a cleanup's dump is not one.
 func (p *pkgResult) addMessage(test, line string) {
 	line = strings.TrimRight(line, "\n")
-	if !messageRe.MatchString(line) || strings.HasSuffix(line, ":") {
+	loc := messageRe.FindStringIndex(line)
+	if loc == nil || strings.HasPrefix(line[loc[1]:], dumpPrefix) {
 		return
 	}
 	line = strings.TrimLeft(line, " ")

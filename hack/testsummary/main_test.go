@@ -45,7 +45,9 @@ const (
 {"Action":"output","Package":"m/m","Test":"TestMsg","Output":"    m_test.go:12: step three\n"}
 {"Action":"output","Package":"m/m","Test":"TestMsg","Output":"    m_test.go:20: labels are 01x0: not one instant\n"}
 {"Action":"output","Package":"m/m","Test":"TestMsg","Output":"        the rest of the message\n"}
-{"Action":"output","Package":"m/m","Test":"TestMsg","Output":"    harness.go:60: kubelet log:\n"}
+{"Action":"output","Package":"m/m","Test":"TestMsg","Output":"    m_test.go:21: Checkpoint is Failed, want Succeeded:\n"}
+{"Action":"output","Package":"m/m","Test":"TestMsg","Output":"        status: {}\n"}
+{"Action":"output","Package":"m/m","Test":"TestMsg","Output":"    harness.go:60: dump of the kubelet log:\n"}
 {"Action":"output","Package":"m/m","Test":"TestMsg","Output":"        I1207 kubelet.go:1: x.go:2: a line of the log\n"}
 {"Action":"output","Package":"m/m","Test":"TestMsg","Output":"--- FAIL: TestMsg (1.00s)\n"}
 {"Action":"fail","Package":"m/m","Test":"TestMsg"}
@@ -71,7 +73,7 @@ func TestSummary(t *testing.T) {
 		{"a failed subtest names itself, not its parent", failingSubtest,
 			"FAIL m/f TestSub/bad\nFAIL m/f TestPlain\ntests: 1 passed, 3 failed, 0 skipped\n"},
 		{"a failed test shows its last messages, not a cleanup's dump", messages,
-			"FAIL m/m TestMsg\n    m_test.go:11: step two\n    m_test.go:12: step three\n    m_test.go:20: labels are 01x0: not one instant\ntests: 1 passed, 1 failed, 0 skipped\n"},
+			"FAIL m/m TestMsg\n    m_test.go:12: step three\n    m_test.go:20: labels are 01x0: not one instant\n    m_test.go:21: Checkpoint is Failed, want Succeeded:\ntests: 1 passed, 1 failed, 0 skipped\n"},
 		{"a timeout names the innermost running test and the panic", timeout,
 			"FAIL m/t TestHangs/inner (did not finish: panic: test timed out after 75m0s)\ntests: 0 passed, 2 failed, 0 skipped\n"},
 		{"a build failure shows the compiler once", buildFailures,

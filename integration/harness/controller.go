@@ -91,7 +91,7 @@ func (k *K8s) StartController(t testing.TB, opts ...ControllerOption) *Controlle
 	k.MustKubectl("apply", "-k", c.overlay)
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("controller log:\n%s", c.Logs())
+			t.Logf("dump of the controller log:\n%s", c.Logs())
 		}
 	})
 	c.waitAvailable(t, 3*time.Minute)

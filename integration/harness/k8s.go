@@ -58,7 +58,7 @@ func StartK8s(t testing.TB, opts ...Option) *K8s {
 			ctx := context.WithoutCancel(t.Context())
 			pods, _, _ := k.Kubectl(ctx, "get", "pods", "-A", "-o", "wide")
 			events, _, _ := k.Kubectl(ctx, "get", "events", "-A", "--sort-by=.lastTimestamp")
-			t.Logf("pods:\n%s\nevents:\n%s\nkubelet log:\n%s", pods, events, k.LogTail("kubelet", 40))
+			t.Logf("dump of the pods, events and kubelet log:\npods:\n%s\nevents:\n%s\nkubelet log:\n%s", pods, events, k.LogTail("kubelet", 40))
 		}
 		if keep := os.Getenv("CRYO_KEEP_LOG"); keep != "" {
 			// for debugging: keep the kubelet's log beside containerd's
