@@ -37,7 +37,9 @@ func (e *KubeletError) Error() string {
 	if e.StatusCode == 0 {
 		msg = fmt.Sprintf("kubelet checkpoint: %v", e.Err)
 	}
-	if e.Body != "" {
+	// The generic 404's message leaves the kubelet's answer out; a
+	// 500's has it already.
+	if e.Body != "" && !strings.Contains(msg, e.Body) {
 		msg += ": " + e.Body
 	}
 	return msg

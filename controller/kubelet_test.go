@@ -67,6 +67,10 @@ func TestNodeProxyKubelet(t *testing.T) {
 			t.Errorf("HTTP 404 %q: %v (%+v), want transient=%v and the kubelet's answer in the error", answer, err, kerr, transient)
 		}
 	}
+	status, body = http.StatusInternalServerError, "checkpointing of team-a/web/app failed (rpc error)"
+	if err := k.Checkpoint(ctx, "node-1", "team-a", "web", "app", time.Second); strings.Count(err.Error(), body) != 1 {
+		t.Errorf("HTTP 500: %v, want the kubelet's answer once", err)
+	}
 	srv.Close()
 	err = k.Checkpoint(ctx, "node-1", "team-a", "web", "app", time.Second)
 	var kerr *KubeletError
