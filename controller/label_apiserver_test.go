@@ -4,9 +4,11 @@ import (
 	"context"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr/funcr"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -18,9 +20,6 @@ import (
 
 	"github.com/cryo-runtime/cryo/controller/apitest"
 )
-
-// labelPolicy is the packaged guard of LabelRuntimeClass.
-const labelPolicy = "cryo-runtime-class-label"
 
 // TestRuntimeClassLabelThroughTheAPIServer runs the packaged policy
 // cryo-runtime-class-label beside the packaged webhook in a real API
@@ -58,8 +57,8 @@ func TestRuntimeClassLabelThroughTheAPIServer(t *testing.T) {
 
 	refused := func(what string, err error) {
 		t.Helper()
-		if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), labelPolicy) || !strings.Contains(err.Error(), "label "+LabelRuntimeClass+":") {
-			t.Errorf("%s: %v\nwant Invalid from %s naming the label", what, err, labelPolicy)
+		if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), LabelPolicy) || !strings.Contains(err.Error(), "label "+LabelRuntimeClass+":") {
+			t.Errorf("%s: %v\nwant Invalid from %s naming the label", what, err, LabelPolicy)
 		}
 	}
 	admitted := func(what string, p *corev1.Pod, err error, want string) {
@@ -73,7 +72,7 @@ func TestRuntimeClassLabelThroughTheAPIServer(t *testing.T) {
 	// The API server loads a policy asynchronously: wait until it denies.
 	if !apitest.Eventually(30*time.Second, func() bool {
 		err := tenant.Create(ctx, newPod("probe", &runc, labelled("cryo")), client.DryRunAll)
-		return apierrors.IsInvalid(err) && strings.Contains(err.Error(), labelPolicy) && strings.Contains(err.Error(), "label "+LabelRuntimeClass+": value")
+		return apierrors.IsInvalid(err) && strings.Contains(err.Error(), LabelPolicy) && strings.Contains(err.Error(), "label "+LabelRuntimeClass+": value")
 	}) {
 		t.Fatal("the packaged policy does not deny within 30s")
 	}
@@ -200,10 +199,10 @@ func installLabelPolicy(t *testing.T, c client.Client, ns string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if pol.Name != labelPolicy || bind.Spec.PolicyName != labelPolicy || bind.Spec.MatchResources != nil ||
+	if pol.Name != LabelPolicy || bind.Spec.PolicyName != LabelPolicy || bind.Spec.MatchResources != nil ||
 		len(bind.Spec.ValidationActions) != 1 || bind.Spec.ValidationActions[0] != admissionregistrationv1.Deny {
 		t.Fatalf("runtime-class-label.yaml: policy %q, binding of %q to %+v with actions %v; want %s bound everywhere with Deny",
-			pol.Name, bind.Spec.PolicyName, bind.Spec.MatchResources, bind.Spec.ValidationActions, labelPolicy)
+			pol.Name, bind.Spec.PolicyName, bind.Spec.MatchResources, bind.Spec.ValidationActions, LabelPolicy)
 	}
 	pol.Name += "-" + ns
 	bind.Name, bind.Spec.PolicyName = pol.Name, pol.Name
@@ -215,4 +214,72 @@ func installLabelPolicy(t *testing.T, c client.Client, ns string) {
 		}
 		t.Cleanup(func() { _ = c.Delete(context.Background(), o) })
 	}
+}
+
+// TestLabelPolicyCheck: against a real API server, the check names what
+// keeps the packaged policy from being in force (the policy missing, its
+// binding missing, a binding that only audits), logs each once, and logs
+// once more when it is in force. The binding here reaches no namespace, so
+// that the other tests' pods do not meet the policy.
+func TestLabelPolicyCheck(t *testing.T) {
+	admin := apiServer(t)
+	ctx := context.Background()
+	var mu sync.Mutex
+	var logged []string
+	c := &LabelPolicyCheck{Reader: admin, Policy: LabelPolicy + "-check", Log: funcr.New(func(_, args string) {
+		mu.Lock()
+		defer mu.Unlock()
+		logged = append(logged, args)
+	}, funcr.Options{})}
+	step := func(what, wantErr string) {
+		t.Helper()
+		mu.Lock()
+		before := len(logged)
+		mu.Unlock()
+		for i := range 2 {
+			err := c.Check(ctx)
+			if (wantErr == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), wantErr)) {
+				t.Fatalf("%s, check %d: %v, want %q", what, i+1, err, wantErr)
+			}
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if n := len(logged) - before; n != 1 {
+			t.Fatalf("%s: %d lines logged over two checks, want 1: %q", what, n, logged[before:])
+		}
+		if want := "not in force"; wantErr == "" {
+			if !strings.Contains(logged[before], "label policy in force") {
+				t.Errorf("%s: logged %q, want it in force", what, logged[before])
+			}
+		} else if !strings.Contains(logged[before], want) || !strings.Contains(logged[before], "runtime-class-label.yaml") {
+			t.Errorf("%s: logged %q, want %q and the file to apply", what, logged[before], want)
+		}
+	}
+
+	step("nothing installed", "ValidatingAdmissionPolicy "+c.Policy+" not found")
+	pol, bind, err := apitest.Policy(filepath.Join("..", "packaging", "kubernetes", "controller", "runtime-class-label.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol.Name, bind.Name, bind.Spec.PolicyName = c.Policy, c.Policy, c.Policy
+	bind.Spec.MatchResources = &admissionregistrationv1.MatchResources{
+		NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": "no-such-namespace"}}}
+	create := func(o client.Object) {
+		t.Helper()
+		if err := admin.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = admin.Delete(context.Background(), o) })
+	}
+	create(&pol)
+	step("the policy without a binding", "ValidatingAdmissionPolicyBinding "+c.Policy+" not found")
+	deny := bind.Spec.ValidationActions
+	bind.Spec.ValidationActions = []admissionregistrationv1.ValidationAction{admissionregistrationv1.Audit}
+	create(&bind)
+	step("a binding that audits", "without Deny")
+	bind.Spec.ValidationActions = deny
+	if err := admin.Update(ctx, &bind); err != nil {
+		t.Fatal(err)
+	}
+	step("the packaged policy and binding", "")
 }

@@ -143,6 +143,12 @@ func TestLabelGuardThroughTheAPIServer(t *testing.T) {
 	if user, err := CheckLabelGuard(ctx, tenant); err == nil || !strings.Contains(err.Error(), tenantUser) {
 		t.Errorf("CheckLabelGuard as the tenant: %q, %v; want an error naming %s", user, err, tenantUser)
 	}
+	// The packaged ClusterRole lets the controller read the guard of
+	// cryo.dev/runtime-class too, which it checks at start.
+	check := &controller.LabelPolicyCheck{Reader: ctl, Log: testr.New(t)}
+	if err := check.Check(ctx); err != nil {
+		t.Errorf("the controller's LabelPolicyCheck with the packaged policy and RBAC: %v", err)
+	}
 
 	t.Run("refused", func(t *testing.T) {
 		refused := func(what, label string, err error) {

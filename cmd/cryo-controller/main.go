@@ -208,6 +208,9 @@ func setup(ctx context.Context, cfg *rest.Config, f flags) (ctrl.Manager, error)
 	if err := r.SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("reconciler: %w", err)
 	}
+	if err := mgr.Add(&controller.LabelPolicyCheck{Reader: mgr.GetAPIReader(), Log: ctrl.Log.WithName("label-policy")}); err != nil {
+		return nil, err
+	}
 	mgr.GetWebhookServer().Register(controller.WebhookPath, &webhook.Admission{Handler: &controller.PodMutator{
 		Reader:         mgr.GetAPIReader(),
 		DefaultStore:   f.defaultStore,
