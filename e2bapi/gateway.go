@@ -187,17 +187,20 @@ func (g *Gateway) target(r *http.Request) (string, error) {
 	return id, nil
 }
 
+func (g *Gateway) readyWait() time.Duration {
+	if g.ReadyWait > 0 {
+		return g.ReadyWait
+	}
+	return 3 * time.Minute
+}
+
 // route answers the address of the sandbox's envd and the sandbox's
 // namespace, resuming the sandbox and waiting for its pod when it has to.
 // Once it has found the sandbox, the request counts against the
 // namespace's MaxInFlight, waiting as much as proxied: on success the
 // caller leaves that count, on an error route has.
 func (g *Gateway) route(ctx context.Context, id string) (addr, ns string, err error) {
-	wait := g.ReadyWait
-	if wait == 0 {
-		wait = 3 * time.Minute
-	}
-	ctx, cancel := context.WithTimeout(ctx, wait)
+	ctx, cancel := context.WithTimeout(ctx, g.readyWait())
 	defer cancel()
 	held := "" // the namespace whose count this request is in
 	defer func() {
@@ -246,7 +249,7 @@ func (g *Gateway) route(ctx context.Context, id string) (addr, ns string, err er
 		waited = true
 		select {
 		case <-ctx.Done():
-			return "", "", refuse(http.StatusBadGateway, id, "sandbox %s did not take traffic within %s", id, wait)
+			return "", "", refuse(http.StatusBadGateway, id, "sandbox %s did not take traffic within %s", id, g.readyWait())
 		case <-time.After(g.Server.poll()):
 		}
 	}
@@ -485,8 +488,10 @@ func (g *Gateway) resume(ctx context.Context, sb *sandbox) error {
 	ns := sb.last.Namespace
 	_, err, _ := g.resumes.Do(ns+"/"+sb.id, func() (any, error) {
 		// Not the first request's context: its cancellation must not fail
-		// the others waiting on the same resume.
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		// the others waiting on the same resume. As long as a request
+		// waits for it: a restore the other tenants slow may take more
+		// than a minute, and one cut short is deleted and fails them all.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.readyWait())
 		defer cancel()
 		cur, found, err := g.Server.lookup(ctx, ns, sb.id)
 		switch {

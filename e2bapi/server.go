@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"slices"
 	"sort"
@@ -94,6 +95,11 @@ type Server struct {
 	Keys         client.Reader
 	Namespace    string // the controller's namespace, home of the key Secrets
 	RuntimeClass string
+	// DefaultStore is the controller's --default-store: each pod's
+	// checkpoint target, which a pause needs, is set here as the
+	// webhook sets it, since the webhook lets a pod through without one
+	// when it does not answer in time (its failurePolicy Ignore).
+	DefaultStore string
 	Templates    map[string]Template
 	PauseWait    time.Duration // how long a pause waits for its Checkpoint
 	Log          logr.Logger
@@ -480,6 +486,10 @@ func (s *Server) pod(ns, id string, gen int, tpl Template, env map[string]string
 		envs = append(envs, corev1.EnvVar{Name: k, Value: env[k]})
 	}
 	rc := s.RuntimeClass
+	if s.DefaultStore != "" && ann[controller.AnnotationCheckpointTo] == "" {
+		ann = maps.Clone(ann)
+		ann[controller.AnnotationCheckpointTo] = controller.DefaultTarget(s.DefaultStore, ns, podName(id, gen))
+	}
 	// LabelRuntimeClass as the webhook sets it: the gateway's cache holds
 	// only pods with it, and the webhook may be down (its failurePolicy
 	// lets the pod through unlabelled).

@@ -65,7 +65,7 @@ func newFixture(t *testing.T) *fixture {
 		return []string{o.(*corev1.Event).InvolvedObject.Name}
 	}).WithIndex(&corev1.Pod{}, IndexSandbox, sandboxOf).WithIndex(&cryov1.Checkpoint{}, IndexSandbox, sandboxOf).Build()
 	f.srv = &Server{
-		Client: f.cl, Namespace: "cryo-system", RuntimeClass: "cryo",
+		Client: f.cl, Namespace: "cryo-system", RuntimeClass: "cryo", DefaultStore: "s3://snapshots/cryo",
 		Templates:    map[string]Template{"base": {Image: "busybox:1", Command: []string{"sleep", "inf"}}},
 		Log:          logr.Discard(),
 		Now:          func() time.Time { return f.now },
@@ -254,6 +254,11 @@ func TestCreateGetListKill(t *testing.T) {
 		t.Errorf("pod %+v", p)
 	}
 	noShimAnnotations(t, p)
+	// The pause's target, without the webhook (which may not answer in
+	// time and lets the pod through).
+	if got, want := p.Annotations[controller.AnnotationCheckpointTo], "s3://snapshots/cryo/team-a/pods:pod-"+podName(id, 0); got != want {
+		t.Errorf("pod's %s %q, want %q", controller.AnnotationCheckpointTo, got, want)
+	}
 	if e := p.Spec.Containers[0].Env; len(e) != 1 || e[0].Name != "FOO" || e[0].Value != "bar" {
 		t.Errorf("env %v", e)
 	}
@@ -453,7 +458,7 @@ func TestPauseFailed(t *testing.T) {
 func noShimAnnotations(t *testing.T, p *corev1.Pod) {
 	t.Helper()
 	for k := range p.Annotations {
-		if strings.HasPrefix(k, "cryo.dev/") && k != controller.AnnotationRestoreCheckpoint && k != AnnotationEnvdTokenSHA256 {
+		if strings.HasPrefix(k, "cryo.dev/") && k != controller.AnnotationRestoreCheckpoint && k != AnnotationEnvdTokenSHA256 && k != controller.AnnotationCheckpointTo {
 			t.Errorf("pod %s: annotation %s is under the shim's prefix cryo.dev/", p.Name, k)
 		}
 	}

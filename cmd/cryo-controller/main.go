@@ -282,6 +282,7 @@ func addE2BAPI(ctx context.Context, mgr ctrl.Manager, f flags, runtimeClass stri
 		Keys:         keys,
 		Namespace:    f.namespace,
 		RuntimeClass: runtimeClass,
+		DefaultStore: f.defaultStore,
 		Templates:    templates,
 		ReapInterval: f.e2bReapInterval,
 		Log:          ctrl.Log.WithName("e2b"),
