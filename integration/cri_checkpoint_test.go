@@ -60,9 +60,14 @@ func TestCRICheckpointRestore(t *testing.T) {
 	if ref := tarFile(t, export, "cryo-checkpoint.json"); !strings.Contains(ref, `"url":"`+store+`"`) || !strings.Contains(ref, `"digest":"sha256:`) {
 		t.Fatalf("exported archive's cryo-checkpoint.json = %q, want the store url %s and a digest", ref, store)
 	}
-	// the source runs on
-	if _, _, n := state(app); n <= counter {
-		t.Fatalf("source pod stopped counting after the checkpoint")
+	// the source runs on (a guest just resumed may take a moment, as in
+	// waitAdvance)
+	var n int
+	if !harness.WaitFor(15*time.Second, func() bool {
+		_, _, n = state(app)
+		return n > counter
+	}) {
+		t.Fatalf("source pod stopped counting after the checkpoint: %d, then still %d", counter, n)
 	}
 
 	dstCfg := c.PodConfig("dst", map[string]string{"cryo.dev/restore-from": store})

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -152,8 +153,9 @@ func TestHibernationChain(t *testing.T) {
 	}
 
 	// The store loses every blob (the node cache keeps what the prefetch
-	// fetched): the next checkpoint writes full chunks and says so.
-	waitShimLog(t, e, prefetchRe, 120*time.Second)
+	// fetched): the next checkpoint writes full chunks and says so. The
+	// last restore's own prefetch first (each generation's logged one).
+	waitShimLog(t, e, regexp.MustCompile(`msg="prefetch complete".*sandbox=last\b`), 120*time.Second)
 	blobs := filepath.Join(e.Dir, "store", "hib", "blobs", "sha256")
 	ents, _ := os.ReadDir(blobs)
 	for _, de := range ents {

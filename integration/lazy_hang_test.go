@@ -25,7 +25,7 @@ var servedAtRe = regexp.MustCompile(`served \w+ at \d+ from `)
 // with the reason (the chunk and the store) within the page timeout and a
 // few seconds, the shim log names the store, and nothing is left behind.
 func TestLazyStoreHangs(t *testing.T) {
-	const pageTimeout = 5 * time.Second
+	const pageTimeout = 10 * time.Second
 	s3 := storetest.StartS3(t)
 	e := harness.Start(t, s3Node(s3), lazyNode, func(c *configs.Config) {
 		c.Restore.PrefetchWorkers = 0 // the big file is fetched only when read
@@ -59,9 +59,10 @@ func TestLazyStoreHangs(t *testing.T) {
 	}
 	// The page deadline kills QEMU at once (#22 item 9: not the kernel's
 	// page-by-page retries, each waiting a whole deadline): the deadline,
-	// QEMU's exit and the exec's start under TCG.
-	if bound := pageTimeout + 4*time.Second; took > bound {
-		t.Fatalf("the exec on a hung store took %s to fail, want at most page_timeout %s + 4 s (it was 3 page timeouts: the kernel's page by page retries)", took, pageTimeout)
+	// QEMU's exit and the exec's start under TCG, with the other lanes'
+	// load: well under the old 3 page timeouts.
+	if bound := pageTimeout + 10*time.Second; took > bound {
+		t.Fatalf("the exec on a hung store took %s to fail, want at most page_timeout %s + 10 s (it was 3 page timeouts: the kernel's page by page retries)", took, pageTimeout)
 	}
 	waitStopped(t, e, "lz")
 	waitShimLog(t, e, regexp.MustCompile(`a page could not be served.*store="`+regexp.QuoteMeta(url)), 10*time.Second)

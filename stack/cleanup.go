@@ -43,8 +43,15 @@ func (s *Stack) Close() error {
 		}
 		s.cmd = nil
 	}
-	leaked := append(s.QEMUPids(), s.ShimPids()...)
-	leaked = append(leaked, ProcsMatching("containerd-shim-runc-v2", s.Socket)...)
+	// A shim ends a moment after containerd's delete returns (its shutdown
+	// unmounts and tears the network down first), longer under load: a
+	// process is a leak only if it is still there after that.
+	left := func() []int {
+		pids := append(s.QEMUPids(), s.ShimPids()...)
+		return append(pids, ProcsMatching("containerd-shim-runc-v2", s.Socket)...)
+	}
+	WaitFor(10*time.Second, func() bool { return len(left()) == 0 })
+	leaked := left()
 	for _, pid := range leaked {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}

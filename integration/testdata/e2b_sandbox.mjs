@@ -202,8 +202,11 @@ const steps = {
 
   // autoPause (onTimeout 'pause') without autoResume: paused after its
   // timeout, not running for envd (the gateway's 502), back with connect.
+  // The timeout runs from the create's request, as on E2B, and a cold boot
+  // takes 10-20 s under the other lanes' load: 30 s leaves the write
+  // before the pause room.
   async autopause() {
-    const sbx = await Sandbox.create('base', { timeoutMs: 15_000, lifecycle: { onTimeout: 'pause', autoResume: false }, metadata: { run: process.env.RUN }, ...long })
+    const sbx = await Sandbox.create('base', { timeoutMs: 30_000, lifecycle: { onTimeout: 'pause', autoResume: false }, metadata: { run: process.env.RUN }, ...long })
     await sbx.files.write(`${HOME}/auto.txt`, 'before the timeout')
     await waitPaused(sbx.sandboxId)
     expect((await sbx.isRunning()) === false, 'isRunning of an auto-paused sandbox without autoResume')
@@ -215,7 +218,7 @@ const steps = {
 
   // autoResume: the first envd call through the gateway resumes it.
   async autoresume() {
-    const sbx = await Sandbox.create('base', { timeoutMs: 15_000, lifecycle: { onTimeout: 'pause', autoResume: true }, metadata: { run: process.env.RUN }, ...long })
+    const sbx = await Sandbox.create('base', { timeoutMs: 30_000, lifecycle: { onTimeout: 'pause', autoResume: true }, metadata: { run: process.env.RUN }, ...long })
     const info = await sbx.getInfo()
     expect(info.lifecycle?.autoResume === true, `lifecycle ${JSON.stringify(info.lifecycle)}`)
     await sbx.files.write(`${HOME}/auto.txt`, 'resumed by traffic')
@@ -226,9 +229,11 @@ const steps = {
   },
 
   // A short timeout for the autoresume sandbox, whose VM the test kills
-  // next: it prints the end the reaper removes it at.
+  // next: it prints the end the reaper removes it at. Long enough for the
+  // kill, the kubelet's notice and the checks of an ended sandbox before
+  // it under load.
   async timeout() {
-    await Sandbox.setTimeout(id, 60_000)
+    await Sandbox.setTimeout(id, 120_000)
     return { endAt: (await Sandbox.getInfo(id)).endAt }
   },
 
