@@ -282,4 +282,20 @@ func TestLabelPolicyCheck(t *testing.T) {
 		t.Fatal(err)
 	}
 	step("the packaged policy and binding", "")
+
+	// Start checks on until its context ends, logging no change again.
+	c.Interval = 20 * time.Millisecond
+	sctx, stop := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer stop()
+	mu.Lock()
+	before := len(logged)
+	mu.Unlock()
+	if err := c.Start(sctx); err != nil || sctx.Err() == nil {
+		t.Fatalf("Start returned %v before its context ended (%v)", err, sctx.Err())
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(logged) != before {
+		t.Errorf("Start logged %q with nothing changed", logged[before:])
+	}
 }

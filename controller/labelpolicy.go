@@ -11,6 +11,7 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -50,9 +51,12 @@ type LabelPolicyCheck struct {
 
 // Check looks once, logs a change and returns what is wrong (nil: in force).
 func (c *LabelPolicyCheck) Check(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	err := labelPolicyInForce(ctx, c.Reader, c.policy())
+	err := labelPolicyInForce(cctx, c.Reader, c.policy())
+	if ctx.Err() != nil {
+		return ctx.Err() // the controller stops: no answer, nothing to log
+	}
 	state := "in force"
 	if err != nil {
 		state = err.Error()
@@ -75,21 +79,12 @@ func (c *LabelPolicyCheck) Check(ctx context.Context) error {
 
 // Start checks now and every Interval until ctx ends.
 func (c *LabelPolicyCheck) Start(ctx context.Context) error {
-	_ = c.Check(ctx)
 	every := c.Interval
 	if every <= 0 {
 		every = DefaultLabelPolicyInterval
 	}
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-			_ = c.Check(ctx)
-		}
-	}
+	wait.UntilWithContext(ctx, func(ctx context.Context) { _ = c.Check(ctx) }, every)
+	return nil
 }
 
 func (c *LabelPolicyCheck) NeedLeaderElection() bool { return false }
