@@ -44,9 +44,8 @@ type LabelPolicyCheck struct {
 	Interval time.Duration
 	Log      logr.Logger
 
-	mu      sync.Mutex
-	last    string // the last state logged: "" before the first check
-	checked bool
+	mu   sync.Mutex
+	last string // the last state logged: "" before the first check
 }
 
 // Check looks once, logs a change and returns what is wrong (nil: in force).
@@ -62,8 +61,8 @@ func (c *LabelPolicyCheck) Check(ctx context.Context) error {
 		state = err.Error()
 	}
 	c.mu.Lock()
-	changed := !c.checked || state != c.last
-	c.last, c.checked = state, true
+	changed := state != c.last // never "": the first check logs
+	c.last = state
 	c.mu.Unlock()
 	switch {
 	case !changed:
